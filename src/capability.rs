@@ -1,0 +1,340 @@
+//! Capabilities (semantics §7): who may snapshot, plan and apply, decided by
+//! `policies/capabilities.cedar` over the operator's `profiles.json` entry.
+//!
+//! Rust only reads the entry as written (never normalising case, trimming or
+//! expanding wildcards) and renders the denial; Cedar decides.
+
+use crate::error::{Error, Result};
+use crate::policy::eval::judge;
+use crate::policy::Policies;
+use cedar_policy::{
+    Authorizer, Entities, Entity, EntityId, EntityTypeName, EntityUid, RestrictedExpression,
+};
+use serde_json::{Map, Value as Json};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// The operations a capability is asked for.
+pub const OPERATIONS: &[&str] = &["snapshot", "plan", "apply"];
+
+/// One `profiles.json` entry as written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// `role`, when it is a string.
+    pub role: Option<String>,
+    /// `allowed_operations`, when it is a list of strings.
+    pub allowed_operations: Option<Vec<String>>,
+    /// What is wrong with the entry, if anything.
+    pub problems: Vec<String>,
+}
+
+/// The parsed `profiles.json`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Profiles {
+    /// Profiles by name.
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+impl Profiles {
+    /// Parse a `profiles.json` document. A document that is not an object
+    /// with a `profiles` object is an error; a malformed entry is kept, with
+    /// its problems, and will be denied.
+    pub fn from_json(doc: &Json) -> std::result::Result<Profiles, String> {
+        let map = doc
+            .as_object()
+            .and_then(|o| o.get("profiles"))
+            .and_then(Json::as_object)
+            .ok_or("expected a JSON object with a \"profiles\" object: {\"profiles\": {\"NAME\": {\"role\": ..., \"allowed_operations\": [...]}}}")?;
+        let profiles = map
+            .iter()
+            .map(|(name, entry)| (name.clone(), parse_profile(entry)))
+            .collect();
+        Ok(Profiles { profiles })
+    }
+
+    /// Read and parse a `profiles.json` file.
+    pub fn load(path: &Path) -> Result<Profiles> {
+        let err = |message: String| Error::Profiles {
+            path: path.to_path_buf(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            err(format!(
+                "cannot read ({e}); pass it with --profiles or GITEA_MCP_CONFIG"
+            ))
+        })?;
+        let doc: Json = serde_json::from_str(&text).map_err(|e| {
+            err(format!(
+                "not valid JSON at line {}, column {}: {e}",
+                e.line(),
+                e.column()
+            ))
+        })?;
+        Profiles::from_json(&doc).map_err(err)
+    }
+}
+
+fn parse_profile(entry: &Json) -> Profile {
+    let Some(obj) = entry.as_object() else {
+        return Profile {
+            role: None,
+            allowed_operations: None,
+            problems: vec![format!("the entry is {entry}, not an object")],
+        };
+    };
+    let mut problems = Vec::new();
+    let role = match obj.get("role") {
+        Some(Json::String(s)) => Some(s.clone()),
+        Some(other) => {
+            problems.push(format!("role is {other}, not a string"));
+            None
+        }
+        None => {
+            problems.push("it has no role".to_string());
+            None
+        }
+    };
+    let allowed_operations = match obj.get("allowed_operations") {
+        Some(Json::Array(items)) => {
+            let strings: Option<Vec<String>> = items
+                .iter()
+                .map(|i| i.as_str().map(str::to_string))
+                .collect();
+            if strings.is_none() {
+                problems
+                    .push("allowed_operations holds something that is not a string".to_string());
+            }
+            strings
+        }
+        Some(other) => {
+            problems.push(format!(
+                "allowed_operations is {other}, not a list of strings"
+            ));
+            None
+        }
+        None => {
+            problems.push("it has no allowed_operations list".to_string());
+            None
+        }
+    };
+    Profile {
+        role,
+        allowed_operations,
+        problems,
+    }
+}
+
+fn uid(ty: &str, id: &str) -> EntityUid {
+    EntityUid::from_type_name_and_id(
+        EntityTypeName::from_str(ty).expect("valid entity type"),
+        EntityId::new(id),
+    )
+}
+
+fn operator_entity(name: &str, profile: Option<&Profile>) -> Result<Entity> {
+    let ops: Vec<RestrictedExpression> = profile
+        .filter(|p| p.problems.is_empty())
+        .and_then(|p| p.allowed_operations.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(RestrictedExpression::new_string)
+        .collect();
+    let attrs: HashMap<String, RestrictedExpression> = [
+        ("exists", RestrictedExpression::new_bool(profile.is_some())),
+        (
+            "well_formed",
+            RestrictedExpression::new_bool(profile.is_some_and(|p| p.problems.is_empty())),
+        ),
+        (
+            "role",
+            RestrictedExpression::new_string(
+                profile.and_then(|p| p.role.clone()).unwrap_or_default(),
+            ),
+        ),
+        ("allowed_operations", RestrictedExpression::new_set(ops)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Entity::new(uid("FleetRetire::Operator", name), attrs, HashSet::new())
+        .map_err(|e| Error::Input(format!("building the operator entity: {e}")))
+}
+
+/// The answer to "may this profile do this operation?".
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Allowed by the capability policies.
+    pub allowed: bool,
+    /// Why not, in words an operator can act on.
+    pub explanation: String,
+}
+
+/// Ask the capability policies.
+pub fn check(
+    policies: &Policies,
+    profiles: &Profiles,
+    profile: &str,
+    operation: &str,
+) -> Result<Decision> {
+    let entry = profiles.profiles.get(profile);
+    let operator = operator_entity(profile, entry)?;
+    let registry = Entity::new_no_attrs(uid("FleetRetire::Registry", "registry"), HashSet::new());
+    let entities = Entities::from_entities([operator, registry], Some(&policies.schema))
+        .map_err(|e| Error::Policy(format!("operator entity does not fit the schema: {e}")))?;
+    if !OPERATIONS.contains(&operation) {
+        return Ok(Decision {
+            allowed: false,
+            explanation: format!("{operation:?} is not an operation (snapshot, plan, apply)"),
+        });
+    }
+    let verdict = judge(
+        policies,
+        &Authorizer::new(),
+        &entities,
+        &uid("FleetRetire::Operator", profile),
+        &uid("FleetRetire::Action", operation),
+        &uid("FleetRetire::Registry", "registry"),
+    );
+    if verdict.allowed {
+        return Ok(Decision {
+            allowed: true,
+            explanation: format!("profile {profile:?} may {operation}"),
+        });
+    }
+    Ok(Decision {
+        allowed: false,
+        explanation: explain_denial(policies, profile, entry, operation, &verdict.errors),
+    })
+}
+
+fn explain_denial(
+    policies: &Policies,
+    profile: &str,
+    entry: Option<&Profile>,
+    operation: &str,
+    errors: &[String],
+) -> String {
+    let head = format!("profile {profile:?} may not {operation}");
+    if !errors.is_empty() {
+        return format!(
+            "{head}: a capability policy failed to evaluate ({})",
+            errors.join("; ")
+        );
+    }
+    let Some(entry) = entry else {
+        return format!("{head}: there is no such profile in profiles.json");
+    };
+    if !entry.problems.is_empty() {
+        return format!(
+            "{head}: its profiles.json entry is malformed: {}",
+            entry.problems.join("; ")
+        );
+    }
+    // What the permit for this action asks for, read from its annotations.
+    let permit = policies.rules.values().find(|r| {
+        r.effect == cedar_policy::Effect::Permit
+            && r.file == "capabilities.cedar"
+            && r.id.starts_with(operation)
+    });
+    let (permission, roles) = permit
+        .and_then(|r| policies.set.policy(&cedar_policy::PolicyId::new(&r.id)))
+        .map(|p| {
+            (
+                p.annotation("permission").unwrap_or("").to_string(),
+                p.annotation("roles").unwrap_or("").to_string(),
+            )
+        })
+        .unwrap_or_default();
+    let has_permission = entry
+        .allowed_operations
+        .as_ref()
+        .is_some_and(|o| o.contains(&permission));
+    let role = entry.role.clone().unwrap_or_default();
+    let has_role = roles.split(',').any(|r| r == role);
+    let missing = match (has_permission, has_role) {
+        (false, false) => format!("it lacks the permission {permission:?} and its role {role:?} is not one of {roles}"),
+        (false, true) => format!("it lacks the permission {permission:?} (an operator grants it by adding it to allowed_operations)"),
+        (true, false) => format!("its role {role:?} is not one of {roles}"),
+        (true, true) => "no capability policy allows it".to_string(),
+    };
+    format!("{head}: {missing}")
+}
+
+/// A capability fixture: profiles and the requests to check.
+#[derive(Debug, Clone)]
+pub struct CapabilityCase {
+    /// The case's name.
+    pub name: String,
+    /// The fixture file.
+    pub path: PathBuf,
+    /// The profiles document.
+    pub profiles: Profiles,
+    /// (profile, operation, expect allow).
+    pub requests: Vec<(String, String, bool)>,
+}
+
+/// Parse the capability form of a fixture.
+pub fn parse_case(path: &Path, name: String, top: &Map<String, Json>) -> Result<CapabilityCase> {
+    let err = |field: &str, message: String| Error::Fixture {
+        path: path.to_path_buf(),
+        message: format!("field `{field}`: {message}"),
+    };
+    let profiles = Profiles::from_json(top.get("profiles").unwrap_or(&Json::Null))
+        .map_err(|e| err("profiles", e))?;
+    let list = top
+        .get("requests")
+        .and_then(Json::as_array)
+        .ok_or_else(|| {
+            err(
+                "requests",
+                "expected an array of {profile, operation, expect}".into(),
+            )
+        })?;
+    let mut requests = Vec::new();
+    for (i, r) in list.iter().enumerate() {
+        let field = format!("requests[{i}]");
+        let get = |k: &str| {
+            r.get(k)
+                .and_then(Json::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| err(&format!("{field}.{k}"), "required string".into()))
+        };
+        let expect = match get("expect")?.as_str() {
+            "allow" => true,
+            "deny" => false,
+            other => {
+                return Err(err(
+                    &format!("{field}.expect"),
+                    format!("{other:?}: use \"allow\" or \"deny\""),
+                ))
+            }
+        };
+        requests.push((get("profile")?, get("operation")?, expect));
+    }
+    Ok(CapabilityCase {
+        name,
+        path: path.to_path_buf(),
+        profiles,
+        requests,
+    })
+}
+
+impl CapabilityCase {
+    /// Check every request; one line per mismatch.
+    pub fn differences(&self, policies: &Policies) -> Result<Vec<String>> {
+        let mut diffs = Vec::new();
+        for (profile, operation, expect) in &self.requests {
+            let d = check(policies, &self.profiles, profile, operation)?;
+            if d.allowed != *expect {
+                diffs.push(format!(
+                    "{profile} {operation}: want {}, got {} ({})",
+                    if *expect { "allow" } else { "deny" },
+                    if d.allowed { "allow" } else { "deny" },
+                    d.explanation
+                ));
+            }
+        }
+        Ok(diffs)
+    }
+}

@@ -1,0 +1,115 @@
+//! The command line: one file per subcommand, shared flags flattened in.
+
+pub mod plan;
+pub mod test;
+
+use crate::capability::{check, Profiles};
+use crate::error::{Error, ExitCode, Result};
+use crate::policy::{Policies, PolicySource};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// A short table for a terminal.
+    Human,
+    /// The stable, complete JSON document.
+    Json,
+}
+
+/// fleet-retire: retire stale worker registrations, decided by Cedar policy.
+#[derive(Debug, Parser)]
+#[command(name = "fleet-retire", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+    /// Policy folder to use instead of the policies built into the binary.
+    #[arg(long, global = true, env = "FLEET_RETIRE_POLICIES", value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Dry run: which registrations may be retired, and why the rest are kept.
+    Plan(plan::PlanArgs),
+    /// Run policy regression fixtures (files or folders of JSON cases).
+    Test(test::TestArgs),
+}
+
+/// Where the registry and lease store are.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// The worker registry (SQLite).
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    pub registry: PathBuf,
+    /// The control-plane lease store (SQLite); required, never assumed empty.
+    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+    pub leases: PathBuf,
+    /// The expected repository binding, e.g. prgs/gitea-tools.
+    #[arg(long, value_name = "REPO")]
+    pub canonical_repository: String,
+    /// Root of the proc filesystem (boot id, process start times).
+    #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
+    pub proc_root: PathBuf,
+}
+
+/// Who is asking.
+#[derive(Debug, Clone, Args)]
+pub struct OperatorArgs {
+    /// profiles.json, holding each profile's role and allowed operations.
+    #[arg(long = "profiles", env = "GITEA_MCP_CONFIG", value_name = "PATH")]
+    pub profiles_path: Option<PathBuf>,
+    /// The operator's profile name.
+    #[arg(long, env = "GITEA_MCP_PROFILE", value_name = "NAME")]
+    pub profile: Option<String>,
+}
+
+impl OperatorArgs {
+    /// Refuse unless the capability policies allow `operation`.
+    pub fn require(&self, policies: &Policies, operation: &str) -> Result<Profiles> {
+        let path = self.profiles_path.as_ref().ok_or_else(|| {
+            Error::Refused(format!(
+                "{operation} refused: no profiles.json given; pass --profiles PATH (or set GITEA_MCP_CONFIG)"
+            ))
+        })?;
+        let name = self.profile.as_ref().ok_or_else(|| {
+            Error::Refused(format!(
+                "{operation} refused: no operator profile given; pass --profile NAME (or set GITEA_MCP_PROFILE)"
+            ))
+        })?;
+        let profiles = Profiles::load(path)?;
+        let decision = check(policies, &profiles, name, operation)?;
+        if !decision.allowed {
+            return Err(Error::Refused(format!(
+                "{operation} refused: {}",
+                decision.explanation
+            )));
+        }
+        Ok(profiles)
+    }
+}
+
+impl Cli {
+    /// Load the policy set this invocation uses.
+    pub fn load_policies(&self) -> Result<Policies> {
+        let source = match &self.policies {
+            Some(dir) => PolicySource::Dir(dir.clone()),
+            None => PolicySource::Embedded,
+        };
+        Policies::load(&source)
+    }
+}
+
+/// Run a parsed command line.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match &cli.command {
+        Command::Plan(args) => plan::run(&cli, args),
+        Command::Test(args) => test::run(&cli, args),
+    }
+}

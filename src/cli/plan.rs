@@ -1,0 +1,60 @@
+//! `fleet-retire plan`: the dry run.
+
+use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
+use crate::error::{Error, ExitCode, Result};
+use crate::evidence::leases::{self, Protections};
+use crate::evidence::probe::{HostFacts, SystemProbe};
+use crate::evidence::registry;
+use crate::observe::RunFacts;
+use crate::plan::{plan, Plan};
+use crate::policy::Policies;
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Registry, leases, canonical repository.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Operator profile.
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+    /// Also write the plan (JSON) to this file, for `fleet-retire apply`.
+    #[arg(long, value_name = "PLAN.json")]
+    pub out: Option<PathBuf>,
+}
+
+/// Gather evidence from the world and plan. Shared with apply's re-plan.
+pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
+    let rows = registry::load(&store.registry)?;
+    let lease_rows = leases::load(&store.leases)?;
+    let facts = RunFacts {
+        now: crate::time::now(),
+        host: HostFacts::observe(&store.proc_root),
+        canonical_repository: Some(store.canonical_repository.clone()),
+        protections: Protections::from_leases(&lease_rows),
+    };
+    plan(rows, facts, &SystemProbe::new(&store.proc_root), policies)
+}
+
+/// Run `plan`.
+pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
+    let policies = cli.load_policies()?;
+    args.operator.require(&policies, "plan")?;
+    let plan = plan_from_world(&args.store, &policies)?;
+    let doc = plan.to_json();
+    if let Some(out) = &args.out {
+        let text = serde_json::to_string_pretty(&doc).expect("plan JSON serialises");
+        std::fs::write(out, text + "\n")
+            .map_err(|e| Error::Input(format!("{}: cannot write the plan: {e}", out.display())))?;
+    }
+    match cli.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("plan JSON serialises")
+        ),
+        Format::Human => print!("{}", crate::report::plan_table(&plan)),
+    }
+    Ok(ExitCode::Ok)
+}

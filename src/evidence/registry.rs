@@ -1,0 +1,133 @@
+//! Reading the worker registry (semantics §5).
+//!
+//! Planning opens the file read-only and never alters it: a registry from
+//! before the fencing or `retired_*` columns simply reads those columns as
+//! NULL. Columns the program does not know are ignored.
+
+use crate::error::{Error, Result};
+use crate::row::{Col, Row, COLUMNS};
+use crate::value::Value;
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
+
+/// The registry table.
+pub const TABLE: &str = "worker_registrations";
+
+fn registry_error(path: &Path, message: impl Into<String>) -> Error {
+    Error::Registry {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Open an existing registry without any possibility of writing to it.
+pub fn open_read_only(path: &Path) -> Result<Connection> {
+    if !path.is_file() {
+        return Err(registry_error(
+            path,
+            "no such file; pass the worker registry's SQLite file with --registry \
+             (or FLEET_RETIRE_REGISTRY)",
+        ));
+    }
+    Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| registry_error(path, format!("cannot open as SQLite: {e}")))
+}
+
+/// Convert one SQLite value, keeping its storage class.
+pub fn value_from_sql(v: ValueRef<'_>) -> std::result::Result<Value, String> {
+    Ok(match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Int(i),
+        ValueRef::Real(f) => Value::Real(f),
+        ValueRef::Text(t) => Value::Text(
+            String::from_utf8(t.to_vec()).map_err(|_| "text is not valid UTF-8".to_string())?,
+        ),
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    })
+}
+
+/// The names of a table's columns, or `None` when the table does not exist.
+pub fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Option<Vec<String>>> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
+    let names: Vec<String> = stmt
+        .query_map([table], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(if names.is_empty() { None } else { Some(names) })
+}
+
+/// Read every registration, in registry (rowid) order.
+pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
+    let sql_err = |e: rusqlite::Error| {
+        let hint = if matches!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::NotADatabase)
+        ) {
+            "; the file is not a SQLite database: check the --registry path"
+        } else {
+            ""
+        };
+        registry_error(path, format!("cannot read: {e}{hint}"))
+    };
+    let existing = table_columns(conn, TABLE)
+        .map_err(sql_err)?
+        .ok_or_else(|| {
+            registry_error(
+                path,
+                format!(
+                    "has no `{TABLE}` table; is this the worker registry? \
+                 (`fleet-retire register` creates one)"
+                ),
+            )
+        })?;
+    let present: Vec<Col> = COLUMNS
+        .iter()
+        .copied()
+        .filter(|c| existing.iter().any(|n| n == c.name()))
+        .collect();
+    if !present.contains(&Col::WorkerIdentity) {
+        return Err(registry_error(
+            path,
+            format!("table `{TABLE}` has no `worker_identity` column; it is not a worker registry"),
+        ));
+    }
+    let list = present
+        .iter()
+        .map(|c| format!("\"{}\"", c.name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let ordered = format!("SELECT {list} FROM {TABLE} ORDER BY rowid");
+    let mut stmt = match conn.prepare(&ordered) {
+        Ok(s) => s,
+        // A WITHOUT ROWID table has no rowid: its natural order is the key's.
+        Err(_) => conn
+            .prepare(&format!("SELECT {list} FROM {TABLE}"))
+            .map_err(sql_err)?,
+    };
+    let mut rows = Vec::new();
+    let mut cursor = stmt.query([]).map_err(sql_err)?;
+    while let Some(r) = cursor.next().map_err(sql_err)? {
+        let mut row = Row::default();
+        for (i, col) in present.iter().enumerate() {
+            let v = r.get_ref(i).map_err(sql_err)?;
+            let value = value_from_sql(v).map_err(|e| {
+                registry_error(
+                    path,
+                    format!("row {}: column `{}`: {e}", rows.len() + 1, col.name()),
+                )
+            })?;
+            row.set(*col, value);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Open read-only and read every registration.
+pub fn load(path: &Path) -> Result<Vec<Row>> {
+    let conn = open_read_only(path)?;
+    read_rows(&conn, path)
+}

@@ -1,0 +1,168 @@
+//! The three compare-and-swap tokens, byte-compatible with the seed
+//! (`registry_fingerprint`, `candidate_fingerprint`,
+//! `external_state_fingerprint`). They are a contract with the original
+//! system: the field lists, separators, version tags and prefixes here must
+//! not change.
+
+use crate::evidence::leases::Lease;
+use crate::row::{Col, Row};
+use sha2::{Digest, Sha256};
+
+/// The registry-token field list, in contract order. `instance_id_source`,
+/// `token_fingerprint`, the revisions and the `retired_*` columns are
+/// deliberately absent (seed-pitfalls 6).
+pub const FINGERPRINT_FIELDS: &[Col] = &[
+    Col::WorkerIdentity,
+    Col::ClientName,
+    Col::ClientInstanceId,
+    Col::SessionId,
+    Col::GenerationId,
+    Col::Role,
+    Col::Profile,
+    Col::Namespace,
+    Col::Remote,
+    Col::RepositoryBinding,
+    Col::Pid,
+    Col::ProcessIdentity,
+    Col::Transport,
+    Col::StartedAt,
+    Col::LastHeartbeatAt,
+    Col::HeartbeatTtlSeconds,
+    Col::FencingEpoch,
+    Col::Status,
+    Col::FleetRunId,
+    Col::AuthenticatedAccount,
+    Col::InstanceIdProvenance,
+    Col::HostId,
+    Col::BootId,
+    Col::ProcessStartTime,
+];
+
+/// Lease fields that take part in the external-state token.
+pub const LEASE_FENCE_FIELDS: &[&str] = &[
+    "lease_id",
+    "role",
+    "target",
+    "status",
+    "session_id",
+    "owner_session_id",
+    "owner_pid",
+    "session_pid",
+    "generation",
+];
+
+const UNIT: char = '\u{1f}';
+const RECORD: char = '\u{1e}';
+
+fn serialize_row(row: &Row) -> String {
+    let mut out = String::with_capacity(512);
+    for (i, col) in FINGERPRINT_FIELDS.iter().enumerate() {
+        if i > 0 {
+            out.push(UNIT);
+        }
+        out.push_str(col.name());
+        out.push('=');
+        out.push_str(&row.get(*col).canon());
+    }
+    out
+}
+
+fn digest(version: &str, mut units: Vec<String>, prefix: &str) -> String {
+    units.sort_unstable();
+    let mut hasher = Sha256::new();
+    hasher.update(version.as_bytes());
+    hasher.update(RECORD.to_string().as_bytes());
+    hasher.update(units.len().to_string().as_bytes());
+    for unit in &units {
+        hasher.update(RECORD.to_string().as_bytes());
+        hasher.update(unit.as_bytes());
+    }
+    let hex = hex(&hasher.finalize());
+    format!("{prefix}-{}", &hex[..32])
+}
+
+/// Lower-case hexadecimal of a byte string.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// Token over every registry row; order-independent, time-independent.
+pub fn registry_fingerprint<'a>(rows: impl IntoIterator<Item = &'a Row>) -> String {
+    let units = rows.into_iter().map(serialize_row).collect();
+    digest("registryfp-v1", units, "registryfp")
+}
+
+/// Token over exactly the approved candidate rows.
+pub fn candidate_fingerprint<'a>(rows: impl IntoIterator<Item = &'a Row>) -> String {
+    let units = rows.into_iter().map(serialize_row).collect();
+    digest("candidatefp-v1", units, "candidatefp")
+}
+
+/// Token over the active leases a decision consumed.
+pub fn external_state_fingerprint<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> String {
+    let units = leases
+        .into_iter()
+        .map(|lease| {
+            let mut out = String::new();
+            for (i, name) in LEASE_FENCE_FIELDS.iter().enumerate() {
+                if i > 0 {
+                    out.push(UNIT);
+                }
+                out.push_str(name);
+                out.push('=');
+                out.push_str(&lease.get(name).canon());
+            }
+            out
+        })
+        .collect();
+    digest("externalfp-v1", units, "externalfp")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    #[test]
+    fn empty_registry_token_is_the_hash_of_version_and_count() {
+        // sha256("registryfp-v1\x1e0"), computed independently of this code:
+        // printf 'registryfp-v1\0360' | sha256sum
+        let want = {
+            let mut h = Sha256::new();
+            h.update(b"registryfp-v1\x1e0");
+            format!("registryfp-{}", &hex(&h.finalize())[..32])
+        };
+        assert_eq!(registry_fingerprint(std::iter::empty()), want);
+    }
+
+    #[test]
+    fn token_ignores_order_and_numeric_typing() {
+        let mut a = Row::default();
+        a.set(Col::WorkerIdentity, Value::Text("w-1".into()));
+        a.set(Col::HeartbeatTtlSeconds, Value::Real(900.0));
+        let mut b = Row::default();
+        b.set(Col::WorkerIdentity, Value::Text("w-2".into()));
+        let mut a2 = a.clone();
+        a2.set(Col::HeartbeatTtlSeconds, Value::Int(900));
+        assert_eq!(
+            registry_fingerprint([&a, &b]),
+            registry_fingerprint([&b, &a2])
+        );
+        let mut a3 = a.clone();
+        a3.set(Col::HeartbeatTtlSeconds, Value::Real(900.5));
+        assert_ne!(
+            registry_fingerprint([&a, &b]),
+            registry_fingerprint([&a3, &b])
+        );
+        // token_fingerprint never moves the token.
+        let mut a4 = a.clone();
+        a4.set(Col::TokenFingerprint, Value::Text("secret".into()));
+        assert_eq!(registry_fingerprint([&a]), registry_fingerprint([&a4]));
+    }
+}

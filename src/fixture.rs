@@ -1,0 +1,351 @@
+//! Policy regression fixtures (semantics §9): one JSON file per case, with
+//! process probes given rather than taken, so a case means the same on every
+//! machine.
+
+use crate::error::{Error, Result};
+use crate::evidence::leases::{Lease, Protections};
+use crate::evidence::probe::{GivenProbe, HostFacts, PidObservation};
+use crate::observe::RunFacts;
+use crate::plan::{plan, Plan};
+use crate::policy::Policies;
+use crate::row::Row;
+use crate::time::{parse_ts, Micros};
+use serde_json::{Map, Value as Json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What a plan case expects; absent members are not checked.
+#[derive(Debug, Clone, Default)]
+pub struct Expect {
+    /// Expected registry token.
+    pub registry_fingerprint: Option<String>,
+    /// Expected candidate token.
+    pub candidate_fingerprint: Option<String>,
+    /// Expected candidates, in registry order.
+    pub candidates: Option<Vec<String>>,
+    /// Expected preserved workers → primary reason code.
+    pub preserved: Option<BTreeMap<String, String>>,
+}
+
+/// One plan case.
+#[derive(Debug, Clone)]
+pub struct PlanCase {
+    /// The case's name.
+    pub name: String,
+    /// The planning clock.
+    pub now: Micros,
+    /// Host facts and canonical repository.
+    pub host: HostFacts,
+    /// Canonical repository (`null` reproduces the seed: any binding).
+    pub canonical_repository: Option<String>,
+    /// Given probe answers.
+    pub probe: GivenProbe,
+    /// Registry rows.
+    pub rows: Vec<Row>,
+    /// Lease rows.
+    pub leases: Vec<Lease>,
+    /// Expectations.
+    pub expect: Expect,
+}
+
+/// A parsed fixture file.
+#[derive(Debug, Clone)]
+pub enum Case {
+    /// A plan case (`rows` / `expect`).
+    Plan(Box<PlanCase>),
+    /// A capability case (`profiles` / `requests`).
+    Capability(crate::capability::CapabilityCase),
+}
+
+struct Ctx<'a> {
+    path: &'a Path,
+}
+
+impl Ctx<'_> {
+    fn err(&self, field: &str, message: impl std::fmt::Display) -> Error {
+        Error::Fixture {
+            path: self.path.to_path_buf(),
+            message: format!("field `{field}`: {message}"),
+        }
+    }
+}
+
+fn opt_string(
+    ctx: &Ctx,
+    obj: &Map<String, Json>,
+    key: &str,
+    field: &str,
+) -> Result<Option<String>> {
+    match obj.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ctx.err(field, format!("expected a string or null, found {other}"))),
+    }
+}
+
+fn object<'a>(ctx: &Ctx, v: Option<&'a Json>, field: &str) -> Result<&'a Map<String, Json>> {
+    match v {
+        Some(Json::Object(m)) => Ok(m),
+        Some(other) => Err(ctx.err(field, format!("expected an object, found {other}"))),
+        None => Err(ctx.err(field, "missing; add it (see docs/fixtures.md)")),
+    }
+}
+
+fn array<'a>(ctx: &Ctx, v: Option<&'a Json>, field: &str) -> Result<&'a Vec<Json>> {
+    match v {
+        Some(Json::Array(a)) => Ok(a),
+        Some(other) => Err(ctx.err(field, format!("expected an array, found {other}"))),
+        None => Err(ctx.err(field, "missing; add it (see docs/fixtures.md)")),
+    }
+}
+
+/// Parse one fixture file.
+pub fn load(path: &Path) -> Result<Case> {
+    let ctx = Ctx { path };
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Fixture {
+        path: path.to_path_buf(),
+        message: format!("cannot read: {e}"),
+    })?;
+    let doc: Json = serde_json::from_str(&text).map_err(|e| Error::Fixture {
+        path: path.to_path_buf(),
+        message: format!(
+            "not valid JSON at line {}, column {}: {e}",
+            e.line(),
+            e.column()
+        ),
+    })?;
+    let top = object(&ctx, Some(&doc), "(top level)")?;
+    let name = match top.get("name") {
+        Some(Json::String(s)) if !s.trim().is_empty() => s.clone(),
+        _ => {
+            return Err(ctx.err(
+                "name",
+                "missing or not a non-empty string; give the case a one-line name",
+            ))
+        }
+    };
+    if top.contains_key("requests") {
+        return crate::capability::parse_case(path, name, top).map(Case::Capability);
+    }
+    let now_text = match top.get("now") {
+        Some(Json::String(s)) => s,
+        _ => {
+            return Err(ctx.err(
+                "now",
+                "missing or not a string; give the planning clock as YYYY-MM-DDTHH:MM:SSZ",
+            ))
+        }
+    };
+    let now = parse_ts(now_text).ok_or_else(|| {
+        ctx.err(
+            "now",
+            format!("{now_text:?} is not a strict UTC stamp (YYYY-MM-DDTHH:MM:SSZ)"),
+        )
+    })?;
+    let context = object(&ctx, top.get("context"), "context")?;
+    let host = HostFacts {
+        host_id: opt_string(&ctx, context, "host_id", "context.host_id")?,
+        boot_id: opt_string(&ctx, context, "boot_id", "context.boot_id")?,
+    };
+    let canonical_repository = opt_string(
+        &ctx,
+        context,
+        "canonical_repository",
+        "context.canonical_repository",
+    )?;
+
+    let mut probe = GivenProbe::default();
+    for (pid_text, entry) in object(&ctx, top.get("processes"), "processes")? {
+        let field = format!("processes.{pid_text}");
+        let pid: i64 = pid_text
+            .parse()
+            .map_err(|_| ctx.err(&field, "process keys must be integer pids"))?;
+        let entry = object(&ctx, Some(entry), &field)?;
+        let alive = match entry.get("alive") {
+            Some(Json::Bool(b)) => Some(*b),
+            Some(Json::Null) => None,
+            _ => {
+                return Err(ctx.err(
+                    &format!("{field}.alive"),
+                    "required: true, false or null (unknown)",
+                ))
+            }
+        };
+        let start_time = opt_string(&ctx, entry, "start_time", &format!("{field}.start_time"))?;
+        probe
+            .processes
+            .insert(pid, PidObservation { alive, start_time });
+    }
+
+    let mut rows = Vec::new();
+    for (i, r) in array(&ctx, top.get("rows"), "rows")?.iter().enumerate() {
+        let field = format!("rows[{i}]");
+        let obj = object(&ctx, Some(r), &field)?;
+        rows.push(Row::from_json(obj).map_err(|e| ctx.err(&field, e))?);
+    }
+    let mut leases = Vec::new();
+    for (i, l) in array(&ctx, top.get("leases"), "leases")?.iter().enumerate() {
+        let field = format!("leases[{i}]");
+        let obj = object(&ctx, Some(l), &field)?;
+        leases.push(Lease::from_json(obj).map_err(|e| ctx.err(&field, e))?);
+    }
+
+    let exp = object(&ctx, top.get("expect"), "expect")?;
+    let mut expect = Expect {
+        registry_fingerprint: opt_string(
+            &ctx,
+            exp,
+            "registry_fingerprint",
+            "expect.registry_fingerprint",
+        )?,
+        candidate_fingerprint: opt_string(
+            &ctx,
+            exp,
+            "candidate_fingerprint",
+            "expect.candidate_fingerprint",
+        )?,
+        ..Expect::default()
+    };
+    if let Some(c) = exp.get("candidates") {
+        let list = array(&ctx, Some(c), "expect.candidates")?;
+        expect.candidates = Some(
+            list.iter()
+                .map(|x| {
+                    x.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| ctx.err("expect.candidates", "entries must be strings"))
+                })
+                .collect::<Result<_>>()?,
+        );
+    }
+    if let Some(p) = exp.get("preserved") {
+        let map = object(&ctx, Some(p), "expect.preserved")?;
+        let mut out = BTreeMap::new();
+        for (k, v) in map {
+            let code = v.as_str().ok_or_else(|| {
+                ctx.err(
+                    &format!("expect.preserved.{k}"),
+                    "must be a reason code string",
+                )
+            })?;
+            if crate::reasons::Reason::from_code(code).is_none() {
+                return Err(ctx.err(
+                    &format!("expect.preserved.{k}"),
+                    format!("{code:?} is not a known reason code"),
+                ));
+            }
+            out.insert(k.clone(), code.to_string());
+        }
+        expect.preserved = Some(out);
+    }
+    Ok(Case::Plan(Box::new(PlanCase {
+        name,
+        now,
+        host,
+        canonical_repository,
+        probe,
+        rows,
+        leases,
+        expect,
+    })))
+}
+
+impl PlanCase {
+    /// Run the case's plan.
+    pub fn plan(&self, policies: &Policies) -> Result<Plan> {
+        let facts = RunFacts {
+            now: self.now,
+            host: self.host.clone(),
+            canonical_repository: self.canonical_repository.clone(),
+            protections: Protections::from_leases(&self.leases),
+        };
+        plan(self.rows.clone(), facts, &self.probe, policies)
+    }
+
+    /// Compare a plan with the expectations; each difference is one line.
+    pub fn differences(&self, plan: &Plan) -> Vec<String> {
+        let mut diffs = Vec::new();
+        let e = &self.expect;
+        if let Some(want) = &e.registry_fingerprint {
+            if *want != plan.registry_fingerprint {
+                diffs.push(format!(
+                    "registry_fingerprint: want {want}, got {}",
+                    plan.registry_fingerprint
+                ));
+            }
+        }
+        if let Some(want) = &e.candidate_fingerprint {
+            if *want != plan.candidate_fingerprint {
+                diffs.push(format!(
+                    "candidate_fingerprint: want {want}, got {}",
+                    plan.candidate_fingerprint
+                ));
+            }
+        }
+        if let Some(want) = &e.candidates {
+            let got: Vec<String> = plan.candidates().map(|c| plan.identity(c)).collect();
+            if *want != got {
+                diffs.push(format!("candidates: want {want:?}, got {got:?}"));
+            }
+        }
+        if let Some(want) = &e.preserved {
+            let got: BTreeMap<String, String> = plan
+                .preserved()
+                .map(|p| (plan.identity(p), p.reason().code().to_string()))
+                .collect();
+            for (worker, code) in want {
+                match got.get(worker) {
+                    Some(g) if g == code => {}
+                    Some(g) => diffs.push(format!("preserved {worker:?}: want {code}, got {g}")),
+                    None => diffs.push(format!(
+                        "preserved {worker:?}: want {code}, but it was not preserved"
+                    )),
+                }
+            }
+            for (worker, code) in &got {
+                if !want.contains_key(worker) {
+                    diffs.push(format!("preserved {worker:?}: not expected, got {code}"));
+                }
+            }
+        }
+        diffs
+    }
+}
+
+/// Expand paths into fixture files: a folder means every `*.json` below it,
+/// sorted; a file means itself.
+pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut found = Vec::new();
+            walk(p, &mut found)?;
+            found.sort();
+            out.extend(found);
+        } else if p.is_file() {
+            out.push(p.clone());
+        } else {
+            return Err(Error::Input(format!(
+                "{}: no such fixture file or folder",
+                p.display()
+            )));
+        }
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::Input(format!("{}: cannot list: {e}", dir.display())))?;
+    for entry in entries {
+        let path = entry
+            .map_err(|e| Error::Input(format!("{}: cannot list: {e}", dir.display())))?
+            .path();
+        if path.is_dir() {
+            walk(&path, out)?;
+        } else if path.extension().is_some_and(|x| x == "json") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! Client names and launch-instance identity (semantics §4, seed
+//! `assess_instance_identity`).
+//!
+//! Used for evidence and the snapshot. The retirement policy judges trust
+//! again from the raw instance id, so a reviewer can read the rule in
+//! `policies/retirement.cedar`; a fixture pins that both agree.
+
+/// The client type of anything not recognised.
+pub const UNKNOWN_CLIENT: &str = "unknown";
+
+/// Reserved prefix of launcher-minted instance ids.
+pub const TRUSTED_INSTANCE_PREFIX: &str = "inst-";
+
+const LEGACY_PREFIXES: &[&str] = &["pid-", "proc-", "legacy-"];
+
+/// Normalise a client name through the alias table; unknown → `unknown`.
+pub fn normalize_client_name(raw: Option<&str>) -> &'static str {
+    let Some(raw) = raw else {
+        return UNKNOWN_CLIENT;
+    };
+    let key: String = crate::value::py_strip(raw)
+        .to_lowercase()
+        .chars()
+        .map(|c| if c == '-' || c == ' ' { '_' } else { c })
+        .collect();
+    match key.as_str() {
+        "codex" | "openai_codex" | "codex_cli" => "codex",
+        "claude" | "claude_code" | "claudecode" => "claude_code",
+        "claude_desktop" => "claude_desktop",
+        "gemini" | "gemini_cli" => "gemini",
+        "grok" | "grok_cli" => "grok",
+        "cursor" => "cursor",
+        _ => UNKNOWN_CLIENT,
+    }
+}
+
+/// How an instance id was classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceIdentity {
+    /// The stripped id, when one was given.
+    pub client_instance_id: Option<String>,
+    /// `trusted_launcher`, `legacy_incomplete` or `missing`.
+    pub provenance: &'static str,
+    /// Launcher-minted `inst-…` and not a pid fallback.
+    pub trusted: bool,
+}
+
+/// Classify an instance id (seed `assess_instance_identity`).
+pub fn assess_instance_identity(raw: Option<&str>, source: Option<&str>) -> InstanceIdentity {
+    let text = crate::value::py_strip(raw.unwrap_or(""));
+    if text.is_empty() {
+        return InstanceIdentity {
+            client_instance_id: None,
+            provenance: "missing",
+            trusted: false,
+        };
+    }
+    let lowered = text.to_lowercase();
+    let legacy = LEGACY_PREFIXES.iter().any(|p| lowered.starts_with(p))
+        || source == Some("pid_fallback")
+        || !text.starts_with(TRUSTED_INSTANCE_PREFIX)
+        || text.len() <= TRUSTED_INSTANCE_PREFIX.len();
+    InstanceIdentity {
+        client_instance_id: Some(text.to_string()),
+        provenance: if legacy {
+            "legacy_incomplete"
+        } else {
+            "trusted_launcher"
+        },
+        trusted: !legacy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliases() {
+        assert_eq!(normalize_client_name(Some(" Claude-Code ")), "claude_code");
+        assert_eq!(normalize_client_name(Some("openai codex")), "codex");
+        assert_eq!(normalize_client_name(Some("")), "unknown");
+        assert_eq!(normalize_client_name(Some("vim")), "unknown");
+        assert_eq!(normalize_client_name(None), "unknown");
+    }
+
+    #[test]
+    fn trust() {
+        assert!(assess_instance_identity(Some(" inst-codex-x "), None).trusted);
+        assert!(!assess_instance_identity(Some("inst-"), None).trusted);
+        assert!(!assess_instance_identity(Some("inst-x"), Some("pid_fallback")).trusted);
+        assert!(!assess_instance_identity(Some("pid-42"), None).trusted);
+        assert!(!assess_instance_identity(Some("INST-x"), None).trusted);
+        assert_eq!(
+            assess_instance_identity(Some("  "), None).provenance,
+            "missing"
+        );
+    }
+}

@@ -1,0 +1,23 @@
+//! fleet-retire: decide by Cedar policy which stale worker registrations may
+//! be retired, and retire them in one guarded SQLite transaction.
+//!
+//! The data flows one way: `evidence` (the only code touching the world) →
+//! `observe` (Rust measures) → `policy` (Cedar judges) → `plan` → `report`.
+#![deny(missing_docs)]
+
+pub mod capability;
+pub mod cli;
+pub mod error;
+pub mod evidence;
+pub mod fingerprint;
+pub mod fixture;
+pub mod identity;
+pub mod liveness;
+pub mod observe;
+pub mod plan;
+pub mod policy;
+pub mod reasons;
+pub mod report;
+pub mod row;
+pub mod time;
+pub mod value;

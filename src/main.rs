@@ -1,0 +1,23 @@
+//! The `fleet-retire` binary: parse arguments, dispatch, map the outcome to
+//! an exit code. Nothing else lives here.
+
+use clap::Parser;
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLEET_RETIRE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = fleet_retire::cli::Cli::parse();
+    let code = match fleet_retire::cli::run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fleet-retire: {e}");
+            e.exit_code()
+        }
+    };
+    std::process::exit(code as i32);
+}

@@ -1,0 +1,222 @@
+//! Observations: what Rust measures about each row before Cedar judges it.
+//!
+//! Per row: the pid probe, liveness (semantics §2), the snapshot's ownership
+//! classification, instance-identity trust (for evidence). Across rows: how
+//! many rows carry the same identity, which identity evidence is held by a
+//! live or unprobeable worker, and which (instance, namespace) slots are
+//! contested. Nothing here decides eligibility.
+
+use crate::evidence::leases::Protections;
+use crate::evidence::probe::{observe_pid, HostFacts, PidObservation, ProcessProbe};
+use crate::identity::{assess_instance_identity, InstanceIdentity};
+use crate::liveness::{assess, Liveness};
+use crate::row::{Col, Row};
+use crate::time::Micros;
+use crate::value::Value;
+use std::collections::{HashMap, HashSet};
+
+/// Everything a run was told or observed about its surroundings.
+#[derive(Debug, Clone)]
+pub struct RunFacts {
+    /// The planning clock.
+    pub now: Micros,
+    /// This host's fencing facts.
+    pub host: HostFacts,
+    /// The expected repository binding (`None`: any non-blank binding).
+    pub canonical_repository: Option<String>,
+    /// What the active leases protect.
+    pub protections: Protections,
+}
+
+/// What was measured about one row.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    /// The pid probe.
+    pub pid: PidObservation,
+    /// Liveness at the planning clock.
+    pub liveness: Liveness,
+    /// Instance-identity classification.
+    pub identity: InstanceIdentity,
+    /// The snapshot's ownership classification.
+    pub ownership_state: &'static str,
+    /// The row is historical (status not `active`).
+    pub historical: bool,
+    /// Snapshot `live` (liveness live and not historical).
+    pub live: bool,
+    /// Binding present and different from the canonical repository.
+    pub foreign_repository: bool,
+    /// `process_identity`, or `pid-<pid>` derived from the pid.
+    pub process_identity: Value,
+    /// Rows carrying this row's (non-empty) canonical identity.
+    pub identity_row_count: usize,
+    /// This row's identity evidence also held by a live or unprobeable row.
+    pub shared_identity_evidence: Vec<String>,
+    /// Another active claimant of this row's (instance, namespace) slot
+    /// exists while one of them may be live.
+    pub instance_slot_contested: bool,
+    /// Which lease protections match this row ("field=value").
+    pub protected_hits: Vec<String>,
+}
+
+fn status_text(row: &Row) -> String {
+    row.get(Col::Status).or_empty_str()
+}
+
+/// `process_identity`, else `pid-<str(pid)>` when a pid is recorded.
+pub fn process_identity(row: &Row) -> Value {
+    let given = row.get(Col::ProcessIdentity);
+    if given.truthy() {
+        given.clone()
+    } else if *row.get(Col::Pid) != Value::Null {
+        Value::Text(format!("pid-{}", row.get(Col::Pid).py_str()))
+    } else {
+        Value::Null
+    }
+}
+
+fn conflict_keys(row: &Row, process_identity: &Value) -> Vec<(&'static str, String)> {
+    [
+        ("session_id", row.get(Col::SessionId)),
+        ("generation_id", row.get(Col::GenerationId)),
+        ("process_identity", process_identity),
+        ("pid", row.get(Col::Pid)),
+    ]
+    .into_iter()
+    .filter_map(|(name, v)| {
+        let text = v.canon();
+        (!text.is_empty()).then_some((name, text))
+    })
+    .collect()
+}
+
+/// Snapshot ownership classification (seed `build_worker_snapshot_row`).
+pub fn ownership_state(row: &Row, live: bool, historical: bool, trusted: bool) -> &'static str {
+    if historical {
+        "historical"
+    } else if !live {
+        "stale"
+    } else if !row.get(Col::SessionId).truthy() {
+        "orphaned"
+    } else if !trusted {
+        "live_untrusted_identity"
+    } else {
+        "live"
+    }
+}
+
+/// Binding present and, when a canonical repository is given, different
+/// from it. The row side is whitespace-stripped, both sides lose trailing
+/// `/` (seed-pitfalls 8: the canonical side is not whitespace-stripped).
+pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
+    let binding = row.get(Col::RepositoryBinding).stripped();
+    match canonical {
+        Some(c) if !c.is_empty() && !binding.is_empty() => {
+            binding.trim_end_matches('/') != c.trim_end_matches('/')
+        }
+        _ => false,
+    }
+}
+
+/// Observe every row; probes run once per row.
+pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> Vec<Observation> {
+    let mut out: Vec<Observation> = rows
+        .iter()
+        .map(|row| observe_row(row, facts, probe))
+        .collect();
+
+    // Cross-row facts.
+    let mut identity_counts: HashMap<String, usize> = HashMap::new();
+    for row in rows {
+        let id = row.get(Col::WorkerIdentity).canon();
+        if !id.is_empty() {
+            *identity_counts.entry(id).or_default() += 1;
+        }
+    }
+
+    let mut ambiguous: HashSet<(&'static str, String)> = HashSet::new();
+    for (row, obs) in rows.iter().zip(&out) {
+        let unresolved = obs.pid.alive.is_none() || obs.liveness.heartbeat_fresh.is_none();
+        if obs.live || (status_text(row) == "active" && unresolved) {
+            ambiguous.extend(conflict_keys(row, &obs.process_identity));
+        }
+    }
+
+    let mut slots: HashMap<(String, String), Vec<usize>> = HashMap::new();
+    for (i, row) in rows.iter().enumerate() {
+        if status_text(row) != "active" {
+            continue;
+        }
+        let instance = row.get(Col::ClientInstanceId).canon();
+        let namespace = row.get(Col::Namespace).canon();
+        if !instance.is_empty() && !namespace.is_empty() {
+            slots.entry((instance, namespace)).or_default().push(i);
+        }
+    }
+    for members in slots.values().filter(|m| m.len() > 1) {
+        let contested = members
+            .iter()
+            .any(|&i| out[i].live || out[i].pid.alive.is_none());
+        if contested {
+            for &i in members {
+                out[i].instance_slot_contested = true;
+            }
+        }
+    }
+
+    for (row, obs) in rows.iter().zip(out.iter_mut()) {
+        let id = row.get(Col::WorkerIdentity).canon();
+        obs.identity_row_count = if id.is_empty() {
+            0
+        } else {
+            identity_counts.get(&id).copied().unwrap_or(0)
+        };
+        let mut shared: Vec<String> = conflict_keys(row, &obs.process_identity)
+            .into_iter()
+            .filter(|k| ambiguous.contains(k))
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        shared.sort();
+        obs.shared_identity_evidence = shared;
+    }
+    out
+}
+
+fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observation {
+    let pid = observe_pid(row.get(Col::Pid), probe);
+    let liveness = assess(row, facts.now, pid.alive);
+    let historical = status_text(row) != "active";
+    let live = liveness.live && !historical;
+    let identity = assess_instance_identity(
+        row.get(Col::ClientInstanceId).as_text(),
+        row.get(Col::InstanceIdSource).as_text(),
+    );
+    let ownership = ownership_state(row, live, historical, identity.trusted);
+    let p = &facts.protections;
+    let mut protected_hits = Vec::new();
+    let id = row.get(Col::WorkerIdentity).canon();
+    if !id.is_empty() && p.worker_identities.contains(&id) {
+        protected_hits.push(format!("worker_identity={id}"));
+    }
+    let session = row.get(Col::SessionId).canon();
+    if p.session_ids.contains(&session) {
+        protected_hits.push(format!("session_id={session}"));
+    }
+    let pid_text = row.get(Col::Pid).canon();
+    if p.pids.contains(&pid_text) {
+        protected_hits.push(format!("pid={pid_text}"));
+    }
+    Observation {
+        pid,
+        liveness,
+        ownership_state: ownership,
+        historical,
+        live,
+        foreign_repository: foreign_repository(row, facts.canonical_repository.as_deref()),
+        process_identity: process_identity(row),
+        identity,
+        identity_row_count: 0,
+        shared_identity_evidence: Vec::new(),
+        instance_slot_contested: false,
+        protected_hits,
+    }
+}

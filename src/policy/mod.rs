@@ -1,0 +1,320 @@
+//! Loading, validating and fingerprinting the policy set.
+//!
+//! Policies and schema are loaded once and validated in strict mode with
+//! warnings treated as errors. Anything wrong rejects the whole set with the
+//! file, line, column and Cedar's own words: a half-loaded policy set would
+//! be a weaker one. The policy layer never touches a file other than these
+//! and never probes anything.
+
+pub mod entities;
+pub mod eval;
+
+use crate::error::{Error, Result};
+use crate::fingerprint::hex;
+use crate::reasons::Reason;
+use cedar_policy::{Effect, Policy, PolicyId, PolicySet, Schema, ValidationMode, Validator};
+use miette::Diagnostic;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// The schema file name inside a policy folder.
+pub const SCHEMA_FILE: &str = "schema.cedarschema";
+
+/// The policy files a policy folder must hold, in load order.
+pub const POLICY_FILES: &[&str] = &["retirement.cedar", "capabilities.cedar"];
+
+/// The file whose forbids are the eligibility requirements.
+pub const ELIGIBILITY_FILE: &str = "retirement.cedar";
+
+const EMBEDDED: &[(&str, &str)] = &[
+    (
+        SCHEMA_FILE,
+        include_str!("../../policies/schema.cedarschema"),
+    ),
+    (
+        "retirement.cedar",
+        include_str!("../../policies/retirement.cedar"),
+    ),
+    (
+        "capabilities.cedar",
+        include_str!("../../policies/capabilities.cedar"),
+    ),
+];
+
+/// One loaded policy with the annotations the program reads.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// `@id`.
+    pub id: String,
+    /// permit or forbid.
+    pub effect: Effect,
+    /// `@reason` (forbids only).
+    pub reason: Option<Reason>,
+    /// `@order` (forbids only).
+    pub order: u32,
+    /// `@description`.
+    pub description: String,
+    /// The file it came from.
+    pub file: String,
+    /// 1-based line of its first character.
+    pub line: usize,
+}
+
+/// A validated policy set with its schema and annotations.
+#[derive(Debug)]
+pub struct Policies {
+    /// The schema every entity is checked against.
+    pub schema: Schema,
+    /// The policies, each under its `@id`.
+    pub set: PolicySet,
+    /// Annotations by policy id.
+    pub rules: HashMap<PolicyId, Rule>,
+    /// sha256 over the files, as `sha256:<hex>`.
+    pub fingerprint: String,
+    /// Where the policies came from (`embedded` or a folder).
+    pub origin: String,
+}
+
+/// Where to read policies from.
+#[derive(Debug, Clone)]
+pub enum PolicySource {
+    /// The copy built into the binary.
+    Embedded,
+    /// A reviewer's folder with the same file names.
+    Dir(PathBuf),
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before
+        .rsplit('\n')
+        .next()
+        .map(|s| s.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, col)
+}
+
+/// Render a Cedar diagnostic as `file:line:col: message (help)` lines.
+fn describe(diag: &dyn Diagnostic, file: &str, text: &str) -> String {
+    let mut lines = Vec::new();
+    let mut push = |d: &dyn Diagnostic| {
+        let at = d
+            .labels()
+            .and_then(|mut l| l.next())
+            .map(|span| {
+                let (line, col) = line_col(text, span.offset());
+                format!("{file}:{line}:{col}")
+            })
+            .unwrap_or_else(|| file.to_string());
+        let help = d
+            .help()
+            .map(|h| format!(" (help: {h})"))
+            .unwrap_or_default();
+        lines.push(format!("{at}: {d}{help}"));
+    };
+    push(diag);
+    if let Some(related) = diag.related() {
+        for r in related {
+            push(r);
+        }
+    }
+    lines.join("\n")
+}
+
+fn policy_error(lines: Vec<String>) -> Error {
+    Error::Policy(format!(
+        "the policy set was rejected; nothing was evaluated. Fix these and run again \
+         (`fleet-retire policy validate` checks without running):\n{}",
+        lines.join("\n")
+    ))
+}
+
+impl Policies {
+    /// Load from the given source, validate, and fingerprint.
+    pub fn load(source: &PolicySource) -> Result<Policies> {
+        let (files, origin): (Vec<(String, String)>, String) = match source {
+            PolicySource::Embedded => (
+                EMBEDDED
+                    .iter()
+                    .map(|(n, t)| (n.to_string(), t.to_string()))
+                    .collect(),
+                "embedded".to_string(),
+            ),
+            PolicySource::Dir(dir) => (read_dir_files(dir)?, dir.display().to_string()),
+        };
+        Self::from_texts(&files, origin)
+    }
+
+    /// Load from `(file name, text)` pairs: the schema and the policy files.
+    pub fn from_texts(files: &[(String, String)], origin: String) -> Result<Policies> {
+        let mut hasher = Sha256::new();
+        let mut sorted: Vec<&(String, String)> = files.iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, text) in &sorted {
+            hasher.update(name.as_bytes());
+            hasher.update([0]);
+            hasher.update(text.len().to_string().as_bytes());
+            hasher.update([0]);
+            hasher.update(text.as_bytes());
+        }
+        let fingerprint = format!("sha256:{}", hex(&hasher.finalize()));
+
+        let (schema_name, schema_text) = files
+            .iter()
+            .find(|(n, _)| n == SCHEMA_FILE)
+            .ok_or_else(|| policy_error(vec![format!("{SCHEMA_FILE}: missing")]))?;
+        let (schema, warnings) = Schema::from_cedarschema_str(schema_text)
+            .map_err(|e| policy_error(vec![describe(&e, schema_name, schema_text)]))?;
+        let warnings: Vec<String> = warnings
+            .map(|w| describe(&w, schema_name, schema_text))
+            .collect();
+        if !warnings.is_empty() {
+            return Err(policy_error(warnings));
+        }
+
+        let mut problems = Vec::new();
+        let mut set = PolicySet::new();
+        let mut rules = HashMap::new();
+        let mut texts: HashMap<PolicyId, (String, String)> = HashMap::new();
+        for (name, text) in files.iter().filter(|(n, _)| n != SCHEMA_FILE) {
+            let parsed = match PolicySet::from_str(text) {
+                Ok(p) => p,
+                Err(e) => {
+                    problems.push(describe(&e, name, text));
+                    continue;
+                }
+            };
+            let mut policies: Vec<(usize, &Policy)> = parsed
+                .policies()
+                .map(|p| (policy_line(p, text), p))
+                .collect();
+            policies.sort_by_key(|(line, _)| *line);
+            for (line, policy) in policies {
+                match rule_of(policy, name, line) {
+                    Ok(rule) => {
+                        let id = PolicyId::new(&rule.id);
+                        if let Some(prev) = rules.get(&id) {
+                            let prev: &Rule = prev;
+                            problems.push(format!(
+                                "{name}:{line}: @id(\"{}\") is already used at {}:{}; ids must be unique",
+                                rule.id, prev.file, prev.line
+                            ));
+                            continue;
+                        }
+                        if let Err(e) = set.add(policy.new_id(id.clone())) {
+                            problems.push(format!("{name}:{line}: {e}"));
+                            continue;
+                        }
+                        texts.insert(id.clone(), (name.clone(), text.clone()));
+                        rules.insert(id, rule);
+                    }
+                    Err(msg) => problems.push(format!("{name}:{line}: {msg}")),
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(policy_error(problems));
+        }
+
+        let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
+        for e in result.validation_errors() {
+            let (file, text) = texts.get(e.policy_id()).cloned().unwrap_or_default();
+            problems.push(describe(e, &file, &text));
+        }
+        for w in result.validation_warnings() {
+            let (file, text) = texts.get(w.policy_id()).cloned().unwrap_or_default();
+            problems.push(format!(
+                "{} (warnings are errors here)",
+                describe(w, &file, &text)
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(policy_error(problems));
+        }
+        Ok(Policies {
+            schema,
+            set,
+            rules,
+            fingerprint,
+            origin,
+        })
+    }
+
+    /// The rules in `@order` order (permits first).
+    pub fn ordered_rules(&self) -> Vec<&Rule> {
+        let mut rules: Vec<&Rule> = self.rules.values().collect();
+        rules.sort_by(|a, b| (a.order, &a.file, a.line).cmp(&(b.order, &b.file, b.line)));
+        rules
+    }
+}
+
+fn read_dir_files(dir: &Path) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::Policy(format!(
+                "{}: cannot read ({e}); a policy folder holds {SCHEMA_FILE} and {}",
+                path.display(),
+                POLICY_FILES.join(", ")
+            ))
+        })?;
+        out.push((name.to_string(), text));
+    }
+    Ok(out)
+}
+
+/// The line of a policy's `@id` annotation (Cedar does not expose a
+/// policy's own location); 1 when it has none.
+fn policy_line(policy: &Policy, text: &str) -> usize {
+    policy
+        .annotation("id")
+        .and_then(|id| text.find(&format!("@id(\"{id}\")")))
+        .map(|offset| line_col(text, offset).0)
+        .unwrap_or(1)
+}
+
+fn rule_of(policy: &Policy, file: &str, line: usize) -> std::result::Result<Rule, String> {
+    let id = policy
+        .annotation("id")
+        .filter(|s| !s.trim().is_empty())
+        .ok_or("policy has no @id(\"...\") annotation; every policy needs a stable id")?
+        .to_string();
+    let description = policy.annotation("description").unwrap_or("").to_string();
+    let effect = policy.effect();
+    let (reason, order) = match effect {
+        Effect::Forbid if file == ELIGIBILITY_FILE => {
+            let code = policy.annotation("reason").ok_or_else(|| {
+                format!(
+                    "forbid @id(\"{id}\") has no @reason(\"...\"); name the reason code it reports"
+                )
+            })?;
+            let reason = Reason::from_code(code)
+                .filter(|r| r.is_policy_reason())
+                .ok_or_else(|| {
+                    format!("forbid @id(\"{id}\") has @reason(\"{code}\"), which is not an eligibility reason code")
+                })?;
+            let order = policy
+                .annotation("order")
+                .and_then(|o| o.parse::<u32>().ok())
+                .ok_or_else(|| {
+                    format!("forbid @id(\"{id}\") needs @order(\"N\") with a whole number N")
+                })?;
+            (Some(reason), order)
+        }
+        _ => (None, 0),
+    };
+    Ok(Rule {
+        id,
+        effect,
+        reason,
+        order,
+        description,
+        file: file.to_string(),
+        line,
+    })
+}

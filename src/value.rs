@@ -1,0 +1,320 @@
+//! Field values as they are stored, and the Python-compatible text forms the
+//! seed's tokens and comparisons are defined over.
+//!
+//! A registry value keeps its storage class (SQLite INTEGER / REAL / TEXT /
+//! BLOB / NULL, or the JSON type in a fixture): `900`, `900.0` and `"900"`
+//! probe and parse differently even though they hash the same. This module
+//! must never guess a type: it only renders what it was given.
+
+use serde_json::Value as Json;
+
+/// One stored field value, with its storage class.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// SQL NULL, JSON null, or a column the registry does not have.
+    Null,
+    /// SQLite INTEGER or a JSON integer.
+    Int(i64),
+    /// SQLite REAL or a JSON number with a fraction or exponent.
+    Real(f64),
+    /// SQLite TEXT or a JSON string.
+    Text(String),
+    /// A JSON boolean (SQLite has no boolean storage class).
+    Bool(bool),
+    /// SQLite BLOB.
+    Blob(Vec<u8>),
+}
+
+impl Value {
+    /// The seed's canonical text (`_canon`): what every token hashes.
+    pub fn canon(&self) -> String {
+        match self {
+            Value::Null => String::new(),
+            Value::Bool(b) => if *b { "true" } else { "false" }.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Real(f) => {
+                if f.is_finite() && f.fract() == 0.0 {
+                    exact_integer_text(*f)
+                } else {
+                    float_repr(*f)
+                }
+            }
+            Value::Text(s) => s.clone(),
+            Value::Blob(b) => bytes_repr(b),
+        }
+    }
+
+    /// Python's `str(value)`, used where the seed formats a value with an
+    /// f-string or `str()` rather than `_canon` (e.g. `pid-<pid>`).
+    pub fn py_str(&self) -> String {
+        match self {
+            Value::Null => "None".to_string(),
+            Value::Bool(b) => if *b { "True" } else { "False" }.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Real(f) => float_repr(*f),
+            Value::Text(s) => s.clone(),
+            Value::Blob(b) => bytes_repr(b),
+        }
+    }
+
+    /// Python truthiness.
+    pub fn truthy(&self) -> bool {
+        match self {
+            Value::Null => false,
+            Value::Bool(b) => *b,
+            Value::Int(i) => *i != 0,
+            Value::Real(f) => *f != 0.0,
+            Value::Text(s) => !s.is_empty(),
+            Value::Blob(b) => !b.is_empty(),
+        }
+    }
+
+    /// `str(value or "")`: the empty string for a falsy value, else `str()`.
+    pub fn or_empty_str(&self) -> String {
+        if self.truthy() {
+            self.py_str()
+        } else {
+            String::new()
+        }
+    }
+
+    /// `(value or "").strip()` for text; other present values are rendered
+    /// with `str()` first (the seed only ever stores text in these columns).
+    pub fn stripped(&self) -> String {
+        py_strip(&self.or_empty_str()).to_string()
+    }
+
+    /// A required field is missing: NULL, or text that is empty once
+    /// Python's whitespace is stripped.
+    pub fn is_blank(&self) -> bool {
+        match self {
+            Value::Null => true,
+            Value::Text(s) => py_strip(s).is_empty(),
+            _ => false,
+        }
+    }
+
+    /// The text, when this value is text.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Value::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Convert a JSON value (fixtures, saved plans). Nested arrays and objects
+    /// are not registry values and are refused.
+    pub fn from_json(v: &Json) -> Result<Value, String> {
+        Ok(match v {
+            Json::Null => Value::Null,
+            Json::Bool(b) => Value::Bool(*b),
+            Json::Number(n) => {
+                if let Some(i) = n.as_i64() {
+                    Value::Int(i)
+                } else if n.is_u64() {
+                    return Err(format!("integer {n} does not fit in 64 bits"));
+                } else {
+                    Value::Real(
+                        n.as_f64()
+                            .ok_or_else(|| format!("number {n} is out of range"))?,
+                    )
+                }
+            }
+            Json::String(s) => Value::Text(s.clone()),
+            Json::Array(_) | Json::Object(_) => {
+                return Err("expected null, a boolean, a number or a string".to_string())
+            }
+        })
+    }
+
+    /// Render as JSON, keeping the storage class (`900.0` stays a real).
+    pub fn to_json(&self) -> Json {
+        match self {
+            Value::Null => Json::Null,
+            Value::Bool(b) => Json::Bool(*b),
+            Value::Int(i) => Json::from(*i),
+            Value::Real(f) => serde_json::Number::from_f64(*f)
+                .map(Json::Number)
+                .unwrap_or_else(|| Json::String(float_repr(*f))),
+            Value::Text(s) => Json::String(s.clone()),
+            Value::Blob(b) => Json::String(bytes_repr(b)),
+        }
+    }
+}
+
+/// Python's whitespace for `str.strip()`: Unicode White_Space plus the
+/// information separators U+001C..U+001F.
+pub fn is_py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python's `str.strip()` with no argument.
+pub fn py_strip(s: &str) -> &str {
+    s.trim_matches(is_py_space)
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, exponent form when
+/// the decimal exponent is below -4 or at least 16.
+pub fn float_repr(f: f64) -> String {
+    if f.is_nan() {
+        return "nan".to_string();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "inf" } else { "-inf" }.to_string();
+    }
+    if f == 0.0 {
+        return if f.is_sign_negative() { "-0.0" } else { "0.0" }.to_string();
+    }
+    // Rust's `{:e}` gives the shortest round-trip digits, e.g. "-1.5e16".
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} always has an exponent");
+    let exp: i32 = exp.parse().expect("{:e} exponent is an integer");
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if !(-4..16).contains(&exp) {
+        let mut out = format!("{sign}{}", &digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let esign = if exp < 0 { '-' } else { '+' };
+        out.push_str(&format!("e{esign}{:02}", exp.abs()));
+        return out;
+    }
+    if exp < 0 {
+        let zeros = "0".repeat((-exp - 1) as usize);
+        return format!("{sign}0.{zeros}{digits}");
+    }
+    let point = exp as usize + 1;
+    if digits.len() <= point {
+        let zeros = "0".repeat(point - digits.len());
+        format!("{sign}{digits}{zeros}.0")
+    } else {
+        format!("{sign}{}.{}", &digits[..point], &digits[point..])
+    }
+}
+
+/// The exact decimal integer of an integral, finite float (`str(int(f))`).
+pub fn exact_integer_text(f: f64) -> String {
+    if f.abs() < 9.0e15 {
+        return format!("{}", f as i64);
+    }
+    let bits = f.to_bits();
+    let negative = bits >> 63 == 1;
+    let exponent = ((bits >> 52) & 0x7ff) as i32 - 1075;
+    let mantissa = (bits & ((1u64 << 52) - 1)) | (1u64 << 52);
+    // |f| >= 9e15 > 2^52, so the exponent is non-negative: f = mantissa * 2^exponent.
+    // Little-endian base-1e9 limbs.
+    let mut limbs: Vec<u64> = vec![mantissa % 1_000_000_000, mantissa / 1_000_000_000];
+    for _ in 0..exponent.max(0) {
+        let mut carry = 0u64;
+        for limb in limbs.iter_mut() {
+            let v = *limb * 2 + carry;
+            *limb = v % 1_000_000_000;
+            carry = v / 1_000_000_000;
+        }
+        if carry > 0 {
+            limbs.push(carry);
+        }
+    }
+    while limbs.len() > 1 && *limbs.last().unwrap_or(&1) == 0 {
+        limbs.pop();
+    }
+    let mut out = String::new();
+    if negative {
+        out.push('-');
+    }
+    let mut iter = limbs.iter().rev();
+    if let Some(first) = iter.next() {
+        out.push_str(&first.to_string());
+    }
+    for limb in iter {
+        out.push_str(&format!("{limb:09}"));
+    }
+    out
+}
+
+/// Python's `repr(bytes)`.
+fn bytes_repr(b: &[u8]) -> String {
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = format!("b{quote}");
+    for &c in b {
+        match c {
+            b'\\' => out.push_str("\\\\"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            c if c as char == quote => {
+                out.push('\\');
+                out.push(quote)
+            }
+            0x20..=0x7e => out.push(c as char),
+            _ => out.push_str(&format!("\\x{c:02x}")),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_repr_matches_python() {
+        // Expected strings are Python 3's repr() of the same floats.
+        let cases = [
+            (900.5, "900.5"),
+            (0.25, "0.25"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1.5e16, "1.5e+16"),
+            (1e16, "1e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (-2.5e-7, "-2.5e-07"),
+            (900.0, "900.0"),
+            (1e15, "1000000000000000.0"),
+            (0.1, "0.1"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+        ];
+        for (f, want) in cases {
+            assert_eq!(float_repr(f), want, "repr({f})");
+        }
+    }
+
+    #[test]
+    fn canon_of_integral_reals_is_the_exact_integer() {
+        assert_eq!(Value::Real(900.0).canon(), "900");
+        assert_eq!(Value::Real(-0.0).canon(), "0");
+        assert_eq!(Value::Real(1e23).canon(), "99999999999999991611392");
+        assert_eq!(Value::Real(2f64.powi(70)).canon(), "1180591620717411303424");
+        assert_eq!(Value::Real(-1e16).canon(), "-10000000000000000");
+        assert_eq!(Value::Real(900.5).canon(), "900.5");
+        assert_eq!(Value::Real(f64::INFINITY).canon(), "inf");
+    }
+
+    #[test]
+    fn canon_and_str_differ_where_python_does() {
+        assert_eq!(Value::Bool(true).canon(), "true");
+        assert_eq!(Value::Bool(true).py_str(), "True");
+        assert_eq!(Value::Real(4242.0).py_str(), "4242.0");
+        assert_eq!(Value::Null.canon(), "");
+        assert_eq!(Value::Blob(b"a'".to_vec()).canon(), "b\"a'\"");
+    }
+
+    #[test]
+    fn blank_uses_pythons_whitespace() {
+        assert!(Value::Null.is_blank());
+        assert!(Value::Text("".into()).is_blank());
+        assert!(Value::Text(" \t\u{a0}\u{1f}\u{3000}".into()).is_blank());
+        assert!(!Value::Text("\u{200b}".into()).is_blank());
+        assert!(!Value::Int(0).is_blank());
+    }
+}
