@@ -54,20 +54,21 @@ pub const LEASE_FENCE_FIELDS: &[&str] = &[
 const UNIT: char = '\u{1f}';
 const RECORD: char = '\u{1e}';
 
-fn serialize_row(row: &Row) -> String {
-    let mut out = String::with_capacity(512);
+/// The canonical serialization of one row (the unit the tokens sort and hash).
+pub fn serialize_row(row: &Row) -> String {
+    let mut out = String::with_capacity(640);
     for (i, col) in FINGERPRINT_FIELDS.iter().enumerate() {
         if i > 0 {
             out.push(UNIT);
         }
         out.push_str(col.name());
         out.push('=');
-        out.push_str(&row.get(*col).canon());
+        row.get(*col).write_canon(&mut out);
     }
     out
 }
 
-fn digest(version: &str, mut units: Vec<String>, prefix: &str) -> String {
+fn digest<S: AsRef<str> + Ord>(version: &str, mut units: Vec<S>, prefix: &str) -> String {
     units.sort_unstable();
     let mut hasher = Sha256::new();
     hasher.update(version.as_bytes());
@@ -75,7 +76,7 @@ fn digest(version: &str, mut units: Vec<String>, prefix: &str) -> String {
     hasher.update(units.len().to_string().as_bytes());
     for unit in &units {
         hasher.update(RECORD.to_string().as_bytes());
-        hasher.update(unit.as_bytes());
+        hasher.update(unit.as_ref().as_bytes());
     }
     let hex = hex(&hasher.finalize());
     format!("{prefix}-{}", &hex[..32])
@@ -90,6 +91,30 @@ pub fn hex(bytes: &[u8]) -> String {
             let _ = write!(s, "{b:02x}");
             s
         })
+}
+
+/// Both tokens of a plan from the rows' serializations, computed once:
+/// `(registry_fingerprint, candidate_fingerprint)`.
+pub fn plan_tokens(
+    serialized: &[String],
+    is_candidate: impl Fn(usize) -> bool,
+) -> (String, String) {
+    let all: Vec<&str> = serialized.iter().map(String::as_str).collect();
+    let candidates: Vec<&str> = serialized
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| is_candidate(*i))
+        .map(|(_, s)| s.as_str())
+        .collect();
+    // The two digests are independent; hash them side by side.
+    std::thread::scope(|scope| {
+        let registry = scope.spawn(|| digest("registryfp-v1", all, "registryfp"));
+        let candidate = digest("candidatefp-v1", candidates, "candidatefp");
+        (
+            registry.join().expect("fingerprint thread panicked"),
+            candidate,
+        )
+    })
 }
 
 /// Token over every registry row; order-independent, time-independent.

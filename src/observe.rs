@@ -13,6 +13,7 @@ use crate::liveness::{assess, Liveness};
 use crate::row::{Col, Row};
 use crate::time::Micros;
 use crate::value::Value;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 /// Everything a run was told or observed about its surroundings.
@@ -68,13 +69,16 @@ pub fn process_identity(row: &Row) -> Value {
     if given.truthy() {
         given.clone()
     } else if *row.get(Col::Pid) != Value::Null {
-        Value::Text(format!("pid-{}", row.get(Col::Pid).py_str()))
+        Value::Text(format!("pid-{}", row.get(Col::Pid).py_str()).into())
     } else {
         Value::Null
     }
 }
 
-fn conflict_keys(row: &Row, process_identity: &Value) -> Vec<(&'static str, String)> {
+fn conflict_keys<'a>(
+    row: &'a Row,
+    process_identity: &'a Value,
+) -> Vec<(&'static str, Cow<'a, str>)> {
     [
         ("session_id", row.get(Col::SessionId)),
         ("generation_id", row.get(Col::GenerationId)),
@@ -83,7 +87,7 @@ fn conflict_keys(row: &Row, process_identity: &Value) -> Vec<(&'static str, Stri
     ]
     .into_iter()
     .filter_map(|(name, v)| {
-        let text = v.canon();
+        let text = v.canon_cow();
         (!text.is_empty()).then_some((name, text))
     })
     .collect()
@@ -119,21 +123,19 @@ pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
 
 /// Observe every row; probes run once per row.
 pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> Vec<Observation> {
-    let mut out: Vec<Observation> = rows
-        .iter()
-        .map(|row| observe_row(row, facts, probe))
-        .collect();
+    let mut out: Vec<Observation> =
+        crate::plan::par_map(rows, |row| observe_row(row, facts, probe));
 
     // Cross-row facts.
-    let mut identity_counts: HashMap<String, usize> = HashMap::new();
+    let mut identity_counts: HashMap<Cow<str>, usize> = HashMap::with_capacity(rows.len());
     for row in rows {
-        let id = row.get(Col::WorkerIdentity).canon();
+        let id = row.get(Col::WorkerIdentity).canon_cow();
         if !id.is_empty() {
             *identity_counts.entry(id).or_default() += 1;
         }
     }
 
-    let mut ambiguous: HashSet<(&'static str, String)> = HashSet::new();
+    let mut ambiguous: HashSet<(&'static str, Cow<str>)> = HashSet::new();
     for (row, obs) in rows.iter().zip(&out) {
         let unresolved = obs.pid.alive.is_none() || obs.liveness.heartbeat_fresh.is_none();
         if obs.live || (status_text(row) == "active" && unresolved) {
@@ -141,42 +143,64 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
         }
     }
 
-    let mut slots: HashMap<(String, String), Vec<usize>> = HashMap::new();
+    let mut slots: HashMap<(Cow<str>, Cow<str>), Vec<usize>> = HashMap::new();
     for (i, row) in rows.iter().enumerate() {
         if status_text(row) != "active" {
             continue;
         }
-        let instance = row.get(Col::ClientInstanceId).canon();
-        let namespace = row.get(Col::Namespace).canon();
+        let instance = row.get(Col::ClientInstanceId).canon_cow();
+        let namespace = row.get(Col::Namespace).canon_cow();
         if !instance.is_empty() && !namespace.is_empty() {
             slots.entry((instance, namespace)).or_default().push(i);
         }
     }
+    let mut contested_rows = Vec::new();
     for members in slots.values().filter(|m| m.len() > 1) {
         let contested = members
             .iter()
             .any(|&i| out[i].live || out[i].pid.alive.is_none());
         if contested {
-            for &i in members {
-                out[i].instance_slot_contested = true;
-            }
+            contested_rows.extend(members.iter().copied());
         }
     }
 
-    for (row, obs) in rows.iter().zip(out.iter_mut()) {
-        let id = row.get(Col::WorkerIdentity).canon();
-        obs.identity_row_count = if id.is_empty() {
-            0
-        } else {
-            identity_counts.get(&id).copied().unwrap_or(0)
-        };
+    let mut shared_by_row: Vec<(usize, Vec<String>)> = Vec::new();
+    for (i, (row, obs)) in rows.iter().zip(out.iter()).enumerate() {
+        if ambiguous.is_empty() {
+            break;
+        }
         let mut shared: Vec<String> = conflict_keys(row, &obs.process_identity)
             .into_iter()
             .filter(|k| ambiguous.contains(k))
             .map(|(name, value)| format!("{name}={value}"))
             .collect();
-        shared.sort();
-        obs.shared_identity_evidence = shared;
+        if !shared.is_empty() {
+            shared.sort();
+            shared_by_row.push((i, shared));
+        }
+    }
+    let counts: Vec<usize> = rows
+        .iter()
+        .map(|row| {
+            let id = row.get(Col::WorkerIdentity).canon_cow();
+            if id.is_empty() {
+                0
+            } else {
+                identity_counts.get(&id).copied().unwrap_or(0)
+            }
+        })
+        .collect();
+    drop(ambiguous);
+    drop(slots);
+    drop(identity_counts);
+    for (obs, count) in out.iter_mut().zip(counts) {
+        obs.identity_row_count = count;
+    }
+    for i in contested_rows {
+        out[i].instance_slot_contested = true;
+    }
+    for (i, shared) in shared_by_row {
+        out[i].shared_identity_evidence = shared;
     }
     out
 }

@@ -6,24 +6,33 @@
 
 use crate::error::Result;
 use crate::evidence::probe::ProcessProbe;
-use crate::fingerprint::{candidate_fingerprint, registry_fingerprint};
+use crate::fingerprint::{plan_tokens, serialize_row};
 use crate::observe::{observe_all, Observation, RunFacts};
-use crate::policy::entities::{build, retire_action, run_uid, worker_uid};
-use crate::policy::eval::{judge, Verdict};
+use crate::policy::engine::Engine;
+use crate::policy::entities::{
+    check_schema, entity, retire_action, run_attrs, run_entity, run_uid, worker_attrs,
+    worker_entity, worker_uid, Attr,
+};
+use crate::policy::eval::Verdict;
+use crate::policy::memo::Abstraction;
 use crate::policy::Policies;
 use crate::reasons::Reason;
 use crate::row::{Col, Row};
-use cedar_policy::Authorizer;
-use serde_json::{json, Map, Value as Json};
-use std::collections::BTreeMap;
+use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
+use cedar_policy_core::extensions::Extensions;
+use serde::Serialize;
+use serde_json::{json, Value as Json};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::Arc;
 
 /// One row's outcome.
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// Position in the registry (0-based).
     pub index: usize,
-    /// Cedar's verdict.
-    pub verdict: Verdict,
+    /// Cedar's verdict (shared by rows in the same situation).
+    pub verdict: Arc<Verdict>,
     /// What was measured.
     pub observation: Observation,
 }
@@ -69,6 +78,93 @@ pub struct Plan {
     pub facts: RunFacts,
 }
 
+/// Ask Cedar about every row. Rows in the same situation (see
+/// `policy::memo`) share one evaluation; the work is split over the cores.
+fn judge_all(
+    rows: &[Row],
+    observations: &[Observation],
+    facts: &RunFacts,
+    policies: &Policies,
+) -> Vec<Arc<Verdict>> {
+    let run_attrs = run_attrs(facts);
+    let run = entity(run_uid(), &run_attrs);
+    let abstraction = Abstraction::new(policies, &run_attrs);
+    if let Some(why) = abstraction.disabled() {
+        tracing::warn!("every row is evaluated on its own: {why}");
+    }
+    let engine = Engine::new(policies);
+    let (principal, action) = (run_uid(), retire_action());
+    let judge_one = |i: usize, attrs: &[(&'static str, Attr<'_>)]| -> Verdict {
+        let entities = Entities::from_entities(
+            [run.clone(), entity(worker_uid(i), attrs)],
+            None::<&NoEntitiesSchema>,
+            TCComputation::AssumeAlreadyComputed,
+            Extensions::all_available(),
+        );
+        match entities {
+            Ok(entities) => engine.judge(policies, &entities, &principal, &action, &worker_uid(i)),
+            // Fail closed: the row is kept.
+            Err(e) => Verdict {
+                allowed: false,
+                forbids: Vec::new(),
+                errors: vec![format!("building entities: {e}")],
+            },
+        }
+    };
+    let indices: Vec<usize> = (0..rows.len()).collect();
+    let (abstraction, judge_one) = (&abstraction, &judge_one);
+    par_chunks(&indices, |chunk| {
+        let mut memo: HashMap<String, Arc<Verdict>> = HashMap::new();
+        let mut key = String::with_capacity(512);
+        let verdicts: Vec<Arc<Verdict>> = chunk
+            .iter()
+            .map(|&i| {
+                let attrs = worker_attrs(&rows[i], &observations[i]);
+                if !abstraction.key(&attrs, &mut key) {
+                    return Arc::new(judge_one(i, &attrs));
+                }
+                if let Some(v) = memo.get(key.as_str()) {
+                    return v.clone();
+                }
+                let v = Arc::new(judge_one(i, &attrs));
+                memo.insert(key.clone(), v.clone());
+                v
+            })
+            .collect();
+        tracing::debug!(rows = chunk.len(), evaluations = memo.len(), "rows judged");
+        verdicts
+    })
+}
+
+/// Map `f` over `items` on every core, keeping order.
+pub fn par_map<T: Sync, U: Send>(items: &[T], f: impl Fn(&T) -> U + Sync) -> Vec<U> {
+    par_chunks(items, |chunk| chunk.iter().map(&f).collect())
+}
+
+/// Split `items` into one chunk per core, map each chunk with `f`, and
+/// concatenate the results in order.
+pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sync) -> Vec<U> {
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 8);
+    if items.len() < 1024 || workers == 1 {
+        return f(items);
+    }
+    let per = items.len().div_ceil(workers);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(per)
+            .map(|chunk| scope.spawn(move || f(chunk)))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("worker thread panicked"))
+            .collect()
+    })
+}
+
 /// Judge every row.
 pub fn plan(
     rows: Vec<Row>,
@@ -76,45 +172,19 @@ pub fn plan(
     probe: &dyn ProcessProbe,
     policies: &Policies,
 ) -> Result<Plan> {
+    let started = std::time::Instant::now();
     let observations = observe_all(&rows, &facts, probe);
-    let entities = build(&rows, &observations, &facts, &policies.schema)?;
-    let principal = run_uid();
-    let action = retire_action();
+    tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "observed");
+    let run = run_entity(&facts);
+    // The builder and the schema must agree; check the shapes once per run.
+    let mut sample = vec![run.clone()];
+    if let (Some(row), Some(obs)) = (rows.first(), observations.first()) {
+        sample.push(worker_entity(0, row, obs));
+    }
+    check_schema(sample, &policies.schema)?;
 
-    // Evaluation is independent per row; split it over the available cores.
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(8);
-    let chunk = rows.len().div_ceil(workers.max(1)).max(1);
-    let verdicts: Vec<Verdict> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..rows.len())
-            .step_by(chunk)
-            .map(|start| {
-                let end = (start + chunk).min(rows.len());
-                let (entities, principal, action) = (&entities, &principal, &action);
-                scope.spawn(move || {
-                    let authorizer = Authorizer::new();
-                    (start..end)
-                        .map(|i| {
-                            judge(
-                                policies,
-                                &authorizer,
-                                entities,
-                                principal,
-                                action,
-                                &worker_uid(i),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("policy evaluation thread panicked"))
-            .collect()
-    });
+    let verdicts = judge_all(&rows, &observations, &facts, policies);
+    tracing::debug!(elapsed = ?started.elapsed(), "judged");
 
     let entries: Vec<Entry> = verdicts
         .into_iter()
@@ -126,13 +196,10 @@ pub fn plan(
             observation,
         })
         .collect();
-    let registry = registry_fingerprint(&rows);
-    let candidate = candidate_fingerprint(
-        entries
-            .iter()
-            .filter(|e| e.is_candidate())
-            .map(|e| &rows[e.index]),
-    );
+    let serialized = par_map(&rows, serialize_row);
+    let (registry, candidate) = plan_tokens(&serialized, |i| entries[i].is_candidate());
+    drop(serialized);
+    tracing::debug!(elapsed = ?started.elapsed(), "fingerprinted");
     Ok(Plan {
         rows,
         entries,
@@ -160,69 +227,59 @@ impl Plan {
     }
 
     /// The evidence block for one entry (the seed's evidence keys).
-    pub fn evidence(&self, entry: &Entry) -> Json {
+    pub fn evidence<'a>(&'a self, entry: &'a Entry) -> Evidence<'a> {
         let row = &self.rows[entry.index];
         let obs = &entry.observation;
-        let v = |c: Col| row.get(c).to_json();
-        let client_type =
-            crate::identity::normalize_client_name(row.get(Col::ClientName).as_text());
-        json!({
-            "worker_identity": v(Col::WorkerIdentity),
-            "client_type": client_type,
-            "client_instance_id": v(Col::ClientInstanceId),
-            "fleet_run_id": v(Col::FleetRunId),
-            "namespace": v(Col::Namespace),
-            "profile": v(Col::Profile),
-            "declared_role": v(Col::Role),
-            "session_id": v(Col::SessionId),
-            "generation_id": v(Col::GenerationId),
-            "fencing_epoch": v(Col::FencingEpoch),
-            "process_identity": obs.process_identity.to_json(),
-            "pid": v(Col::Pid),
-            "pid_alive": obs.pid.alive,
-            "live_process_start_time": obs.pid.start_time,
-            "host_id": v(Col::HostId),
-            "boot_id": v(Col::BootId),
-            "process_start_time": v(Col::ProcessStartTime),
-            "repository_binding": v(Col::RepositoryBinding),
-            "foreign_repository": obs.foreign_repository,
-            "status": v(Col::Status),
-            "started_at": v(Col::StartedAt),
-            "last_heartbeat_at": v(Col::LastHeartbeatAt),
-            "heartbeat_ttl_seconds": v(Col::HeartbeatTtlSeconds),
-            "canonical_heartbeat_ttl_seconds": obs.liveness.heartbeat_ttl_seconds,
-            "heartbeat_age_seconds": obs.liveness.heartbeat_age_seconds,
-            "heartbeat_fresh": obs.liveness.heartbeat_fresh,
-            "live": obs.live,
-            "ownership_state": obs.ownership_state,
-            "instance_id_provenance": obs.identity.provenance,
-            "instance_identity_trusted": obs.identity.trusted,
-            "identity_row_count": obs.identity_row_count,
-            "shared_identity_evidence": obs.shared_identity_evidence,
-            "instance_slot_contested": obs.instance_slot_contested,
-            "protected_by_active_leases": obs.protected_hits,
-        })
+        Evidence {
+            worker_identity: row.get(Col::WorkerIdentity),
+            client_type: crate::identity::normalize_client_name(row.get(Col::ClientName).as_text()),
+            client_instance_id: row.get(Col::ClientInstanceId),
+            fleet_run_id: row.get(Col::FleetRunId),
+            namespace: row.get(Col::Namespace),
+            profile: row.get(Col::Profile),
+            declared_role: row.get(Col::Role),
+            session_id: row.get(Col::SessionId),
+            generation_id: row.get(Col::GenerationId),
+            fencing_epoch: row.get(Col::FencingEpoch),
+            process_identity: &obs.process_identity,
+            pid: row.get(Col::Pid),
+            pid_alive: obs.pid.alive,
+            live_process_start_time: obs.pid.start_time.as_deref(),
+            host_id: row.get(Col::HostId),
+            boot_id: row.get(Col::BootId),
+            process_start_time: row.get(Col::ProcessStartTime),
+            repository_binding: row.get(Col::RepositoryBinding),
+            foreign_repository: obs.foreign_repository,
+            status: row.get(Col::Status),
+            started_at: row.get(Col::StartedAt),
+            last_heartbeat_at: row.get(Col::LastHeartbeatAt),
+            heartbeat_ttl_seconds: row.get(Col::HeartbeatTtlSeconds),
+            canonical_heartbeat_ttl_seconds: obs.liveness.heartbeat_ttl_seconds,
+            heartbeat_age_seconds: obs.liveness.heartbeat_age_seconds,
+            heartbeat_fresh: obs.liveness.heartbeat_fresh,
+            live: obs.live,
+            ownership_state: obs.ownership_state,
+            instance_id_provenance: obs.identity.provenance,
+            instance_identity_trusted: obs.identity.trusted,
+            identity_row_count: obs.identity_row_count,
+            shared_identity_evidence: &obs.shared_identity_evidence,
+            instance_slot_contested: obs.instance_slot_contested,
+            protected_by_active_leases: &obs.protected_hits,
+        }
     }
 
-    fn entry_json(&self, entry: &Entry) -> Json {
-        let row = &self.rows[entry.index];
-        let mut m = Map::new();
-        m.insert(
-            "worker_identity".into(),
-            row.get(Col::WorkerIdentity).to_json(),
-        );
-        m.insert("reason_code".into(), json!(entry.reason().code()));
-        if entry.is_candidate() {
-            m.insert(
-                "detail".into(),
-                json!(
-                    "no eligibility policy forbids retirement: dead pid, expired heartbeat, \
-                       proven identity and host, canonical binding, no active ownership"
-                ),
-            );
+    /// One candidate or preserved entry as JSON.
+    pub fn entry_json<'a>(&'a self, entry: &'a Entry) -> EntryJson<'a> {
+        let (reason_codes, detail, policy_ids) = if entry.is_candidate() {
+            (
+                None,
+                "no eligibility policy forbids retirement: dead pid, expired heartbeat, proven \
+                 identity and host, canonical binding, no active ownership"
+                    .to_string(),
+                None,
+            )
         } else {
-            let codes: Vec<&str> = entry.reason_codes().iter().map(|r| r.code()).collect();
-            m.insert("reason_codes".into(), json!(codes));
+            let codes: Vec<&'static str> = entry.reason_codes().iter().map(|r| r.code()).collect();
             let detail = match entry.verdict.forbids.first() {
                 Some(rule) if entry.verdict.errors.is_empty() => {
                     format!("{} [policy {}]", rule.description, rule.id)
@@ -236,19 +293,22 @@ impl Plan {
                     }
                 ),
             };
-            m.insert("detail".into(), json!(detail));
-            m.insert(
-                "policy_ids".into(),
-                json!(entry
-                    .verdict
-                    .forbids
-                    .iter()
-                    .map(|r| r.id.as_str())
-                    .collect::<Vec<_>>()),
-            );
+            let ids: Vec<&'a str> = entry
+                .verdict
+                .forbids
+                .iter()
+                .map(|r| r.id.as_str())
+                .collect();
+            (Some(codes), detail, Some(ids))
+        };
+        EntryJson {
+            worker_identity: self.rows[entry.index].get(Col::WorkerIdentity),
+            reason_code: entry.reason().code(),
+            reason_codes,
+            detail,
+            policy_ids,
+            evidence: self.evidence(entry),
         }
-        m.insert("evidence".into(), self.evidence(entry));
-        Json::Object(m)
     }
 
     /// Count of preserved rows by primary reason code.
@@ -260,16 +320,24 @@ impl Plan {
         counts
     }
 
-    /// The plan as the stable JSON document.
+    /// The plan as the stable JSON document (built in memory; for small
+    /// plans and tests; `write_json` streams).
     pub fn to_json(&self) -> Json {
-        let candidates: Vec<Json> = self.candidates().map(|e| self.entry_json(e)).collect();
-        let preserved: Vec<Json> = self.preserved().map(|e| self.entry_json(e)).collect();
-        let identities: Vec<Json> = self
+        let mut buf = Vec::new();
+        self.write_json(&mut buf)
+            .expect("writing to memory cannot fail");
+        serde_json::from_slice(&buf).expect("the plan writer emits valid JSON")
+    }
+
+    /// Stream the plan as JSON: top-level keys in a fixed order, one entry
+    /// per line, so large plans stay small in memory and diff cleanly.
+    pub fn write_json(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        let candidate_ids: Vec<&crate::value::Value> = self
             .candidates()
-            .map(|e| self.rows[e.index].get(Col::WorkerIdentity).to_json())
+            .map(|e| self.rows[e.index].get(Col::WorkerIdentity))
             .collect();
         let p = &self.facts.protections;
-        json!({
+        let head = json!({
             "success": true,
             "read_only": true,
             "mutation_performed": false,
@@ -278,11 +346,8 @@ impl Plan {
             "candidate_fingerprint": self.candidate_fingerprint,
             "policy_fingerprint": self.policy_fingerprint,
             "assessed_count": self.entries.len(),
-            "candidate_count": candidates.len(),
-            "preserved_count": preserved.len(),
-            "candidate_worker_identities": identities,
-            "candidates": candidates,
-            "preserved": preserved,
+            "candidate_count": candidate_ids.len(),
+            "preserved_count": self.entries.len() - candidate_ids.len(),
             "preserved_reason_counts": self.reason_counts(),
             "protected_inputs": {
                 "worker_identities": p.worker_identities,
@@ -295,6 +360,88 @@ impl Plan {
                 "current_boot_id": self.facts.host.boot_id,
                 "start_time_probe_available": true,
             },
-        })
+        });
+        w.write_all(b"{\n")?;
+        if let Json::Object(map) = head {
+            for (k, v) in map {
+                writeln!(w, "{}: {},", Json::String(k), v)?;
+            }
+        }
+        write!(w, "\"candidate_worker_identities\": ")?;
+        serde_json::to_writer(&mut *w, &candidate_ids)?;
+        w.write_all(b",\n")?;
+        for (key, candidates) in [("candidates", true), ("preserved", false)] {
+            write!(w, "\"{key}\": [")?;
+            let mut first = true;
+            for e in self
+                .entries
+                .iter()
+                .filter(|e| e.is_candidate() == candidates)
+            {
+                w.write_all(if first { b"\n" } else { b",\n" })?;
+                first = false;
+                serde_json::to_writer(&mut *w, &self.entry_json(e))?;
+            }
+            w.write_all(if key == "candidates" {
+                b"\n],\n"
+            } else {
+                b"\n]\n"
+            })?;
+        }
+        w.write_all(b"}\n")
     }
+}
+
+/// One entry of a plan's `candidates` or `preserved` list.
+#[derive(Debug, Serialize)]
+pub struct EntryJson<'a> {
+    worker_identity: &'a crate::value::Value,
+    reason_code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason_codes: Option<Vec<&'static str>>,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy_ids: Option<Vec<&'a str>>,
+    evidence: Evidence<'a>,
+}
+
+/// The evidence a verdict rests on (the seed's evidence keys, plus what
+/// Cedar was shown).
+#[derive(Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct Evidence<'a> {
+    pub worker_identity: &'a crate::value::Value,
+    pub client_type: &'static str,
+    pub client_instance_id: &'a crate::value::Value,
+    pub fleet_run_id: &'a crate::value::Value,
+    pub namespace: &'a crate::value::Value,
+    pub profile: &'a crate::value::Value,
+    pub declared_role: &'a crate::value::Value,
+    pub session_id: &'a crate::value::Value,
+    pub generation_id: &'a crate::value::Value,
+    pub fencing_epoch: &'a crate::value::Value,
+    pub process_identity: &'a crate::value::Value,
+    pub pid: &'a crate::value::Value,
+    pub pid_alive: Option<bool>,
+    pub live_process_start_time: Option<&'a str>,
+    pub host_id: &'a crate::value::Value,
+    pub boot_id: &'a crate::value::Value,
+    pub process_start_time: &'a crate::value::Value,
+    pub repository_binding: &'a crate::value::Value,
+    pub foreign_repository: bool,
+    pub status: &'a crate::value::Value,
+    pub started_at: &'a crate::value::Value,
+    pub last_heartbeat_at: &'a crate::value::Value,
+    pub heartbeat_ttl_seconds: &'a crate::value::Value,
+    pub canonical_heartbeat_ttl_seconds: f64,
+    pub heartbeat_age_seconds: Option<f64>,
+    pub heartbeat_fresh: Option<bool>,
+    pub live: bool,
+    pub ownership_state: &'static str,
+    pub instance_id_provenance: &'static str,
+    pub instance_identity_trusted: bool,
+    pub identity_row_count: usize,
+    pub shared_identity_evidence: &'a [String],
+    pub instance_slot_contested: bool,
+    pub protected_by_active_leases: &'a [String],
 }

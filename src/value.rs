@@ -17,12 +17,12 @@ pub enum Value {
     Int(i64),
     /// SQLite REAL or a JSON number with a fraction or exponent.
     Real(f64),
-    /// SQLite TEXT or a JSON string.
-    Text(String),
+    /// SQLite TEXT or a JSON string (shared: registries repeat most texts).
+    Text(std::sync::Arc<str>),
     /// A JSON boolean (SQLite has no boolean storage class).
     Bool(bool),
     /// SQLite BLOB.
-    Blob(Vec<u8>),
+    Blob(Box<[u8]>),
 }
 
 impl Value {
@@ -39,8 +39,31 @@ impl Value {
                     float_repr(*f)
                 }
             }
-            Value::Text(s) => s.clone(),
+            Value::Text(s) => s.to_string(),
             Value::Blob(b) => bytes_repr(b),
+        }
+    }
+
+    /// The canonical text, borrowed when the value is text or NULL.
+    pub fn canon_cow(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Value::Null => std::borrow::Cow::Borrowed(""),
+            Value::Text(s) => std::borrow::Cow::Borrowed(s),
+            other => std::borrow::Cow::Owned(other.canon()),
+        }
+    }
+
+    /// Append the canonical text to `out` (no intermediate allocation for
+    /// the common storage classes).
+    pub fn write_canon(&self, out: &mut String) {
+        use std::fmt::Write;
+        match self {
+            Value::Null => {}
+            Value::Int(i) => {
+                let _ = write!(out, "{i}");
+            }
+            Value::Text(s) => out.push_str(s),
+            other => out.push_str(&other.canon()),
         }
     }
 
@@ -52,7 +75,7 @@ impl Value {
             Value::Bool(b) => if *b { "True" } else { "False" }.to_string(),
             Value::Int(i) => i.to_string(),
             Value::Real(f) => float_repr(*f),
-            Value::Text(s) => s.clone(),
+            Value::Text(s) => s.to_string(),
             Value::Blob(b) => bytes_repr(b),
         }
     }
@@ -81,7 +104,15 @@ impl Value {
     /// `(value or "").strip()` for text; other present values are rendered
     /// with `str()` first (the seed only ever stores text in these columns).
     pub fn stripped(&self) -> String {
-        py_strip(&self.or_empty_str()).to_string()
+        self.stripped_cow().into_owned()
+    }
+
+    /// `stripped`, borrowed when the value is text.
+    pub fn stripped_cow(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Value::Text(s) => std::borrow::Cow::Borrowed(py_strip(s)),
+            other => std::borrow::Cow::Owned(py_strip(&other.or_empty_str()).to_string()),
+        }
     }
 
     /// A required field is missing: NULL, or text that is empty once
@@ -120,7 +151,7 @@ impl Value {
                     )
                 }
             }
-            Json::String(s) => Value::Text(s.clone()),
+            Json::String(s) => Value::Text(s.as_str().into()),
             Json::Array(_) | Json::Object(_) => {
                 return Err("expected null, a boolean, a number or a string".to_string())
             }
@@ -136,8 +167,22 @@ impl Value {
             Value::Real(f) => serde_json::Number::from_f64(*f)
                 .map(Json::Number)
                 .unwrap_or_else(|| Json::String(float_repr(*f))),
-            Value::Text(s) => Json::String(s.clone()),
+            Value::Text(s) => Json::String(s.to_string()),
             Value::Blob(b) => Json::String(bytes_repr(b)),
+        }
+    }
+}
+
+impl serde::Serialize for Value {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Value::Null => s.serialize_none(),
+            Value::Bool(b) => s.serialize_bool(*b),
+            Value::Int(i) => s.serialize_i64(*i),
+            Value::Real(f) if f.is_finite() => s.serialize_f64(*f),
+            Value::Real(f) => s.serialize_str(&float_repr(*f)),
+            Value::Text(t) => s.serialize_str(t),
+            Value::Blob(b) => s.serialize_str(&bytes_repr(b)),
         }
     }
 }
@@ -306,7 +351,7 @@ mod tests {
         assert_eq!(Value::Bool(true).py_str(), "True");
         assert_eq!(Value::Real(4242.0).py_str(), "4242.0");
         assert_eq!(Value::Null.canon(), "");
-        assert_eq!(Value::Blob(b"a'".to_vec()).canon(), "b\"a'\"");
+        assert_eq!(Value::Blob(b"a'".to_vec().into()).canon(), "b\"a'\"");
     }
 
     #[test]

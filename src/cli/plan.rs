@@ -9,6 +9,7 @@ use crate::observe::RunFacts;
 use crate::plan::{plan, Plan};
 use crate::policy::Policies;
 use clap::Args;
+use std::io::Write;
 use std::path::PathBuf;
 
 /// Arguments of `plan`.
@@ -43,18 +44,23 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     args.operator.require(&policies, "plan")?;
     let plan = plan_from_world(&args.store, &policies)?;
-    let doc = plan.to_json();
     if let Some(out) = &args.out {
-        let text = serde_json::to_string_pretty(&doc).expect("plan JSON serialises");
-        std::fs::write(out, text + "\n")
+        let write = |path: &std::path::Path| -> std::io::Result<()> {
+            let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+            plan.write_json(&mut w)?;
+            w.flush()
+        };
+        write(out)
             .map_err(|e| Error::Input(format!("{}: cannot write the plan: {e}", out.display())))?;
     }
-    match cli.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).expect("plan JSON serialises")
-        ),
-        Format::Human => print!("{}", crate::report::plan_table(&plan)),
-    }
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    let written = match cli.format {
+        Format::Json => plan.write_json(&mut w),
+        Format::Human => w.write_all(crate::report::plan_table(&plan).as_bytes()),
+    };
+    written
+        .and_then(|_| w.flush())
+        .map_err(|e| Error::Input(format!("writing the plan to stdout: {e}")))?;
     Ok(ExitCode::Ok)
 }

@@ -37,16 +37,45 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
     .map_err(|e| registry_error(path, format!("cannot open as SQLite: {e}")))
 }
 
+/// Shares repeated texts of one column (statuses, hosts, repositories,
+/// namespaces) so a large registry holds each distinct text once. A column
+/// whose texts are mostly distinct (identities) stops being interned once it
+/// has shown more distinct values than sharing would save.
+#[derive(Debug, Default)]
+pub struct Interner {
+    seen: std::collections::HashSet<std::sync::Arc<str>>,
+}
+
+const INTERN_LIMIT: usize = 4096;
+
+impl Interner {
+    /// The shared copy of `text`.
+    pub fn intern(&mut self, text: &str) -> std::sync::Arc<str> {
+        if let Some(shared) = self.seen.get(text) {
+            return shared.clone();
+        }
+        let shared: std::sync::Arc<str> = text.into();
+        if self.seen.len() < INTERN_LIMIT {
+            self.seen.insert(shared.clone());
+        }
+        shared
+    }
+}
+
 /// Convert one SQLite value, keeping its storage class.
-pub fn value_from_sql(v: ValueRef<'_>) -> std::result::Result<Value, String> {
+pub fn value_from_sql(
+    v: ValueRef<'_>,
+    interner: &mut Interner,
+) -> std::result::Result<Value, String> {
     Ok(match v {
         ValueRef::Null => Value::Null,
         ValueRef::Integer(i) => Value::Int(i),
         ValueRef::Real(f) => Value::Real(f),
         ValueRef::Text(t) => Value::Text(
-            String::from_utf8(t.to_vec()).map_err(|_| "text is not valid UTF-8".to_string())?,
+            interner
+                .intern(std::str::from_utf8(t).map_err(|_| "text is not valid UTF-8".to_string())?),
         ),
-        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+        ValueRef::Blob(b) => Value::Blob(b.into()),
     })
 }
 
@@ -108,12 +137,13 @@ pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
             .map_err(sql_err)?,
     };
     let mut rows = Vec::new();
+    let mut interners: Vec<Interner> = present.iter().map(|_| Interner::default()).collect();
     let mut cursor = stmt.query([]).map_err(sql_err)?;
     while let Some(r) = cursor.next().map_err(sql_err)? {
         let mut row = Row::default();
         for (i, col) in present.iter().enumerate() {
             let v = r.get_ref(i).map_err(sql_err)?;
-            let value = value_from_sql(v).map_err(|e| {
+            let value = value_from_sql(v, &mut interners[i]).map_err(|e| {
                 registry_error(
                     path,
                     format!("row {}: column `{}`: {e}", rows.len() + 1, col.name()),

@@ -2,92 +2,160 @@
 //!
 //! One `Run` principal per run (host facts, canonical repository, lease
 //! protections) and one `Worker` per registry row, keyed by row position
-//! (identities may be duplicated, so they cannot be entity ids). Entities
-//! are built once per run and checked against the schema.
+//! (identities may be duplicated, so they cannot be entity ids).
+//!
+//! Entities are built as Cedar values directly (no expression parsing or
+//! evaluation), which is what lets a plan judge 100,000 rows in well under a
+//! second. Every run checks its run entity and a worker entity against the
+//! schema through the public API, so a drift between this builder and
+//! `schema.cedarschema` stops the run instead of producing evaluation errors.
 
 use crate::error::{Error, Result};
 use crate::observe::{Observation, RunFacts};
-use crate::row::{Row, COLUMNS};
-use cedar_policy::{
-    Entities, Entity, EntityId, EntityTypeName, EntityUid, RestrictedExpression, Schema,
-};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use crate::row::{Col, Row, COLUMNS};
+use cedar_policy::{EntityTypeName, Schema};
+use cedar_policy_core::ast::{self, EntityUID, PartialValue, Value};
+use smol_str::SmolStr;
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::str::FromStr;
 
-fn uid(type_name: &str, id: &str) -> EntityUid {
+fn uid(type_name: &str, id: &str) -> EntityUID {
     let ty = EntityTypeName::from_str(type_name).expect("entity type names here are valid");
-    EntityUid::from_type_name_and_id(ty, EntityId::new(id))
+    cedar_policy::EntityUid::from_type_name_and_id(ty, cedar_policy::EntityId::new(id)).into()
+}
+
+fn worker_type() -> &'static EntityTypeName {
+    static TYPE: std::sync::OnceLock<EntityTypeName> = std::sync::OnceLock::new();
+    TYPE.get_or_init(|| EntityTypeName::from_str("FleetRetire::Worker").expect("valid entity type"))
 }
 
 /// The run principal's uid.
-pub fn run_uid() -> EntityUid {
+pub fn run_uid() -> EntityUID {
     uid("FleetRetire::Run", "current")
 }
 
 /// The retire action's uid.
-pub fn retire_action() -> EntityUid {
+pub fn retire_action() -> EntityUID {
     uid("FleetRetire::Action", "retire")
 }
 
 /// The uid of the worker entity for row `index`.
-pub fn worker_uid(index: usize) -> EntityUid {
-    uid("FleetRetire::Worker", &format!("row-{index}"))
+pub fn worker_uid(index: usize) -> EntityUID {
+    cedar_policy::EntityUid::from_type_name_and_id(
+        worker_type().clone(),
+        cedar_policy::EntityId::new(format!("row-{index}")),
+    )
+    .into()
 }
 
-fn s(v: impl Into<String>) -> RestrictedExpression {
-    RestrictedExpression::new_string(v.into())
+/// An attribute value as observed, before it becomes a Cedar value. Cheap
+/// to build for every row; only rows Cedar is actually asked about are
+/// converted (see `policy::memo`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attr<'a> {
+    /// A boolean.
+    Bool(bool),
+    /// A long.
+    Long(i64),
+    /// A string.
+    Str(Cow<'a, str>),
+    /// A set of strings, sorted and without repeats.
+    Set(Vec<Cow<'a, str>>),
 }
 
-fn b(v: bool) -> RestrictedExpression {
-    RestrictedExpression::new_bool(v)
+impl Attr<'_> {
+    /// The Cedar value.
+    pub fn to_cedar(&self) -> Value {
+        match self {
+            Attr::Bool(b) => Value::from(*b),
+            Attr::Long(n) => Value::from(*n),
+            Attr::Str(t) => Value::from(SmolStr::from(t.as_ref())),
+            Attr::Set(items) => Value::set(
+                items.iter().map(|t| Value::from(SmolStr::from(t.as_ref()))),
+                None,
+            ),
+        }
+    }
 }
 
-fn set<'a>(items: impl IntoIterator<Item = &'a String>) -> RestrictedExpression {
-    RestrictedExpression::new_set(items.into_iter().map(|x| s(x.clone())))
+fn s<'a>(v: impl Into<Cow<'a, str>>) -> Attr<'a> {
+    Attr::Str(v.into())
+}
+
+fn set<'a, I, T>(items: I) -> Attr<'a>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<Cow<'a, str>>,
+{
+    let mut v: Vec<Cow<'a, str>> = items.into_iter().map(Into::into).collect();
+    v.sort();
+    v.dedup();
+    Attr::Set(v)
+}
+
+/// Make an entity from attribute values.
+pub fn entity(uid: EntityUID, attrs: &[(&'static str, Attr<'_>)]) -> ast::Entity {
+    ast::Entity::new_with_attr_partial_value(
+        uid,
+        attrs
+            .iter()
+            .map(|(k, v)| (SmolStr::new_static(k), PartialValue::Value(v.to_cedar()))),
+        HashSet::new(),
+        HashSet::new(),
+        [],
+    )
 }
 
 /// The run principal.
-pub fn run_entity(facts: &RunFacts) -> Result<Entity> {
+pub fn run_entity(facts: &RunFacts) -> ast::Entity {
+    entity(run_uid(), &run_attrs(facts))
+}
+
+/// The run principal's attributes.
+pub fn run_attrs(facts: &RunFacts) -> Vec<(&'static str, Attr<'_>)> {
     let p = &facts.protections;
+    let known = |v: &Option<String>| v.as_deref().is_some_and(|h| !h.is_empty());
     let canonical = facts
         .canonical_repository
         .as_deref()
         .filter(|c| !c.is_empty());
-    let attrs: HashMap<String, RestrictedExpression> = [
+    vec![
+        ("host_id_known", Attr::Bool(known(&facts.host.host_id))),
+        ("host_id", s(facts.host.host_id.as_deref().unwrap_or(""))),
+        ("boot_id_known", Attr::Bool(known(&facts.host.boot_id))),
+        ("boot_id", s(facts.host.boot_id.as_deref().unwrap_or(""))),
         (
-            "host_id_known",
-            b(facts.host.host_id.as_deref().is_some_and(|h| !h.is_empty())),
+            "canonical_repository_given",
+            Attr::Bool(canonical.is_some()),
         ),
-        ("host_id", s(facts.host.host_id.clone().unwrap_or_default())),
-        (
-            "boot_id_known",
-            b(facts.host.boot_id.as_deref().is_some_and(|h| !h.is_empty())),
-        ),
-        ("boot_id", s(facts.host.boot_id.clone().unwrap_or_default())),
-        ("canonical_repository_given", b(canonical.is_some())),
         (
             "canonical_repository_key",
             s(canonical.unwrap_or("").trim_end_matches('/')),
         ),
-        ("lease_worker_identities", set(&p.worker_identities)),
-        ("lease_session_ids", set(&p.session_ids)),
-        ("lease_pids", set(&p.pids)),
+        (
+            "lease_worker_identities",
+            set(p.worker_identities.iter().map(String::as_str)),
+        ),
+        (
+            "lease_session_ids",
+            set(p.session_ids.iter().map(String::as_str)),
+        ),
+        ("lease_pids", set(p.pids.iter().map(String::as_str))),
     ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    Entity::new(run_uid(), attrs, HashSet::new())
-        .map_err(|e| Error::Input(format!("building the run entity: {e}")))
 }
 
 /// The worker entity for one row.
-pub fn worker_entity(index: usize, row: &Row, obs: &Observation) -> Result<Entity> {
-    use crate::row::Col;
-    let blank: BTreeSet<String> = COLUMNS
+pub fn worker_entity(index: usize, row: &Row, obs: &Observation) -> ast::Entity {
+    entity(worker_uid(index), &worker_attrs(row, obs))
+}
+
+/// A worker's attributes, in schema order.
+pub fn worker_attrs<'a>(row: &'a Row, obs: &'a Observation) -> Vec<(&'static str, Attr<'a>)> {
+    let blank = COLUMNS
         .iter()
         .filter(|c| row.get(**c).is_blank())
-        .map(|c| c.name().to_string())
-        .collect();
+        .map(|c| c.name());
     let heartbeat = match obs.liveness.heartbeat_fresh {
         Some(true) => "fresh",
         Some(false) => "expired",
@@ -98,66 +166,68 @@ pub fn worker_entity(index: usize, row: &Row, obs: &Observation) -> Result<Entit
         Some(false) => "dead",
         None => "unknown",
     };
-    let binding = row.get(Col::RepositoryBinding).stripped();
-    let attrs: HashMap<String, RestrictedExpression> = [
-        ("worker_identity", s(row.get(Col::WorkerIdentity).canon())),
+    let binding = match row.get(Col::RepositoryBinding).stripped_cow() {
+        Cow::Borrowed(b) => b.to_string(),
+        Cow::Owned(b) => b,
+    };
+    vec![
+        (
+            "worker_identity",
+            s(row.get(Col::WorkerIdentity).canon_cow()),
+        ),
         (
             "identity_row_count",
-            RestrictedExpression::new_long(obs.identity_row_count as i64),
+            Attr::Long(obs.identity_row_count as i64),
         ),
         ("status", s(row.get(Col::Status).or_empty_str())),
-        ("blank_fields", set(&blank)),
+        ("blank_fields", set(blank)),
         ("heartbeat", s(heartbeat)),
         ("pid_probe", s(pid_probe)),
         (
             "live_start_time",
-            s(obs.pid.start_time.clone().unwrap_or_default()),
+            s(obs.pid.start_time.as_deref().unwrap_or("")),
         ),
-        ("host_id", s(row.get(Col::HostId).stripped())),
-        ("boot_id", s(row.get(Col::BootId).stripped())),
+        ("host_id", s(row.get(Col::HostId).stripped_cow())),
+        ("boot_id", s(row.get(Col::BootId).stripped_cow())),
         (
             "process_start_time",
-            s(row.get(Col::ProcessStartTime).stripped()),
+            s(row.get(Col::ProcessStartTime).stripped_cow()),
         ),
         ("ownership_state", s(obs.ownership_state)),
-        ("repository_binding_key", s(binding.trim_end_matches('/'))),
+        (
+            "repository_binding_key",
+            s(binding.trim_end_matches('/').to_string()),
+        ),
         ("repository_binding", s(binding)),
         (
             "client_instance_id",
-            s(row.get(Col::ClientInstanceId).stripped()),
+            s(row.get(Col::ClientInstanceId).stripped_cow()),
         ),
         (
             "instance_id_source",
             s(row.get(Col::InstanceIdSource).as_text().unwrap_or("")),
         ),
-        ("session_id", s(row.get(Col::SessionId).canon())),
-        ("pid", s(row.get(Col::Pid).canon())),
+        ("session_id", s(row.get(Col::SessionId).canon_cow())),
+        ("pid", s(row.get(Col::Pid).canon_cow())),
         (
             "shared_identity_evidence",
-            set(&obs.shared_identity_evidence),
+            set(obs.shared_identity_evidence.iter().map(String::as_str)),
         ),
-        ("instance_slot_contested", b(obs.instance_slot_contested)),
+        (
+            "instance_slot_contested",
+            Attr::Bool(obs.instance_slot_contested),
+        ),
     ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    Entity::new(worker_uid(index), attrs, HashSet::new())
-        .map_err(|e| Error::Input(format!("building the entity for row {}: {e}", index + 1)))
 }
 
-/// All entities of a run, checked against the schema.
-pub fn build(
-    rows: &[Row],
-    observations: &[Observation],
-    facts: &RunFacts,
-    schema: &Schema,
-) -> Result<Entities> {
-    let mut all = Vec::with_capacity(rows.len() + 1);
-    all.push(run_entity(facts)?);
-    for (i, (row, obs)) in rows.iter().zip(observations).enumerate() {
-        all.push(worker_entity(i, row, obs)?);
-    }
-    Entities::from_entities(all, Some(schema)).map_err(|e| {
+/// Check entities against the schema through Cedar's public API.
+pub fn check_schema(entities: Vec<ast::Entity>, schema: &Schema) -> Result<()> {
+    cedar_policy::Entities::from_entities(
+        entities.into_iter().map(cedar_policy::Entity::from),
+        Some(schema),
+    )
+    .map(|_| ())
+    .map_err(|e| {
         Error::Policy(format!(
             "the observed entities do not fit policies/{}: {e}; the schema and the program disagree",
             crate::policy::SCHEMA_FILE

@@ -6,8 +6,10 @@
 //! be a weaker one. The policy layer never touches a file other than these
 //! and never probes anything.
 
+pub mod engine;
 pub mod entities;
 pub mod eval;
+pub mod memo;
 
 use crate::error::{Error, Result};
 use crate::fingerprint::hex;
