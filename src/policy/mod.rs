@@ -129,8 +129,7 @@ fn describe(diag: &dyn Diagnostic, file: &str, text: &str) -> String {
 
 fn policy_error(lines: Vec<String>) -> Error {
     Error::Policy(format!(
-        "the policy set was rejected; nothing was evaluated. Fix these and run again \
-         (`fleet-retire policy validate` checks without running):\n{}",
+        "the policy set was rejected; nothing was evaluated. Fix these and run again:\n{}",
         lines.join("\n")
     ))
 }

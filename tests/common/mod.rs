@@ -1,0 +1,278 @@
+//! Shared helpers for integration tests: real SQLite files, the real binary.
+#![allow(dead_code)]
+
+use rusqlite::{params_from_iter, Connection};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The built `fleet-retire` binary.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fleet-retire"))
+}
+
+/// Run the binary and return its output.
+pub fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run fleet-retire")
+}
+
+/// stdout + stderr as text.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Every column of the registry schema (semantics §5).
+pub const COLUMNS: &[(&str, &str)] = &[
+    ("worker_identity", "TEXT PRIMARY KEY"),
+    ("client_name", "TEXT"),
+    ("client_instance_id", "TEXT"),
+    ("instance_id_source", "TEXT"),
+    ("instance_id_provenance", "TEXT"),
+    ("session_id", "TEXT"),
+    ("generation_id", "TEXT"),
+    ("role", "TEXT"),
+    ("profile", "TEXT"),
+    ("namespace", "TEXT"),
+    ("remote", "TEXT"),
+    ("repository_binding", "TEXT"),
+    ("authenticated_account", "TEXT"),
+    ("fleet_run_id", "TEXT"),
+    ("transport", "TEXT"),
+    ("process_identity", "TEXT"),
+    ("pid", "INTEGER"),
+    ("started_at", "TEXT"),
+    ("last_heartbeat_at", "TEXT"),
+    ("heartbeat_ttl_seconds", "REAL"),
+    ("fencing_epoch", "INTEGER"),
+    ("status", "TEXT"),
+    ("host_id", "TEXT"),
+    ("boot_id", "TEXT"),
+    ("process_start_time", "TEXT"),
+    ("token_fingerprint", "TEXT"),
+    ("startup_revision", "TEXT"),
+    ("loaded_revision", "TEXT"),
+    ("parity_revision", "TEXT"),
+    ("live_revision", "TEXT"),
+    ("retired_at", "TEXT"),
+    ("retired_by", "TEXT"),
+    ("retirement_reason", "TEXT"),
+];
+
+fn sql_value(v: &Value) -> rusqlite::types::Value {
+    use rusqlite::types::Value as S;
+    match v {
+        Value::Null => S::Null,
+        Value::Bool(b) => S::Integer(*b as i64),
+        Value::Number(n) if n.is_i64() => S::Integer(n.as_i64().unwrap()),
+        Value::Number(n) => S::Real(n.as_f64().unwrap()),
+        Value::String(s) => S::Text(s.clone()),
+        other => S::Text(other.to_string()),
+    }
+}
+
+/// Create a registry holding `rows` (JSON objects; missing columns NULL),
+/// with only the given columns (None: all of them).
+pub fn registry_with_columns(path: &Path, columns: Option<&[&str]>, rows: &[Value]) {
+    let conn = Connection::open(path).unwrap();
+    let cols: Vec<(&str, &str)> = COLUMNS
+        .iter()
+        .copied()
+        .filter(|(n, _)| columns.is_none_or(|c| c.contains(n)))
+        .collect();
+    let ddl: Vec<String> = cols.iter().map(|(n, t)| format!("{n} {t}")).collect();
+    conn.execute_batch(&format!(
+        "CREATE TABLE worker_registrations ({});",
+        ddl.join(", ")
+    ))
+    .unwrap();
+    for row in rows {
+        let names: Vec<&str> = cols.iter().map(|(n, _)| *n).collect();
+        let marks: Vec<String> = (1..=names.len()).map(|i| format!("?{i}")).collect();
+        let values: Vec<rusqlite::types::Value> = names
+            .iter()
+            .map(|n| sql_value(row.get(*n).unwrap_or(&Value::Null)))
+            .collect();
+        conn.execute(
+            &format!(
+                "INSERT INTO worker_registrations ({}) VALUES ({})",
+                names.join(", "),
+                marks.join(", ")
+            ),
+            params_from_iter(values),
+        )
+        .unwrap();
+    }
+}
+
+/// Create a registry with every column.
+pub fn registry(path: &Path, rows: &[Value]) {
+    registry_with_columns(path, None, rows)
+}
+
+/// Create a lease store holding `leases`.
+pub fn leases(path: &Path, leases: &[Value]) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role TEXT, target TEXT, status TEXT,
+         session_id TEXT, owner_session_id TEXT, owner_pid INTEGER, session_pid INTEGER,
+         generation TEXT, owner_worker_identity TEXT, acquired_at TEXT, expires_at TEXT);",
+    )
+    .unwrap();
+    for l in leases {
+        let names = [
+            "lease_id",
+            "role",
+            "target",
+            "status",
+            "session_id",
+            "owner_session_id",
+            "owner_pid",
+            "session_pid",
+            "generation",
+            "owner_worker_identity",
+            "acquired_at",
+            "expires_at",
+        ];
+        let values: Vec<rusqlite::types::Value> = names
+            .iter()
+            .map(|n| sql_value(l.get(*n).unwrap_or(&Value::Null)))
+            .collect();
+        conn.execute(
+            "INSERT INTO workflow_leases VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+            params_from_iter(values),
+        )
+        .unwrap();
+    }
+}
+
+/// This machine's host id and boot id, read independently of the program.
+pub fn host_and_boot() -> (String, String) {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .trim()
+        .to_string();
+    (host, boot)
+}
+
+/// Field 22 of /proc/<pid>/stat, read independently of the program.
+pub fn start_time(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    format!("ticks-{}", after.split_whitespace().nth(19).unwrap())
+}
+
+/// A stale-looking, otherwise eligible row registered on this machine.
+pub fn stale_row(id: &str, pid: i64, start: &str) -> Value {
+    let (host, boot) = host_and_boot();
+    json!({
+        "worker_identity": id,
+        "client_name": "codex",
+        "client_instance_id": "inst-codex-20260730T100000Z-abc123def456",
+        "instance_id_source": "launcher",
+        "session_id": format!("sess-{id}"),
+        "generation_id": format!("gen-{id}"),
+        "role": "author", "profile": "author-prgs", "namespace": "author",
+        "remote": "prgs", "repository_binding": "prgs/gitea-tools",
+        "pid": pid,
+        "started_at": "2026-01-01T00:00:00Z",
+        "last_heartbeat_at": "2026-01-01T00:10:00Z",
+        "heartbeat_ttl_seconds": 900.0,
+        "fencing_epoch": 1,
+        "status": "active",
+        "host_id": host, "boot_id": boot, "process_start_time": start,
+    })
+}
+
+/// A temp dir with a registry, an empty lease store and a profiles.json
+/// granting the controller everything.
+pub struct Stores {
+    pub dir: tempfile::TempDir,
+    pub registry: PathBuf,
+    pub leases: PathBuf,
+    pub profiles: PathBuf,
+}
+
+impl Stores {
+    pub fn new(rows: &[Value]) -> Stores {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = dir.path().join("registry.sqlite");
+        let lease_path = dir.path().join("leases.sqlite");
+        let profiles = dir.path().join("profiles.json");
+        self::registry(&registry, rows);
+        self::leases(&lease_path, &[]);
+        std::fs::write(
+            &profiles,
+            json!({"profiles": {
+                "controller-prgs": {"role": "controller",
+                    "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+                "author-prgs": {"role": "author",
+                    "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+                "reader": {"role": "controller", "allowed_operations": ["gitea.write"]}
+            }})
+            .to_string(),
+        )
+        .unwrap();
+        Stores {
+            dir,
+            registry,
+            leases: lease_path,
+            profiles,
+        }
+    }
+
+    /// `plan` arguments for these stores.
+    pub fn plan_args(&self, profile: &str) -> Vec<String> {
+        vec![
+            "plan".into(),
+            "--registry".into(),
+            self.registry.display().to_string(),
+            "--leases".into(),
+            self.leases.display().to_string(),
+            "--canonical-repository".into(),
+            "prgs/gitea-tools".into(),
+            "--profiles".into(),
+            self.profiles.display().to_string(),
+            "--profile".into(),
+            profile.into(),
+        ]
+    }
+
+    /// Run `plan --format json` and parse it.
+    pub fn plan_json(&self) -> Value {
+        let mut args = self.plan_args("controller-prgs");
+        args.extend(["--format".into(), "json".into()]);
+        let out = bin().args(&args).output().unwrap();
+        assert!(out.status.success(), "plan failed: {}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("plan prints JSON")
+    }
+}
+
+/// The primary reason of each preserved worker, and the candidates.
+pub fn verdicts(plan: &Value) -> (Vec<String>, Vec<(String, String)>) {
+    let candidates = plan["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["worker_identity"].as_str().unwrap().to_string())
+        .collect();
+    let preserved = plan["preserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["worker_identity"].as_str().unwrap().to_string(),
+                p["reason_code"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (candidates, preserved)
+}

@@ -1,0 +1,371 @@
+//! The real binary on real SQLite files and real processes.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::process::{Command, Stdio};
+
+fn assert_clean_failure(out: &std::process::Output, code: i32, needles: &[&str]) {
+    let all = text(out);
+    assert_eq!(out.status.code(), Some(code), "exit code; output:\n{all}");
+    assert!(!all.contains("panicked"), "must not panic:\n{all}");
+    assert!(!all.contains("RUST_BACKTRACE"), "no backtrace hint:\n{all}");
+    for n in needles {
+        assert!(all.contains(n), "expected {n:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn plan_leaves_the_registry_untouched() {
+    let stores = Stores::new(&[stale_row("w-1", 3_999_999, "ticks-1")]);
+    let before = std::fs::read(&stores.registry).unwrap();
+    let mtime = std::fs::metadata(&stores.registry)
+        .unwrap()
+        .modified()
+        .unwrap();
+    let lease_before = std::fs::read(&stores.leases).unwrap();
+    let files_before: Vec<_> = std::fs::read_dir(stores.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let plan = stores.plan_json();
+    assert_eq!(plan["read_only"], json!(true));
+    assert_eq!(plan["mutation_performed"], json!(false));
+    assert_eq!(std::fs::read(&stores.registry).unwrap(), before);
+    assert_eq!(
+        std::fs::metadata(&stores.registry)
+            .unwrap()
+            .modified()
+            .unwrap(),
+        mtime
+    );
+    assert_eq!(std::fs::read(&stores.leases).unwrap(), lease_before);
+    let files_after: Vec<_> = std::fs::read_dir(stores.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        files_before.len(),
+        files_after.len(),
+        "no journal or WAL files left behind"
+    );
+}
+
+#[test]
+fn plan_is_deterministic() {
+    let stores = Stores::new(&[
+        stale_row("w-1", 3_999_999, "ticks-1"),
+        stale_row("w-2", 3_999_998, "ticks-2"),
+    ]);
+    let a = stores.plan_json();
+    let b = stores.plan_json();
+    for key in [
+        "registry_fingerprint",
+        "candidate_fingerprint",
+        "policy_fingerprint",
+    ] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+    assert_eq!(verdicts(&a), verdicts(&b));
+}
+
+#[test]
+fn an_old_registry_without_fencing_columns_is_read_not_altered() {
+    let stores = Stores::new(&[]);
+    std::fs::remove_file(&stores.registry).unwrap();
+    let old: Vec<&str> = COLUMNS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| {
+            ![
+                "host_id",
+                "boot_id",
+                "process_start_time",
+                "retired_at",
+                "retired_by",
+                "retirement_reason",
+            ]
+            .contains(n)
+        })
+        .collect();
+    registry_with_columns(
+        &stores.registry,
+        Some(&old),
+        &[stale_row("w-old", 3_999_999, "ticks-1")],
+    );
+    let before = std::fs::read(&stores.registry).unwrap();
+    let plan = stores.plan_json();
+    let (candidates, preserved) = verdicts(&plan);
+    assert!(candidates.is_empty());
+    assert_eq!(
+        preserved,
+        vec![(
+            "w-old".to_string(),
+            "incomplete_registry_identity".to_string()
+        )]
+    );
+    assert_eq!(
+        std::fs::read(&stores.registry).unwrap(),
+        before,
+        "plan must not migrate"
+    );
+}
+
+#[test]
+fn real_processes_alive_reused_and_dead() {
+    let mut child = Command::new("sleep")
+        .arg("60")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let real_start = start_time(pid);
+    let stores = Stores::new(&[
+        stale_row("w-running", pid as i64, &real_start),
+        stale_row("w-reused", pid as i64, "ticks-1"),
+    ]);
+    // Same pid, two registrations: also shared identity evidence? No: the
+    // pid is alive but neither row is live (heartbeats expired) or unknown.
+    let plan = stores.plan_json();
+    let (_, preserved) = verdicts(&plan);
+    assert!(
+        preserved.contains(&("w-running".into(), "pid_alive".into())),
+        "{preserved:?}"
+    );
+    assert!(
+        preserved.contains(&("w-reused".into(), "pid_reuse_detected".into())),
+        "{preserved:?}"
+    );
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let stores = Stores::new(&[stale_row("w-gone", pid as i64, &real_start)]);
+    let (candidates, preserved) = verdicts(&stores.plan_json());
+    assert_eq!(candidates, vec!["w-gone".to_string()], "{preserved:?}");
+}
+
+#[test]
+fn missing_and_corrupt_registries_are_clear_errors() {
+    let stores = Stores::new(&[]);
+    let missing = stores.dir.path().join("nope.sqlite");
+    let mut args = stores.plan_args("controller-prgs");
+    args[2] = missing.display().to_string();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 1, &["nope.sqlite", "no such file", "--registry"]);
+
+    let junk = stores.dir.path().join("junk.sqlite");
+    std::fs::write(
+        &junk,
+        b"this is not a database, just text padding it out to a page or so".repeat(100),
+    )
+    .unwrap();
+    args[2] = junk.display().to_string();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 1, &["junk.sqlite", "not a SQLite database"]);
+
+    let empty_db = stores.dir.path().join("empty.sqlite");
+    rusqlite::Connection::open(&empty_db)
+        .unwrap()
+        .execute_batch("CREATE TABLE other (x);")
+        .unwrap();
+    args[2] = empty_db.display().to_string();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 1, &["empty.sqlite", "worker_registrations"]);
+}
+
+#[test]
+fn a_lease_store_that_cannot_be_read_stops_the_plan() {
+    let stores = Stores::new(&[stale_row("w-1", 3_999_999, "ticks-1")]);
+    let mut args = stores.plan_args("controller-prgs");
+    args[4] = stores
+        .dir
+        .path()
+        .join("missing-leases.sqlite")
+        .display()
+        .to_string();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(
+        &out,
+        1,
+        &["missing-leases.sqlite", "never read as \"no leases\""],
+    );
+
+    let no_table = stores.dir.path().join("no-table.sqlite");
+    rusqlite::Connection::open(&no_table)
+        .unwrap()
+        .execute_batch("CREATE TABLE x (y);")
+        .unwrap();
+    args[4] = no_table.display().to_string();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 1, &["no-table.sqlite", "workflow_leases"]);
+
+    let junk = stores.dir.path().join("junk-leases.sqlite");
+    std::fs::write(&junk, vec![7u8; 4096]).unwrap();
+    args[4] = junk.display().to_string();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 1, &["junk-leases.sqlite"]);
+}
+
+#[test]
+fn an_active_lease_in_the_store_protects_its_worker() {
+    let stores = Stores::new(&[
+        stale_row("w-1", 3_999_999, "ticks-1"),
+        stale_row("w-2", 3_999_998, "ticks-2"),
+    ]);
+    std::fs::remove_file(&stores.leases).unwrap();
+    leases(
+        &stores.leases,
+        &[json!({"lease_id": "l-1", "status": "active", "owner_session_id": "sess-w-2"})],
+    );
+    let (candidates, preserved) = verdicts(&stores.plan_json());
+    assert_eq!(candidates, vec!["w-1".to_string()]);
+    assert_eq!(
+        preserved,
+        vec![(
+            "w-2".to_string(),
+            "protected_active_workflow_owner".to_string()
+        )]
+    );
+}
+
+fn policy_copy(stores: &Stores) -> std::path::PathBuf {
+    let dir = stores.dir.path().join("policies");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ] {
+        std::fs::copy(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("policies")
+                .join(f),
+            dir.join(f),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_broken_policy_file_names_file_line_and_column() {
+    let stores = Stores::new(&[]);
+    let dir = policy_copy(&stores);
+    let path = dir.join("retirement.cedar");
+    let text_before = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text_before.replace(
+            "when { resource.status != \"active\" };",
+            "when { resource.status != };",
+        ),
+    )
+    .unwrap();
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--policies".into(), dir.display().to_string()]);
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 3, &["retirement.cedar:"]);
+    let all = text(&out);
+    let line = text_before
+        .lines()
+        .position(|l| l.contains("when { resource.status != \"active\" };"))
+        .unwrap()
+        + 1;
+    assert!(
+        all.contains(&format!("retirement.cedar:{line}:")),
+        "line {line} named in:\n{all}"
+    );
+
+    // A type error (validation, not parsing) is also rejected with its place.
+    std::fs::write(
+        &path,
+        text_before.replace(
+            "resource.identity_row_count > 1",
+            "resource.identity_row_count > \"1\"",
+        ),
+    )
+    .unwrap();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 3, &["retirement.cedar:"]);
+
+    // A forbid without @reason is refused.
+    std::fs::write(
+        &path,
+        text_before.replace("@reason(\"already_terminal_registration\")\n", ""),
+    )
+    .unwrap();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 3, &["status-not-active", "@reason"]);
+
+    std::fs::remove_file(&path).unwrap();
+    let out = bin().args(&args).output().unwrap();
+    assert_clean_failure(&out, 3, &["retirement.cedar", "cannot read"]);
+}
+
+#[test]
+fn capability_denials_say_what_is_missing() {
+    let stores = Stores::new(&[]);
+    let out = bin()
+        .args(stores.plan_args("author-prgs"))
+        .output()
+        .unwrap();
+    assert_clean_failure(&out, 2, &["author-prgs", "plan", "role"]);
+    let out = bin().args(stores.plan_args("reader")).output().unwrap();
+    assert_clean_failure(&out, 2, &["reader", "gitea.read"]);
+    let out = bin().args(stores.plan_args("ghost")).output().unwrap();
+    assert_clean_failure(&out, 2, &["ghost", "no such profile"]);
+    let mut args = stores.plan_args("controller-prgs");
+    args.truncate(7);
+    let out = bin()
+        .args(&args)
+        .env_remove("GITEA_MCP_CONFIG")
+        .env_remove("GITEA_MCP_PROFILE")
+        .output()
+        .unwrap();
+    assert_clean_failure(&out, 2, &["--profiles"]);
+    std::fs::write(&stores.profiles, "{\"profiles\": [1, 2]}").unwrap();
+    let out = bin()
+        .args(stores.plan_args("controller-prgs"))
+        .output()
+        .unwrap();
+    assert_clean_failure(&out, 1, &["profiles.json", "\"profiles\" object"]);
+}
+
+#[test]
+fn a_malformed_fixture_names_the_file_and_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.json");
+    std::fs::write(&f, json!({"name": "x", "now": "2026-07-30T12:00:00Z", "context": {}, "processes": {"abc": {"alive": true}}, "rows": [], "leases": [], "expect": {}}).to_string()).unwrap();
+    let out = run(&["test", f.to_str().unwrap()]);
+    assert_clean_failure(&out, 1, &["bad.json", "processes.abc"]);
+    std::fs::write(&f, "{not json").unwrap();
+    let out = run(&["test", f.to_str().unwrap()]);
+    assert_clean_failure(&out, 1, &["bad.json", "line 1"]);
+    std::fs::write(&f, json!({"name": "x", "now": "2026-07-30 12:00:00Z", "context": {}, "processes": {}, "rows": [], "leases": [], "expect": {}}).to_string()).unwrap();
+    let out = run(&["test", f.to_str().unwrap()]);
+    assert_clean_failure(&out, 1, &["bad.json", "`now`"]);
+}
+
+#[test]
+fn the_fixture_runner_reports_failures_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/plan/pid-alive.json"
+    ))
+    .unwrap();
+    std::fs::write(dir.path().join("a.json"), &good).unwrap();
+    std::fs::write(
+        dir.path().join("b.json"),
+        good.replace("\"w-1\": \"pid_alive\"", "\"w-1\": \"worker_live\""),
+    )
+    .unwrap();
+    let out = run(&["test", dir.path().to_str().unwrap()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("PASS pid_alive"), "{all}");
+    assert!(all.contains("want worker_live, got pid_alive"), "{all}");
+    assert!(all.lines().any(|l| l == "1 passed, 1 failed"), "{all}");
+}
