@@ -374,3 +374,22 @@ fn a_policy_that_errors_preserves_the_row() {
     let e = &planned.entries[0];
     assert_eq!(e.reason(), Reason::PolicyEvaluationError);
 }
+
+#[test]
+fn the_reason_code_page_lists_every_code() {
+    let page = std::fs::read_to_string(root().join("docs/reason-codes.md")).unwrap();
+    for r in ALL {
+        assert!(
+            page.contains(&format!("`{}`", r.code())),
+            "docs/reason-codes.md lacks {}",
+            r.code()
+        );
+    }
+    let p = Policies::load(&PolicySource::Embedded).unwrap();
+    for (id, _) in eligibility_forbids(&p) {
+        assert!(
+            page.contains(&format!("`{id}`")),
+            "docs/reason-codes.md lacks policy {id}"
+        );
+    }
+}
