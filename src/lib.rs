@@ -5,6 +5,7 @@
 //! `observe` (Rust measures) → `policy` (Cedar judges) → `plan` → `report`.
 #![deny(missing_docs)]
 
+pub mod apply;
 pub mod capability;
 pub mod cli;
 pub mod error;

@@ -51,3 +51,33 @@ pub fn plan_table(plan: &Plan) -> String {
     let _ = writeln!(out, "policy_fingerprint    {}", plan.policy_fingerprint);
     out
 }
+
+/// An apply report in a few lines.
+pub fn apply_summary(report: &crate::apply::Report) -> String {
+    let mut out = String::new();
+    let outcome = serde_json::to_value(report.outcome)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let _ = writeln!(out, "outcome: {outcome} ({} retired)", report.retired_count);
+    let _ = writeln!(out, "{}", report.detail);
+    for r in &report.retired {
+        let _ = writeln!(
+            out,
+            "  retired {:<32} at {} by {}",
+            cut(&r.worker_identity, 32),
+            r.retired_at,
+            r.retired_by
+        );
+    }
+    for k in &report.preserved {
+        let _ = writeln!(
+            out,
+            "  kept    {:<32} {}: {}",
+            cut(&k.worker_identity, 32),
+            k.reason_code,
+            k.detail
+        );
+    }
+    out
+}

@@ -1,5 +1,6 @@
 //! The command line: one file per subcommand, shared flags flattened in.
 
+pub mod apply;
 pub mod plan;
 pub mod test;
 
@@ -38,6 +39,8 @@ pub struct Cli {
 pub enum Command {
     /// Dry run: which registrations may be retired, and why the rest are kept.
     Plan(plan::PlanArgs),
+    /// Retire exactly what a plan approved, in one guarded transaction.
+    Apply(apply::ApplyArgs),
     /// Run policy regression fixtures (files or folders of JSON cases).
     Test(test::TestArgs),
 }
@@ -51,9 +54,10 @@ pub struct StoreArgs {
     /// The control-plane lease store (SQLite); required, never assumed empty.
     #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
     pub leases: PathBuf,
-    /// The expected repository binding, e.g. prgs/gitea-tools.
+    /// The expected repository binding, e.g. prgs/gitea-tools (required by
+    /// plan; apply takes it from the saved plan when not given).
     #[arg(long, value_name = "REPO")]
-    pub canonical_repository: String,
+    pub canonical_repository: Option<String>,
     /// Root of the proc filesystem (boot id, process start times).
     #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
     pub proc_root: PathBuf,
@@ -71,8 +75,8 @@ pub struct OperatorArgs {
 }
 
 impl OperatorArgs {
-    /// Refuse unless the capability policies allow `operation`.
-    pub fn require(&self, policies: &Policies, operation: &str) -> Result<Profiles> {
+    /// The profiles file and profile name, or a refusal naming what is missing.
+    pub fn given(&self, operation: &str) -> Result<(&std::path::Path, &str)> {
         let path = self.profiles_path.as_ref().ok_or_else(|| {
             Error::Refused(format!(
                 "{operation} refused: no profiles.json given; pass --profiles PATH (or set GITEA_MCP_CONFIG)"
@@ -83,6 +87,12 @@ impl OperatorArgs {
                 "{operation} refused: no operator profile given; pass --profile NAME (or set GITEA_MCP_PROFILE)"
             ))
         })?;
+        Ok((path, name))
+    }
+
+    /// Refuse unless the capability policies allow `operation`.
+    pub fn require(&self, policies: &Policies, operation: &str) -> Result<Profiles> {
+        let (path, name) = self.given(operation)?;
         let profiles = Profiles::load(path)?;
         let decision = check(policies, &profiles, name, operation)?;
         if !decision.allowed {
@@ -110,6 +120,7 @@ impl Cli {
 pub fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
         Command::Plan(args) => plan::run(&cli, args),
+        Command::Apply(args) => apply::run(&cli, args),
         Command::Test(args) => test::run(&cli, args),
     }
 }

@@ -92,6 +92,12 @@ fn lease_error(path: &Path, message: impl Into<String>) -> Error {
 
 /// Read every lease row from an existing lease store (read-only).
 pub fn load(path: &Path) -> Result<Vec<Lease>> {
+    let conn = open_read_only(path)?;
+    read(&conn, path)
+}
+
+/// Open an existing lease store read-only.
+pub fn open_read_only(path: &Path) -> Result<Connection> {
     if !path.is_file() {
         return Err(lease_error(
             path,
@@ -99,9 +105,8 @@ pub fn load(path: &Path) -> Result<Vec<Lease>> {
              fix the --leases path",
         ));
     }
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|e| lease_error(path, format!("cannot open as SQLite: {e}")))?;
-    read(&conn, path)
+    Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| lease_error(path, format!("cannot open as SQLite: {e}")))
 }
 
 /// Read every lease row through an open connection.

@@ -1,0 +1,168 @@
+//! `fleet-retire apply`: retire what a plan approved.
+
+use crate::apply::{apply, Context, Hooks, Request};
+use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
+use crate::error::{Error, ExitCode, Result};
+use crate::evidence::probe::SystemProbe;
+use clap::Args;
+use serde_json::Value as Json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Arguments of `apply`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// A plan saved with `fleet-retire plan --out PLAN.json`.
+    #[arg(value_name = "PLAN.json", conflicts_with_all = ["registry_fingerprint", "candidate_fingerprint", "policy_fingerprint", "workers"])]
+    pub plan: Option<PathBuf>,
+    /// The plan's registry_fingerprint.
+    #[arg(long, requires_all = ["candidate_fingerprint", "policy_fingerprint", "workers"])]
+    pub registry_fingerprint: Option<String>,
+    /// The plan's candidate_fingerprint.
+    #[arg(long)]
+    pub candidate_fingerprint: Option<String>,
+    /// The plan's policy_fingerprint.
+    #[arg(long)]
+    pub policy_fingerprint: Option<String>,
+    /// Workers to retire: comma-separated, or a JSON list.
+    #[arg(long)]
+    pub workers: Option<String>,
+    /// Retire nothing if more than this many workers would be retired.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub max_retire: usize,
+    /// How long to wait for a locked registry, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub busy_timeout_ms: u64,
+    /// Registry, leases, canonical repository.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Operator profile.
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+}
+
+/// Parse `--workers`: a JSON list of strings, or comma-separated names.
+pub fn parse_workers(text: &str) -> Result<Vec<String>> {
+    let trimmed = text.trim();
+    if trimmed.starts_with('[') {
+        let list: Vec<String> = serde_json::from_str(trimmed).map_err(|e| {
+            Error::Input(format!(
+                "--workers looks like JSON but is not a list of strings: {e}"
+            ))
+        })?;
+        return Ok(list);
+    }
+    Ok(trimmed
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
+/// Read the apply request out of a saved plan.
+pub fn request_from_plan(path: &Path) -> Result<Request> {
+    let err = |m: String| Error::Input(format!("plan {}: {m}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let doc: Json = serde_json::from_str(&text).map_err(|e| {
+        err(format!(
+            "not valid JSON at line {}, column {}: {e}",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let field = |k: &str| -> Result<String> {
+        doc.get(k)
+            .and_then(Json::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| {
+                err(format!(
+                    "missing `{k}`; is this a plan written by `fleet-retire plan --out`?"
+                ))
+            })
+    };
+    let workers = doc
+        .get("candidate_worker_identities")
+        .and_then(Json::as_array)
+        .ok_or_else(|| err("missing `candidate_worker_identities`".into()))?
+        .iter()
+        .map(|v| match v {
+            Json::String(s) => s.clone(),
+            other => crate::value::Value::from_json(other)
+                .map(|v| v.canon())
+                .unwrap_or_default(),
+        })
+        .collect();
+    Ok(Request {
+        registry_fingerprint: field("registry_fingerprint")?,
+        candidate_fingerprint: field("candidate_fingerprint")?,
+        policy_fingerprint: field("policy_fingerprint")?,
+        workers,
+        canonical_repository: doc
+            .get("canonical_repository")
+            .and_then(Json::as_str)
+            .map(str::to_string),
+        max_retire: 0,
+    })
+}
+
+/// Run `apply`.
+pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
+    let policies = cli.load_policies()?;
+    let (profiles, profile) = args.operator.given("apply")?;
+    let mut req = match (&args.plan, &args.registry_fingerprint) {
+        (Some(path), _) => request_from_plan(path)?,
+        (None, Some(fp)) => Request {
+            registry_fingerprint: fp.clone(),
+            candidate_fingerprint: args.candidate_fingerprint.clone().unwrap_or_default(),
+            policy_fingerprint: args.policy_fingerprint.clone().unwrap_or_default(),
+            workers: parse_workers(args.workers.as_deref().unwrap_or(""))?,
+            canonical_repository: None,
+            max_retire: 0,
+        },
+        (None, None) => return Err(Error::Input(
+            "apply needs a saved plan (fleet-retire apply PLAN.json) or --registry-fingerprint, \
+                 --candidate-fingerprint, --policy-fingerprint and --workers"
+                .into(),
+        )),
+    };
+    req.max_retire = args.max_retire;
+    match (&req.canonical_repository, &args.store.canonical_repository) {
+        (Some(planned), Some(given)) if planned != given => {
+            return Err(Error::Refused(format!(
+                "the plan used canonical repository {planned:?} but {given:?} was given; they must match"
+            )))
+        }
+        (None, given) => req.canonical_repository = given.clone(),
+        _ => {}
+    }
+    if req.canonical_repository.is_none() {
+        return Err(Error::Input(
+            "apply needs the canonical repository the plan used: pass --canonical-repository"
+                .into(),
+        ));
+    }
+    let probe = SystemProbe::new(&args.store.proc_root);
+    let ctx = Context {
+        registry: &args.store.registry,
+        leases: &args.store.leases,
+        profiles,
+        profile,
+        proc_root: &args.store.proc_root,
+        policies: &policies,
+        probe: &probe,
+        busy_timeout: Duration::from_millis(args.busy_timeout_ms),
+    };
+    let report = apply(&req, &ctx, Hooks::default())?;
+    let stdout = std::io::stdout();
+    let mut w = stdout.lock();
+    let written = match cli.format {
+        Format::Json => serde_json::to_writer_pretty(&mut w, &report)
+            .map_err(std::io::Error::other)
+            .and_then(|_| writeln!(w)),
+        Format::Human => write!(w, "{}", crate::report::apply_summary(&report)),
+    };
+    written.map_err(|e| Error::Input(format!("writing the report: {e}")))?;
+    Ok(report.outcome.exit_code())
+}

@@ -1,0 +1,567 @@
+//! Apply, end to end: real SQLite files, real child processes, the real
+//! binary where the path goes through the command line, and the library's
+//! test seams where a step must happen inside the transaction.
+
+mod common;
+
+use common::*;
+use fleet_retire::apply::{apply, Context, Hooks, Outcome, Request};
+use fleet_retire::evidence::probe::SystemProbe;
+use fleet_retire::policy::{Policies, PolicySource};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn spawn_sleeper() -> Child {
+    Command::new("sleep")
+        .arg("120")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A process that existed and is gone: its pid and real start time.
+fn dead_process() -> (i64, String) {
+    let mut child = spawn_sleeper();
+    let pid = child.id();
+    let start = start_time(pid);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    (pid as i64, start)
+}
+
+/// Every table's schema and rows, in a stable order.
+fn dump(path: &Path) -> String {
+    let conn =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut out = String::new();
+    let tables: Vec<(String, String)> = conn
+        .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (name, sql) in tables {
+        out.push_str(&sql);
+        out.push('\n');
+        let mut stmt = conn
+            .prepare(&format!("SELECT * FROM \"{name}\" ORDER BY rowid"))
+            .unwrap();
+        let n = stmt.column_count();
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((0..n)
+                    .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
+                    .collect::<Vec<_>>()
+                    .join("|"))
+            })
+            .unwrap();
+        for r in rows {
+            out.push_str(&r.unwrap());
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn statuses(path: &Path) -> Vec<(String, String, Option<String>)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT worker_identity, status, retired_by FROM worker_registrations ORDER BY worker_identity")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn audit_rows(path: &Path) -> Vec<(String, String)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let exists: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'retirement_audit'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    if exists == 0 {
+        return Vec::new();
+    }
+    let mut stmt = conn
+        .prepare(
+            "SELECT worker_identity, registry_fingerprint FROM retirement_audit ORDER BY audit_id",
+        )
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// Stores with three dead, eligible workers and one running one.
+fn fleet() -> (Stores, Child) {
+    let live = spawn_sleeper();
+    let live_start = start_time(live.id());
+    let mut rows = Vec::new();
+    for i in 1..=3 {
+        let (pid, start) = dead_process();
+        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
+    }
+    rows.push(stale_row("w-running", live.id() as i64, &live_start));
+    (Stores::new(&rows), live)
+}
+
+fn save_plan(stores: &Stores) -> (std::path::PathBuf, Value) {
+    let out_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), out_path.display().to_string()]);
+    let out = bin().args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    (out_path, plan)
+}
+
+fn apply_cli(stores: &Stores, plan: &Path, profile: &str, extra: &[&str]) -> (Option<i32>, Value) {
+    let out = bin()
+        .args([
+            "apply",
+            plan.to_str().unwrap(),
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--profiles",
+            stores.profiles.to_str().unwrap(),
+            "--profile",
+            profile,
+            "--format",
+            "json",
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
+    (out.status.code(), report)
+}
+
+#[test]
+fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently() {
+    let (stores, mut live) = fleet();
+    let (plan_path, plan) = save_plan(&stores);
+    assert_eq!(
+        plan["candidate_worker_identities"],
+        json!(["w-dead-1", "w-dead-2", "w-dead-3"])
+    );
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "applied");
+    assert_eq!(report["retired_count"], 3);
+    assert_eq!(report["mutation_performed"], true);
+    let st = statuses(&stores.registry);
+    for (id, status, by) in &st {
+        if id == "w-running" {
+            assert_eq!(status, "active");
+            assert_eq!(by, &None);
+        } else {
+            assert_eq!(status, "retired", "{id}");
+            assert_eq!(by.as_deref(), Some("controller-prgs"));
+        }
+    }
+    assert_eq!(st.len(), 4, "nothing is deleted");
+    let audit = audit_rows(&stores.registry);
+    assert_eq!(audit.len(), 3);
+    assert!(audit
+        .iter()
+        .all(|(_, fp)| fp == plan["registry_fingerprint"].as_str().unwrap()));
+
+    let before = dump(&stores.registry);
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "already_retired");
+    assert_eq!(report["mutation_performed"], false);
+    assert_eq!(dump(&stores.registry), before, "a replay changes nothing");
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn a_lease_acquired_between_plan_and_apply_moves_the_candidate_set() {
+    let (stores, mut live) = fleet();
+    let (plan_path, _) = save_plan(&stores);
+    let conn = rusqlite::Connection::open(&stores.leases).unwrap();
+    conn.execute(
+        "INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) VALUES ('l-new', 'active', 'w-dead-2')",
+        [],
+    )
+    .unwrap();
+    let before = dump(&stores.registry);
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "candidate_set_moved");
+    assert_eq!(report["retired_count"], 0);
+    assert_eq!(dump(&stores.registry), before);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn a_heartbeat_between_plan_and_apply_moves_the_registry() {
+    let (stores, mut live) = fleet();
+    let (plan_path, _) = save_plan(&stores);
+    rusqlite::Connection::open(&stores.registry)
+        .unwrap()
+        .execute(
+            "UPDATE worker_registrations SET last_heartbeat_at = '2026-01-01T00:20:00Z' WHERE worker_identity = 'w-dead-1'",
+            [],
+        )
+        .unwrap();
+    let before = dump(&stores.registry);
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(2));
+    assert_eq!(report["outcome"], "registry_revision_moved");
+    assert_eq!(dump(&stores.registry), before);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn author_reviewer_and_merger_are_denied_even_with_the_permission() {
+    let (stores, mut live) = fleet();
+    let (plan_path, _) = save_plan(&stores);
+    std::fs::write(
+        &stores.profiles,
+        json!({"profiles": {
+            "author-prgs": {"role": "author", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+            "reviewer-prgs": {"role": "reviewer", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+            "merger-prgs": {"role": "merger", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+            "controller-read": {"role": "controller", "allowed_operations": ["gitea.read"]}
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let before = dump(&stores.registry);
+    for profile in [
+        "author-prgs",
+        "reviewer-prgs",
+        "merger-prgs",
+        "controller-read",
+    ] {
+        let (code, report) = apply_cli(&stores, &plan_path, profile, &[]);
+        assert_eq!(code, Some(2), "{profile}: {report}");
+        assert_eq!(report["outcome"], "permission_denied", "{profile}");
+        assert!(report["detail"].as_str().unwrap().contains(profile));
+    }
+    assert_eq!(dump(&stores.registry), before);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn the_blast_radius_limit_refuses_and_can_be_raised() {
+    let (stores, mut live) = fleet();
+    let (plan_path, _) = save_plan(&stores);
+    let before = dump(&stores.registry);
+    let (code, report) = apply_cli(
+        &stores,
+        &plan_path,
+        "controller-prgs",
+        &["--max-retire", "2"],
+    );
+    assert_eq!(code, Some(2));
+    assert_eq!(report["outcome"], "blast_radius_exceeded");
+    assert!(report["detail"].as_str().unwrap().contains("--max-retire"));
+    assert_eq!(dump(&stores.registry), before);
+    let (code, report) = apply_cli(
+        &stores,
+        &plan_path,
+        "controller-prgs",
+        &["--max-retire", "3"],
+    );
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["retired_count"], 3);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn a_changed_policy_set_is_refused() {
+    let (stores, mut live) = fleet();
+    let (plan_path, _) = save_plan(&stores);
+    let mut plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    plan["policy_fingerprint"] = json!("sha256:0000");
+    std::fs::write(&plan_path, plan.to_string()).unwrap();
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(2));
+    assert_eq!(report["outcome"], "policy_set_moved");
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn two_applies_at_once_retire_each_row_once() {
+    let (stores, mut live) = fleet();
+    let (plan_path, _) = save_plan(&stores);
+    let spawn = || {
+        bin()
+            .args([
+                "apply",
+                plan_path.to_str().unwrap(),
+                "--registry",
+                stores.registry.to_str().unwrap(),
+                "--leases",
+                stores.leases.to_str().unwrap(),
+                "--profiles",
+                stores.profiles.to_str().unwrap(),
+                "--profile",
+                "controller-prgs",
+                "--format",
+                "json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outcomes: Vec<String> = [a, b]
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            let v: Value =
+                serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+            v["outcome"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "applied").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| o == "registry_revision_moved" || o == "already_retired"),
+        "{outcomes:?}"
+    );
+    let audit = audit_rows(&stores.registry);
+    assert_eq!(audit.len(), 3, "each row retired exactly once: {audit:?}");
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn apply_migrates_an_old_registry_first() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[]);
+    std::fs::remove_file(&stores.registry).unwrap();
+    let old: Vec<&str> = COLUMNS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| {
+            ![
+                "retired_at",
+                "retired_by",
+                "retirement_reason",
+                "token_fingerprint",
+            ]
+            .contains(n)
+        })
+        .collect();
+    registry_with_columns(
+        &stores.registry,
+        Some(&old),
+        &[stale_row("w-old", pid, &start)],
+    );
+    let (plan_path, _) = save_plan(&stores);
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["retired_count"], 1);
+    assert_eq!(
+        statuses(&stores.registry)[0].2.as_deref(),
+        Some("controller-prgs")
+    );
+}
+
+// --- Steps inside the transaction, through the library's test seams. ---
+
+struct Lib {
+    stores: Stores,
+    policies: Policies,
+    probe: SystemProbe,
+}
+
+impl Lib {
+    fn new(stores: Stores) -> Lib {
+        Lib {
+            stores,
+            policies: Policies::load(&PolicySource::Embedded).unwrap(),
+            probe: SystemProbe::new("/proc"),
+        }
+    }
+
+    fn request(&self) -> Request {
+        let plan = self.stores.plan_json();
+        Request {
+            registry_fingerprint: plan["registry_fingerprint"].as_str().unwrap().into(),
+            candidate_fingerprint: plan["candidate_fingerprint"].as_str().unwrap().into(),
+            policy_fingerprint: plan["policy_fingerprint"].as_str().unwrap().into(),
+            workers: plan["candidate_worker_identities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect(),
+            canonical_repository: Some("prgs/gitea-tools".into()),
+            max_retire: 100,
+        }
+    }
+
+    fn run(&self, req: &Request, hooks: Hooks) -> fleet_retire::apply::Report {
+        let ctx = Context {
+            registry: &self.stores.registry,
+            leases: &self.stores.leases,
+            profiles: &self.stores.profiles,
+            profile: "controller-prgs",
+            proc_root: Path::new("/proc"),
+            policies: &self.policies,
+            probe: &self.probe,
+            busy_timeout: Duration::from_secs(5),
+        };
+        apply(req, &ctx, hooks).unwrap()
+    }
+}
+
+#[test]
+fn a_lease_acquired_inside_the_transaction_rolls_everything_back() {
+    let (stores, mut live) = fleet();
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = dump(&lib.stores.registry);
+    let leases = lib.stores.leases.clone();
+    let mut hook = move || {
+        rusqlite::Connection::open(&leases)
+            .unwrap()
+            .execute("INSERT INTO workflow_leases (lease_id, status, owner_pid) VALUES ('l-late', 'active', 1)", [])
+            .unwrap();
+    };
+    let report = lib.run(
+        &req,
+        Hooks {
+            before_first_write: Some(&mut hook),
+            fail_commit: false,
+        },
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::TransactionFailed,
+        "{}",
+        report.detail
+    );
+    assert!(!report.success);
+    assert_eq!(report.retired_count, 0);
+    assert!(
+        report.detail.contains("leases changed"),
+        "{}",
+        report.detail
+    );
+    assert_eq!(
+        dump(&lib.stores.registry),
+        before,
+        "no retired row, no audit table"
+    );
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn a_revoked_permission_before_the_first_write_retires_nothing() {
+    let (stores, mut live) = fleet();
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = dump(&lib.stores.registry);
+    let profiles = lib.stores.profiles.clone();
+    let mut hook = move || {
+        std::fs::write(
+            &profiles,
+            json!({"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]}}}).to_string(),
+        )
+        .unwrap();
+    };
+    let report = lib.run(
+        &req,
+        Hooks {
+            before_first_write: Some(&mut hook),
+            fail_commit: false,
+        },
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::PermissionDenied,
+        "{}",
+        report.detail
+    );
+    assert_eq!(report.retired_count, 0);
+    assert_eq!(dump(&lib.stores.registry), before);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn a_failure_at_commit_leaves_the_registry_as_it_was() {
+    let (stores, mut live) = fleet();
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = dump(&lib.stores.registry);
+    let report = lib.run(
+        &req,
+        Hooks {
+            before_first_write: None,
+            fail_commit: true,
+        },
+    );
+    assert_eq!(report.outcome, Outcome::TransactionFailed);
+    assert!(!report.success);
+    assert!(!report.mutation_performed);
+    assert_eq!(report.retired_count, 0);
+    assert_eq!(dump(&lib.stores.registry), before);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
+fn a_locked_registry_is_waited_for_within_the_busy_timeout() {
+    let (stores, mut live) = fleet();
+    let (plan_path, _) = save_plan(&stores);
+    let holder = rusqlite::Connection::open(&stores.registry).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Short timeout while the lock is held: fails cleanly, retires nothing.
+    let (code, report) = apply_cli(
+        &stores,
+        &plan_path,
+        "controller-prgs",
+        &["--busy-timeout-ms", "200"],
+    );
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(report["outcome"], "transaction_failed");
+    // Released soon after: a patient apply goes through.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        holder.execute_batch("COMMIT").unwrap();
+    });
+    let (code, report) = apply_cli(
+        &stores,
+        &plan_path,
+        "controller-prgs",
+        &["--busy-timeout-ms", "10000"],
+    );
+    release.join().unwrap();
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["retired_count"], 3);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
