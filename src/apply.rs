@@ -17,10 +17,11 @@ use crate::observe::RunFacts;
 use crate::plan::plan;
 use crate::policy::Policies;
 use crate::reasons::Reason;
-use crate::row::{sql_type, Col, Row, COLUMNS};
+use crate::row::{sql_type, Col, COLUMNS};
 use crate::value::Value;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -420,13 +421,19 @@ fn inside(
     report.external_state_fingerprint = Some(fence.clone());
     let rows = read_rows(tx, ctx.registry)?;
 
-    let identity = |r: &Row| r.get(Col::WorkerIdentity).canon();
+    // Rows by canonical identity, once (requests can name thousands).
+    let mut by_identity: HashMap<String, Vec<usize>> = HashMap::with_capacity(rows.len());
+    for (i, r) in rows.iter().enumerate() {
+        by_identity
+            .entry(r.get(Col::WorkerIdentity).canon())
+            .or_default()
+            .push(i);
+    }
     let all_retired = req.workers.iter().all(|w| {
-        let mine: Vec<&Row> = rows.iter().filter(|r| identity(r) == *w).collect();
-        !mine.is_empty()
-            && mine
-                .iter()
-                .all(|r| r.get(Col::Status).as_text() == Some("retired"))
+        by_identity.get(w).is_some_and(|mine| {
+            mine.iter()
+                .all(|&i| rows[i].get(Col::Status).as_text() == Some("retired"))
+        })
     });
     if all_retired {
         return Err(Abort::Refuse(
@@ -467,11 +474,10 @@ fn inside(
     // Revalidate every requested identity against the fresh plan.
     let mut targets = Vec::new();
     for w in &req.workers {
-        let entries: Vec<_> = fresh
-            .entries
-            .iter()
-            .filter(|e| fresh.identity(e) == *w)
-            .collect();
+        let entries: Vec<_> = by_identity
+            .get(w)
+            .map(|ix| ix.iter().map(|&i| &fresh.entries[i]).collect())
+            .unwrap_or_default();
         match entries.as_slice() {
             [] => report.preserved.push(Kept {
                 worker_identity: w.clone(),
@@ -573,7 +579,9 @@ fn inside(
             sql(row.get(Col::WorkerIdentity)),
         ];
         params.extend(GUARD.iter().map(|c| sql(row.get(*c))));
-        let changed = tx.execute(&update, rusqlite::params_from_iter(params))?;
+        let changed = tx
+            .prepare_cached(&update)?
+            .execute(rusqlite::params_from_iter(params))?;
         if changed != 1 {
             if changed > 1 {
                 return Err(Abort::Fail(format!(
@@ -591,11 +599,12 @@ fn inside(
         }
         let evidence = serde_json::to_string(&fresh.evidence(entry))
             .map_err(|e| Abort::Fail(e.to_string()))?;
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO retirement_audit (worker_identity, retired_at, retired_by, retirement_reason,
              registry_fingerprint, candidate_fingerprint, policy_fingerprint,
              external_state_fingerprint, evidence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            rusqlite::params![
+        )?
+        .execute(rusqlite::params![
                 w,
                 retired_at,
                 ctx.profile,
@@ -605,8 +614,7 @@ fn inside(
                 req.policy_fingerprint,
                 fence,
                 evidence
-            ],
-        )?;
+            ])?;
         report.retired.push(Retired {
             worker_identity: w,
             retired_at: retired_at.clone(),

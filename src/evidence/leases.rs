@@ -5,7 +5,7 @@
 //! without the table is an error: it is never read as "no leases".
 
 use crate::error::{Error, Result};
-use crate::evidence::registry::{table_columns, value_from_sql};
+use crate::evidence::registry::value_from_sql;
 use crate::value::Value;
 use rusqlite::{Connection, OpenFlags};
 use std::collections::{BTreeMap, BTreeSet};
@@ -109,25 +109,25 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
         .map_err(|e| lease_error(path, format!("cannot open as SQLite: {e}")))
 }
 
-/// Read every lease row through an open connection.
+/// Read every lease row through an open connection. Apply calls this
+/// before every write, so the statement is cached.
 pub fn read(conn: &Connection, path: &Path) -> Result<Vec<Lease>> {
     let sql_err = |e: rusqlite::Error| lease_error(path, format!("cannot read: {e}"));
-    let columns = table_columns(conn, TABLE)
-        .map_err(sql_err)?
-        .ok_or_else(|| {
-            lease_error(
+    let mut stmt = match conn.prepare_cached(&format!("SELECT * FROM {TABLE}")) {
+        Ok(s) => s,
+        Err(e) if e.to_string().contains("no such table") => {
+            return Err(lease_error(
                 path,
                 format!("has no `{TABLE}` table; is this the control-plane lease store?"),
-            )
-        })?;
-    let list = columns
-        .iter()
-        .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut stmt = conn
-        .prepare(&format!("SELECT {list} FROM {TABLE}"))
-        .map_err(sql_err)?;
+            ))
+        }
+        Err(e) => return Err(sql_err(e)),
+    };
+    let columns: Vec<String> = stmt
+        .column_names()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
     let mut cursor = stmt.query([]).map_err(sql_err)?;
     let mut out = Vec::new();
     let mut interner = crate::evidence::registry::Interner::default();

@@ -1,0 +1,157 @@
+//! Benchmark: apply 10,000 approved candidates in one transaction (re-read,
+//! re-plan, per-row re-probe, fence, guarded UPDATE and audit row each).
+//! Target on the 2-core CI machine: median under 2 s.
+//!
+//! Run with `cargo bench --bench apply_10k` (APPLY_BENCH_ROWS, APPLY_BENCH_RUNS).
+
+use fleet_retire::apply::{apply, Context, Hooks, Outcome, Request};
+use fleet_retire::evidence::leases::{self, Protections};
+use fleet_retire::evidence::probe::{pid_alive, HostFacts, SystemProbe};
+use fleet_retire::evidence::registry;
+use fleet_retire::observe::RunFacts;
+use fleet_retire::plan::plan;
+use fleet_retire::policy::{Policies, PolicySource};
+use rusqlite::{params, Connection};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn generate(dir: &Path, rows: usize, host: &str, boot: &str) {
+    let conn = Connection::open(dir.join("registry.sqlite")).unwrap();
+    let cols: Vec<String> = fleet_retire::row::COLUMNS
+        .iter()
+        .map(|c| format!("{} {}", c.name(), fleet_retire::row::sql_type(*c)))
+        .collect();
+    conn.execute_batch(&format!(
+        "CREATE TABLE worker_registrations ({});",
+        cols.join(", ")
+    ))
+    .unwrap();
+    let tx = conn.unchecked_transaction().unwrap();
+    {
+        let mut stmt = tx
+            .prepare(
+                "INSERT INTO worker_registrations (worker_identity, client_name, client_instance_id,
+                 instance_id_source, session_id, generation_id, role, profile, namespace, remote,
+                 repository_binding, pid, started_at, last_heartbeat_at, heartbeat_ttl_seconds,
+                 fencing_epoch, status, host_id, boot_id, process_start_time)
+                 VALUES (?1, 'codex', ?2, 'launcher', ?3, ?4, 'author', 'author-prgs', 'author', 'prgs',
+                 'prgs/gitea-tools', ?5, '2026-01-01T00:00:00Z', '2026-01-01T00:10:00Z', 900, 1,
+                 'active', ?6, ?7, ?8)",
+            )
+            .unwrap();
+        let mut pid = 4_000_000i64;
+        for i in 0..rows {
+            while pid_alive(pid) != Some(false) {
+                pid += 1;
+            }
+            stmt.execute(params![
+                format!("w-{i:06}"),
+                format!("inst-codex-20260101T000000Z-{i:012x}"),
+                format!("sess-{i:08}"),
+                format!("gen-{i:08}"),
+                pid,
+                host,
+                boot,
+                format!("ticks-{i}"),
+            ])
+            .unwrap();
+            pid += 1;
+        }
+    }
+    tx.commit().unwrap();
+    Connection::open(dir.join("leases.sqlite"))
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role TEXT, target TEXT, status TEXT,
+             session_id TEXT, owner_session_id TEXT, owner_pid INTEGER, session_pid INTEGER,
+             generation TEXT, owner_worker_identity TEXT, acquired_at TEXT, expires_at TEXT);
+             INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) VALUES ('l-1', 'active', 'someone-else');",
+        )
+        .unwrap();
+    std::fs::write(
+        dir.join("profiles.json"),
+        r#"{"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}}"#,
+    )
+    .unwrap();
+}
+
+fn main() {
+    let rows: usize = std::env::var("APPLY_BENCH_ROWS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    let runs: usize = std::env::var("APPLY_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let dir = tempfile::tempdir().unwrap();
+    let facts_host = HostFacts::observe(Path::new("/proc"));
+    let (Some(host), Some(boot)) = (facts_host.host_id.clone(), facts_host.boot_id.clone()) else {
+        println!("apply_10k: skipped, this machine's host or boot id is unknown");
+        return;
+    };
+    let template = dir.path().join("template");
+    std::fs::create_dir_all(&template).unwrap();
+    generate(&template, rows, &host, &boot);
+    let policies = Policies::load(&PolicySource::Embedded).unwrap();
+    let probe = SystemProbe::new("/proc");
+
+    let mut times = Vec::new();
+    for run in 0..runs {
+        let work = dir.path().join(format!("run-{run}"));
+        std::fs::create_dir_all(&work).unwrap();
+        for f in ["registry.sqlite", "leases.sqlite", "profiles.json"] {
+            std::fs::copy(template.join(f), work.join(f)).unwrap();
+        }
+        let reg = work.join("registry.sqlite");
+        let lease_path = work.join("leases.sqlite");
+        let p = plan(
+            registry::load(&reg).unwrap(),
+            RunFacts {
+                now: fleet_retire::time::now(),
+                host: facts_host.clone(),
+                canonical_repository: Some("prgs/gitea-tools".into()),
+                protections: Protections::from_leases(&leases::load(&lease_path).unwrap()),
+            },
+            &probe,
+            &policies,
+        )
+        .unwrap();
+        let req = Request {
+            registry_fingerprint: p.registry_fingerprint.clone(),
+            candidate_fingerprint: p.candidate_fingerprint.clone(),
+            policy_fingerprint: p.policy_fingerprint.clone(),
+            workers: p.candidates().map(|e| p.identity(e)).collect(),
+            canonical_repository: Some("prgs/gitea-tools".into()),
+            max_retire: rows,
+        };
+        assert_eq!(
+            req.workers.len(),
+            rows,
+            "every generated row is a candidate"
+        );
+        let profiles = work.join("profiles.json");
+        let ctx = Context {
+            registry: &reg,
+            leases: &lease_path,
+            profiles: &profiles,
+            profile: "controller-prgs",
+            proc_root: Path::new("/proc"),
+            policies: &policies,
+            probe: &probe,
+            busy_timeout: Duration::from_secs(5),
+        };
+        let start = Instant::now();
+        let report = apply(&req, &ctx, Hooks::default()).unwrap();
+        times.push(start.elapsed().as_secs_f64());
+        assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+        assert_eq!(report.retired_count, rows);
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!(
+        "apply_10k: rows={rows} runs={runs} median={:.3}s min={:.3}s max={:.3}s",
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1]
+    );
+}
