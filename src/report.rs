@@ -81,3 +81,72 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
     }
     out
 }
+
+/// A snapshot: one line per instance, then the blockers.
+pub fn snapshot_summary(snap: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let _ =
+        writeln!(
+        out,
+        "fleet at {}: {} live, {} stale, {} historical workers in {} instance(s); live fleet {}",
+        snap["snapshot_at"].as_str().unwrap_or(""),
+        snap["live_worker_count"],
+        snap["stale_worker_count"],
+        snap["historical_worker_count"],
+        snap["instance_count"],
+        if snap["live_fleet_safe"] == true { "SAFE" } else { "NOT SAFE" }
+    );
+    for inst in snap["instances"].as_array().into_iter().flatten() {
+        let namespaces: Vec<&str> = inst["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str())
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:<48} {:<12} {} worker(s) [{}] {}",
+            inst["client_instance_id"].as_str().unwrap_or(""),
+            inst["client_type"].as_str().unwrap_or("mixed"),
+            inst["worker_count"],
+            namespaces.join(","),
+            if inst["trusted_instance_identity"] == true {
+                "trusted"
+            } else {
+                "UNTRUSTED"
+            }
+        );
+    }
+    let blockers = snap["active_blockers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if blockers.is_empty() {
+        let _ = writeln!(out, "no blockers");
+    } else {
+        let _ = writeln!(out, "blockers:");
+        for b in blockers {
+            let _ = writeln!(
+                out,
+                "  - {}: {}",
+                b["classification"].as_str().unwrap_or(""),
+                b["detail"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if let Some(c) = snap.get("comparison") {
+        let _ = writeln!(
+            out,
+            "continuity with the earlier snapshot: {} ({} shared, {} dropped, {} new)",
+            if c["stable_ownership"] == true {
+                "stable"
+            } else {
+                "NOT stable"
+            },
+            c["shared_live_workers"].as_array().map_or(0, Vec::len),
+            c["dropped_workers"].as_array().map_or(0, Vec::len),
+            c["new_workers"].as_array().map_or(0, Vec::len)
+        );
+    }
+    out
+}

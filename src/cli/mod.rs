@@ -1,8 +1,11 @@
 //! The command line: one file per subcommand, shared flags flattened in.
 
 pub mod apply;
+pub mod launch;
 pub mod plan;
+pub mod snapshot;
 pub mod test;
+pub mod worker;
 
 use crate::capability::{check, Profiles};
 use crate::error::{Error, ExitCode, Result};
@@ -41,6 +44,16 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Retire exactly what a plan approved, in one guarded transaction.
     Apply(apply::ApplyArgs),
+    /// The live fleet: instances, collisions, stale rows, manifest drift.
+    Snapshot(snapshot::SnapshotArgs),
+    /// Mint a launch identity and print the five-server mcpServers config.
+    Launch(launch::LaunchArgs),
+    /// Register a worker in the registry (as the worker would).
+    Register(worker::RegisterArgs),
+    /// Move a worker's heartbeat to now.
+    Heartbeat(worker::WorkerArgs),
+    /// Give a worker's registration a historical status.
+    Release(worker::WorkerArgs),
     /// Run policy regression fixtures (files or folders of JSON cases).
     Test(test::TestArgs),
 }
@@ -122,5 +135,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Plan(args) => plan::run(&cli, args),
         Command::Apply(args) => apply::run(&cli, args),
         Command::Test(args) => test::run(&cli, args),
+        Command::Snapshot(args) => snapshot::run(&cli, args),
+        Command::Launch(args) => launch::run(&cli, args),
+        Command::Register(args) => worker::run_register(&cli, args),
+        Command::Heartbeat(args) => worker::run_heartbeat(&cli, args),
+        Command::Release(args) => worker::run_release(&cli, args),
     }
 }

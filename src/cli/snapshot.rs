@@ -1,0 +1,116 @@
+//! `fleet-retire snapshot`: the live fleet, its instances and its blockers.
+
+use crate::cli::{Cli, Format, OperatorArgs};
+use crate::error::{Error, ExitCode, Result};
+use crate::evidence::probe::SystemProbe;
+use crate::evidence::registry;
+use crate::snapshot::{compare, snapshot, Options};
+use clap::Args;
+use serde_json::Value as Json;
+use std::path::{Path, PathBuf};
+
+/// Arguments of `snapshot`.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// The worker registry (SQLite).
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    pub registry: PathBuf,
+    /// Expected repository binding; workers bound elsewhere are findings.
+    #[arg(long, value_name = "REPO")]
+    pub canonical_repository: Option<String>,
+    /// Expected revision; workers on another revision are findings.
+    #[arg(long, value_name = "REV")]
+    pub expected_revision: Option<String>,
+    /// The approved fleet manifest: {"instances": [{"client_instance_id": ...}, ...]}.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// An earlier snapshot (JSON) to prove heartbeat continuity against.
+    #[arg(long, value_name = "EARLIER.json")]
+    pub compare: Option<PathBuf>,
+    /// Exit 2 when the live fleet is not safe.
+    #[arg(long)]
+    pub strict: bool,
+    /// Root of the proc filesystem.
+    #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
+    pub proc_root: PathBuf,
+    /// Operator profile.
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+}
+
+fn read_json(path: &Path, what: &str) -> Result<Json> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Input(format!("{what} {}: cannot read: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| {
+        Error::Input(format!(
+            "{what} {}: not valid JSON at line {}, column {}: {e}",
+            path.display(),
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+/// Read a manifest: an object with `instances`, or a bare list.
+pub fn load_manifest(path: &Path) -> Result<Vec<Json>> {
+    let doc = read_json(path, "manifest")?;
+    let list = match &doc {
+        Json::Array(a) => a.clone(),
+        Json::Object(o) => o
+            .get("instances")
+            .and_then(Json::as_array)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Input(format!(
+                    "manifest {}: expected {{\"instances\": [...]}}",
+                    path.display()
+                ))
+            })?,
+        _ => {
+            return Err(Error::Input(format!(
+                "manifest {}: expected {{\"instances\": [...]}}",
+                path.display()
+            )))
+        }
+    };
+    for (i, item) in list.iter().enumerate() {
+        if !item.get("client_instance_id").is_some_and(Json::is_string) {
+            return Err(Error::Input(format!(
+                "manifest {}: instances[{i}] needs a string client_instance_id",
+                path.display()
+            )));
+        }
+    }
+    Ok(list)
+}
+
+/// Run `snapshot`.
+pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
+    let policies = cli.load_policies()?;
+    args.operator.require(&policies, "snapshot")?;
+    let rows = registry::load(&args.registry)?;
+    let opts = Options {
+        now: crate::time::now(),
+        canonical_repository: args.canonical_repository.clone(),
+        expected_live_revision: args.expected_revision.clone(),
+        manifest: args.manifest.as_deref().map(load_manifest).transpose()?,
+    };
+    let mut snap = snapshot(&rows, &opts, &SystemProbe::new(&args.proc_root));
+    if let Some(path) = &args.compare {
+        let earlier = read_json(path, "earlier snapshot")?;
+        snap["comparison"] = compare(&earlier, &snap);
+    }
+    match cli.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&snap).expect("snapshot serialises")
+        ),
+        Format::Human => print!("{}", crate::report::snapshot_summary(&snap)),
+    }
+    let safe = snap["live_fleet_safe"] == true;
+    Ok(if args.strict && !safe {
+        ExitCode::Refused
+    } else {
+        ExitCode::Ok
+    })
+}

@@ -1,0 +1,220 @@
+//! Launch identity (seed `mcp_application_launcher`): one trusted
+//! `inst-<client>-<stamp>-<digest>` id per application launch, carried to
+//! all five namespace workers in their `mcpServers` environment.
+//!
+//! Workers never mint a trusted id; the launcher does, once per launch.
+
+use crate::error::{Error, Result};
+use crate::identity::{assess_instance_identity, normalize_client_name};
+use crate::time::Micros;
+use serde_json::{json, Map, Value as Json};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// The five namespaces of a launch, in server order.
+pub const NAMESPACES: &[&str] = &["author", "reviewer", "merger", "controller", "reconciler"];
+
+/// Environment keys the launcher sets.
+pub mod env {
+    /// Client type.
+    pub const CLIENT: &str = "GITEA_MCP_CLIENT";
+    /// The launch's instance id.
+    pub const CLIENT_INSTANCE: &str = "GITEA_MCP_CLIENT_INSTANCE";
+    /// Provenance marker only the launcher writes.
+    pub const INSTANCE_PROVENANCE: &str = "GITEA_MCP_INSTANCE_PROVENANCE";
+    /// The launch's session.
+    pub const CLIENT_SESSION: &str = "GITEA_MCP_CLIENT_SESSION";
+    /// Operator-approved enrollment.
+    pub const FLEET_RUN_ID: &str = "GITEA_MCP_FLEET_RUN_ID";
+    /// Client-managed marker.
+    pub const CLIENT_MANAGED: &str = "GITEA_CLIENT_MANAGED";
+    /// The worker's profile.
+    pub const PROFILE: &str = "GITEA_MCP_PROFILE";
+    /// profiles.json.
+    pub const CONFIG: &str = "GITEA_MCP_CONFIG";
+    /// A worker generation chosen by its parent.
+    pub const GENERATION_ID: &str = "GITEA_MCP_GENERATION_ID";
+}
+
+/// The provenance value the launcher alone writes.
+pub const LAUNCHER_PROVENANCE: &str = "trusted_launcher";
+
+/// Keys a caller's extra environment can never override.
+pub const PROTECTED_KEYS: &[&str] = &[
+    env::CLIENT_INSTANCE,
+    env::INSTANCE_PROVENANCE,
+    env::CLIENT,
+    env::CLIENT_MANAGED,
+];
+
+/// `n` random bytes as lower-case hex, from the kernel.
+pub fn random_hex(n: usize) -> Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| Error::Input(format!("cannot read /dev/urandom for a launch nonce: {e}")))?;
+    Ok(crate::fingerprint::hex(&buf))
+}
+
+/// Mint an instance id: `inst-<client>-<%Y%m%dT%H%M%SZ>-<12 hex of
+/// sha256("<client>\x1f<stamp>\x1f<nonce>")>`.
+pub fn generate_client_instance_id(client: Option<&str>, now: Micros, nonce: &str) -> String {
+    let client = normalize_client_name(client);
+    let stamp = chrono::DateTime::<chrono::Utc>::from_timestamp(now.div_euclid(1_000_000), 0)
+        .map(|d| d.format("%Y%m%dT%H%M%SZ").to_string())
+        .unwrap_or_default();
+    let digest = crate::fingerprint::hex(&Sha256::digest(
+        format!("{client}\u{1f}{stamp}\u{1f}{nonce}").as_bytes(),
+    ));
+    format!("inst-{client}-{stamp}-{}", &digest[..12])
+}
+
+/// What `launch` is asked.
+#[derive(Debug, Clone, Default)]
+pub struct LaunchRequest {
+    /// The client type (normalised).
+    pub client: Option<String>,
+    /// A profile for each of the five namespaces.
+    pub profiles: BTreeMap<String, String>,
+    /// Reuse this trusted id (reconnect of the same launch).
+    pub instance: Option<String>,
+    /// The launch's session (minted when absent).
+    pub session: Option<String>,
+    /// Operator-approved enrollment.
+    pub fleet_run_id: Option<String>,
+    /// profiles.json path for the workers.
+    pub config: Option<String>,
+    /// The worker command and its arguments.
+    pub command: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Extra environment (never overriding protected keys).
+    pub extra_env: Vec<(String, String)>,
+    /// The clock.
+    pub now: Micros,
+    /// The nonce (random when absent).
+    pub nonce: Option<String>,
+}
+
+/// Build the `mcpServers` document for one launch.
+pub fn launch(req: &LaunchRequest) -> Result<Json> {
+    let missing: Vec<&str> = NAMESPACES
+        .iter()
+        .copied()
+        .filter(|ns| req.profiles.get(*ns).is_none_or(|p| p.trim().is_empty()))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Input(format!(
+            "a launch needs a profile for every namespace; missing: {}. Pass --profiles {}",
+            missing.join(", "),
+            NAMESPACES
+                .iter()
+                .map(|n| format!("{n}=PROFILE"))
+                .collect::<Vec<_>>()
+                .join(",")
+        )));
+    }
+    let client = normalize_client_name(req.client.as_deref());
+    let instance = match &req.instance {
+        Some(given) => {
+            let a = assess_instance_identity(Some(given), None);
+            if !a.trusted {
+                return Err(Error::Refused(format!(
+                    "refusing to propagate {given:?}: it is not a launcher-minted inst-... id \
+                     ({}); omit --instance to mint a fresh one",
+                    a.provenance
+                )));
+            }
+            a.client_instance_id.unwrap_or_default()
+        }
+        None => {
+            let nonce = match &req.nonce {
+                Some(n) => n.clone(),
+                None => random_hex(16)?,
+            };
+            generate_client_instance_id(Some(client), req.now, &nonce)
+        }
+    };
+    let session = match req
+        .session
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        Some(s) => s.to_string(),
+        None => format!("launch-{}", random_hex(12)?),
+    };
+    let fleet_run = req
+        .fleet_run_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    let mut servers = Map::new();
+    for ns in NAMESPACES {
+        let mut env = Map::new();
+        env.insert(env::PROFILE.into(), json!(req.profiles[*ns]));
+        env.insert(env::CLIENT_MANAGED.into(), json!("1"));
+        env.insert(env::CLIENT.into(), json!(client));
+        env.insert(env::CLIENT_INSTANCE.into(), json!(instance));
+        env.insert(env::INSTANCE_PROVENANCE.into(), json!(LAUNCHER_PROVENANCE));
+        if let Some(c) = &req.config {
+            env.insert(env::CONFIG.into(), json!(c));
+        }
+        if let Some(f) = fleet_run {
+            env.insert(env::FLEET_RUN_ID.into(), json!(f));
+        }
+        env.insert(env::CLIENT_SESSION.into(), json!(session));
+        for (k, v) in &req.extra_env {
+            if !PROTECTED_KEYS.contains(&k.as_str()) {
+                env.insert(k.clone(), json!(v));
+            }
+        }
+        servers.insert(
+            format!("gitea-{ns}"),
+            json!({"command": req.command, "args": req.args, "env": env}),
+        );
+    }
+    Ok(json!({
+        "mcpServers": servers,
+        "launch": {
+            "client_type": client,
+            "client_instance_id": instance,
+            "instance_id_provenance": LAUNCHER_PROVENANCE,
+            "instance_identity_trusted": true,
+            "fleet_run_id": fleet_run,
+            "session_id": session,
+            "namespaces": NAMESPACES,
+        },
+        "client_instance_id": instance,
+        "client_type": client,
+        "namespaces": NAMESPACES,
+        "shared_instance_id_across_namespaces": true,
+        "namespace_count": NAMESPACES.len(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_id_matches_the_seed_algorithm() {
+        // client "codex", 2026-07-30T12:00:00Z, nonce "abc":
+        //   stamp  = "20260730T120000Z"
+        //   digest = sha256("codex\x1f20260730T120000Z\x1fabc")[:12]
+        // computed by hand with: printf 'codex\03720260730T120000Z\037abc' | sha256sum
+        //   -> 417535979dce9fd6...
+        // (the seed's generate_client_instance_id gives the same id).
+        let now = crate::time::parse_ts("2026-07-30T12:00:00Z").unwrap();
+        let id = generate_client_instance_id(Some("Codex"), now, "abc");
+        assert_eq!(id, "inst-codex-20260730T120000Z-417535979dce");
+        // An unknown client normalises to "unknown" before hashing:
+        // printf 'unknown\03720260102T030405Z\037n-1' | sha256sum -> 8d2d66028a2f...
+        let now = crate::time::parse_ts("2026-01-02T03:04:05.9Z").unwrap();
+        assert_eq!(
+            generate_client_instance_id(Some("vim"), now, "n-1"),
+            "inst-unknown-20260102T030405Z-8d2d66028a2f"
+        );
+    }
+}

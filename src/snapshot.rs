@@ -1,0 +1,648 @@
+//! The fleet snapshot (seed `mcp_fleet_snapshot`): live, stale and
+//! historical workers, instances keyed by `client_instance_id`, and every
+//! finding class of the seed, with one deliberate difference (semantics
+//! §11): a session shared by live workers is a collision only when they
+//! belong to more than one instance or duplicate a namespace within one.
+//!
+//! Observational: it reads rows and probes, and writes nothing.
+
+use crate::evidence::probe::{observe_pid, ProcessProbe};
+use crate::identity::{assess_instance_identity, normalize_client_name, UNKNOWN_CLIENT};
+use crate::liveness::assess;
+use crate::observe::{foreign_repository, ownership_state, process_identity};
+use crate::row::{Col, Row};
+use crate::time::{format_ts, Micros};
+use crate::value::Value;
+use serde_json::{json, Map, Value as Json};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Finding classes that make the live fleet unsafe.
+pub const ACTIVE_BLOCKER_CLASSES: &[&str] = &[
+    "missing_expected",
+    "unmanifested",
+    "duplicate_namespace_worker",
+    "instance_id_collision",
+    "worker_identity_collision",
+    "session_identity_collision",
+    "generation_identity_collision",
+    "process_identity_collision",
+    "pid_collision",
+    "ownership_fencing_collision",
+    "orphaned_unowned",
+    "unknown_client",
+    "foreign_repository",
+    "old_revision",
+    "stale_orphaned_worker",
+    "legacy_incomplete_identity",
+];
+
+/// What the snapshot is asked.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The clock.
+    pub now: Micros,
+    /// Expected repository binding, if any.
+    pub canonical_repository: Option<String>,
+    /// Expected revision of every worker, if any.
+    pub expected_live_revision: Option<String>,
+    /// The approved fleet manifest (`instances` entries), if any.
+    pub manifest: Option<Vec<Json>>,
+}
+
+/// One worker as the snapshot sees it.
+fn worker_row(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Json {
+    let v = |c: Col| row.get(c).to_json();
+    let pid = observe_pid(row.get(Col::Pid), probe);
+    let liveness = assess(row, opts.now, pid.alive);
+    let historical = row.get(Col::Status).or_empty_str() != "active";
+    let live = liveness.live && !historical;
+    let identity = assess_instance_identity(
+        row.get(Col::ClientInstanceId).as_text(),
+        row.get(Col::InstanceIdSource).as_text(),
+    );
+    let client_type = normalize_client_name(row.get(Col::ClientName).as_text());
+    let foreign = foreign_repository(row, opts.canonical_repository.as_deref());
+    let old_revision = opts
+        .expected_live_revision
+        .as_deref()
+        .is_some_and(|expected| {
+            [
+                Col::StartupRevision,
+                Col::LoadedRevision,
+                Col::ParityRevision,
+                Col::LiveRevision,
+            ]
+            .iter()
+            .any(|c| {
+                let rev = row.get(*c).stripped();
+                !rev.is_empty() && rev != expected
+            })
+        });
+    let ownership = ownership_state(row, live, historical, identity.trusted);
+    let mutation_safe = live
+        && identity.trusted
+        && !foreign
+        && !old_revision
+        && ownership == "live"
+        && client_type != UNKNOWN_CLIENT;
+    json!({
+        "worker_id": v(Col::WorkerIdentity),
+        "worker_identity": v(Col::WorkerIdentity),
+        "client_type": client_type,
+        "client_instance_id": identity.client_instance_id.clone().map(Json::String).unwrap_or_else(|| v(Col::ClientInstanceId)),
+        "fleet_run_id": v(Col::FleetRunId),
+        "namespace": v(Col::Namespace),
+        "profile": v(Col::Profile),
+        "declared_role": v(Col::Role),
+        "authenticated_account": v(Col::AuthenticatedAccount),
+        "session_id": v(Col::SessionId),
+        "generation_id": v(Col::GenerationId),
+        "process_identity": process_identity(row).to_json(),
+        "pid": v(Col::Pid),
+        "pid_alive": pid.alive,
+        "repository_binding": v(Col::RepositoryBinding),
+        "remote": v(Col::Remote),
+        "startup_revision": v(Col::StartupRevision),
+        "loaded_revision": v(Col::LoadedRevision),
+        "parity_revision": v(Col::ParityRevision),
+        "live_revision": v(Col::LiveRevision),
+        "transport": v(Col::Transport),
+        "started_at": v(Col::StartedAt),
+        "last_heartbeat_at": v(Col::LastHeartbeatAt),
+        "heartbeat_ttl_seconds": v(Col::HeartbeatTtlSeconds),
+        "fencing_epoch": v(Col::FencingEpoch),
+        "status": v(Col::Status),
+        "host_id": v(Col::HostId),
+        "boot_id": v(Col::BootId),
+        "instance_id_provenance": identity.provenance,
+        "instance_identity_trusted": identity.trusted,
+        "live": live,
+        "historical": historical,
+        "liveness": {
+            "live": liveness.live,
+            "heartbeat_fresh": liveness.heartbeat_fresh,
+            "heartbeat_age_seconds": liveness.heartbeat_age_seconds,
+            "heartbeat_ttl_seconds": liveness.heartbeat_ttl_seconds,
+            "pid_alive": pid.alive,
+        },
+        "ownership_state": ownership,
+        "foreign_repository": foreign,
+        "old_revision": old_revision,
+        "stale": !live && !historical,
+        "mutation_safe": mutation_safe,
+    })
+}
+
+/// Python's `str()` of a JSON value as the seed's grouping keys use it.
+fn key_text(v: &Json) -> Option<String> {
+    let text = match v {
+        Json::Null => return None,
+        Json::String(s) => s.clone(),
+        other => Value::from_json(other)
+            .map(|x| x.py_str())
+            .unwrap_or_default(),
+    };
+    (!text.is_empty() && text != "None").then_some(text)
+}
+
+fn groups<'a>(
+    rows: &[&'a Json],
+    key: impl Fn(&Json) -> Option<String>,
+) -> BTreeMap<String, Vec<&'a Json>> {
+    let mut g: BTreeMap<String, Vec<&'a Json>> = BTreeMap::new();
+    for r in rows {
+        if let Some(k) = key(r) {
+            g.entry(k).or_default().push(r);
+        }
+    }
+    g.retain(|_, v| v.len() > 1);
+    g
+}
+
+fn ids(workers: &[&Json], field: &str) -> BTreeSet<String> {
+    workers.iter().filter_map(|w| key_text(&w[field])).collect()
+}
+
+struct Findings(Vec<Json>);
+
+impl Findings {
+    fn add(
+        &mut self,
+        class: &str,
+        severity: &str,
+        workers: &[&Json],
+        instances: Option<Vec<String>>,
+        detail: String,
+        blocker: bool,
+    ) {
+        let instance_ids =
+            instances.unwrap_or_else(|| ids(workers, "client_instance_id").into_iter().collect());
+        self.0.push(json!({
+            "classification": class,
+            "severity": severity,
+            "active_blocker": blocker,
+            "detail": detail,
+            "client_instance_ids": instance_ids,
+            "worker_identities": workers.iter().map(|w| w["worker_identity"].clone()).collect::<Vec<_>>(),
+        }));
+    }
+}
+
+fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for w in workers {
+        if let Some(ns) = key_text(&w["namespace"]) {
+            *counts.entry(ns).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(ns, _)| ns)
+        .collect()
+}
+
+/// The consistency token: time-seeded, an observation stamp (never a CAS token).
+fn consistency_token(rows: &[Row], snapshot_at: &str) -> String {
+    let s = |r: &Row, c: Col| r.get(c).or_empty_str();
+    let mut sorted: Vec<&Row> = rows.iter().collect();
+    sorted.sort_by_key(|r| {
+        (
+            s(r, Col::WorkerIdentity),
+            s(r, Col::LastHeartbeatAt),
+            s(r, Col::FencingEpoch),
+        )
+    });
+    let mut material = vec![snapshot_at.to_string()];
+    for r in sorted {
+        material.push(
+            [
+                Col::WorkerIdentity,
+                Col::ClientInstanceId,
+                Col::Status,
+                Col::LastHeartbeatAt,
+                Col::FencingEpoch,
+                Col::GenerationId,
+            ]
+            .iter()
+            .map(|c| s(r, *c))
+            .collect::<Vec<_>>()
+            .join("|"),
+        );
+    }
+    let digest = crate::fingerprint::hex(&Sha256::digest(material.join("\n").as_bytes()));
+    format!("fleetrev-{}", &digest[..16])
+}
+
+/// Take the snapshot.
+pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json {
+    let snapshot_at = format_ts(opts.now);
+    let all: Vec<Json> = rows.iter().map(|r| worker_row(r, opts, probe)).collect();
+    let live: Vec<&Json> = all.iter().filter(|w| w["live"] == true).collect();
+    let historical: Vec<&Json> = all.iter().filter(|w| w["historical"] == true).collect();
+    let stale: Vec<&Json> = all.iter().filter(|w| w["stale"] == true).collect();
+    let mut f = Findings(Vec::new());
+
+    for (wid, group) in groups(&live, |r| key_text(&r["worker_identity"])) {
+        f.add(
+            "worker_identity_collision",
+            "blocker",
+            &group,
+            None,
+            format!(
+                "worker identity {wid:?} is claimed by {} live workers",
+                group.len()
+            ),
+            true,
+        );
+    }
+    for (sid, group) in groups(&live, |r| key_text(&r["session_id"])) {
+        // Semantics §11: one launch's workers share a session legitimately.
+        let instances = ids(&group, "client_instance_id");
+        let unkeyed = group
+            .iter()
+            .any(|w| key_text(&w["client_instance_id"]).is_none());
+        let mut by_instance: BTreeMap<String, Vec<&Json>> = BTreeMap::new();
+        for w in &group {
+            by_instance
+                .entry(key_text(&w["client_instance_id"]).unwrap_or_default())
+                .or_default()
+                .push(w);
+        }
+        let ns_dup = by_instance
+            .values()
+            .any(|ws| !namespace_duplicates(ws).is_empty());
+        if instances.len() > 1 || unkeyed || ns_dup {
+            f.add("session_identity_collision", "blocker", &group, None, format!("session {sid:?} is shared by {} live workers across instances or within one namespace", group.len()), true);
+        }
+    }
+    for (gen, group) in groups(&live, |r| key_text(&r["generation_id"])) {
+        let instances: BTreeSet<String> = group
+            .iter()
+            .map(|w| key_text(&w["client_instance_id"]).unwrap_or_default())
+            .collect();
+        if !namespace_duplicates(&group).is_empty() || instances.len() > 1 {
+            f.add(
+                "generation_identity_collision",
+                "blocker",
+                &group,
+                None,
+                format!("generation {gen:?} is contested across namespaces or instances"),
+                true,
+            );
+        }
+    }
+    for (proc_id, group) in groups(&live, |r| key_text(&r["process_identity"])) {
+        if ids(&group, "worker_identity").len() > 1 {
+            f.add(
+                "process_identity_collision",
+                "blocker",
+                &group,
+                None,
+                format!("process identity {proc_id:?} is shared by distinct live workers"),
+                true,
+            );
+        }
+    }
+    for (pid, group) in groups(&live, |r| key_text(&r["pid"])) {
+        if ids(&group, "worker_identity").len() > 1 {
+            f.add(
+                "pid_collision",
+                "blocker",
+                &group,
+                None,
+                format!("pid {pid} is shared by distinct live workers"),
+                true,
+            );
+        }
+    }
+    for (token, group) in groups(&live, |r| {
+        match (&r["generation_id"], &r["fencing_epoch"]) {
+            (Json::Null, _) | (_, Json::Null) => None,
+            (g, e) => Some(format!(
+                "{}:{}",
+                key_text(g).unwrap_or_default(),
+                key_text(e).unwrap_or_default()
+            )),
+        }
+    }) {
+        let instances: BTreeSet<String> = group
+            .iter()
+            .map(|w| key_text(&w["client_instance_id"]).unwrap_or_default())
+            .collect();
+        if instances.len() > 1 {
+            f.add(
+                "ownership_fencing_collision",
+                "blocker",
+                &group,
+                None,
+                format!("fencing token {token:?} spans more than one client_instance_id"),
+                true,
+            );
+        }
+    }
+
+    let mut by_instance: BTreeMap<String, Vec<&Json>> = BTreeMap::new();
+    let mut unkeyed: Vec<&Json> = Vec::new();
+    for w in &live {
+        match key_text(&w["client_instance_id"]) {
+            Some(iid) => by_instance.entry(iid).or_default().push(w),
+            None => unkeyed.push(w),
+        }
+    }
+    let mut instances = Vec::new();
+    for (iid, workers) in &by_instance {
+        let one = Some(vec![iid.clone()]);
+        let client_types: BTreeSet<String> = ids(workers, "client_type");
+        let trusted = workers
+            .iter()
+            .all(|w| w["instance_identity_trusted"] == true);
+        let dup_ns = namespace_duplicates(workers);
+        if !dup_ns.is_empty() {
+            let dups: Vec<&Json> = workers
+                .iter()
+                .copied()
+                .filter(|w| key_text(&w["namespace"]).is_some_and(|n| dup_ns.contains(&n)))
+                .collect();
+            f.add(
+                "duplicate_namespace_worker",
+                "blocker",
+                &dups,
+                one.clone(),
+                format!(
+                    "instance {iid:?} has more than one live worker for namespace(s) {dup_ns:?}"
+                ),
+                true,
+            );
+        }
+        if client_types.len() > 1 {
+            f.add("instance_id_collision", "blocker", workers, one.clone(), format!("client_instance_id {iid:?} is live under several client types {client_types:?}"), true);
+        }
+        if !trusted {
+            f.add("legacy_incomplete_identity", "blocker", workers, one.clone(), format!("instance {iid:?} lacks a launcher-minted instance identity; relaunch it through `fleet-retire launch`"), true);
+        }
+        let unknown: Vec<&Json> = workers
+            .iter()
+            .copied()
+            .filter(|w| w["client_type"] == UNKNOWN_CLIENT)
+            .collect();
+        if !unknown.is_empty() {
+            f.add(
+                "unknown_client",
+                "blocker",
+                &unknown,
+                one.clone(),
+                format!("instance {iid:?} has worker(s) with an unknown client type"),
+                true,
+            );
+        }
+        let foreign: Vec<&Json> = workers
+            .iter()
+            .copied()
+            .filter(|w| w["foreign_repository"] == true)
+            .collect();
+        if !foreign.is_empty() {
+            f.add(
+                "foreign_repository",
+                "blocker",
+                &foreign,
+                one.clone(),
+                format!("instance {iid:?} has workers bound to another repository"),
+                true,
+            );
+        }
+        let old: Vec<&Json> = workers
+            .iter()
+            .copied()
+            .filter(|w| w["old_revision"] == true)
+            .collect();
+        if !old.is_empty() {
+            f.add(
+                "old_revision",
+                "blocker",
+                &old,
+                one.clone(),
+                format!("instance {iid:?} has workers on an old revision"),
+                true,
+            );
+        }
+        let orphans: Vec<&Json> = workers
+            .iter()
+            .copied()
+            .filter(|w| w["ownership_state"] == "orphaned")
+            .collect();
+        if !orphans.is_empty() {
+            f.add(
+                "orphaned_unowned",
+                "blocker",
+                &orphans,
+                one.clone(),
+                format!("instance {iid:?} has live workers without a session"),
+                true,
+            );
+        }
+        let mut ns_counts = Map::new();
+        for w in workers.iter() {
+            if let Some(ns) = key_text(&w["namespace"]) {
+                let n = ns_counts.get(&ns).and_then(Json::as_u64).unwrap_or(0) + 1;
+                ns_counts.insert(ns, json!(n));
+            }
+        }
+        instances.push(json!({
+            "client_instance_id": iid,
+            "client_types": client_types,
+            "client_type": if client_types.len() == 1 { client_types.iter().next().cloned() } else { None },
+            "fleet_run_ids": ids(workers, "fleet_run_id"),
+            "worker_count": workers.len(),
+            "namespaces": ids(workers, "namespace"),
+            "namespace_counts": ns_counts,
+            "duplicate_namespaces": dup_ns,
+            "trusted_instance_identity": trusted,
+            "workers": workers,
+            "mutation_safe": workers.iter().all(|w| w["mutation_safe"] == true) && dup_ns.is_empty() && trusted,
+        }));
+    }
+    for w in &unkeyed {
+        f.add(
+            "legacy_incomplete_identity",
+            "blocker",
+            &[w],
+            None,
+            "live worker has no client_instance_id".into(),
+            true,
+        );
+        if w["client_type"] == UNKNOWN_CLIENT {
+            f.add(
+                "unknown_client",
+                "blocker",
+                &[w],
+                None,
+                "live worker has an unknown client type and no instance id".into(),
+                true,
+            );
+        }
+    }
+    for w in &stale {
+        f.add("stale_orphaned_worker", "warning", &[w], None, format!("worker {} is active in the registry but not live (stale heartbeat or dead pid); `fleet-retire plan` says whether it may be retired", w["worker_identity"]), true);
+    }
+    for w in &historical {
+        f.add(
+            "historical_dead",
+            "info",
+            &[w],
+            None,
+            format!(
+                "historical registration {} (status {}) is not an active blocker",
+                w["worker_identity"], w["status"]
+            ),
+            false,
+        );
+    }
+
+    let manifest = opts.manifest.clone().unwrap_or_default();
+    let expected: BTreeSet<String> = manifest
+        .iter()
+        .filter_map(|i| {
+            i["client_instance_id"]
+                .as_str()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
+    let live_ids: BTreeSet<String> = by_instance.keys().cloned().collect();
+    let missing: Vec<String> = expected.difference(&live_ids).cloned().collect();
+    let unmanifested: Vec<String> = if expected.is_empty() {
+        Vec::new()
+    } else {
+        live_ids.difference(&expected).cloned().collect()
+    };
+    for iid in &missing {
+        f.add(
+            "missing_expected",
+            "blocker",
+            &[],
+            Some(vec![iid.clone()]),
+            format!("expected instance {iid:?} is missing from the live fleet"),
+            true,
+        );
+    }
+    for iid in &unmanifested {
+        f.add(
+            "unmanifested",
+            "blocker",
+            by_instance.get(iid).map(Vec::as_slice).unwrap_or(&[]),
+            Some(vec![iid.clone()]),
+            format!("live instance {iid:?} is not on the approved fleet manifest"),
+            true,
+        );
+    }
+
+    let mut by_type: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for inst in &instances {
+        for ct in inst["client_types"].as_array().into_iter().flatten() {
+            by_type
+                .entry(ct.as_str().unwrap_or_default().to_string())
+                .or_default()
+                .push(
+                    inst["client_instance_id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+        }
+    }
+    by_type.retain(|_, v| v.len() > 1);
+
+    let findings = f.0;
+    let blockers: Vec<&Json> = findings
+        .iter()
+        .filter(|x| x["active_blocker"] == true)
+        .collect();
+    let historical_findings: Vec<&Json> = findings
+        .iter()
+        .filter(|x| x["classification"] == "historical_dead")
+        .collect();
+    let live_safe = blockers.is_empty();
+    let mutation_safe = live_safe && instances.iter().all(|i| i["mutation_safe"] == true);
+    let token = consistency_token(rows, &snapshot_at);
+    json!({
+        "success": true,
+        "read_only": true,
+        "snapshot_at": snapshot_at,
+        "consistency_token": token,
+        "registry_revision": token,
+        "live_worker_count": live.len(),
+        "historical_worker_count": historical.len(),
+        "stale_worker_count": stale.len(),
+        "instance_count": instances.len(),
+        "workers": all,
+        "live_workers": live,
+        "historical_workers": historical,
+        "stale_workers": stale,
+        "instances": instances,
+        "multi_instance_same_client_type": by_type,
+        "same_client_type_not_duplicate": true,
+        "expected_manifest": manifest.iter().map(|i| json!({
+            "client_instance_id": i["client_instance_id"], "client_type": i["client_type"],
+            "fleet_run_id": i["fleet_run_id"], "namespaces": i["namespaces"],
+        })).collect::<Vec<_>>(),
+        "missing_expected_instance_ids": missing,
+        "unmanifested_instance_ids": unmanifested,
+        "findings": findings,
+        "active_blockers": blockers,
+        "historical_findings": historical_findings,
+        "live_fleet_safe": live_safe,
+        "mutation_safe": mutation_safe,
+        "reasons": blockers.iter().map(|b| b["detail"].clone()).collect::<Vec<_>>(),
+    })
+}
+
+/// Heartbeat continuity and stable ownership between two snapshots.
+pub fn compare(earlier: &Json, later: &Json) -> Json {
+    let index = |s: &Json| -> BTreeMap<String, Json> {
+        s["live_workers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| key_text(&w["worker_identity"]).map(|k| (k, w.clone())))
+            .collect()
+    };
+    let (a, b) = (index(earlier), index(later));
+    let shared: Vec<&String> = a.keys().filter(|k| b.contains_key(*k)).collect();
+    let mut stable = true;
+    let mut continuity = Vec::new();
+    for wid in &shared {
+        let (x, y) = (&a[*wid], &b[*wid]);
+        let same = |f: &str| x[f] == y[f];
+        let hb_ok = match (
+            x["last_heartbeat_at"].as_str(),
+            y["last_heartbeat_at"].as_str(),
+        ) {
+            (Some(p), Some(q)) => q >= p,
+            _ => true,
+        };
+        if !(same("client_instance_id") && same("session_id") && same("generation_id")) {
+            stable = false;
+        }
+        continuity.push(json!({
+            "worker_identity": wid,
+            "same_client_instance_id": same("client_instance_id"),
+            "same_session_id": same("session_id"),
+            "same_generation_id": same("generation_id"),
+            "heartbeat_non_decreasing": hb_ok,
+            "earlier_heartbeat": x["last_heartbeat_at"],
+            "later_heartbeat": y["last_heartbeat_at"],
+        }));
+    }
+    let all_hb = continuity
+        .iter()
+        .all(|c| c["heartbeat_non_decreasing"] == true);
+    json!({
+        "shared_live_workers": shared,
+        "continuity": continuity,
+        "stable_ownership": stable && all_hb,
+        "dropped_workers": a.keys().filter(|k| !b.contains_key(*k)).collect::<Vec<_>>(),
+        "new_workers": b.keys().filter(|k| !a.contains_key(*k)).collect::<Vec<_>>(),
+    })
+}

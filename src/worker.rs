@@ -1,0 +1,223 @@
+//! Worker registration, as a worker would write the registry: register,
+//! heartbeat, release. The registry is created or migrated as needed.
+//!
+//! Identity comes from the launcher's environment and is recorded as found:
+//! a missing or untrusted instance id stays missing or untrusted, and an
+//! unknown host, boot or start time is stored as NULL, never guessed.
+
+use crate::error::{Error, Result};
+use crate::evidence::probe::{process_start_time, HostFacts};
+use crate::evidence::registry::{table_columns, TABLE};
+use crate::identity::assess_instance_identity;
+use crate::launcher::{env, random_hex, LAUNCHER_PROVENANCE};
+use crate::row::{sql_type, COLUMNS};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::{json, Value as Json};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// Open (creating if needed) a registry for a worker's writes.
+pub fn open(path: &Path) -> Result<Connection> {
+    let err = |m: String| Error::Registry {
+        path: path.to_path_buf(),
+        message: m,
+    };
+    let conn = Connection::open(path).map_err(|e| err(format!("cannot open or create: {e}")))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| err(format!("cannot set the busy timeout: {e}")))?;
+    let existing = table_columns(&conn, TABLE).map_err(|e| err(format!("cannot read: {e}")))?;
+    match existing {
+        None => {
+            let cols: Vec<String> = COLUMNS
+                .iter()
+                .map(|c| format!("\"{}\" {}", c.name(), sql_type(*c)))
+                .collect();
+            conn.execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS {TABLE} ({})",
+                cols.join(", ")
+            ))
+            .map_err(|e| err(format!("cannot create the registry table: {e}")))?;
+        }
+        Some(names) => {
+            for col in COLUMNS
+                .iter()
+                .filter(|c| !names.iter().any(|n| n == c.name()))
+            {
+                let ty = sql_type(*col).trim_end_matches(" PRIMARY KEY");
+                conn.execute_batch(&format!(
+                    "ALTER TABLE {TABLE} ADD COLUMN \"{}\" {ty}",
+                    col.name()
+                ))
+                .map_err(|e| err(format!("cannot add column `{}`: {e}", col.name())))?;
+            }
+        }
+    }
+    Ok(conn)
+}
+
+/// What a worker registers.
+#[derive(Debug, Clone, Default)]
+pub struct Registration {
+    /// The worker's identity (minted when absent).
+    pub worker_identity: Option<String>,
+    /// Its namespace (author, reviewer, …).
+    pub namespace: String,
+    /// Its declared role (defaults to the namespace).
+    pub role: Option<String>,
+    /// The worker process.
+    pub pid: i64,
+    /// Heartbeat TTL in seconds.
+    pub ttl_seconds: f64,
+    /// Repository binding.
+    pub repository_binding: Option<String>,
+    /// Remote.
+    pub remote: Option<String>,
+    /// Transport.
+    pub transport: Option<String>,
+    /// The environment the launcher gave the worker.
+    pub env: HashMap<String, String>,
+}
+
+fn nonblank(v: Option<&String>) -> Option<String> {
+    v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// Register a worker; returns the row written, as JSON.
+pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Json> {
+    let conn = open(path)?;
+    let now = crate::time::format_ts(crate::time::now());
+    let instance = nonblank(reg.env.get(env::CLIENT_INSTANCE));
+    let sealed =
+        reg.env.get(env::INSTANCE_PROVENANCE).map(|s| s.trim()) == Some(LAUNCHER_PROVENANCE);
+    let source = instance
+        .as_ref()
+        .map(|_| if sealed { "launcher" } else { "env" });
+    let provenance = assess_instance_identity(instance.as_deref(), source).provenance;
+    let host = HostFacts::observe(proc_root);
+    let start = process_start_time(proc_root, reg.pid);
+    let identity = match &reg.worker_identity {
+        Some(w) => w.clone(),
+        None => format!("w-{}-{}", reg.namespace, random_hex(6)?),
+    };
+    let generation =
+        nonblank(reg.env.get(env::GENERATION_ID)).unwrap_or(format!("gen-{}", random_hex(8)?));
+    let row = json!({
+        "worker_identity": identity,
+        "client_name": nonblank(reg.env.get(env::CLIENT)),
+        "client_instance_id": instance,
+        "instance_id_source": source,
+        "instance_id_provenance": provenance,
+        "session_id": nonblank(reg.env.get(env::CLIENT_SESSION)),
+        "generation_id": generation,
+        "role": reg.role.clone().unwrap_or_else(|| reg.namespace.clone()),
+        "profile": nonblank(reg.env.get(env::PROFILE)),
+        "namespace": reg.namespace,
+        "remote": reg.remote,
+        "repository_binding": reg.repository_binding,
+        "fleet_run_id": nonblank(reg.env.get(env::FLEET_RUN_ID)),
+        "transport": reg.transport.clone().unwrap_or_else(|| "stdio".into()),
+        "pid": reg.pid,
+        "started_at": now,
+        "last_heartbeat_at": now,
+        "heartbeat_ttl_seconds": reg.ttl_seconds,
+        "fencing_epoch": 1,
+        "status": "active",
+        "host_id": host.host_id,
+        "boot_id": host.boot_id,
+        "process_start_time": start,
+    });
+    let existing: Option<String> = conn
+        .query_row(
+            &format!("SELECT status FROM {TABLE} WHERE worker_identity = ?1"),
+            [&identity],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| Error::Registry {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if let Some(status) = existing {
+        return Err(Error::Input(format!(
+            "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
+        )));
+    }
+    let obj = row.as_object().expect("row is an object");
+    let names: Vec<&String> = obj.keys().collect();
+    let values: Vec<rusqlite::types::Value> = obj
+        .values()
+        .map(|v| match v {
+            Json::Null => rusqlite::types::Value::Null,
+            Json::String(s) => rusqlite::types::Value::Text(s.clone()),
+            Json::Number(n) if n.is_i64() => {
+                rusqlite::types::Value::Integer(n.as_i64().unwrap_or(0))
+            }
+            Json::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap_or(0.0)),
+            other => rusqlite::types::Value::Text(other.to_string()),
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO {TABLE} ({}) VALUES ({})",
+        names
+            .iter()
+            .map(|n| format!("\"{n}\""))
+            .collect::<Vec<_>>()
+            .join(", "),
+        (1..=names.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    conn.execute(&sql, rusqlite::params_from_iter(values))
+        .map_err(|e| Error::Registry {
+            path: path.to_path_buf(),
+            message: format!("cannot register: {e}"),
+        })?;
+    Ok(row)
+}
+
+/// Move an active worker's heartbeat to now.
+pub fn heartbeat(path: &Path, worker: &str) -> Result<String> {
+    let conn = open(path)?;
+    let now = crate::time::format_ts(crate::time::now());
+    let n = conn
+        .execute(
+            &format!("UPDATE {TABLE} SET last_heartbeat_at = ?1 WHERE worker_identity = ?2 AND status = 'active'"),
+            params![now, worker],
+        )
+        .map_err(|e| Error::Registry { path: path.to_path_buf(), message: e.to_string() })?;
+    if n == 0 {
+        return Err(Error::Input(format!(
+            "no active registration for worker {worker:?}; register it first"
+        )));
+    }
+    Ok(now)
+}
+
+/// Give an active registration a historical status (released or superseded).
+pub fn release(path: &Path, worker: &str, status: &str) -> Result<()> {
+    if !["released", "superseded"].contains(&status) {
+        return Err(Error::Input(format!(
+            "release status must be released or superseded, not {status:?} (retired is apply's)"
+        )));
+    }
+    let conn = open(path)?;
+    let n = conn
+        .execute(
+            &format!(
+                "UPDATE {TABLE} SET status = ?1 WHERE worker_identity = ?2 AND status = 'active'"
+            ),
+            params![status, worker],
+        )
+        .map_err(|e| Error::Registry {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if n == 0 {
+        return Err(Error::Input(format!(
+            "no active registration for worker {worker:?}"
+        )));
+    }
+    Ok(())
+}
