@@ -162,6 +162,9 @@ pub struct Report {
     pub max_retire: usize,
     /// A sentence for a person.
     pub detail: String,
+    /// The fleet after the transaction: retiring stale rows does not by
+    /// itself make an untrusted fleet safe.
+    pub post_apply: Option<serde_json::Value>,
 }
 
 impl Report {
@@ -184,6 +187,7 @@ impl Report {
             external_state_fingerprint: None,
             max_retire: req.max_retire,
             detail: detail.into(),
+            post_apply: None,
         }
     }
 }
@@ -292,10 +296,52 @@ impl From<rusqlite::Error> for Abort {
     }
 }
 
+/// The fleet as a snapshot sees it after the transaction (or `None` when the
+/// registry cannot be read).
+fn post_apply(req: &Request, ctx: &Context) -> Option<serde_json::Value> {
+    let rows = crate::evidence::registry::load(ctx.registry).ok()?;
+    let snap = crate::snapshot::snapshot(
+        &rows,
+        &crate::snapshot::Options {
+            now: crate::time::now(),
+            canonical_repository: req.canonical_repository.clone(),
+            ..Default::default()
+        },
+        ctx.probe,
+    );
+    let blockers: Vec<serde_json::Value> = snap["active_blockers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| serde_json::json!({"classification": b["classification"], "detail": b["detail"]}))
+        .collect();
+    Some(serde_json::json!({
+        "snapshot_at": snap["snapshot_at"],
+        "live_worker_count": snap["live_worker_count"],
+        "stale_worker_count": snap["stale_worker_count"],
+        "historical_worker_count": snap["historical_worker_count"],
+        "instance_count": snap["instance_count"],
+        "live_fleet_safe": snap["live_fleet_safe"],
+        "residual_blocker_count": blockers.len(),
+        "residual_blockers": blockers,
+    }))
+}
+
 /// Run an apply. Refusals and rollbacks are reports, not errors; an error
 /// is returned only for failures before any lock is taken that are not
 /// outcomes of their own (an unreadable profiles.json).
 pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
+    let mut report = apply_inner(req, ctx, hooks)?;
+    if !matches!(
+        report.outcome,
+        Outcome::PermissionDenied | Outcome::RegistryUnavailable
+    ) {
+        report.post_apply = post_apply(req, ctx);
+    }
+    Ok(report)
+}
+
+fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     // 1. Capability at entry.
     if let Some(why) = capability(ctx)? {
         return Ok(Report::new(req, Outcome::PermissionDenied, why));

@@ -8,6 +8,7 @@
 pub mod apply;
 pub mod capability;
 pub mod cli;
+pub mod demo;
 pub mod error;
 pub mod evidence;
 pub mod fingerprint;

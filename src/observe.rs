@@ -14,7 +14,7 @@ use crate::row::{Col, Row};
 use crate::time::Micros;
 use crate::value::Value;
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// Everything a run was told or observed about its surroundings.
 #[derive(Debug, Clone)]
@@ -135,11 +135,17 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
         }
     }
 
-    let mut ambiguous: HashSet<(&'static str, Cow<str>)> = HashSet::new();
-    for (row, obs) in rows.iter().zip(&out) {
+    // Identity evidence held by a live or unprobeable row, with how many
+    // such rows hold it: a row never "shares" evidence with itself alone.
+    let mut ambiguous: HashMap<(&'static str, Cow<str>), usize> = HashMap::new();
+    let mut is_ambiguous = vec![false; rows.len()];
+    for (i, (row, obs)) in rows.iter().zip(&out).enumerate() {
         let unresolved = obs.pid.alive.is_none() || obs.liveness.heartbeat_fresh.is_none();
         if obs.live || (status_text(row) == "active" && unresolved) {
-            ambiguous.extend(conflict_keys(row, &obs.process_identity));
+            is_ambiguous[i] = true;
+            for key in conflict_keys(row, &obs.process_identity) {
+                *ambiguous.entry(key).or_default() += 1;
+            }
         }
     }
 
@@ -169,9 +175,10 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
         if ambiguous.is_empty() {
             break;
         }
+        let own = usize::from(is_ambiguous[i]);
         let mut shared: Vec<String> = conflict_keys(row, &obs.process_identity)
             .into_iter()
-            .filter(|k| ambiguous.contains(k))
+            .filter(|k| ambiguous.get(k).is_some_and(|n| *n > own))
             .map(|(name, value)| format!("{name}={value}"))
             .collect();
         if !shared.is_empty() {

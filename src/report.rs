@@ -79,6 +79,29 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
             k.detail
         );
     }
+    if let Some(p) = &report.post_apply {
+        let _ = writeln!(
+            out,
+            "after: {} live, {} stale, {} historical; live fleet {} ({} residual blocker(s))",
+            p["live_worker_count"],
+            p["stale_worker_count"],
+            p["historical_worker_count"],
+            if p["live_fleet_safe"] == true {
+                "SAFE"
+            } else {
+                "NOT SAFE"
+            },
+            p["residual_blocker_count"]
+        );
+        for b in p["residual_blockers"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  - {}: {}",
+                b["classification"].as_str().unwrap_or(""),
+                b["detail"].as_str().unwrap_or("")
+            );
+        }
+    }
     out
 }
 

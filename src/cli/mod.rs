@@ -1,6 +1,7 @@
 //! The command line: one file per subcommand, shared flags flattened in.
 
 pub mod apply;
+pub mod demo;
 pub mod launch;
 pub mod plan;
 pub mod snapshot;
@@ -46,6 +47,8 @@ pub enum Command {
     Apply(apply::ApplyArgs),
     /// The live fleet: instances, collisions, stale rows, manifest drift.
     Snapshot(snapshot::SnapshotArgs),
+    /// A small real fleet, end to end: register, die, snapshot, plan, apply.
+    Demo(demo::DemoArgs),
     /// Mint a launch identity and print the five-server mcpServers config.
     Launch(launch::LaunchArgs),
     /// Register a worker in the registry (as the worker would).
@@ -137,6 +140,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Test(args) => test::run(&cli, args),
         Command::Snapshot(args) => snapshot::run(&cli, args),
         Command::Launch(args) => launch::run(&cli, args),
+        Command::Demo(args) => demo::run(&cli, args),
         Command::Register(args) => worker::run_register(&cli, args),
         Command::Heartbeat(args) => worker::run_heartbeat(&cli, args),
         Command::Release(args) => worker::run_release(&cli, args),

@@ -1,0 +1,289 @@
+//! `fleet-retire demo`: a small real fleet, end to end, in a temporary
+//! directory. Two launches of one client type (five workers each, real
+//! child processes) and one legacy worker register; one launch dies; its
+//! heartbeats lapse; then snapshot → plan → apply. Everything started is
+//! stopped and everything written is removed, whatever happens.
+
+use crate::apply::{apply, Context, Hooks, Request};
+use crate::error::{Error, Result};
+use crate::evidence::leases::{self, Protections};
+use crate::evidence::probe::{HostFacts, SystemProbe};
+use crate::evidence::registry;
+use crate::launcher::{launch, LaunchRequest, NAMESPACES};
+use crate::observe::RunFacts;
+use crate::plan::plan;
+use crate::policy::Policies;
+use crate::worker::{heartbeat, register, Registration};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const REPO: &str = "prgs/gitea-tools";
+const TTL: f64 = 2.0;
+
+/// Children and files the demo owns; dropped on every exit path.
+struct Scratch {
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn spawn_worker(scratch: &mut Scratch) -> Result<u32> {
+    let child = Command::new("sleep")
+        .arg("300")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            Error::Input(format!(
+                "demo: cannot start a worker process (`sleep`): {e}"
+            ))
+        })?;
+    let pid = child.id();
+    scratch.children.push(child);
+    Ok(pid)
+}
+
+fn say(out: &mut String, line: impl AsRef<str>) {
+    println!("{}", line.as_ref());
+    out.push_str(line.as_ref());
+    out.push('\n');
+}
+
+/// Run the demo; returns the transcript it printed.
+pub fn run(policies: &Policies) -> Result<String> {
+    let started = Instant::now();
+    let mut out = String::new();
+    let dir = std::env::temp_dir().join(format!(
+        "fleet-retire-demo-{}-{}",
+        std::process::id(),
+        crate::launcher::random_hex(4)?
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::Input(format!("demo: cannot create {}: {e}", dir.display())))?;
+    let mut scratch = Scratch {
+        dir: dir.clone(),
+        children: Vec::new(),
+    };
+    let registry_path = dir.join("registry.sqlite");
+    let lease_path = dir.join("leases.sqlite");
+    let profiles_path = dir.join("profiles.json");
+    std::fs::write(
+        &profiles_path,
+        r#"{"profiles": {"demo-controller": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}}"#,
+    )
+    .map_err(|e| Error::Input(format!("demo: {e}")))?;
+
+    say(&mut out, "== 1. Two codex launches and one legacy worker register (real processes, heartbeat TTL 2 s)");
+    let profiles: std::collections::BTreeMap<String, String> = NAMESPACES
+        .iter()
+        .map(|ns| (ns.to_string(), format!("{ns}-prgs")))
+        .collect();
+    let mut launches = Vec::new();
+    for _ in 0..2 {
+        let doc = launch(&LaunchRequest {
+            client: Some("codex".into()),
+            profiles: profiles.clone(),
+            command: "sleep".into(),
+            now: crate::time::now(),
+            ..Default::default()
+        })?;
+        launches.push(doc);
+    }
+    let mut workers: Vec<(String, usize)> = Vec::new(); // (identity, launch index or 2 = legacy)
+    for (li, doc) in launches.iter().enumerate() {
+        say(
+            &mut out,
+            format!(
+                "   launch {}: {}",
+                li + 1,
+                doc["client_instance_id"].as_str().unwrap_or("")
+            ),
+        );
+        for ns in NAMESPACES {
+            let env: HashMap<String, String> = doc["mcpServers"][format!("gitea-{ns}")]["env"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                .collect();
+            let pid = spawn_worker(&mut scratch)?;
+            let row = register(
+                &registry_path,
+                Path::new("/proc"),
+                &Registration {
+                    worker_identity: Some(format!("w-{}-{ns}", li + 1)),
+                    namespace: ns.to_string(),
+                    pid: i64::from(pid),
+                    ttl_seconds: TTL,
+                    repository_binding: Some(REPO.into()),
+                    remote: Some("prgs".into()),
+                    env,
+                    ..Default::default()
+                },
+            )?;
+            workers.push((
+                row["worker_identity"].as_str().unwrap_or("").to_string(),
+                li,
+            ));
+        }
+    }
+    let legacy_pid = spawn_worker(&mut scratch)?;
+    let mut legacy_env = HashMap::new();
+    legacy_env.insert("GITEA_MCP_CLIENT".to_string(), "claude".to_string());
+    legacy_env.insert(
+        "GITEA_MCP_CLIENT_SESSION".to_string(),
+        "sess-legacy".to_string(),
+    );
+    register(
+        &registry_path,
+        Path::new("/proc"),
+        &Registration {
+            worker_identity: Some("w-legacy-author".into()),
+            namespace: "author".into(),
+            pid: i64::from(legacy_pid),
+            ttl_seconds: TTL,
+            repository_binding: Some(REPO.into()),
+            env: legacy_env,
+            ..Default::default()
+        },
+    )?;
+    workers.push(("w-legacy-author".into(), 2));
+    say(&mut out, format!("   legacy worker w-legacy-author (pid {legacy_pid}) has no launcher-minted instance id"));
+
+    // An active lease held by one worker of the launch that is about to die.
+    leases_with_one(&lease_path, "w-2-merger")?;
+    say(
+        &mut out,
+        "   an active workflow lease is held by w-2-merger",
+    );
+
+    say(
+        &mut out,
+        "\n== 2. Launch 2 dies; launch 1 and the legacy worker keep heartbeating",
+    );
+    for child in scratch.children.iter_mut().skip(5).take(5) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let until = Instant::now() + Duration::from_millis((TTL * 1000.0) as u64 + 1200);
+    while Instant::now() < until {
+        for (w, li) in &workers {
+            if *li != 1 {
+                heartbeat(&registry_path, w)?;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    say(&mut out, "   launch 2's heartbeats have lapsed");
+
+    let rows = registry::load(&registry_path)?;
+    let probe = SystemProbe::new("/proc");
+    let snap = crate::snapshot::snapshot(
+        &rows,
+        &crate::snapshot::Options {
+            now: crate::time::now(),
+            canonical_repository: Some(REPO.into()),
+            ..Default::default()
+        },
+        &probe,
+    );
+    say(&mut out, "\n== 3. Snapshot");
+    for line in crate::report::snapshot_summary(&snap).lines() {
+        say(&mut out, format!("   {line}"));
+    }
+
+    say(
+        &mut out,
+        "\n== 4. Plan (dry run, decided by policies/retirement.cedar)",
+    );
+    let host = HostFacts::observe(Path::new("/proc"));
+    let planned = plan(
+        rows,
+        RunFacts {
+            now: crate::time::now(),
+            host,
+            canonical_repository: Some(REPO.into()),
+            protections: Protections::from_leases(&leases::load(&lease_path)?),
+        },
+        &probe,
+        policies,
+    )?;
+    for line in crate::report::plan_table(&planned).lines() {
+        say(&mut out, format!("   {line}"));
+    }
+
+    say(
+        &mut out,
+        "\n== 5. Apply as demo-controller (one guarded transaction)",
+    );
+    let req = Request {
+        registry_fingerprint: planned.registry_fingerprint.clone(),
+        candidate_fingerprint: planned.candidate_fingerprint.clone(),
+        policy_fingerprint: planned.policy_fingerprint.clone(),
+        workers: planned.candidates().map(|e| planned.identity(e)).collect(),
+        canonical_repository: Some(REPO.into()),
+        max_retire: 100,
+    };
+    let report = apply(
+        &req,
+        &Context {
+            registry: &registry_path,
+            leases: &lease_path,
+            profiles: &profiles_path,
+            profile: "demo-controller",
+            proc_root: Path::new("/proc"),
+            policies,
+            probe: &probe,
+            busy_timeout: Duration::from_secs(5),
+        },
+        Hooks::default(),
+    )?;
+    for line in crate::report::apply_summary(&report).lines() {
+        say(&mut out, format!("   {line}"));
+    }
+    say(
+        &mut out,
+        "\nRetiring stale rows does not make the fleet safe by itself: the live legacy worker still \
+         needs a relaunch through `fleet-retire launch`.",
+    );
+    drop(scratch);
+    say(
+        &mut out,
+        format!(
+            "(demo finished in {:.1} s; its processes are stopped and {} is removed)",
+            started.elapsed().as_secs_f64(),
+            dir.display()
+        ),
+    );
+    Ok(out)
+}
+
+fn leases_with_one(path: &Path, owner: &str) -> Result<()> {
+    let conn = rusqlite::Connection::open(path).map_err(|e| Error::Input(format!("demo: {e}")))?;
+    conn.execute_batch(
+        "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role TEXT, target TEXT, status TEXT,
+         session_id TEXT, owner_session_id TEXT, owner_pid INTEGER, session_pid INTEGER,
+         generation TEXT, owner_worker_identity TEXT, acquired_at TEXT, expires_at TEXT);",
+    )
+    .and_then(|_| {
+        conn.execute(
+            "INSERT INTO workflow_leases (lease_id, role, target, status, owner_worker_identity)
+             VALUES ('lease-demo', 'merger', 'pr-7', 'active', ?1)",
+            [owner],
+        )
+    })
+    .map(|_| ())
+    .map_err(|e| Error::Input(format!("demo: cannot write the lease store: {e}")))
+}
