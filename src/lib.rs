@@ -25,4 +25,5 @@ pub mod row;
 pub mod snapshot;
 pub mod time;
 pub mod value;
+pub mod verify;
 pub mod worker;

@@ -393,3 +393,174 @@ fn the_reason_code_page_lists_every_code() {
         );
     }
 }
+
+fn cvc5_available() -> bool {
+    std::process::Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn copy_policies(dir: &Path) {
+    std::fs::create_dir_all(dir.join("properties")).unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+        "properties/retirement.cedar",
+        "properties/capabilities.cedar",
+    ] {
+        std::fs::copy(root().join("policies").join(f), dir.join(f)).unwrap();
+    }
+}
+
+fn fleet_retire(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fleet-retire"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn verify_proves_our_policies_and_catches_a_deleted_forbid() {
+    if !cvc5_available() {
+        eprintln!("skipped: cvc5 is not installed (Debian package cvc5; .ci/run installs it)");
+        return;
+    }
+    let out = fleet_retire(&["policy", "verify"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("PROVED retire-only-dead-pids"), "{text}");
+    assert!(
+        text.lines().any(|l| l.ends_with(" proved, 0 failed")),
+        "{text}"
+    );
+
+    // Weaken: delete the pid-alive forbid. A row from an earlier boot whose
+    // pid now runs, with an expired heartbeat, would be retired.
+    let dir = tempfile::tempdir().unwrap();
+    copy_policies(dir.path());
+    let path = dir.path().join("retirement.cedar");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = text
+        .split("\n\n")
+        .filter(|b| !b.contains("@id(\"pid-alive\")"))
+        .collect();
+    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    let out = fleet_retire(&[
+        "--policies",
+        dir.path().to_str().unwrap(),
+        "policy",
+        "verify",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("FAILED retire-only-dead-pids"), "{text}");
+    assert!(
+        text.contains("counterexample") && text.contains("pid_probe"),
+        "{text}"
+    );
+    assert!(
+        text.contains("PROVED retire-only-expired-heartbeats"),
+        "other properties still hold: {text}"
+    );
+}
+
+#[test]
+fn validate_names_problems_and_exits_3() {
+    let out = fleet_retire(&["policy", "validate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    copy_policies(dir.path());
+    let path = dir.path().join("capabilities.cedar");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // Layout only: still valid, but not canonical.
+    std::fs::write(
+        &path,
+        text.replacen("permit (\n  principal,", "permit (principal,", 1),
+    )
+    .unwrap();
+    let out = fleet_retire(&[
+        "--policies",
+        dir.path().to_str().unwrap(),
+        "policy",
+        "validate",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("capabilities.cedar:") && err.contains("--fix-format"),
+        "{err}"
+    );
+    let out = fleet_retire(&[
+        "--policies",
+        dir.path().to_str().unwrap(),
+        "policy",
+        "validate",
+        "--fix-format",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A type error names file, line and column.
+    std::fs::write(
+        &path,
+        text.replace(
+            "principal.exists && principal.well_formed",
+            "principal.exists && principal.role",
+        ),
+    )
+    .unwrap();
+    let out = fleet_retire(&[
+        "--policies",
+        dir.path().to_str().unwrap(),
+        "policy",
+        "validate",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let re_line = err.lines().any(|l| {
+        l.starts_with("capabilities.cedar:")
+            && l.split(':')
+                .nth(2)
+                .is_some_and(|c| c.parse::<u32>().is_ok())
+    });
+    assert!(re_line, "file:line:col expected: {err}");
+}
+
+#[test]
+fn policy_list_matches_the_reason_codes_the_program_knows() {
+    let out = fleet_retire(&["--format", "json", "policy", "list"]);
+    assert!(out.status.success());
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: std::collections::BTreeSet<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["reason"].as_str().map(str::to_string))
+        .collect();
+    let known: std::collections::BTreeSet<String> = ALL
+        .iter()
+        .filter(|r| r.is_policy_reason())
+        .map(|r| r.code().to_string())
+        .collect();
+    assert_eq!(
+        listed, known,
+        "no code without a policy, no policy without a code"
+    );
+    assert!(list
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| !p["description"].as_str().unwrap_or("").is_empty()));
+}

@@ -4,6 +4,7 @@ pub mod apply;
 pub mod demo;
 pub mod launch;
 pub mod plan;
+pub mod policy;
 pub mod snapshot;
 pub mod test;
 pub mod worker;
@@ -57,6 +58,8 @@ pub enum Command {
     Heartbeat(worker::WorkerArgs),
     /// Give a worker's registration a historical status.
     Release(worker::WorkerArgs),
+    /// Validate, list or prove the policies.
+    Policy(policy::PolicyArgs),
     /// Run policy regression fixtures (files or folders of JSON cases).
     Test(test::TestArgs),
 }
@@ -141,6 +144,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Snapshot(args) => snapshot::run(&cli, args),
         Command::Launch(args) => launch::run(&cli, args),
         Command::Demo(args) => demo::run(&cli, args),
+        Command::Policy(args) => policy::run(&cli, args),
         Command::Register(args) => worker::run_register(&cli, args),
         Command::Heartbeat(args) => worker::run_heartbeat(&cli, args),
         Command::Release(args) => worker::run_release(&cli, args),

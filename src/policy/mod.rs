@@ -45,6 +45,15 @@ const EMBEDDED: &[(&str, &str)] = &[
     ),
 ];
 
+/// The text of an embedded policy file.
+pub fn embedded(name: &str) -> &'static str {
+    EMBEDDED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
+        .unwrap_or("")
+}
+
 /// One loaded policy with the annotations the program reads.
 #[derive(Debug, Clone)]
 pub struct Rule {

@@ -1,0 +1,236 @@
+//! Proofs about the policies, for all requests and entity stores the schema
+//! allows, with Cedar's symbolic compiler and the cvc5 solver.
+//!
+//! Two kinds of proof:
+//! * every eligibility policy never errors (Cedar skips a policy that
+//!   errors, so an erroring forbid would let rows through);
+//! * every property in `policies/properties/` (a permit with
+//!   `@subject` and `@proof`) is implied by its subject policy set
+//!   (`subject_implies_property`: a ceiling), or implies it
+//!   (`property_implies_subject`: a floor).
+//!
+//! A failed proof carries the counterexample request and entities.
+
+use crate::error::{Error, Result};
+use crate::policy::{Policies, ELIGIBILITY_FILE};
+use cedar_policy::{ActionConstraint, Policy, PolicySet, RequestEnv};
+use cedar_policy_symcc::solver::LocalSolver;
+use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicy, CompiledPolicySet};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+const EMBEDDED: &[(&str, &str)] = &[
+    (
+        "properties/retirement.cedar",
+        include_str!("../policies/properties/retirement.cedar"),
+    ),
+    (
+        "properties/capabilities.cedar",
+        include_str!("../policies/properties/capabilities.cedar"),
+    ),
+];
+
+/// One property to prove.
+#[derive(Debug, Clone)]
+pub struct Property {
+    /// `@id`.
+    pub id: String,
+    /// `@description`.
+    pub description: String,
+    /// The policy file whose policies are the subject.
+    pub subject: String,
+    /// `subject_implies_property` or `property_implies_subject`.
+    pub proof: String,
+    /// The property as a one-policy set.
+    pub policy: Policy,
+}
+
+/// The outcome of one proof obligation.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Proof {
+    /// What was proved (a property id, or `never-errors:<policy id>`).
+    pub id: String,
+    /// In words.
+    pub description: String,
+    /// The request environment (principal, action, resource types).
+    pub request_env: String,
+    /// Whether it holds.
+    pub holds: bool,
+    /// When it does not: the request and entities that break it.
+    pub counterexample: Option<String>,
+}
+
+/// Read the properties (embedded, or `DIR/properties/*.cedar`).
+pub fn load_properties(dir: Option<&Path>, policies: &Policies) -> Result<Vec<Property>> {
+    let files: Vec<(String, String)> = match dir {
+        None => EMBEDDED
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect(),
+        Some(d) => {
+            let pd = d.join("properties");
+            let mut names: Vec<PathBuf> = std::fs::read_dir(&pd)
+                .map_err(|e| Error::Policy(format!("{}: cannot list ({e})", pd.display())))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
+                .collect();
+            names.sort();
+            names
+                .into_iter()
+                .map(|p| {
+                    std::fs::read_to_string(&p)
+                        .map(|t| {
+                            (
+                                format!(
+                                    "properties/{}",
+                                    p.file_name().unwrap_or_default().to_string_lossy()
+                                ),
+                                t,
+                            )
+                        })
+                        .map_err(|e| Error::Policy(format!("{}: cannot read ({e})", p.display())))
+                })
+                .collect::<Result<_>>()?
+        }
+    };
+    let mut out = Vec::new();
+    for (name, text) in files {
+        let set = PolicySet::from_str(&text).map_err(|e| Error::Policy(format!("{name}: {e}")))?;
+        let validation = cedar_policy::Validator::new(policies.schema.clone())
+            .validate(&set, cedar_policy::ValidationMode::Strict);
+        if let Some(e) = validation.validation_errors().next() {
+            return Err(Error::Policy(format!("{name}: {e}")));
+        }
+        for p in set.policies() {
+            let get = |k: &str| p.annotation(k).map(str::to_string);
+            let id =
+                get("id").ok_or_else(|| Error::Policy(format!("{name}: a property has no @id")))?;
+            let subject = get("subject")
+                .ok_or_else(|| Error::Policy(format!("{name}: property {id} has no @subject")))?;
+            let proof = get("proof").unwrap_or_default();
+            if !["subject_implies_property", "property_implies_subject"].contains(&proof.as_str()) {
+                return Err(Error::Policy(format!(
+                    "{name}: property {id} needs @proof(\"subject_implies_property\") or @proof(\"property_implies_subject\")"
+                )));
+            }
+            if !["retirement", "capabilities"].contains(&subject.as_str()) {
+                return Err(Error::Policy(format!(
+                    "{name}: property {id}: @subject must be retirement or capabilities"
+                )));
+            }
+            out.push(Property {
+                description: get("description").unwrap_or_default(),
+                subject: format!("{subject}.cedar"),
+                proof,
+                policy: p.new_id(cedar_policy::PolicyId::new(&id)),
+                id,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn subset(policies: &Policies, file: &str) -> Result<PolicySet> {
+    let mut set = PolicySet::new();
+    for rule in policies.rules.values().filter(|r| r.file == file) {
+        let p = policies
+            .set
+            .policy(&cedar_policy::PolicyId::new(&rule.id))
+            .expect("every rule is in the set")
+            .clone();
+        set.add(p).map_err(|e| Error::Policy(e.to_string()))?;
+    }
+    Ok(set)
+}
+
+fn applies(policy: &Policy, env: &RequestEnv) -> bool {
+    match policy.action_constraint() {
+        ActionConstraint::Any => true,
+        ActionConstraint::Eq(a) => &a == env.action(),
+        ActionConstraint::In(list) => list.contains(env.action()),
+    }
+}
+
+fn env_text(env: &RequestEnv) -> String {
+    format!("{} {} {}", env.principal(), env.action(), env.resource())
+}
+
+fn sym_err(e: impl std::fmt::Display) -> Error {
+    Error::Input(format!(
+        "the symbolic check failed to run: {e}. `policy verify` needs the cvc5 solver: \
+         install the Debian package cvc5, or set CVC5 to its path"
+    ))
+}
+
+fn describe(cex: &cedar_policy_symcc::Env) -> String {
+    let entities = cex
+        .entities
+        .to_json_value()
+        .map(|v| serde_json::to_string_pretty(&v).unwrap_or_default())
+        .unwrap_or_default();
+    format!("request: {}\nentities: {entities}", cex.request)
+}
+
+/// Run every proof; returns one result per obligation.
+pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Vec<Proof>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Input(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        let solver = LocalSolver::cvc5().map_err(sym_err)?;
+        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+        let schema = &policies.schema;
+        let mut proofs = Vec::new();
+        let envs: Vec<RequestEnv> = schema.request_envs().collect();
+
+        // 1. No eligibility policy can ever error.
+        let eligibility = subset(policies, ELIGIBILITY_FILE)?;
+        for env in &envs {
+            for p in eligibility.policies().filter(|p| applies(p, env)) {
+                let compiled = CompiledPolicy::compile(p, env, schema).map_err(sym_err)?;
+                let cex = compiler
+                    .check_never_errors_with_counterexample_opt(&compiled)
+                    .await
+                    .map_err(sym_err)?;
+                proofs.push(Proof {
+                    id: format!("never-errors:{}", p.id()),
+                    description: format!("policy {} never errors", p.id()),
+                    request_env: env_text(env),
+                    holds: cex.is_none(),
+                    counterexample: cex.as_ref().map(describe),
+                });
+            }
+        }
+
+        // 2. Properties.
+        for prop in properties {
+            let subject = subset(policies, &prop.subject)?;
+            let mut prop_set = PolicySet::new();
+            prop_set
+                .add(prop.policy.clone())
+                .map_err(|e| Error::Policy(e.to_string()))?;
+            for env in envs.iter().filter(|e| applies(&prop.policy, e)) {
+                let s = CompiledPolicySet::compile(&subject, env, schema).map_err(sym_err)?;
+                let p = CompiledPolicySet::compile(&prop_set, env, schema).map_err(sym_err)?;
+                let (a, b) = if prop.proof == "subject_implies_property" {
+                    (&s, &p)
+                } else {
+                    (&p, &s)
+                };
+                let cex = compiler
+                    .check_implies_with_counterexample_opt(a, b)
+                    .await
+                    .map_err(sym_err)?;
+                proofs.push(Proof {
+                    id: prop.id.clone(),
+                    description: prop.description.clone(),
+                    request_env: env_text(env),
+                    holds: cex.is_none(),
+                    counterexample: cex.as_ref().map(describe),
+                });
+            }
+        }
+        Ok(proofs)
+    })
+}
