@@ -132,7 +132,8 @@ fn uid(ty: &str, id: &str) -> EntityUid {
     )
 }
 
-fn operator_entity(name: &str, profile: Option<&Profile>) -> Result<Entity> {
+/// The operator entity for a profile (as the capability policies see it).
+pub fn operator_entity(name: &str, profile: Option<&Profile>) -> Result<Entity> {
     let ops: Vec<RestrictedExpression> = profile
         .filter(|p| p.problems.is_empty())
         .and_then(|p| p.allowed_operations.clone())

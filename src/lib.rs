@@ -11,6 +11,8 @@ pub mod cli;
 pub mod demo;
 pub mod error;
 pub mod evidence;
+pub mod explain;
+pub mod export;
 pub mod fingerprint;
 pub mod fixture;
 pub mod identity;

@@ -2,6 +2,8 @@
 
 pub mod apply;
 pub mod demo;
+pub mod explain;
+pub mod grants;
 pub mod launch;
 pub mod plan;
 pub mod policy;
@@ -58,6 +60,10 @@ pub enum Command {
     Heartbeat(worker::WorkerArgs),
     /// Give a worker's registration a historical status.
     Release(worker::WorkerArgs),
+    /// Why one worker is kept or would be retired: evidence and every policy's verdict.
+    Explain(explain::ExplainArgs),
+    /// Who may snapshot, plan and apply, per profile; --against shows what an edit changes.
+    Grants(grants::GrantsArgs),
     /// Validate, list or prove the policies.
     Policy(policy::PolicyArgs),
     /// Run policy regression fixtures (files or folders of JSON cases).
@@ -66,6 +72,7 @@ pub enum Command {
 
 /// Where the registry and lease store are.
 #[derive(Debug, Clone, Args)]
+#[allow(missing_docs)]
 pub struct StoreArgs {
     /// The worker registry (SQLite).
     #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
@@ -145,6 +152,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Launch(args) => launch::run(&cli, args),
         Command::Demo(args) => demo::run(&cli, args),
         Command::Policy(args) => policy::run(&cli, args),
+        Command::Explain(args) => explain::run(&cli, args),
+        Command::Grants(args) => grants::run(&cli, args),
         Command::Register(args) => worker::run_register(&cli, args),
         Command::Heartbeat(args) => worker::run_heartbeat(&cli, args),
         Command::Release(args) => worker::run_release(&cli, args),

@@ -12,6 +12,9 @@ pub struct TestArgs {
     /// Fixture files or folders (every *.json below a folder).
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+    /// Also write the cases as Cedar CLI `run-tests` files into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub export_cedar: Option<PathBuf>,
 }
 
 /// Run `test`: one line per case, then `N passed, M failed`.
@@ -38,6 +41,14 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
                 println!("    {d}");
             }
         }
+    }
+    if let Some(dir) = &args.export_cedar {
+        let n = crate::export::export(&files, dir, &policies)?;
+        eprintln!(
+            "exported {n} Cedar test case(s) to {} (run {}/run.sh)",
+            dir.display(),
+            dir.display()
+        );
     }
     println!("{passed} passed, {failed} failed");
     Ok(if failed == 0 {

@@ -43,6 +43,37 @@ impl Engine {
         }
     }
 
+    /// Evaluate every policy's condition on its own: `(id, Ok(satisfied))`
+    /// or `(id, Err(error))`, in policy-set order. For `explain`.
+    pub fn each(
+        &self,
+        entities: &Entities,
+        principal: &EntityUID,
+        action: &EntityUID,
+        resource: &EntityUID,
+    ) -> Vec<(PolicyId, Result<bool, String>)> {
+        let request = ast::Request::new_unchecked(
+            EntityUIDEntry::known(principal.clone(), None),
+            EntityUIDEntry::known(action.clone(), None),
+            EntityUIDEntry::known(resource.clone(), None),
+            Some(ast::Context::empty()),
+        );
+        let evaluator = Evaluator::new(request, entities, Extensions::all_available());
+        self.policies
+            .iter()
+            .map(|p| {
+                let v = evaluator
+                    .interpret(&p.condition, &p.env)
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| match v.value_kind() {
+                        ast::ValueKind::Lit(ast::Literal::Bool(b)) => Ok(*b),
+                        _ => Err(format!("condition evaluated to {v}, not a boolean")),
+                    });
+                (p.id.clone(), v)
+            })
+            .collect()
+    }
+
     /// Judge one request with an empty context.
     pub fn judge(
         &self,

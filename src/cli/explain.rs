@@ -1,0 +1,87 @@
+//! `fleet-retire explain --worker ID`: why one worker is kept or would be retired.
+
+use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
+use crate::error::{Error, ExitCode, Result};
+use crate::explain::{explain_entry, render};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The worker identity to explain.
+    #[arg(long)]
+    pub worker: String,
+    /// Explain a row of a fixture instead of the live registry.
+    #[arg(long, value_name = "FIXTURE.json", conflicts_with_all = ["registry", "leases"])]
+    pub fixture: Option<PathBuf>,
+    /// The worker registry (SQLite).
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    pub registry: Option<PathBuf>,
+    /// The lease store (SQLite).
+    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+    pub leases: Option<PathBuf>,
+    /// The expected repository binding.
+    #[arg(long, value_name = "REPO")]
+    pub canonical_repository: Option<String>,
+    /// Root of the proc filesystem.
+    #[arg(long, default_value = "/proc", hide = true)]
+    pub proc_root: PathBuf,
+    /// Operator profile (not needed with --fixture).
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+}
+
+/// Run `explain`.
+pub fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitCode> {
+    let policies = cli.load_policies()?;
+    let plan = match &args.fixture {
+        Some(path) => match crate::fixture::load(path)? {
+            crate::fixture::Case::Plan(c) => c.plan(&policies)?,
+            crate::fixture::Case::Capability(_) => {
+                return Err(Error::Input(format!(
+                    "{}: a capability fixture has no workers",
+                    path.display()
+                )))
+            }
+        },
+        None => {
+            args.operator.require(&policies, "plan")?;
+            let store = StoreArgs {
+                registry: args.registry.clone().ok_or_else(|| {
+                    Error::Input("explain needs --registry (or --fixture)".into())
+                })?,
+                leases: args
+                    .leases
+                    .clone()
+                    .ok_or_else(|| Error::Input("explain needs --leases (or --fixture)".into()))?,
+                canonical_repository: args.canonical_repository.clone(),
+                proc_root: args.proc_root.clone(),
+            };
+            crate::cli::plan::plan_from_world(&store, &policies)?
+        }
+    };
+    let found: Vec<_> = plan
+        .entries
+        .iter()
+        .filter(|e| plan.identity(e) == args.worker)
+        .collect();
+    if found.is_empty() {
+        return Err(Error::Input(format!(
+            "no registry row has worker_identity {:?}",
+            args.worker
+        )));
+    }
+    let explained: Vec<_> = found
+        .iter()
+        .map(|e| explain_entry(&plan, e, &policies))
+        .collect();
+    match cli.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&explained).expect("explain serialises")
+        ),
+        Format::Human => explained.iter().for_each(|e| print!("{}", render(e))),
+    }
+    Ok(ExitCode::Ok)
+}

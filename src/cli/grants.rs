@@ -1,0 +1,130 @@
+//! `fleet-retire grants`: who may snapshot, plan and apply, by asking the
+//! capability policies about every profile; `--against OLD.json` shows what
+//! an edit of profiles.json grants or revokes.
+
+use crate::capability::{check, Profiles, OPERATIONS};
+use crate::cli::{Cli, Format};
+use crate::error::{Error, ExitCode, Result};
+use crate::policy::Policies;
+use clap::Args;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Arguments of `grants`.
+#[derive(Debug, Args)]
+pub struct GrantsArgs {
+    /// profiles.json.
+    #[arg(long = "profiles", env = "GITEA_MCP_CONFIG", value_name = "PATH")]
+    pub profiles: PathBuf,
+    /// An earlier profiles.json to compare with.
+    #[arg(long, value_name = "OLD.json")]
+    pub against: Option<PathBuf>,
+}
+
+/// profile → operation → allowed.
+pub type Grants = BTreeMap<String, BTreeMap<String, bool>>;
+
+/// Ask the capability policies about every profile and operation.
+pub fn grants(policies: &Policies, profiles: &Profiles) -> Result<Grants> {
+    let mut out = Grants::new();
+    for name in profiles.profiles.keys() {
+        let mut ops = BTreeMap::new();
+        for op in OPERATIONS {
+            ops.insert(op.to_string(), check(policies, profiles, name, op)?.allowed);
+        }
+        out.insert(name.clone(), ops);
+    }
+    Ok(out)
+}
+
+/// What changes from `old` to `new`: (profile, operation, now allowed).
+pub fn changes(old: &Grants, new: &Grants) -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    let names: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    for name in names {
+        for op in OPERATIONS {
+            let before = old
+                .get(name)
+                .and_then(|m| m.get(*op))
+                .copied()
+                .unwrap_or(false);
+            let after = new
+                .get(name)
+                .and_then(|m| m.get(*op))
+                .copied()
+                .unwrap_or(false);
+            if before != after {
+                out.push((name.clone(), op.to_string(), after));
+            }
+        }
+    }
+    out
+}
+
+/// Run `grants`.
+pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
+    let policies = cli.load_policies()?;
+    let now = grants(&policies, &Profiles::load(&args.profiles)?)?;
+    let diff = match &args.against {
+        Some(old) => Some(changes(&grants(&policies, &Profiles::load(old)?)?, &now)),
+        None => None,
+    };
+    match cli.format {
+        Format::Json => {
+            let mut doc = json!({"grants": now});
+            if let Some(d) = &diff {
+                doc["changes"] = json!(d
+                    .iter()
+                    .map(|(p, op, allowed)| json!({"profile": p, "operation": op, "change": if *allowed { "granted" } else { "revoked" }}))
+                    .collect::<Vec<_>>());
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&doc).map_err(|e| Error::Input(e.to_string()))?
+            );
+        }
+        Format::Human => {
+            println!(
+                "{:<32} {:<9} {:<9} {:<9}",
+                "PROFILE", "SNAPSHOT", "PLAN", "APPLY"
+            );
+            for (name, ops) in &now {
+                let yes = |op: &str| {
+                    if ops.get(op).copied().unwrap_or(false) {
+                        "yes"
+                    } else {
+                        "-"
+                    }
+                };
+                println!(
+                    "{:<32} {:<9} {:<9} {:<9}",
+                    name,
+                    yes("snapshot"),
+                    yes("plan"),
+                    yes("apply")
+                );
+            }
+            if let Some(d) = &diff {
+                if d.is_empty() {
+                    println!("\nno change in who may snapshot, plan or apply");
+                } else {
+                    println!(
+                        "\nchanges against {}:",
+                        args.against
+                            .as_ref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default()
+                    );
+                    for (p, op, allowed) in d {
+                        println!(
+                            "  {} {op} for {p}",
+                            if *allowed { "+ GRANTS" } else { "- revokes" }
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(ExitCode::Ok)
+}

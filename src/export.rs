@@ -1,0 +1,144 @@
+//! Export fixtures as Cedar CLI `run-tests` files, so a reviewer can check
+//! our policy decisions with Cedar's own command-line tool, independently of
+//! this program's evaluation.
+//!
+//! The expected decisions come from the fixtures (written by hand), not from
+//! our evaluation: a preserved row must be denied with a policy carrying its
+//! expected reason code among the reasons; a candidate must be allowed.
+//! Our code contributes only the entities (the observed evidence) and the
+//! choice among policies that share a reason code.
+
+use crate::capability::operator_entity;
+use crate::error::{Error, Result};
+use crate::fixture::{Case, PlanCase};
+use crate::policy::entities::{run_entity, worker_entity};
+use crate::policy::{embedded, Policies, POLICY_FILES, SCHEMA_FILE};
+use cedar_policy::{Entities, Entity};
+use serde_json::{json, Value as Json};
+use std::path::Path;
+
+fn entities_json(list: Vec<Entity>) -> Result<Json> {
+    Entities::from_entities(list, None)
+        .and_then(|e| e.to_json_value())
+        .map_err(|e| Error::Input(format!("exporting entities: {e}")))
+}
+
+fn plan_tests(case: &PlanCase, policies: &Policies) -> Result<Vec<Json>> {
+    let plan = case.plan(policies)?;
+    let mut tests = Vec::new();
+    for entry in &plan.entries {
+        let identity = plan.identity(entry);
+        let expect_candidate = case
+            .expect
+            .candidates
+            .as_ref()
+            .is_some_and(|c| c.contains(&identity));
+        let expect_code = case
+            .expect
+            .preserved
+            .as_ref()
+            .and_then(|p| p.get(&identity));
+        let (decision, reason) = if expect_candidate {
+            ("allow", vec!["retire-when-nothing-forbids".to_string()])
+        } else if let Some(code) = expect_code {
+            let id = entry
+                .verdict
+                .forbids
+                .iter()
+                .find(|r| r.reason.map(|x| x.code()) == Some(code.as_str()))
+                .map(|r| r.id.clone())
+                // No policy of ours fires with the expected code: export the
+                // expectation anyway, so Cedar's CLI reports the mismatch.
+                .unwrap_or_else(|| format!("<a policy with @reason(\"{code}\")>"));
+            ("deny", vec![id])
+        } else {
+            continue;
+        };
+        let row = &plan.rows[entry.index];
+        tests.push(json!({
+            "name": format!("{} / row {} {identity}", case.name, entry.index + 1),
+            "request": {
+                "principal": "FleetRetire::Run::\"current\"",
+                "action": "FleetRetire::Action::\"retire\"",
+                "resource": format!("FleetRetire::Worker::\"row-{}\"", entry.index),
+                "context": {},
+            },
+            "entities": entities_json(vec![
+                Entity::from(run_entity(&plan.facts)),
+                Entity::from(worker_entity(entry.index, row, &entry.observation)),
+            ])?,
+            "decision": decision,
+            "reason": reason,
+            "num_errors": 0,
+        }));
+    }
+    Ok(tests)
+}
+
+fn capability_tests(case: &crate::capability::CapabilityCase) -> Result<Vec<Json>> {
+    let mut tests = Vec::new();
+    for (profile, operation, allow) in &case.requests {
+        if !crate::capability::OPERATIONS.contains(&operation.as_str()) {
+            continue; // not an action in the schema: nothing for Cedar to ask
+        }
+        let operator = operator_entity(profile, case.profiles.profiles.get(profile))?;
+        let registry = Entity::new_no_attrs(
+            r#"FleetRetire::Registry::"registry""#.parse().expect("valid uid"),
+            Default::default(),
+        );
+        tests.push(json!({
+            "name": format!("{} / {profile} {operation}", case.name),
+            "request": {
+                "principal": format!("FleetRetire::Operator::{}", json!(profile)),
+                "action": format!("FleetRetire::Action::\"{operation}\""),
+                "resource": "FleetRetire::Registry::\"registry\"",
+                "context": {},
+            },
+            "entities": entities_json(vec![operator, registry])?,
+            "decision": if *allow { "allow" } else { "deny" },
+            "reason": [],
+            "num_errors": 0,
+        }));
+    }
+    Ok(tests)
+}
+
+/// Write `DIR/<fixture>.tests.json` for every fixture, plus the policies,
+/// schema and a `run.sh` that runs them all with `cedar run-tests`.
+pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> Result<usize> {
+    let io = |e: std::io::Error| Error::Input(format!("{}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let policy_text: Vec<&str> = POLICY_FILES.iter().map(|f| embedded(f)).collect();
+    std::fs::write(dir.join("policies.cedar"), policy_text.join("\n")).map_err(io)?;
+    std::fs::write(dir.join(SCHEMA_FILE), embedded(SCHEMA_FILE)).map_err(io)?;
+    let mut script = String::from(
+        "#!/usr/bin/env bash\n# Check fleet-retire's fixture decisions with Cedar's own CLI.\nset -e\ncd \"$(dirname \"$0\")\"\n",
+    );
+    let mut count = 0;
+    for file in files {
+        let tests = match crate::fixture::load(file)? {
+            Case::Plan(c) => plan_tests(&c, policies)?,
+            Case::Capability(c) => capability_tests(&c)?,
+        };
+        if tests.is_empty() {
+            continue;
+        }
+        count += tests.len();
+        let stem = file
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let name = format!("{stem}.tests.json");
+        std::fs::write(
+            dir.join(&name),
+            serde_json::to_string_pretty(&tests).expect("tests serialise"),
+        )
+        .map_err(io)?;
+        script.push_str(&format!(
+            "cedar run-tests --policies policies.cedar --schema {SCHEMA_FILE} --tests {name}\n"
+        ));
+    }
+    std::fs::write(dir.join("run.sh"), script).map_err(io)?;
+    Ok(count)
+}

@@ -1,0 +1,191 @@
+//! Tools for reviewers and operators: explain, grants, export to Cedar's CLI.
+
+mod common;
+
+use common::*;
+use fleet_retire::fixture::{collect, load, Case};
+use fleet_retire::policy::{Policies, PolicySource};
+use serde_json::{json, Value};
+use std::path::Path;
+
+fn fixture_dirs() -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut dirs = vec![root.join("fixtures/plan")];
+    if root.join("../shared/fixtures/plan").is_dir() {
+        dirs.push(root.join("../shared/fixtures/plan"));
+    }
+    dirs
+}
+
+#[test]
+fn explain_agrees_with_plan_on_every_fixture_row() {
+    let policies = Policies::load(&PolicySource::Embedded).unwrap();
+    let mut checked = 0;
+    for file in collect(&fixture_dirs()).unwrap() {
+        let Case::Plan(case) = load(&file).unwrap() else {
+            continue;
+        };
+        let plan = case.plan(&policies).unwrap();
+        for entry in &plan.entries {
+            let e = fleet_retire::explain::explain_entry(&plan, entry, &policies);
+            let forbidding: Vec<&Value> = e["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["effect"] == "forbid" && p["verdict"] == "satisfied")
+                .collect();
+            // explain's own reading: retire iff no forbid is satisfied; the
+            // primary reason is the lowest-order satisfied forbid.
+            let retire = forbidding.is_empty();
+            assert_eq!(
+                retire,
+                entry.is_candidate(),
+                "{} row {}",
+                file.display(),
+                entry.index
+            );
+            if !retire {
+                let lowest = forbidding
+                    .iter()
+                    .min_by_key(|p| p["order"].as_u64().unwrap())
+                    .unwrap();
+                assert_eq!(
+                    lowest["reason"],
+                    entry.reason().code(),
+                    "{} row {}",
+                    file.display(),
+                    entry.index
+                );
+            }
+            assert!(e["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| p["verdict"] != "errored"));
+            checked += 1;
+        }
+    }
+    assert!(checked > 30);
+}
+
+#[test]
+fn explain_on_the_command_line() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/plan/lease-protects-session.json"
+    );
+    let out = run(&[
+        "--format",
+        "json",
+        "explain",
+        "--worker",
+        "w-1",
+        "--fixture",
+        fixture,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["reason_code"], "protected_active_workflow_owner");
+    let lease = v[0]["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy_id"] == "active-lease-owner")
+        .unwrap();
+    assert_eq!(lease["verdict"], "satisfied");
+    let out = run(&["explain", "--worker", "nobody", "--fixture", fixture]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("nobody"));
+}
+
+#[test]
+fn grants_against_reports_an_added_retire_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.json");
+    let new = dir.path().join("new.json");
+    std::fs::write(
+        &old,
+        json!({"profiles": {
+            "controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]},
+            "author-prgs": {"role": "author", "allowed_operations": ["gitea.read"]}
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(&new, json!({"profiles": {
+        "controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+        "author-prgs": {"role": "author", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}
+    }}).to_string()).unwrap();
+    let out = run(&[
+        "--format",
+        "json",
+        "grants",
+        "--profiles",
+        new.to_str().unwrap(),
+        "--against",
+        old.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["changes"],
+        json!([{"profile": "controller-prgs", "operation": "apply", "change": "granted"}]),
+        "only the controller gains apply; the author's grant changes nothing"
+    );
+    assert_eq!(v["grants"]["author-prgs"]["apply"], false);
+    let out = run(&[
+        "grants",
+        "--profiles",
+        new.to_str().unwrap(),
+        "--against",
+        old.to_str().unwrap(),
+    ]);
+    assert!(
+        text(&out).contains("+ GRANTS apply for controller-prgs"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn exported_fixtures_pass_with_cedars_own_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = run(&[
+        "test",
+        root.join("fixtures/plan").to_str().unwrap(),
+        root.join("fixtures/capabilities").to_str().unwrap(),
+        "--export-cedar",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".tests.json"))
+        .collect();
+    assert!(files.len() > 30);
+    let cedar = std::process::Command::new("cedar")
+        .arg("--version")
+        .output();
+    if !cedar.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: the cedar CLI is not installed (cargo install cedar-policy-cli)");
+        return;
+    }
+    for f in files {
+        let out = std::process::Command::new("cedar")
+            .current_dir(dir.path())
+            .args([
+                "run-tests",
+                "--policies",
+                "policies.cedar",
+                "--schema",
+                "schema.cedarschema",
+                "--tests",
+            ])
+            .arg(f.file_name().unwrap())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}: {}", f.display(), text(&out));
+    }
+}
