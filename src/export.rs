@@ -18,9 +18,13 @@ use serde_json::{json, Value as Json};
 use std::path::Path;
 
 fn entities_json(list: Vec<Entity>) -> Result<Json> {
+    let err = |e: cedar_policy::entities_errors::EntitiesError| {
+        Error::Input(format!("exporting entities: {e}"))
+    };
     Entities::from_entities(list, None)
-        .and_then(|e| e.to_json_value())
-        .map_err(|e| Error::Input(format!("exporting entities: {e}")))
+        .map_err(err)?
+        .to_json_value()
+        .map_err(err)
 }
 
 fn plan_tests(case: &PlanCase, policies: &Policies) -> Result<Vec<Json>> {
