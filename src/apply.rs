@@ -11,13 +11,13 @@ use crate::capability::{check, Profiles};
 use crate::error::{Error, Result};
 use crate::evidence::leases::{self, Protections};
 use crate::evidence::probe::{observe_pid, HostFacts, ProcessProbe};
-use crate::evidence::registry::{read_rows, table_columns, TABLE};
+use crate::evidence::registry::{read_rows, TABLE};
 use crate::fingerprint::external_state_fingerprint;
 use crate::observe::RunFacts;
 use crate::plan::plan;
 use crate::policy::Policies;
 use crate::reasons::Reason;
-use crate::row::{sql_type, Col, COLUMNS};
+use crate::row::Col;
 use crate::value::Value;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use serde::Serialize;
@@ -214,29 +214,7 @@ pub fn open_and_migrate(path: &Path, busy_timeout: Duration) -> Result<Connectio
         .map_err(|e| err(format!("cannot open for writing: {e}")))?;
     conn.busy_timeout(busy_timeout)
         .map_err(|e| err(format!("cannot set the busy timeout: {e}")))?;
-    let existing = table_columns(&conn, TABLE)
-        .map_err(|e| err(format!("cannot read: {e}")))?
-        .ok_or_else(|| {
-            err(format!(
-                "has no `{TABLE}` table; is this the worker registry?"
-            ))
-        })?;
-    for col in COLUMNS
-        .iter()
-        .filter(|c| !existing.iter().any(|n| n == c.name()))
-    {
-        let ty = sql_type(*col).trim_end_matches(" PRIMARY KEY");
-        conn.execute_batch(&format!(
-            "ALTER TABLE {TABLE} ADD COLUMN \"{}\" {ty}",
-            col.name()
-        ))
-        .map_err(|e| {
-            err(format!(
-                "cannot add the missing column `{}`: {e}",
-                col.name()
-            ))
-        })?;
-    }
+    crate::evidence::registry::add_missing_columns(&conn, path)?;
     Ok(conn)
 }
 

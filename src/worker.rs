@@ -39,19 +39,7 @@ pub fn open(path: &Path) -> Result<Connection> {
             ))
             .map_err(|e| err(format!("cannot create the registry table: {e}")))?;
         }
-        Some(names) => {
-            for col in COLUMNS
-                .iter()
-                .filter(|c| !names.iter().any(|n| n == c.name()))
-            {
-                let ty = sql_type(*col).trim_end_matches(" PRIMARY KEY");
-                conn.execute_batch(&format!(
-                    "ALTER TABLE {TABLE} ADD COLUMN \"{}\" {ty}",
-                    col.name()
-                ))
-                .map_err(|e| err(format!("cannot add column `{}`: {e}", col.name())))?;
-            }
-        }
+        Some(_) => crate::evidence::registry::add_missing_columns(&conn, path)?,
     }
     Ok(conn)
 }

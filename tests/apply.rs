@@ -5,31 +5,11 @@
 mod common;
 
 use common::*;
-use fleet_retire::apply::{apply, Context, Hooks, Outcome, Request};
-use fleet_retire::evidence::probe::SystemProbe;
-use fleet_retire::policy::{Policies, PolicySource};
+use fleet_retire::apply::{Hooks, Outcome};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
-
-fn spawn_sleeper() -> Child {
-    Command::new("sleep")
-        .arg("120")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// A process that existed and is gone: its pid and real start time.
-fn dead_process() -> (i64, String) {
-    let mut child = spawn_sleeper();
-    let pid = child.id();
-    let start = start_time(pid);
-    child.kill().unwrap();
-    child.wait().unwrap();
-    (pid as i64, start)
-}
 
 /// Every table's schema and rows, in a stable order.
 fn dump(path: &Path) -> String {
@@ -387,54 +367,7 @@ fn apply_migrates_an_old_registry_first() {
     );
 }
 
-// --- Steps inside the transaction, through the library's test seams. ---
-
-struct Lib {
-    stores: Stores,
-    policies: Policies,
-    probe: SystemProbe,
-}
-
-impl Lib {
-    fn new(stores: Stores) -> Lib {
-        Lib {
-            stores,
-            policies: Policies::load(&PolicySource::Embedded).unwrap(),
-            probe: SystemProbe::new("/proc"),
-        }
-    }
-
-    fn request(&self) -> Request {
-        let plan = self.stores.plan_json();
-        Request {
-            registry_fingerprint: plan["registry_fingerprint"].as_str().unwrap().into(),
-            candidate_fingerprint: plan["candidate_fingerprint"].as_str().unwrap().into(),
-            policy_fingerprint: plan["policy_fingerprint"].as_str().unwrap().into(),
-            workers: plan["candidate_worker_identities"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_str().unwrap().to_string())
-                .collect(),
-            canonical_repository: Some("prgs/gitea-tools".into()),
-            max_retire: 100,
-        }
-    }
-
-    fn run(&self, req: &Request, hooks: Hooks) -> fleet_retire::apply::Report {
-        let ctx = Context {
-            registry: &self.stores.registry,
-            leases: &self.stores.leases,
-            profiles: &self.stores.profiles,
-            profile: "controller-prgs",
-            proc_root: Path::new("/proc"),
-            policies: &self.policies,
-            probe: &self.probe,
-            busy_timeout: Duration::from_secs(5),
-        };
-        apply(req, &ctx, hooks).unwrap()
-    }
-}
+// --- Steps inside the transaction, through the library's test seams (common::Lib). ---
 
 #[test]
 fn a_lease_acquired_inside_the_transaction_rolls_everything_back() {

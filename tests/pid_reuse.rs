@@ -6,82 +6,15 @@
 mod common;
 
 use common::*;
-use fleet_retire::apply::{apply, Context, Hooks, Outcome, Request};
-use fleet_retire::evidence::probe::SystemProbe;
-use fleet_retire::policy::{Policies, PolicySource};
+use fleet_retire::apply::{Hooks, Outcome};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-fn spawn_sleeper() -> Child {
-    Command::new("sleep")
-        .arg("120")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-fn dead_process() -> (i64, String) {
-    let mut child = spawn_sleeper();
-    let pid = child.id();
-    let start = start_time(pid);
-    child.kill().unwrap();
-    child.wait().unwrap();
-    (pid as i64, start)
-}
+use std::process::Child;
 
 fn status(path: &Path) -> String {
     rusqlite::Connection::open(path)
         .unwrap()
         .query_row("SELECT status FROM worker_registrations", [], |r| r.get(0))
         .unwrap()
-}
-
-struct Lib {
-    stores: Stores,
-    policies: Policies,
-    probe: SystemProbe,
-}
-
-impl Lib {
-    fn new(stores: Stores) -> Lib {
-        Lib {
-            stores,
-            policies: Policies::load(&PolicySource::Embedded).unwrap(),
-            probe: SystemProbe::new("/proc"),
-        }
-    }
-
-    fn request(&self) -> Request {
-        let plan = self.stores.plan_json();
-        Request {
-            registry_fingerprint: plan["registry_fingerprint"].as_str().unwrap().into(),
-            candidate_fingerprint: plan["candidate_fingerprint"].as_str().unwrap().into(),
-            policy_fingerprint: plan["policy_fingerprint"].as_str().unwrap().into(),
-            workers: plan["candidate_worker_identities"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_str().unwrap().to_string())
-                .collect(),
-            canonical_repository: Some("prgs/gitea-tools".into()),
-            max_retire: 100,
-        }
-    }
-
-    fn run(&self, req: &Request, hooks: Hooks) -> fleet_retire::apply::Report {
-        let ctx = Context {
-            registry: &self.stores.registry,
-            leases: &self.stores.leases,
-            profiles: &self.stores.profiles,
-            profile: "controller-prgs",
-            proc_root: Path::new("/proc"),
-            policies: &self.policies,
-            probe: &self.probe,
-            busy_timeout: Duration::from_secs(5),
-        };
-        apply(req, &ctx, hooks).unwrap()
-    }
 }
 
 /// Put a new process on `pid` by steering the kernel's next pid; `None`

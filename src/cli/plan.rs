@@ -28,20 +28,14 @@ pub struct PlanArgs {
 
 /// Gather evidence from the world and plan. Shared with apply's re-plan.
 pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
-    if store.canonical_repository.is_none() {
-        return Err(Error::Input(
-            "plan needs the expected repository binding: pass --canonical-repository OWNER/REPO"
-                .into(),
-        ));
-    }
-    let rows = registry::load(&store.registry)?;
-    let lease_rows = leases::load(&store.leases)?;
     let canonical = store.canonical_repository.clone().ok_or_else(|| {
         Error::Input(
             "plan needs the expected repository binding: pass --canonical-repository OWNER/REPO"
                 .into(),
         )
     })?;
+    let rows = registry::load(&store.registry)?;
+    let lease_rows = leases::load(&store.leases)?;
     let facts = RunFacts {
         now: crate::time::now(),
         host: HostFacts::observe(&store.proc_root),

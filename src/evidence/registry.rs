@@ -88,6 +88,37 @@ pub fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Option<
     Ok(if names.is_empty() { None } else { Some(names) })
 }
 
+/// Add every known column the registry table lacks (as NULL), leaving
+/// unknown columns alone. For the writers (apply, worker registration);
+/// planning never migrates.
+pub fn add_missing_columns(conn: &Connection, path: &Path) -> Result<()> {
+    let existing = table_columns(conn, TABLE)
+        .map_err(|e| registry_error(path, format!("cannot read: {e}")))?
+        .ok_or_else(|| {
+            registry_error(
+                path,
+                format!("has no `{TABLE}` table; is this the worker registry?"),
+            )
+        })?;
+    for col in COLUMNS
+        .iter()
+        .filter(|c| !existing.iter().any(|n| n == c.name()))
+    {
+        let ty = crate::row::sql_type(*col).trim_end_matches(" PRIMARY KEY");
+        conn.execute_batch(&format!(
+            "ALTER TABLE {TABLE} ADD COLUMN \"{}\" {ty}",
+            col.name()
+        ))
+        .map_err(|e| {
+            registry_error(
+                path,
+                format!("cannot add the missing column `{}`: {e}", col.name()),
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// Read every registration, in registry (rowid) order.
 pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
     let sql_err = |e: rusqlite::Error| {

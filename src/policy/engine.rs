@@ -44,7 +44,7 @@ impl Engine {
     }
 
     /// Evaluate every policy's condition on its own: `(id, Ok(satisfied))`
-    /// or `(id, Err(error))`, in policy-set order. For `explain`.
+    /// or `(id, Err(error))`, in policy-set order (also what `explain` shows).
     pub fn each(
         &self,
         entities: &Entities,
@@ -52,6 +52,18 @@ impl Engine {
         action: &EntityUID,
         resource: &EntityUID,
     ) -> Vec<(PolicyId, Result<bool, String>)> {
+        self.outcomes(entities, principal, action, resource)
+            .map(|(p, v)| (p.id.clone(), v))
+            .collect()
+    }
+
+    fn outcomes<'a>(
+        &'a self,
+        entities: &'a Entities,
+        principal: &EntityUID,
+        action: &EntityUID,
+        resource: &EntityUID,
+    ) -> impl Iterator<Item = (&'a Compiled, Result<bool, String>)> + 'a {
         let request = ast::Request::new_unchecked(
             EntityUIDEntry::known(principal.clone(), None),
             EntityUIDEntry::known(action.clone(), None),
@@ -59,19 +71,16 @@ impl Engine {
             Some(ast::Context::empty()),
         );
         let evaluator = Evaluator::new(request, entities, Extensions::all_available());
-        self.policies
-            .iter()
-            .map(|p| {
-                let v = evaluator
-                    .interpret(&p.condition, &p.env)
-                    .map_err(|e| e.to_string())
-                    .and_then(|v| match v.value_kind() {
-                        ast::ValueKind::Lit(ast::Literal::Bool(b)) => Ok(*b),
-                        _ => Err(format!("condition evaluated to {v}, not a boolean")),
-                    });
-                (p.id.clone(), v)
-            })
-            .collect()
+        self.policies.iter().map(move |p| {
+            let v = evaluator
+                .interpret(&p.condition, &p.env)
+                .map_err(|e| e.to_string())
+                .and_then(|v| match v.value_kind() {
+                    ast::ValueKind::Lit(ast::Literal::Bool(b)) => Ok(*b),
+                    _ => Err(format!("condition evaluated to {v}, not a boolean")),
+                });
+            (p, v)
+        })
     }
 
     /// Judge one request with an empty context.
@@ -83,24 +92,10 @@ impl Engine {
         action: &EntityUID,
         resource: &EntityUID,
     ) -> Verdict {
-        let request = ast::Request::new_unchecked(
-            EntityUIDEntry::known(principal.clone(), None),
-            EntityUIDEntry::known(action.clone(), None),
-            EntityUIDEntry::known(resource.clone(), None),
-            Some(ast::Context::empty()),
-        );
-        let evaluator = Evaluator::new(request, entities, Extensions::all_available());
         let mut permitted = false;
         let mut forbids = Vec::new();
         let mut errors = Vec::new();
-        for p in &self.policies {
-            let outcome = evaluator
-                .interpret(&p.condition, &p.env)
-                .map_err(|e| e.to_string());
-            let outcome = outcome.and_then(|v| match v.value_kind() {
-                ast::ValueKind::Lit(ast::Literal::Bool(b)) => Ok(*b),
-                _ => Err(format!("condition evaluated to {v}, not a boolean")),
-            });
+        for (p, outcome) in self.outcomes(entities, principal, action, resource) {
             match outcome {
                 Ok(true) => match p.effect {
                     ast::Effect::Permit => permitted = true,

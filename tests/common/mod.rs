@@ -276,3 +276,77 @@ pub fn verdicts(plan: &Value) -> (Vec<String>, Vec<(String, String)>) {
         .collect();
     (candidates, preserved)
 }
+
+/// A `sleep` child process.
+pub fn spawn_sleeper() -> std::process::Child {
+    Command::new("sleep")
+        .arg("120")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A process that existed and is gone: its pid and real start time.
+pub fn dead_process() -> (i64, String) {
+    let mut child = spawn_sleeper();
+    let pid = child.id();
+    let start = start_time(pid);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    (pid as i64, start)
+}
+
+/// Apply through the library, with test seams.
+pub struct Lib {
+    pub stores: Stores,
+    pub policies: fleet_retire::policy::Policies,
+    pub probe: fleet_retire::evidence::probe::SystemProbe,
+}
+
+impl Lib {
+    pub fn new(stores: Stores) -> Lib {
+        Lib {
+            stores,
+            policies: fleet_retire::policy::Policies::load(
+                &fleet_retire::policy::PolicySource::Embedded,
+            )
+            .unwrap(),
+            probe: fleet_retire::evidence::probe::SystemProbe::new("/proc"),
+        }
+    }
+
+    pub fn request(&self) -> fleet_retire::apply::Request {
+        let plan = self.stores.plan_json();
+        fleet_retire::apply::Request {
+            registry_fingerprint: plan["registry_fingerprint"].as_str().unwrap().into(),
+            candidate_fingerprint: plan["candidate_fingerprint"].as_str().unwrap().into(),
+            policy_fingerprint: plan["policy_fingerprint"].as_str().unwrap().into(),
+            workers: plan["candidate_worker_identities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect(),
+            canonical_repository: Some("prgs/gitea-tools".into()),
+            max_retire: 100,
+        }
+    }
+
+    pub fn run(
+        &self,
+        req: &fleet_retire::apply::Request,
+        hooks: fleet_retire::apply::Hooks,
+    ) -> fleet_retire::apply::Report {
+        let ctx = fleet_retire::apply::Context {
+            registry: &self.stores.registry,
+            leases: &self.stores.leases,
+            profiles: &self.stores.profiles,
+            profile: "controller-prgs",
+            proc_root: std::path::Path::new("/proc"),
+            policies: &self.policies,
+            probe: &self.probe,
+            busy_timeout: std::time::Duration::from_secs(5),
+        };
+        fleet_retire::apply::apply(req, &ctx, hooks).unwrap()
+    }
+}
