@@ -190,4 +190,31 @@ mod tests {
         a4.set(Col::TokenFingerprint, Value::Text("secret".into()));
         assert_eq!(registry_fingerprint([&a]), registry_fingerprint([&a4]));
     }
+
+    #[test]
+    fn external_token_matches_the_seed() {
+        // Expected values: the seed's mcp_fleet_retirement.external_state_fingerprint
+        // run on the same two leases (and on none) under Python 3.11.
+        let lease = |v: serde_json::Value| Lease::from_json(v.as_object().unwrap()).unwrap();
+        let leases = [
+            lease(
+                serde_json::json!({"lease_id": "l-1", "role": "author", "target": "issue-1",
+                "status": "active", "session_id": "s-1", "owner_session_id": null, "owner_pid": 4242,
+                "session_pid": null, "generation": "g-1", "owner_worker_identity": "w"}),
+            ),
+            lease(
+                serde_json::json!({"lease_id": "l-2", "role": "merger", "target": "pr-7",
+                "status": "active", "session_id": null, "owner_session_id": "s-2", "owner_pid": null,
+                "session_pid": 77.0, "generation": null}),
+            ),
+        ];
+        assert_eq!(
+            external_state_fingerprint(&leases),
+            "externalfp-8d1cccf1b9a50154f9d37835f4d2fd09"
+        );
+        assert_eq!(
+            external_state_fingerprint(std::iter::empty()),
+            "externalfp-cc1f702beded00b09eecf2c3524e2b05"
+        );
+    }
 }
