@@ -10,11 +10,11 @@
 use crate::capability::{check, Profiles};
 use crate::error::{Error, Result};
 use crate::evidence::leases::{self, Protections};
-use crate::evidence::probe::{observe_pid, HostFacts, ProcessProbe};
+use crate::evidence::probe::{HostFacts, ProcessProbe};
 use crate::evidence::registry::{read_rows, TABLE};
 use crate::fingerprint::external_state_fingerprint;
 use crate::observe::RunFacts;
-use crate::plan::plan;
+use crate::plan::{plan, Rejudge};
 use crate::policy::Policies;
 use crate::reasons::Reason;
 use crate::row::Col;
@@ -474,7 +474,6 @@ fn inside(
         canonical_repository: req.canonical_repository.clone(),
         protections: Protections::from_leases(&lease_rows),
     };
-    let host = facts.host.clone();
     let fresh = plan(rows, facts, ctx.probe, ctx.policies)?;
     if fresh.registry_fingerprint != req.registry_fingerprint {
         return Err(Abort::Refuse(
@@ -535,6 +534,7 @@ fn inside(
         hook();
     }
 
+    let rejudge = Rejudge::new(&fresh, ctx.policies);
     let retired_at = crate::time::format_ts(crate::time::now());
     let mut capability_checked = false;
     let guard_sql = GUARD
@@ -550,24 +550,13 @@ fn inside(
     for entry in targets {
         let row = &fresh.rows[entry.index];
         let w = fresh.identity(entry);
-        // Liveness re-probe: this host, a known boot, the pid definitely gone.
-        let row_host = row.get(Col::HostId).stripped();
-        let probe = observe_pid(row.get(Col::Pid), ctx.probe);
-        let refused = if host.host_id.as_deref() != Some(row_host.as_str()) {
-            Some("this host is not the row's host (or is unknown)".to_string())
-        } else if host.boot_id.is_none() {
-            Some("the current boot id is unknown".to_string())
-        } else if probe.alive != Some(false) {
-            Some(format!(
-                "the pid is {} now",
-                match probe.alive {
-                    Some(true) => "running",
-                    _ => "unprobeable",
-                }
-            ))
-        } else {
-            None
-        };
+        // Liveness re-probe: the same policies judge the row again with the
+        // process probed now (pid definitely gone, this host, a known boot).
+        let again = rejudge.entry(entry, ctx.probe);
+        let refused = (!again.allowed).then(|| {
+            let codes: Vec<&str> = again.reason_codes().iter().map(|r| r.code()).collect();
+            format!("the row is no longer eligible ({})", codes.join(", "))
+        });
         if let Some(why) = refused {
             report.preserved.push(Kept {
                 worker_identity: w,

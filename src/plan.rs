@@ -95,21 +95,7 @@ fn judge_all(
     let engine = Engine::new(policies);
     let (principal, action) = (run_uid(), retire_action());
     let judge_one = |i: usize, attrs: &[(&'static str, Attr<'_>)]| -> Verdict {
-        let entities = Entities::from_entities(
-            [run.clone(), entity(worker_uid(i), attrs)],
-            None::<&NoEntitiesSchema>,
-            TCComputation::AssumeAlreadyComputed,
-            Extensions::all_available(),
-        );
-        match entities {
-            Ok(entities) => engine.judge(policies, &entities, &principal, &action, &worker_uid(i)),
-            // Fail closed: the row is kept.
-            Err(e) => Verdict {
-                allowed: false,
-                forbids: Vec::new(),
-                errors: vec![format!("building entities: {e}")],
-            },
-        }
+        judge_entity(&engine, policies, &run, &principal, &action, i, attrs)
     };
     let indices: Vec<usize> = (0..rows.len()).collect();
     let (abstraction, judge_one) = (&abstraction, &judge_one);
@@ -134,6 +120,92 @@ fn judge_all(
         tracing::debug!(rows = chunk.len(), evaluations = memo.len(), "rows judged");
         verdicts
     })
+}
+
+/// Ask Cedar about one worker entity (row `index` with `attrs`) next to the
+/// run principal. A store that cannot be built keeps the row.
+pub fn judge_entity(
+    engine: &Engine,
+    policies: &Policies,
+    run: &cedar_policy_core::ast::Entity,
+    principal: &cedar_policy_core::ast::EntityUID,
+    action: &cedar_policy_core::ast::EntityUID,
+    index: usize,
+    attrs: &[(&'static str, Attr<'_>)],
+) -> Verdict {
+    let entities = Entities::from_entities(
+        [run.clone(), entity(worker_uid(index), attrs)],
+        None::<&NoEntitiesSchema>,
+        TCComputation::AssumeAlreadyComputed,
+        Extensions::all_available(),
+    );
+    match entities {
+        Ok(entities) => engine.judge(policies, &entities, principal, action, &worker_uid(index)),
+        Err(e) => Verdict {
+            allowed: false,
+            forbids: Vec::new(),
+            errors: vec![format!("building entities: {e}")],
+        },
+    }
+}
+
+/// Judges rows of a plan again with a fresh pid probe (apply's re-probe
+/// just before each write): the same policies decide, on the same evidence
+/// except the process's state now.
+pub struct Rejudge<'a> {
+    plan: &'a Plan,
+    policies: &'a Policies,
+    engine: Engine,
+    run: cedar_policy_core::ast::Entity,
+    abstraction: Abstraction,
+    memo: std::cell::RefCell<HashMap<String, Arc<Verdict>>>,
+}
+
+impl<'a> Rejudge<'a> {
+    /// Prepare for re-judging rows of `plan`.
+    pub fn new(plan: &'a Plan, policies: &'a Policies) -> Rejudge<'a> {
+        let attrs = run_attrs(&plan.facts);
+        Rejudge {
+            plan,
+            policies,
+            engine: Engine::new(policies),
+            run: entity(run_uid(), &attrs),
+            abstraction: Abstraction::new(policies, &attrs),
+            memo: Default::default(),
+        }
+    }
+
+    /// Re-judge one entry with the process probed now (rows in the same
+    /// situation share one evaluation, as in `plan`).
+    pub fn entry(&self, entry: &Entry, probe: &dyn ProcessProbe) -> Arc<Verdict> {
+        let row = &self.plan.rows[entry.index];
+        let mut obs = entry.observation.clone();
+        obs.pid = crate::evidence::probe::observe_pid(row.get(Col::Pid), probe);
+        obs.liveness = crate::liveness::assess(row, crate::time::now(), obs.pid.alive);
+        obs.live = obs.liveness.live && !obs.historical;
+        let attrs = worker_attrs(row, &obs);
+        let judge = || {
+            Arc::new(judge_entity(
+                &self.engine,
+                self.policies,
+                &self.run,
+                &run_uid(),
+                &retire_action(),
+                entry.index,
+                &attrs,
+            ))
+        };
+        let mut key = String::new();
+        if !self.abstraction.key(&attrs, &mut key) {
+            return judge();
+        }
+        if let Some(v) = self.memo.borrow().get(&key) {
+            return v.clone();
+        }
+        let v = judge();
+        self.memo.borrow_mut().insert(key, v.clone());
+        v
+    }
 }
 
 /// Map `f` over `items` on every core, keeping order.
