@@ -445,14 +445,22 @@ impl Plan {
         for (key, candidates) in [("candidates", true), ("preserved", false)] {
             write!(w, "\"{key}\": [")?;
             let mut first = true;
-            for e in self
+            let selected: Vec<&Entry> = self
                 .entries
                 .iter()
                 .filter(|e| e.is_candidate() == candidates)
-            {
-                w.write_all(if first { b"\n" } else { b",\n" })?;
-                first = false;
-                serde_json::to_writer(&mut *w, &self.entry_json(e))?;
+                .collect();
+            // Render a batch on every core, then write it in order; only one
+            // batch of text is held at a time.
+            for batch in selected.chunks(8192) {
+                let rendered: Vec<Vec<u8>> = par_map(batch, |e| {
+                    serde_json::to_vec(&self.entry_json(e)).expect("plan entries serialise")
+                });
+                for text in rendered {
+                    w.write_all(if first { b"\n" } else { b",\n" })?;
+                    first = false;
+                    w.write_all(&text)?;
+                }
             }
             w.write_all(if key == "candidates" {
                 b"\n],\n"
