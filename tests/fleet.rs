@@ -498,3 +498,116 @@ fn the_demo_runs_and_cleans_up() {
         .collect();
     assert_eq!(before.len(), after.len(), "the demo leaves nothing behind");
 }
+
+#[test]
+fn snapshot_on_the_command_line_is_gated_strict_and_compares() {
+    let live_child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let (host, boot) = host_and_boot();
+    let mut row = stale_row(
+        "w-live",
+        live_child.id() as i64,
+        &start_time(live_child.id()),
+    );
+    row["last_heartbeat_at"] = json!(fleet_retire::time::format_ts(fleet_retire::time::now()));
+    row["host_id"] = json!(host);
+    row["boot_id"] = json!(boot);
+    let stores = Stores::new(&[row, stale_row("w-stale", 3_999_999, "ticks-1")]);
+    let reg = stores.registry.to_str().unwrap();
+    let prof = stores.profiles.to_str().unwrap();
+    // Author profiles may not look at the fleet.
+    let out = run(&[
+        "snapshot",
+        "--registry",
+        reg,
+        "--profiles",
+        prof,
+        "--profile",
+        "author-prgs",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // A stale row makes the fleet unsafe: --strict exits 2, plain exits 0.
+    let out = run(&[
+        "snapshot",
+        "--registry",
+        reg,
+        "--profiles",
+        prof,
+        "--profile",
+        "controller-prgs",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("NOT SAFE") && text(&out).contains("stale_orphaned_worker"),
+        "{}",
+        text(&out)
+    );
+    let out = run(&[
+        "snapshot",
+        "--strict",
+        "--registry",
+        reg,
+        "--profiles",
+        prof,
+        "--profile",
+        "controller-prgs",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    // JSON, then compare a later snapshot with it; a manifest names drift.
+    let out = run(&[
+        "--format",
+        "json",
+        "snapshot",
+        "--registry",
+        reg,
+        "--profiles",
+        prof,
+        "--profile",
+        "controller-prgs",
+    ]);
+    let first: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(first["live_worker_count"], 1);
+    let earlier = stores.dir.path().join("s1.json");
+    std::fs::write(&earlier, out.stdout).unwrap();
+    let manifest = stores.dir.path().join("manifest.json");
+    std::fs::write(
+        &manifest,
+        json!({"instances": [{"client_instance_id": "inst-codex-20260730T100200Z-cccccccccccc"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let out = run(&[
+        "--format",
+        "json",
+        "snapshot",
+        "--registry",
+        reg,
+        "--profiles",
+        prof,
+        "--profile",
+        "controller-prgs",
+        "--compare",
+        earlier.to_str().unwrap(),
+        "--manifest",
+        manifest.to_str().unwrap(),
+    ]);
+    let later: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(later["comparison"]["stable_ownership"], true);
+    assert_eq!(
+        later["comparison"]["shared_live_workers"],
+        json!(["w-live"])
+    );
+    assert_eq!(
+        later["missing_expected_instance_ids"],
+        json!(["inst-codex-20260730T100200Z-cccccccccccc"])
+    );
+    assert_eq!(
+        later["unmanifested_instance_ids"],
+        json!(["inst-codex-20260730T100000Z-abc123def456"])
+    );
+    let mut child = live_child;
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -369,3 +369,36 @@ fn the_fixture_runner_reports_failures_and_exits_1() {
     assert!(all.contains("want worker_live, got pid_alive"), "{all}");
     assert!(all.lines().any(|l| l == "1 passed, 1 failed"), "{all}");
 }
+
+#[test]
+fn a_wal_registry_in_use_is_planned_from_its_latest_commit() {
+    // Workers write the registry concurrently; in WAL mode the newest rows
+    // may sit in the -wal file. Plan must see them and write nothing.
+    let stores = Stores::new(&[stale_row("w-1", 3_999_999, "ticks-1")]);
+    let writer = rusqlite::Connection::open(&stores.registry).unwrap();
+    let mode: String = writer
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    writer
+        .execute_batch("PRAGMA wal_autocheckpoint=0;")
+        .unwrap();
+    writer
+        .execute(
+            "UPDATE worker_registrations SET status = 'released' WHERE worker_identity = 'w-1'",
+            [],
+        )
+        .unwrap();
+    let main_file = std::fs::read(&stores.registry).unwrap();
+    let (candidates, preserved) = verdicts(&stores.plan_json());
+    assert!(candidates.is_empty());
+    assert_eq!(
+        preserved,
+        vec![(
+            "w-1".to_string(),
+            "already_terminal_registration".to_string()
+        )]
+    );
+    assert_eq!(std::fs::read(&stores.registry).unwrap(), main_file);
+    drop(writer);
+}
