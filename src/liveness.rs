@@ -25,8 +25,34 @@ pub struct Liveness {
     pub pid_alive: Option<bool>,
 }
 
+/// Zero digits of Unicode's decimal-digit runs (category Nd, Unicode 14 as
+/// in Python 3.11): Python's `\d` and `float()` accept all of them.
+const ND_ZEROS: &[u32] = &[
+    0x30, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66,
+    0xDE6, 0xE50, 0xED0, 0xF20, 0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90,
+    0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0, 0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10,
+    0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450, 0x114D0, 0x11650,
+    0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0, 0x16B50,
+    0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0,
+];
+
+/// Python's reading of text as a number for the TTL: Unicode decimal digits
+/// become ASCII, other characters stay (and fail the shape check).
+fn ascii_digits(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            let cp = c as u32;
+            ND_ZEROS
+                .iter()
+                .find(|z| (**z..**z + 10).contains(&cp))
+                .map(|z| char::from(b'0' + (cp - z) as u8))
+                .unwrap_or(c)
+        })
+        .collect()
+}
+
 fn is_decimal_number(s: &str) -> bool {
-    // [+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?
+    // [+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?  (after ascii_digits)
     let b = s.as_bytes();
     let mut i = 0;
     if i < b.len() && (b[i] == b'+' || b[i] == b'-') {
@@ -71,7 +97,14 @@ pub fn canonical_ttl(v: &Value) -> f64 {
     let candidate = match v {
         Value::Int(i) => Some(*i as f64),
         Value::Real(f) => Some(*f),
-        Value::Text(s) if is_decimal_number(s) => s.parse::<f64>().ok(),
+        Value::Text(s) => {
+            let ascii = ascii_digits(s);
+            if is_decimal_number(&ascii) {
+                ascii.parse::<f64>().ok()
+            } else {
+                None
+            }
+        }
         _ => None,
     };
     match candidate {
@@ -108,6 +141,17 @@ mod tests {
         assert_eq!(canonical_ttl(&Value::Text("1e3".into())), 1000.0);
         assert_eq!(canonical_ttl(&Value::Text(".5".into())), 0.5);
         assert_eq!(canonical_ttl(&Value::Text("5.".into())), 5.0);
+        // Python's \d and float() take any Unicode decimal digit.
+        assert_eq!(
+            canonical_ttl(&Value::Text("\u{663}\u{666}\u{660}\u{660}".into())),
+            3600.0
+        );
+        assert_eq!(canonical_ttl(&Value::Text("\u{FF16}\u{FF10}".into())), 60.0);
+        assert_eq!(
+            canonical_ttl(&Value::Text("\u{B2}".into())),
+            900.0,
+            "superscript two is not Nd"
+        );
         for bad in [
             " 900", "1_000", "inf", "nan", "", "0", "-5", "1e999", "e3", ".",
         ] {
