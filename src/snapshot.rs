@@ -203,30 +203,37 @@ fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {
         .collect()
 }
 
-/// The consistency token: time-seeded, an observation stamp (never a CAS token).
-fn consistency_token(rows: &[Row], snapshot_at: &str) -> String {
-    let s = |r: &Row, c: Col| r.get(c).or_empty_str();
-    let mut sorted: Vec<&Row> = rows.iter().collect();
-    sorted.sort_by_key(|r| {
+/// The consistency token: time-seeded, an observation stamp (never a CAS
+/// token). Computed over the snapshot's worker rows, as the seed does (so
+/// the instance id is the assessed, whitespace-stripped one).
+fn consistency_token(workers: &[Json], snapshot_at: &str) -> String {
+    // Python's `str(value or "")`.
+    let s = |w: &Json, f: &str| -> String {
+        Value::from_json(&w[f])
+            .map(|v| v.or_empty_str())
+            .unwrap_or_default()
+    };
+    let mut sorted: Vec<&Json> = workers.iter().collect();
+    sorted.sort_by_key(|w| {
         (
-            s(r, Col::WorkerIdentity),
-            s(r, Col::LastHeartbeatAt),
-            s(r, Col::FencingEpoch),
+            s(w, "worker_identity"),
+            s(w, "last_heartbeat_at"),
+            s(w, "fencing_epoch"),
         )
     });
     let mut material = vec![snapshot_at.to_string()];
-    for r in sorted {
+    for w in sorted {
         material.push(
             [
-                Col::WorkerIdentity,
-                Col::ClientInstanceId,
-                Col::Status,
-                Col::LastHeartbeatAt,
-                Col::FencingEpoch,
-                Col::GenerationId,
+                "worker_identity",
+                "client_instance_id",
+                "status",
+                "last_heartbeat_at",
+                "fencing_epoch",
+                "generation_id",
             ]
             .iter()
-            .map(|c| s(r, *c))
+            .map(|f| s(w, f))
             .collect::<Vec<_>>()
             .join("|"),
         );
@@ -565,7 +572,7 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
         .collect();
     let live_safe = blockers.is_empty();
     let mutation_safe = live_safe && instances.iter().all(|i| i["mutation_safe"] == true);
-    let token = consistency_token(rows, &snapshot_at);
+    let token = consistency_token(&all, &snapshot_at);
     json!({
         "success": true,
         "read_only": true,
