@@ -309,6 +309,11 @@ fn post_apply(req: &Request, ctx: &Context) -> Option<serde_json::Value> {
 /// is returned only for failures before any lock is taken that are not
 /// outcomes of their own (an unreadable profiles.json).
 pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
+    // A worker named twice is one request.
+    let mut req = req.clone();
+    let mut seen = std::collections::HashSet::new();
+    req.workers.retain(|w| seen.insert(w.clone()));
+    let req = &req;
     let mut report = apply_inner(req, ctx, hooks)?;
     if !matches!(
         report.outcome,

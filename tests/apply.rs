@@ -268,6 +268,65 @@ fn the_blast_radius_limit_refuses_and_can_be_raised() {
 }
 
 #[test]
+fn a_subset_may_be_requested_and_repeats_and_strangers_are_reported() {
+    let (stores, mut live) = fleet();
+    let (_, plan) = save_plan(&stores);
+    let out = bin()
+        .args([
+            "--format",
+            "json",
+            "apply",
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--profiles",
+            stores.profiles.to_str().unwrap(),
+            "--profile",
+            "controller-prgs",
+            "--canonical-repository",
+            "prgs/gitea-tools",
+            "--registry-fingerprint",
+            plan["registry_fingerprint"].as_str().unwrap(),
+            "--candidate-fingerprint",
+            plan["candidate_fingerprint"].as_str().unwrap(),
+            "--policy-fingerprint",
+            plan["policy_fingerprint"].as_str().unwrap(),
+            "--workers",
+            "w-dead-2, w-dead-2,w-running,w-ghost",
+        ])
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["retired_count"], 1);
+    assert_eq!(report["retired"][0]["worker_identity"], "w-dead-2");
+    let kept: Vec<(String, String)> = report["preserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                k["worker_identity"].as_str().unwrap().into(),
+                k["reason_code"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        vec![
+            ("w-running".to_string(), "not_in_current_plan".to_string()),
+            ("w-ghost".to_string(), "registration_missing".to_string())
+        ]
+    );
+    let st = statuses(&stores.registry);
+    assert_eq!(st.iter().filter(|(_, s, _)| s == "retired").count(), 1);
+    live.kill().unwrap();
+    live.wait().unwrap();
+}
+
+#[test]
 fn a_changed_policy_set_is_refused() {
     let (stores, mut live) = fleet();
     let (plan_path, _) = save_plan(&stores);
