@@ -72,7 +72,6 @@ pub enum Command {
 
 /// Where the registry and lease store are.
 #[derive(Debug, Clone, Args)]
-#[allow(missing_docs)]
 pub struct StoreArgs {
     /// The worker registry (SQLite).
     #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
