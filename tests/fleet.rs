@@ -432,6 +432,31 @@ fn register_heartbeat_die_then_plan_finds_the_worker_eligible() {
         "{}",
         plan["preserved"]
     );
+    // ... and apply retires it.
+    let saved = stores.dir.path().join("plan.json");
+    std::fs::write(&saved, plan.to_string()).unwrap();
+    let out = bin()
+        .args([
+            "--format",
+            "json",
+            "apply",
+            saved.to_str().unwrap(),
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--profiles",
+            stores.profiles.to_str().unwrap(),
+            "--profile",
+            "controller-prgs",
+        ])
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(report["retired"][0]["worker_identity"], "w-real");
+    assert_eq!(report["post_apply"]["stale_worker_count"], 0);
 
     // A worker without launcher identity is recorded as such.
     let out = bin()
