@@ -4,6 +4,16 @@
 use clap::Parser;
 
 fn main() {
+    // An internal invariant failing is a bug: say so plainly, without a
+    // backtrace, and exit 1. An apply interrupted this way never committed,
+    // and SQLite rolls its journal back on the next open.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!(
+            "fleet-retire: internal error (a bug, please report it): {info}. \
+             Nothing was committed by this run."
+        );
+        std::process::exit(1);
+    }));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
