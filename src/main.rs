@@ -5,12 +5,13 @@ use clap::Parser;
 
 fn main() {
     // An internal invariant failing is a bug: say so plainly, without a
-    // backtrace, and exit 1. An apply interrupted this way never committed,
-    // and SQLite rolls its journal back on the next open.
+    // backtrace, and exit 1. A transaction that had not committed is rolled
+    // back by SQLite on the next open.
     std::panic::set_hook(Box::new(|info| {
         eprintln!(
             "fleet-retire: internal error (a bug, please report it): {info}. \
-             Nothing was committed by this run."
+             An uncommitted apply is rolled back by SQLite; check the registry with \
+             `fleet-retire snapshot`."
         );
         std::process::exit(1);
     }));
