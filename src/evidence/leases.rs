@@ -105,8 +105,11 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
              fix the --leases path",
         ));
     }
-    Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|e| lease_error(path, format!("cannot open as SQLite: {e}")))
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| lease_error(path, format!("cannot open as SQLite: {e}")))?;
+    conn.busy_timeout(crate::evidence::registry::READ_BUSY_TIMEOUT)
+        .map_err(|e| lease_error(path, format!("cannot set the busy timeout: {e}")))?;
+    Ok(conn)
 }
 
 /// Read every lease row through an open connection. Apply calls this

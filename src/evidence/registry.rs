@@ -30,12 +30,20 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
              (or FLEET_RETIRE_REGISTRY)",
         ));
     }
-    Connection::open_with_flags(
+    let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| registry_error(path, format!("cannot open as SQLite: {e}")))
+    .map_err(|e| registry_error(path, format!("cannot open as SQLite: {e}")))?;
+    // Workers heartbeat into a live registry; wait out their short write
+    // locks rather than failing at once.
+    conn.busy_timeout(READ_BUSY_TIMEOUT)
+        .map_err(|e| registry_error(path, format!("cannot set the busy timeout: {e}")))?;
+    Ok(conn)
 }
+
+/// How long a reader waits for a writer's lock.
+pub const READ_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Shares repeated texts of one column (statuses, hosts, repositories,
 /// namespaces) so a large registry holds each distinct text once. A column
