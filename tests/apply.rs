@@ -106,20 +106,8 @@ fn save_plan(stores: &Stores) -> (std::path::PathBuf, Value) {
 
 fn apply_cli(stores: &Stores, plan: &Path, profile: &str, extra: &[&str]) -> (Option<i32>, Value) {
     let out = bin()
-        .args([
-            "apply",
-            plan.to_str().unwrap(),
-            "--registry",
-            stores.registry.to_str().unwrap(),
-            "--leases",
-            stores.leases.to_str().unwrap(),
-            "--profiles",
-            stores.profiles.to_str().unwrap(),
-            "--profile",
-            profile,
-            "--format",
-            "json",
-        ])
+        .args(stores.apply_args(profile))
+        .arg(plan)
         .args(extra)
         .output()
         .unwrap();
@@ -272,18 +260,8 @@ fn a_subset_may_be_requested_and_repeats_and_strangers_are_reported() {
     let (stores, mut live) = fleet();
     let (_, plan) = save_plan(&stores);
     let out = bin()
+        .args(stores.apply_args("controller-prgs"))
         .args([
-            "--format",
-            "json",
-            "apply",
-            "--registry",
-            stores.registry.to_str().unwrap(),
-            "--leases",
-            stores.leases.to_str().unwrap(),
-            "--profiles",
-            stores.profiles.to_str().unwrap(),
-            "--profile",
-            "controller-prgs",
             "--canonical-repository",
             "prgs/gitea-tools",
             "--registry-fingerprint",
@@ -347,20 +325,8 @@ fn two_applies_at_once_retire_each_row_once() {
     let (plan_path, _) = save_plan(&stores);
     let spawn = || {
         bin()
-            .args([
-                "apply",
-                plan_path.to_str().unwrap(),
-                "--registry",
-                stores.registry.to_str().unwrap(),
-                "--leases",
-                stores.leases.to_str().unwrap(),
-                "--profiles",
-                stores.profiles.to_str().unwrap(),
-                "--profile",
-                "controller-prgs",
-                "--format",
-                "json",
-            ])
+            .args(stores.apply_args("controller-prgs"))
+            .arg(&plan_path)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -3,16 +3,17 @@
 //! resulting fixtures must pass `fleet-retire test`, tokens included.
 //! Skipped, saying so, where Python or the seed is not available.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[test]
-fn random_registries_get_the_seeds_verdicts_and_tokens() {
+/// Run a generator under `tests/differential/` against the seed with
+/// `args`; `None` (after saying why) where the seed or Python is missing.
+fn generate(script: &str, args: &[&std::ffi::OsStr]) -> Option<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let seed = root.join("../shared/seed");
+    let seed: PathBuf = root.join("../shared/seed");
     if !seed.join("mcp_fleet_retirement.py").is_file() {
         eprintln!("skipped: ../shared/seed is not here");
-        return;
+        return None;
     }
     if !Command::new("python3")
         .arg("--version")
@@ -20,13 +21,12 @@ fn random_registries_get_the_seeds_verdicts_and_tokens() {
         .is_ok_and(|o| o.status.success())
     {
         eprintln!("skipped: python3 is not installed");
-        return;
+        return None;
     }
-    let out = tempfile::tempdir().unwrap();
     let gen = Command::new("python3")
-        .arg(root.join("tests/differential/generate.py"))
+        .arg(root.join("tests/differential").join(script))
         .arg(&seed)
-        .arg(out.path())
+        .args(args)
         .args(["20261129", "300"])
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
@@ -36,6 +36,15 @@ fn random_registries_get_the_seeds_verdicts_and_tokens() {
         "generator failed: {}",
         String::from_utf8_lossy(&gen.stderr)
     );
+    Some(())
+}
+
+#[test]
+fn random_registries_get_the_seeds_verdicts_and_tokens() {
+    let out = tempfile::tempdir().unwrap();
+    if generate("generate.py", &[out.path().as_os_str()]).is_none() {
+        return;
+    }
     let run = Command::new(env!("CARGO_BIN_EXE_fleet-retire"))
         .arg("test")
         .arg(out.path())
@@ -63,32 +72,11 @@ fn random_fleets_get_the_seeds_snapshot_findings() {
     use fleet_retire::snapshot::{snapshot, Options};
     use serde_json::Value;
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let seed = root.join("../shared/seed");
-    if !seed.join("mcp_fleet_snapshot.py").is_file()
-        || !Command::new("python3")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    {
-        eprintln!("skipped: ../shared/seed or python3 is not available");
-        return;
-    }
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("cases.json");
-    let gen = Command::new("python3")
-        .arg(root.join("tests/differential/snapshot_cases.py"))
-        .arg(&seed)
-        .arg(&file)
-        .args(["20261129", "300"])
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .unwrap();
-    assert!(
-        gen.status.success(),
-        "generator failed: {}",
-        String::from_utf8_lossy(&gen.stderr)
-    );
+    if generate("snapshot_cases.py", &[file.as_os_str()]).is_none() {
+        return;
+    }
     let cases: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let name = |x: &Value| match x {
         Value::String(s) => s.clone(),

@@ -436,20 +436,8 @@ fn register_heartbeat_die_then_plan_finds_the_worker_eligible() {
     let saved = stores.dir.path().join("plan.json");
     std::fs::write(&saved, plan.to_string()).unwrap();
     let out = bin()
-        .args([
-            "--format",
-            "json",
-            "apply",
-            saved.to_str().unwrap(),
-            "--registry",
-            stores.registry.to_str().unwrap(),
-            "--leases",
-            stores.leases.to_str().unwrap(),
-            "--profiles",
-            stores.profiles.to_str().unwrap(),
-            "--profile",
-            "controller-prgs",
-        ])
+        .args(stores.apply_args("controller-prgs"))
+        .arg(&saved)
         .output()
         .unwrap();
     let report: Value =
@@ -540,58 +528,35 @@ fn snapshot_on_the_command_line_is_gated_strict_and_compares() {
     row["host_id"] = json!(host);
     row["boot_id"] = json!(boot);
     let stores = Stores::new(&[row, stale_row("w-stale", 3_999_999, "ticks-1")]);
-    let reg = stores.registry.to_str().unwrap();
-    let prof = stores.profiles.to_str().unwrap();
+    // `snapshot` as a profile, with extra arguments.
+    let snapshot = |profile: &str, extra: &[&str]| {
+        bin()
+            .args(["snapshot", "--registry", stores.registry.to_str().unwrap()])
+            .args([
+                "--profiles",
+                stores.profiles.to_str().unwrap(),
+                "--profile",
+                profile,
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
     // Author profiles may not look at the fleet.
-    let out = run(&[
-        "snapshot",
-        "--registry",
-        reg,
-        "--profiles",
-        prof,
-        "--profile",
-        "author-prgs",
-    ]);
+    let out = snapshot("author-prgs", &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     // A stale row makes the fleet unsafe: --strict exits 2, plain exits 0.
-    let out = run(&[
-        "snapshot",
-        "--registry",
-        reg,
-        "--profiles",
-        prof,
-        "--profile",
-        "controller-prgs",
-    ]);
+    let out = snapshot("controller-prgs", &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("NOT SAFE") && text(&out).contains("stale_orphaned_worker"),
         "{}",
         text(&out)
     );
-    let out = run(&[
-        "snapshot",
-        "--strict",
-        "--registry",
-        reg,
-        "--profiles",
-        prof,
-        "--profile",
-        "controller-prgs",
-    ]);
+    let out = snapshot("controller-prgs", &["--strict"]);
     assert_eq!(out.status.code(), Some(2));
     // JSON, then compare a later snapshot with it; a manifest names drift.
-    let out = run(&[
-        "--format",
-        "json",
-        "snapshot",
-        "--registry",
-        reg,
-        "--profiles",
-        prof,
-        "--profile",
-        "controller-prgs",
-    ]);
+    let out = snapshot("controller-prgs", &["--format", "json"]);
     let first: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(first["live_worker_count"], 1);
     let earlier = stores.dir.path().join("s1.json");
@@ -603,21 +568,17 @@ fn snapshot_on_the_command_line_is_gated_strict_and_compares() {
             .to_string(),
     )
     .unwrap();
-    let out = run(&[
-        "--format",
-        "json",
-        "snapshot",
-        "--registry",
-        reg,
-        "--profiles",
-        prof,
-        "--profile",
+    let out = snapshot(
         "controller-prgs",
-        "--compare",
-        earlier.to_str().unwrap(),
-        "--manifest",
-        manifest.to_str().unwrap(),
-    ]);
+        &[
+            "--format",
+            "json",
+            "--compare",
+            earlier.to_str().unwrap(),
+            "--manifest",
+            manifest.to_str().unwrap(),
+        ],
+    );
     let later: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(later["comparison"]["stable_ownership"], true);
     assert_eq!(

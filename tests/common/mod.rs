@@ -245,6 +245,24 @@ impl Stores {
         ]
     }
 
+    /// `--format json apply` arguments for these stores (the plan or token
+    /// flags come after).
+    pub fn apply_args(&self, profile: &str) -> Vec<String> {
+        vec![
+            "--format".into(),
+            "json".into(),
+            "apply".into(),
+            "--registry".into(),
+            self.registry.display().to_string(),
+            "--leases".into(),
+            self.leases.display().to_string(),
+            "--profiles".into(),
+            self.profiles.display().to_string(),
+            "--profile".into(),
+            profile.into(),
+        ]
+    }
+
     /// Run `plan --format json` and parse it.
     pub fn plan_json(&self) -> Value {
         let mut args = self.plan_args("controller-prgs");
