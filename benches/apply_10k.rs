@@ -16,16 +16,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn generate(dir: &Path, rows: usize, host: &str, boot: &str) {
-    let conn = Connection::open(dir.join("registry.sqlite")).unwrap();
-    let cols: Vec<String> = fleet_retire::row::COLUMNS
-        .iter()
-        .map(|c| format!("{} {}", c.name(), fleet_retire::row::sql_type(*c)))
-        .collect();
-    conn.execute_batch(&format!(
-        "CREATE TABLE worker_registrations ({});",
-        cols.join(", ")
-    ))
-    .unwrap();
+    // The registry schema as a worker creates it.
+    let conn = fleet_retire::worker::open(&dir.join("registry.sqlite")).unwrap();
     let tx = conn.unchecked_transaction().unwrap();
     {
         let mut stmt = tx

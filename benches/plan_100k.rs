@@ -23,16 +23,8 @@ fn generate(
     boot: &str,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
     let reg = dir.join("registry.sqlite");
-    let conn = Connection::open(&reg).unwrap();
-    let cols: Vec<String> = fleet_retire::row::COLUMNS
-        .iter()
-        .map(|c| format!("{} {}", c.name(), fleet_retire::row::sql_type(*c)))
-        .collect();
-    conn.execute_batch(&format!(
-        "CREATE TABLE worker_registrations ({});",
-        cols.join(", ")
-    ))
-    .unwrap();
+    // The registry schema as a worker creates it.
+    let conn = fleet_retire::worker::open(&reg).unwrap();
     let tx = conn.unchecked_transaction().unwrap();
     {
         let mut stmt = tx
