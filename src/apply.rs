@@ -12,7 +12,6 @@ use crate::error::{Error, Result};
 use crate::evidence::leases::{self, Protections};
 use crate::evidence::probe::{HostFacts, ProcessProbe};
 use crate::evidence::registry::{read_rows, TABLE};
-use crate::fingerprint::external_state_fingerprint;
 use crate::observe::RunFacts;
 use crate::plan::{plan, Rejudge};
 use crate::policy::Policies;
@@ -43,8 +42,16 @@ pub enum Outcome {
     NothingRequested,
     /// More targets than the blast-radius limit.
     BlastRadiusExceeded,
-    /// The capability policies refused (at entry or before the first write).
+    /// The capability policies refused (at entry or before a write).
     PermissionDenied,
+    /// The loaded policy set is neither the built-in one nor pinned by the
+    /// operator in `profiles.json`.
+    PolicySetNotPinned,
+    /// The registry holds triggers, views or a foreign audit table that
+    /// could make apply's writes differ from its report.
+    RegistryUntrusted,
+    /// The lease store could not be opened.
+    LeaseStoreUnavailable,
     /// The registry could not be opened or migrated.
     RegistryUnavailable,
     /// Something failed inside the transaction; it was rolled back.
@@ -57,7 +64,9 @@ impl Outcome {
         use crate::error::ExitCode;
         match self {
             Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => ExitCode::Ok,
-            Outcome::RegistryUnavailable | Outcome::TransactionFailed => ExitCode::Error,
+            Outcome::RegistryUnavailable
+            | Outcome::TransactionFailed
+            | Outcome::LeaseStoreUnavailable => ExitCode::Error,
             _ => ExitCode::Refused,
         }
     }
@@ -105,6 +114,13 @@ pub struct Context<'a> {
 pub struct Hooks<'a> {
     /// Runs after revalidation, before the first write.
     pub before_first_write: Option<&'a mut dyn FnMut()>,
+    /// Runs at the start of each target (its index), before anything is
+    /// re-read for it.
+    pub between_targets: Option<&'a mut dyn FnMut(usize)>,
+    /// Runs after a target's capability re-read, before its lease fence.
+    pub after_capability: Option<&'a mut dyn FnMut(usize)>,
+    /// Runs after the last write, before the final checks and COMMIT.
+    pub before_commit: Option<&'a mut dyn FnMut()>,
     /// Fail instead of committing (the failure path must leave nothing).
     pub fail_commit: bool,
 }
@@ -192,15 +208,10 @@ impl Report {
     }
 }
 
-fn capability(ctx: &Context) -> Result<Option<String>> {
-    let profiles = Profiles::load(ctx.profiles)?;
-    let decision = check(ctx.policies, &profiles, ctx.profile, "apply")?;
-    Ok((!decision.allowed).then_some(decision.explanation))
-}
-
-/// Open the registry for writing (it must exist) and add any known column it
-/// lacks, before the transaction.
-pub fn open_and_migrate(path: &Path, busy_timeout: Duration) -> Result<Connection> {
+/// Open the registry for writing (it must exist). Columns are added, and
+/// the audit table created, inside apply's transaction, so a refused or
+/// failed apply leaves the file exactly as it was.
+pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection> {
     let err = |message: String| Error::Registry {
         path: path.to_path_buf(),
         message,
@@ -214,6 +225,13 @@ pub fn open_and_migrate(path: &Path, busy_timeout: Duration) -> Result<Connectio
         .map_err(|e| err(format!("cannot open for writing: {e}")))?;
     conn.busy_timeout(busy_timeout)
         .map_err(|e| err(format!("cannot set the busy timeout: {e}")))?;
+    Ok(conn)
+}
+
+/// Open the registry for writing and add any known column it lacks.
+/// For worker registration; apply migrates inside its transaction.
+pub fn open_and_migrate(path: &Path, busy_timeout: Duration) -> Result<Connection> {
+    let conn = open_for_writing(path, busy_timeout)?;
     crate::evidence::registry::add_missing_columns(&conn, path)?;
     Ok(conn)
 }
@@ -241,20 +259,8 @@ const GUARD: &[Col] = &[
     Col::HostId,
     Col::BootId,
     Col::ProcessStartTime,
+    Col::PidNamespace,
 ];
-
-const AUDIT_DDL: &str = "CREATE TABLE IF NOT EXISTS retirement_audit (
-    audit_id INTEGER PRIMARY KEY AUTOINCREMENT,
-    worker_identity TEXT NOT NULL,
-    retired_at TEXT NOT NULL,
-    retired_by TEXT NOT NULL,
-    retirement_reason TEXT NOT NULL,
-    registry_fingerprint TEXT NOT NULL,
-    candidate_fingerprint TEXT NOT NULL,
-    policy_fingerprint TEXT NOT NULL,
-    external_state_fingerprint TEXT NOT NULL,
-    evidence TEXT NOT NULL
-)";
 
 /// Why a transaction must be rolled back, as opposed to a refusal.
 enum Abort {
@@ -317,18 +323,83 @@ pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     let mut report = apply_inner(req, ctx, hooks)?;
     if !matches!(
         report.outcome,
-        Outcome::PermissionDenied | Outcome::RegistryUnavailable
+        Outcome::PermissionDenied
+            | Outcome::RegistryUnavailable
+            | Outcome::PolicySetNotPinned
+            | Outcome::RegistryUntrusted
+            | Outcome::LeaseStoreUnavailable
     ) {
         report.post_apply = post_apply(req, ctx);
     }
     Ok(report)
 }
 
-fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
-    // 1. Capability at entry.
-    if let Some(why) = capability(ctx)? {
-        return Ok(Report::new(req, Outcome::PermissionDenied, why));
+/// The operator's standing, read from `profiles.json`: decided before the
+/// lock and re-read (without blocking: regular files only) before every
+/// write, so revoking the grant or the policy pin stops an apply under way.
+struct Standing<'a> {
+    ctx: &'a Context<'a>,
+    /// sha256 of the profiles.json that was last found to allow apply.
+    allowed_sha256: String,
+}
+
+impl<'a> Standing<'a> {
+    /// Why `profiles` does not let this apply run, if it does not.
+    fn refusal(ctx: &Context, profiles: &Profiles) -> Result<Option<(Outcome, String)>> {
+        if let Some(why) = profiles.pin_refusal(ctx.policies, ctx.profiles) {
+            return Ok(Some((Outcome::PolicySetNotPinned, why)));
+        }
+        let decision = check(ctx.policies, profiles, ctx.profile, "apply")?;
+        Ok((!decision.allowed).then_some((Outcome::PermissionDenied, decision.explanation)))
     }
+
+    /// Read and decide at entry.
+    fn at_entry(ctx: &'a Context<'a>) -> Result<std::result::Result<Self, (Outcome, String)>> {
+        let profiles = Profiles::load(ctx.profiles)?;
+        if let Some(refused) = Self::refusal(ctx, &profiles)? {
+            return Ok(Err(refused));
+        }
+        Ok(Ok(Standing {
+            ctx,
+            allowed_sha256: profiles.sha256,
+        }))
+    }
+
+    /// Read again; an unchanged file keeps its decision, a changed one is
+    /// decided afresh. Any failure to read is a refusal.
+    fn recheck(&mut self) -> std::result::Result<(), Abort> {
+        let refused = |why: String| {
+            Abort::Refuse(
+                Outcome::PermissionDenied,
+                format!("capability re-read before a write: {why}; nothing was retired"),
+            )
+        };
+        let profiles = Profiles::load(self.ctx.profiles).map_err(|e| refused(e.to_string()))?;
+        if profiles.sha256 == self.allowed_sha256 {
+            return Ok(());
+        }
+        match Self::refusal(self.ctx, &profiles) {
+            Ok(None) => {
+                self.allowed_sha256 = profiles.sha256;
+                Ok(())
+            }
+            Ok(Some((outcome, why))) => Err(Abort::Refuse(
+                outcome,
+                format!("re-read before a write: {why}; nothing was retired"),
+            )),
+            Err(e) => Err(refused(e.to_string())),
+        }
+    }
+}
+
+fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
+    // 1. The policy set must be the built-in one or pinned, and the
+    //    capability must allow apply: decided from profiles.json read once
+    //    here, before any lock.
+    let mut standing = match Standing::at_entry(ctx)? {
+        Ok(s) => s,
+        Err((outcome, why)) => return Ok(Report::new(req, outcome, why)),
+    };
     // 2. The plan's policies must be the loaded ones.
     if req.policy_fingerprint != ctx.policies.fingerprint {
         return Ok(Report::new(
@@ -348,8 +419,8 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             "no worker was requested",
         ));
     }
-    // 4. Open the registry, migrating missing columns.
-    let mut conn = match open_and_migrate(ctx.registry, ctx.busy_timeout) {
+    // 4. Open the registry and the lease store.
+    let mut conn = match open_for_writing(ctx.registry, ctx.busy_timeout) {
         Ok(c) => c,
         Err(e) => {
             return Ok(Report::new(
@@ -361,7 +432,13 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     };
     let lease_conn = match leases::open_read_only(ctx.leases) {
         Ok(c) => c,
-        Err(e) => return Ok(Report::new(req, Outcome::TransactionFailed, e.to_string())),
+        Err(e) => {
+            return Ok(Report::new(
+                req,
+                Outcome::LeaseStoreUnavailable,
+                e.to_string(),
+            ))
+        }
     };
     // 5. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
@@ -375,13 +452,15 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
         }
     };
     let fail_commit = hooks.fail_commit;
-    let result = inside(req, ctx, hooks, &tx, &lease_conn, &mut report).and_then(|()| {
-        if fail_commit {
-            Err(Abort::Fail("injected failure at commit".into()))
-        } else {
-            Ok(())
-        }
-    });
+    let result = inside(req, ctx, hooks, &mut standing, &tx, &lease_conn, &mut report).and_then(
+        |()| {
+            if fail_commit {
+                Err(Abort::Fail("injected failure at commit".into()))
+            } else {
+                Ok(())
+            }
+        },
+    );
     match result {
         Ok(()) => {
             if let Err(e) = tx.commit() {
@@ -430,24 +509,46 @@ fn tx_rollback_note(tx: rusqlite::Transaction) -> String {
     }
 }
 
-fn read_fence(lease_conn: &Connection, path: &Path) -> Result<String> {
-    let all = leases::read(lease_conn, path)?;
-    Ok(external_state_fingerprint(
-        all.iter().filter(|l| l.is_active()),
+fn fence_moved(was: &leases::Fence, now: &leases::Fence) -> Abort {
+    Abort::Fail(format!(
+        "the active leases changed inside the transaction ({} {} -> {} {}); every decision \
+         was made against a world that no longer exists, so nothing was retired",
+        was.token, was.digest, now.token, now.digest
     ))
+}
+
+/// Everything an audit row records besides the retirement itself.
+struct AuditContext {
+    apply_id: String,
+    os_uid: i64,
+    host_id: Option<String>,
+    policy_source: String,
+    lease_store: String,
 }
 
 fn inside(
     req: &Request,
     ctx: &Context,
     mut hooks: Hooks,
+    standing: &mut Standing,
     tx: &rusqlite::Transaction,
     lease_conn: &Connection,
     report: &mut Report,
 ) -> std::result::Result<(), Abort> {
-    // The external fence, before the authoritative read.
-    let fence = read_fence(lease_conn, ctx.leases)?;
-    report.external_state_fingerprint = Some(fence.clone());
+    // Nothing in the file may turn our writes into other writes.
+    if let Some(why) = crate::audit::untrusted_objects(tx, TABLE)? {
+        return Err(Abort::Refuse(Outcome::RegistryUntrusted, why));
+    }
+    // Migrations run inside the transaction: a refusal undoes them too.
+    if let Err(e) = crate::evidence::registry::add_missing_columns(tx, ctx.registry) {
+        return Err(Abort::Refuse(Outcome::RegistryUnavailable, e.to_string()));
+    }
+    crate::audit::create_or_migrate(tx)?;
+
+    // The external fence, before the authoritative read; the same read of
+    // the active leases feeds the re-plan.
+    let (mut fence, active_leases) = leases::Fence::read(lease_conn, ctx.leases)?;
+    report.external_state_fingerprint = Some(fence.token.clone());
     let rows = read_rows(tx, ctx.registry)?;
 
     // Rows by canonical identity, once (requests can name thousands).
@@ -471,13 +572,13 @@ fn inside(
         ));
     }
 
-    // Re-plan from what is read under the lock, with leases read afresh.
-    let lease_rows = leases::read(lease_conn, ctx.leases)?;
+    // Re-plan from what is read under the lock.
+    let host = HostFacts::observe(ctx.proc_root);
     let facts = RunFacts {
         now: crate::time::now(),
-        host: HostFacts::observe(ctx.proc_root),
+        host: host.clone(),
         canonical_repository: req.canonical_repository.clone(),
-        protections: Protections::from_leases(&lease_rows),
+        protections: Protections::from_leases(&active_leases),
     };
     let fresh = plan(rows, facts, ctx.probe, ctx.policies)?;
     if fresh.registry_fingerprint != req.registry_fingerprint {
@@ -539,9 +640,15 @@ fn inside(
         hook();
     }
 
+    let audit = AuditContext {
+        apply_id: crate::launcher::random_hex(16)?,
+        os_uid: i64::from(nix::unistd::getuid().as_raw()),
+        host_id: host.host_id.clone(),
+        policy_source: ctx.policies.source_label(),
+        lease_store: ctx.leases.display().to_string(),
+    };
     let rejudge = Rejudge::new(&fresh, ctx.policies);
     let retired_at = crate::time::format_ts(crate::time::now());
-    let mut capability_checked = false;
     let guard_sql = GUARD
         .iter()
         .enumerate()
@@ -552,44 +659,52 @@ fn inside(
         "UPDATE {TABLE} SET status = 'retired', retired_at = ?1, retired_by = ?2, \
          retirement_reason = ?3 WHERE worker_identity IS ?4 AND {guard_sql}"
     );
-    for entry in targets {
+    let insert = format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        crate::audit::TABLE,
+        crate::audit::COLUMNS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", "),
+        (1..=crate::audit::COLUMNS.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    // Every row changed from here on, triggers included, is counted.
+    let changes_before = tx.total_changes();
+    for (i, entry) in targets.into_iter().enumerate() {
+        if let Some(hook) = hooks.between_targets.as_mut() {
+            hook(i);
+        }
+        // The capability (and the policy pin) first: a grant revoked since
+        // the last write stops the apply here.
+        standing.recheck()?;
+        if let Some(hook) = hooks.after_capability.as_mut() {
+            hook(i);
+        }
         let row = &fresh.rows[entry.index];
         let w = fresh.identity(entry);
         // Liveness re-probe: the same policies judge the row again with the
         // process probed now (pid definitely gone, this host, a known boot).
         let again = rejudge.entry(entry, ctx.probe);
-        let refused = (!again.allowed).then(|| {
+        if !again.allowed {
             let codes: Vec<&str> = again.reason_codes().iter().map(|r| r.code()).collect();
-            format!("the row is no longer eligible ({})", codes.join(", "))
-        });
-        if let Some(why) = refused {
             report.preserved.push(Kept {
                 worker_identity: w,
                 reason_code: Reason::LivenessReprobe.code(),
-                detail: format!("re-probe before the write refused: {why}"),
+                detail: format!(
+                    "re-probe before the write refused: the row is no longer eligible ({})",
+                    codes.join(", ")
+                ),
             });
             continue;
         }
-        // The external fence: any movement aborts everything.
-        let now_fence = read_fence(lease_conn, ctx.leases)?;
-        if now_fence != fence {
-            return Err(Abort::Fail(format!(
-                "the active leases changed inside the transaction ({fence} -> {now_fence}); \
-                 every decision was made against a world that no longer exists, so nothing was retired"
-            )));
-        }
-        if !capability_checked {
-            if let Some(why) = capability(ctx)? {
-                return Err(Abort::Refuse(
-                    Outcome::PermissionDenied,
-                    format!(
-                        "capability re-read before the first write: {why}; nothing was retired"
-                    ),
-                ));
-            }
-            tx.execute_batch(AUDIT_DDL)?;
-            capability_checked = true;
-        }
+        // The lease fence last, right before the write.
+        fence = fence
+            .recheck(lease_conn, ctx.leases)?
+            .map_err(|now| fence_moved(&fence, &now))?;
         let mut params: Vec<rusqlite::types::Value> = vec![
             rusqlite::types::Value::Text(retired_at.clone()),
             rusqlite::types::Value::Text(ctx.profile.to_string()),
@@ -600,12 +715,12 @@ fn inside(
         let changed = tx
             .prepare_cached(&update)?
             .execute(rusqlite::params_from_iter(params))?;
-        if changed != 1 {
-            if changed > 1 {
-                return Err(Abort::Fail(format!(
-                    "the guarded UPDATE for {w} matched {changed} rows"
-                )));
-            }
+        if changed > 1 {
+            return Err(Abort::Fail(format!(
+                "the guarded UPDATE for {w} matched {changed} rows; nothing was retired"
+            )));
+        }
+        if changed == 0 {
             report.preserved.push(Kept {
                 worker_identity: w,
                 reason_code: Reason::RowChanged.code(),
@@ -617,27 +732,60 @@ fn inside(
         }
         let evidence = serde_json::to_string(&fresh.evidence(entry))
             .map_err(|e| Abort::Fail(e.to_string()))?;
-        tx.prepare_cached(
-            "INSERT INTO retirement_audit (worker_identity, retired_at, retired_by, retirement_reason,
-             registry_fingerprint, candidate_fingerprint, policy_fingerprint,
-             external_state_fingerprint, evidence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        )?
-        .execute(rusqlite::params![
-                w,
-                retired_at,
-                ctx.profile,
-                Reason::Eligible.code(),
-                req.registry_fingerprint,
-                req.candidate_fingerprint,
-                req.policy_fingerprint,
-                fence,
-                evidence
-            ])?;
+        let values: Vec<rusqlite::types::Value> = {
+            use rusqlite::types::Value as S;
+            let text = |t: &str| S::Text(t.to_string());
+            vec![
+                text(&w),
+                text(&retired_at),
+                text(ctx.profile),
+                text(Reason::Eligible.code()),
+                text(&req.registry_fingerprint),
+                text(&req.candidate_fingerprint),
+                text(&req.policy_fingerprint),
+                text(&fence.token),
+                S::Text(evidence),
+                text(&audit.apply_id),
+                text(&standing.allowed_sha256),
+                S::Integer(audit.os_uid),
+                audit.host_id.as_deref().map_or(S::Null, text),
+                text(env!("CARGO_PKG_VERSION")),
+                text(&audit.policy_source),
+                req.canonical_repository.as_deref().map_or(S::Null, text),
+                text(&audit.lease_store),
+                text(&fence.digest),
+            ]
+        };
+        tx.prepare_cached(&insert)?
+            .execute(rusqlite::params_from_iter(values))?;
         report.retired.push(Retired {
             worker_identity: w,
             retired_at: retired_at.clone(),
             retired_by: ctx.profile.to_string(),
         });
+    }
+    if let Some(hook) = hooks.before_commit.as_mut() {
+        hook();
+    }
+    // Before COMMIT: the leases once more, in full; exactly one UPDATE and
+    // one audit row per retirement and nothing else; the audit rows there.
+    fence
+        .recheck_fully(lease_conn, ctx.leases)?
+        .map_err(|now| fence_moved(&fence, &now))?;
+    let written = tx.total_changes() - changes_before;
+    let expected = 2 * report.retired.len() as u64;
+    if written != expected {
+        return Err(Abort::Fail(format!(
+            "the transaction changed {written} rows where {expected} were meant \
+             (one retirement and one audit row per worker); nothing was retired"
+        )));
+    }
+    let audited = crate::audit::count_for(tx, &audit.apply_id)?;
+    if audited != report.retired.len() {
+        return Err(Abort::Fail(format!(
+            "{audited} audit rows were found for {} retirements; nothing was retired",
+            report.retired.len()
+        )));
     }
     Ok(())
 }

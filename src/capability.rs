@@ -34,6 +34,11 @@ pub struct Profile {
 pub struct Profiles {
     /// Profiles by name.
     pub profiles: BTreeMap<String, Profile>,
+    /// `policy_pins`: fingerprints of policy sets other than the built-in
+    /// one that the operator allows apply to run under.
+    pub policy_pins: Vec<String>,
+    /// `sha256:<hex>` of the file's bytes (empty when not read from a file).
+    pub sha256: String,
 }
 
 impl Profiles {
@@ -50,7 +55,25 @@ impl Profiles {
             .iter()
             .map(|(name, entry)| (name.clone(), parse_profile(entry)))
             .collect();
-        Ok(Profiles { profiles })
+        let policy_pins = match doc.get("policy_pins") {
+            None => Vec::new(),
+            Some(Json::Array(items)) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or("\"policy_pins\" must be a list of policy fingerprint strings (\"sha256:...\")")?,
+            Some(_) => {
+                return Err(
+                    "\"policy_pins\" must be a list of policy fingerprint strings (\"sha256:...\")"
+                        .into(),
+                )
+            }
+        };
+        Ok(Profiles {
+            profiles,
+            policy_pins,
+            sha256: String::new(),
+        })
     }
 
     /// Read and parse a `profiles.json` file.
@@ -59,19 +82,36 @@ impl Profiles {
             path: path.to_path_buf(),
             message,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        // Read without blocking and bounded, so a FIFO or /dev/zero named as
+        // profiles.json can neither hang nor exhaust an apply.
+        let (doc, bytes) = crate::jsonfile::read_json(path).map_err(|e| {
             err(format!(
-                "cannot read ({e}); pass it with --profiles or GITEA_MCP_CONFIG"
+                "{e}; pass profiles.json with --profiles or GITEA_MCP_CONFIG"
             ))
         })?;
-        let doc: Json = serde_json::from_str(&text).map_err(|e| {
-            err(format!(
-                "not valid JSON at line {}, column {}: {e}",
-                e.line(),
-                e.column()
-            ))
-        })?;
-        Profiles::from_json(&doc).map_err(err)
+        let mut profiles = Profiles::from_json(&doc).map_err(err)?;
+        profiles.sha256 = bytes.sha256;
+        Ok(profiles)
+    }
+
+    /// Why apply must refuse to run under `policies`, if it must: only the
+    /// built-in policy set, or one whose fingerprint the operator pinned in
+    /// `policy_pins`, may decide what is retired.
+    pub fn pin_refusal(&self, policies: &Policies, path: &Path) -> Option<String> {
+        if policies.is_builtin() || self.policy_pins.contains(&policies.fingerprint) {
+            return None;
+        }
+        Some(format!(
+            "the policy set from {} ({}) is not the built-in one and {} does not pin it; \
+             apply runs only the built-in policies or a set the operator pinned. Review that set, \
+             then add \"policy_pins\": [\"{}\"] at the top level of {}, or apply without \
+             --policies / FLEET_RETIRE_POLICIES",
+            policies.origin,
+            policies.fingerprint,
+            path.display(),
+            policies.fingerprint,
+            path.display()
+        ))
     }
 }
 

@@ -146,6 +146,13 @@ pub fn load(path: &Path) -> Result<Case> {
     let host = HostFacts {
         host_id: opt_string(&ctx, context, "host_id", "context.host_id")?,
         boot_id: opt_string(&ctx, context, "boot_id", "context.boot_id")?,
+        // Absent: the run is in the initial namespace, where every pid is
+        // visible, so rows without the column are judged as before.
+        pid_namespace: if context.contains_key("pid_namespace") {
+            opt_string(&ctx, context, "pid_namespace", "context.pid_namespace")?
+        } else {
+            Some(crate::evidence::probe::INITIAL_PID_NAMESPACE.to_string())
+        },
     };
     let canonical_repository = opt_string(
         &ctx,
@@ -161,6 +168,10 @@ pub fn load(path: &Path) -> Result<Case> {
             .parse()
             .map_err(|_| ctx.err(&field, "process keys must be integer pids"))?;
         let entry = object(&ctx, Some(entry), &field)?;
+        // Keys are pid text, matched exactly against the pid as printed:
+        // "04242" or "+4242" names no pid (as in the reference), so a row
+        // with pid 4242 is probed dead.
+        let exact = pid.to_string() == *pid_text;
         let alive = match entry.get("alive") {
             Some(Json::Bool(b)) => Some(*b),
             Some(Json::Null) => None,
@@ -172,9 +183,11 @@ pub fn load(path: &Path) -> Result<Case> {
             }
         };
         let start_time = opt_string(&ctx, entry, "start_time", &format!("{field}.start_time"))?;
-        probe
-            .processes
-            .insert(pid, PidObservation { alive, start_time });
+        if exact {
+            probe
+                .processes
+                .insert(pid, PidObservation { alive, start_time });
+        }
     }
 
     let mut rows = Vec::new();

@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod apply;
+pub mod audit;
 pub mod capability;
 pub mod cli;
 pub mod demo;
@@ -16,6 +17,7 @@ pub mod export;
 pub mod fingerprint;
 pub mod fixture;
 pub mod identity;
+pub mod jsonfile;
 pub mod launcher;
 pub mod liveness;
 pub mod observe;

@@ -25,34 +25,8 @@ pub struct Liveness {
     pub pid_alive: Option<bool>,
 }
 
-/// Zero digits of Unicode's decimal-digit runs (category Nd, Unicode 14 as
-/// in Python 3.11): Python's `\d` and `float()` accept all of them.
-const ND_ZEROS: &[u32] = &[
-    0x30, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66,
-    0xDE6, 0xE50, 0xED0, 0xF20, 0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90,
-    0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0, 0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10,
-    0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450, 0x114D0, 0x11650,
-    0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0, 0x16B50,
-    0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0,
-];
-
-/// Python's reading of text as a number for the TTL: Unicode decimal digits
-/// become ASCII, other characters stay (and fail the shape check).
-fn ascii_digits(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            let cp = c as u32;
-            ND_ZEROS
-                .iter()
-                .find(|z| (**z..**z + 10).contains(&cp))
-                .map(|z| char::from(b'0' + (cp - z) as u8))
-                .unwrap_or(c)
-        })
-        .collect()
-}
-
 fn is_decimal_number(s: &str) -> bool {
-    // [+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?  (after ascii_digits)
+    // [+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?, ASCII digits only
     let b = s.as_bytes();
     let mut i = 0;
     if i < b.len() && (b[i] == b'+' || b[i] == b'-') {
@@ -91,20 +65,45 @@ fn is_decimal_number(s: &str) -> bool {
     i == b.len()
 }
 
+/// `us / 1_000_000` as the nearest `f64` (ties to even): one rounding, as
+/// Python's `timedelta.total_seconds()` does. Converting `us` to `f64` first
+/// and then dividing rounds twice once `|us|` passes 2^53 (stamps about 285
+/// years old), which can move an age across a TTL by one ulp.
+pub fn micros_to_seconds(us: i64) -> f64 {
+    const M: i128 = 1_000_000;
+    let guess = us as f64 / 1e6;
+    if us.unsigned_abs() < (1u64 << 53) {
+        return guess; // exact conversion, then one correctly rounded division
+    }
+    // |c * 1e6 - us| exactly, all on one scale (times 2^19): here
+    // 2^33 < |c| < 2^44, so c's exponent lies in -19..=-9 and no shift
+    // overflows an i128.
+    let error = |c: f64| -> (i128, bool) {
+        let bits = c.to_bits();
+        let exp = ((bits >> 52) & 0x7ff) as i32 - 1075;
+        let mant = ((bits & ((1u64 << 52) - 1)) | (1u64 << 52)) as i128;
+        let value = if c < 0.0 { -mant } else { mant } * M << (exp + 19);
+        ((value - ((us as i128) << 19)).abs(), mant & 1 == 1)
+    };
+    let mut best = guess;
+    let (mut best_err, mut best_odd) = error(guess);
+    let bits = guess.to_bits();
+    for c in [f64::from_bits(bits + 1), f64::from_bits(bits - 1)] {
+        let (err, odd) = error(c);
+        if err < best_err || (err == best_err && best_odd && !odd) {
+            (best, best_err, best_odd) = (c, err, odd);
+        }
+    }
+    best
+}
+
 /// The canonical TTL: the row's when it is a finite number above zero
 /// (integer, real, or wholly-decimal text; never a boolean), else 900.
 pub fn canonical_ttl(v: &Value) -> f64 {
     let candidate = match v {
         Value::Int(i) => Some(*i as f64),
         Value::Real(f) => Some(*f),
-        Value::Text(s) => {
-            let ascii = ascii_digits(s);
-            if is_decimal_number(&ascii) {
-                ascii.parse::<f64>().ok()
-            } else {
-                None
-            }
-        }
+        Value::Text(s) if is_decimal_number(s) => s.parse::<f64>().ok(),
         _ => None,
     };
     match candidate {
@@ -117,7 +116,7 @@ pub fn canonical_ttl(v: &Value) -> f64 {
 pub fn assess(row: &Row, now: Micros, pid_alive: Option<bool>) -> Liveness {
     let ttl = canonical_ttl(row.get(Col::HeartbeatTtlSeconds));
     let stamp = row.get(Col::LastHeartbeatAt).as_text().and_then(parse_ts);
-    let age = stamp.map(|t| (now - t) as f64 / 1e6);
+    let age = stamp.map(|t| micros_to_seconds(now - t));
     let fresh = age.map(|a| a <= ttl);
     let active = row.get(Col::Status).as_text() == Some("active");
     Liveness {
@@ -141,17 +140,10 @@ mod tests {
         assert_eq!(canonical_ttl(&Value::Text("1e3".into())), 1000.0);
         assert_eq!(canonical_ttl(&Value::Text(".5".into())), 0.5);
         assert_eq!(canonical_ttl(&Value::Text("5.".into())), 5.0);
-        // Python's \d and float() take any Unicode decimal digit.
-        assert_eq!(
-            canonical_ttl(&Value::Text("\u{663}\u{666}\u{660}\u{660}".into())),
-            3600.0
-        );
-        assert_eq!(canonical_ttl(&Value::Text("\u{FF16}\u{FF10}".into())), 60.0);
-        assert_eq!(
-            canonical_ttl(&Value::Text("\u{B2}".into())),
-            900.0,
-            "superscript two is not Nd"
-        );
+        // Digits of other scripts are not a number here (ASCII only).
+        for other in ["\u{663}\u{666}\u{660}\u{660}", "\u{666}\u{660}", "\u{FF16}\u{FF10}", "\u{B2}"] {
+            assert_eq!(canonical_ttl(&Value::Text(other.into())), 900.0, "{other:?}");
+        }
         for bad in [
             " 900", "1_000", "inf", "nan", "", "0", "-5", "1e999", "e3", ".",
         ] {
@@ -161,6 +153,33 @@ mod tests {
         assert_eq!(canonical_ttl(&Value::Int(0)), 900.0);
         assert_eq!(canonical_ttl(&Value::Real(f64::INFINITY)), 900.0);
         assert_eq!(canonical_ttl(&Value::Null), 900.0);
+    }
+
+    #[test]
+    fn heartbeat_age_is_rounded_once() {
+        // Python: (now - stamp).total_seconds() is int/int true division.
+        for (us, python) in [
+            (9_007_199_254_740_993_i64, 9_007_199_254.740993_f64),
+            (31_556_889_864_403_199, 31_556_889_864.403199),
+            (-31_556_889_864_403_199, -31_556_889_864.403199),
+            (63_082_281_599_999_999, 63_082_281_599.999999),
+            (1_500_000, 1.5),
+        ] {
+            assert_eq!(micros_to_seconds(us), python, "{us}");
+        }
+        // A value where converting first, then dividing, rounds twice.
+        let mut differs = 0;
+        for k in 0..20_000_i64 {
+            let us = (1_i64 << 55) + k * 7919;
+            let once = micros_to_seconds(us);
+            let exact = us as f64 / 1e6;
+            if once != exact {
+                differs += 1;
+            }
+        }
+        // Counted with Python 3.11: `us / 10**6 != float(us) / 1e6` holds for
+        // exactly 5241 of these.
+        assert_eq!(differs, 5241);
     }
 
     #[test]

@@ -67,6 +67,10 @@ reasons! {
         "The instance id is not launcher-minted (inst-...); nothing proves which launch the row belongs to.";
     HostUnproven => "host_binding_unproven", true,
         "This host is unknown, or the row was registered on another host.";
+    PidNamespaceMismatch => "pid_namespace_mismatch", true,
+        "The row was registered in another pid namespace than this run's, where its pid cannot be probed.";
+    PidNamespaceUnproven => "pid_namespace_unproven", true,
+        "The row records no pid namespace and this run is not in the initial one, so its pid may be invisible here.";
     BootUnknown => "boot_identity_unknown", true,
         "The boot identity is unknown, so pids cannot be compared.";
     PolicyEvaluationError => "policy_evaluation_error", false,

@@ -52,6 +52,7 @@ columns! {
     HostId => "host_id",
     BootId => "boot_id",
     ProcessStartTime => "process_start_time",
+    PidNamespace => "pid_namespace",
     TokenFingerprint => "token_fingerprint",
     StartupRevision => "startup_revision",
     LoadedRevision => "loaded_revision",

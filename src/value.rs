@@ -26,6 +26,18 @@ pub enum Value {
 }
 
 impl Value {
+    /// The storage class, as a word.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Int(_) => "integer",
+            Value::Real(_) => "real",
+            Value::Text(_) => "text",
+            Value::Bool(_) => "bool",
+            Value::Blob(_) => "blob",
+        }
+    }
+
     /// The seed's canonical text (`_canon`): what every token hashes.
     pub fn canon(&self) -> String {
         match self {

@@ -114,6 +114,7 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
         "host_id": host.host_id,
         "boot_id": host.boot_id,
         "process_start_time": start,
+        "pid_namespace": host.pid_namespace,
     });
     let existing: Option<String> = conn
         .query_row(

@@ -14,6 +14,24 @@ use std::path::Path;
 /// The lease table.
 pub const TABLE: &str = "workflow_leases";
 
+/// The columns a lease store must have (semantics §6). A store that lacks
+/// one is refused: a missing `status` or `owner_pid` would otherwise read as
+/// "protects nothing".
+pub const COLUMNS: &[&str] = &[
+    "lease_id",
+    "role",
+    "target",
+    "status",
+    "session_id",
+    "owner_session_id",
+    "owner_pid",
+    "session_pid",
+    "generation",
+    "owner_worker_identity",
+    "acquired_at",
+    "expires_at",
+];
+
 /// One lease row: every column as read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Lease {
@@ -112,11 +130,130 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
     Ok(conn)
 }
 
-/// Read every lease row through an open connection. Apply calls this
-/// before every write, so the statement is cached.
+/// Read every lease row through an open connection.
 pub fn read(conn: &Connection, path: &Path) -> Result<Vec<Lease>> {
+    query(conn, path, &format!("SELECT * FROM {TABLE}"))
+}
+
+/// Read the active leases only (the ones that protect anything).
+pub fn read_active(conn: &Connection, path: &Path) -> Result<Vec<Lease>> {
+    let mut leases = query(
+        conn,
+        path,
+        &format!("SELECT * FROM {TABLE} WHERE status = 'active'"),
+    )?;
+    leases.retain(Lease::is_active);
+    Ok(leases)
+}
+
+/// What apply holds the lease store to while it writes: the seed's
+/// external-state token, a digest over every column of every active lease
+/// (the seed's token leaves `owner_worker_identity` out, so re-pointing a
+/// lease at a target would not move it), and SQLite's `data_version`, which
+/// changes when another connection commits to the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// `externalfp-…`, byte-identical to the seed's.
+    pub token: String,
+    /// `sha256:<hex>` over the full content of the active leases.
+    pub digest: String,
+    /// `PRAGMA data_version` when the leases were read.
+    pub data_version: i64,
+}
+
+impl Fence {
+    /// Read the active leases and fence them. `data_version` is read first,
+    /// so a commit racing the read shows as a changed version later.
+    pub fn read(conn: &Connection, path: &Path) -> Result<(Fence, Vec<Lease>)> {
+        let data_version = data_version(conn, path)?;
+        let active = read_active(conn, path)?;
+        let fence = Fence {
+            token: crate::fingerprint::external_state_fingerprint(active.iter()),
+            digest: full_digest(&active),
+            data_version,
+        };
+        Ok((fence, active))
+    }
+
+    /// Whether the active leases may have changed since this fence: cheap
+    /// (`PRAGMA data_version`) when nobody committed, a full re-read and
+    /// comparison when someone did. Returns the fence now in force, or the
+    /// new one that differs.
+    pub fn recheck(&self, conn: &Connection, path: &Path) -> Result<std::result::Result<Fence, Fence>> {
+        if data_version(conn, path)? == self.data_version {
+            return Ok(Ok(self.clone()));
+        }
+        self.recheck_fully(conn, path)
+    }
+
+    /// Re-read the active leases whatever `data_version` says and compare.
+    pub fn recheck_fully(&self, conn: &Connection, path: &Path) -> Result<std::result::Result<Fence, Fence>> {
+        let (now, _) = Fence::read(conn, path)?;
+        Ok(if now.token == self.token && now.digest == self.digest {
+            Ok(now)
+        } else {
+            Err(now)
+        })
+    }
+}
+
+fn data_version(conn: &Connection, path: &Path) -> Result<i64> {
+    conn.query_row("PRAGMA data_version", [], |r| r.get(0))
+        .map_err(|e| lease_error(path, format!("cannot read data_version: {e}")))
+}
+
+/// sha256 over every column (name, storage class and canonical text) of
+/// every given lease, independent of row order.
+pub fn full_digest(leases: &[Lease]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut units: Vec<String> = leases
+        .iter()
+        .map(|l| {
+            let mut out = String::new();
+            for (name, v) in &l.fields {
+                out.push_str(name);
+                out.push('\u{1f}');
+                out.push_str(v.kind());
+                out.push('\u{1f}');
+                out.push_str(&v.canon());
+                out.push('\u{1e}');
+            }
+            out
+        })
+        .collect();
+    units.sort();
+    let mut h = Sha256::new();
+    for u in &units {
+        h.update(u.len().to_string().as_bytes());
+        h.update(b":");
+        h.update(u.as_bytes());
+    }
+    format!("sha256:{}", crate::fingerprint::hex(&h.finalize()))
+}
+
+fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
     let sql_err = |e: rusqlite::Error| lease_error(path, format!("cannot read: {e}"));
-    let mut stmt = match conn.prepare_cached(&format!("SELECT * FROM {TABLE}")) {
+    let columns = crate::evidence::registry::table_columns(conn, TABLE)
+        .map_err(sql_err)?
+        .unwrap_or_default();
+    let missing: Vec<&str> = COLUMNS
+        .iter()
+        .copied()
+        .filter(|c| !columns.iter().any(|n| n == c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(lease_error(
+            path,
+            format!(
+                "table `{TABLE}` lacks the column(s) {}; a lease store with another shape \
+                 cannot be read safely (a lease it cannot read would protect nothing). \
+                 Point --leases at the control-plane lease store, or add the column(s)",
+                missing.join(", ")
+            ),
+        ));
+    }
+
+    let mut stmt = match conn.prepare_cached(sql) {
         Ok(s) => s,
         Err(e) if e.to_string().contains("no such table") => {
             return Err(lease_error(

@@ -96,11 +96,27 @@ pub struct HostFacts {
     pub host_id: Option<String>,
     /// Current boot id, if known.
     pub boot_id: Option<String>,
+    /// The prober's pid namespace (`pid:[<inode>]`, the target of
+    /// `/proc/self/ns/pid`), if known. `kill(2)` and `/proc` see only the
+    /// processes of this namespace and its descendants.
+    pub pid_namespace: Option<String>,
+}
+
+/// The kernel's fixed inode for the initial pid namespace: a prober there
+/// sees every pid of the host.
+pub const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// The target of `<proc_root>/self/ns/pid` (`pid:[4026531836]`), if readable.
+pub fn own_pid_namespace(proc_root: &Path) -> Option<String> {
+    std::fs::read_link(proc_root.join("self/ns/pid"))
+        .ok()
+        .and_then(|t| t.to_str().map(|s| s.trim().to_string()))
+        .filter(|s| !s.is_empty())
 }
 
 impl HostFacts {
-    /// Observe this machine: `uname().nodename` and
-    /// `<proc_root>/sys/kernel/random/boot_id`.
+    /// Observe this machine: `uname().nodename`,
+    /// `<proc_root>/sys/kernel/random/boot_id` and `<proc_root>/self/ns/pid`.
     pub fn observe(proc_root: &Path) -> HostFacts {
         let host_id = nix::sys::utsname::uname()
             .ok()
@@ -110,7 +126,11 @@ impl HostFacts {
             .ok()
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty());
-        HostFacts { host_id, boot_id }
+        HostFacts {
+            host_id,
+            boot_id,
+            pid_namespace: own_pid_namespace(proc_root),
+        }
     }
 }
 

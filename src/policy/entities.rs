@@ -126,6 +126,10 @@ pub fn run_attrs(facts: &RunFacts) -> Vec<(&'static str, Attr<'_>)> {
         ("boot_id_known", Attr::Bool(known(&facts.host.boot_id))),
         ("boot_id", s(facts.host.boot_id.as_deref().unwrap_or(""))),
         (
+            "pid_namespace",
+            s(facts.host.pid_namespace.as_deref().unwrap_or("")),
+        ),
+        (
             "canonical_repository_given",
             Attr::Bool(canonical.is_some()),
         ),
@@ -193,6 +197,7 @@ pub fn worker_attrs<'a>(row: &'a Row, obs: &'a Observation) -> Vec<(&'static str
             "process_start_time",
             s(row.get(Col::ProcessStartTime).stripped_cow()),
         ),
+        ("pid_namespace", s(row.get(Col::PidNamespace).stripped_cow())),
         ("ownership_state", s(obs.ownership_state)),
         (
             "repository_binding_key",

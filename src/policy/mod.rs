@@ -161,17 +161,7 @@ impl Policies {
 
     /// Load from `(file name, text)` pairs: the schema and the policy files.
     pub fn from_texts(files: &[(String, String)], origin: String) -> Result<Policies> {
-        let mut hasher = Sha256::new();
-        let mut sorted: Vec<&(String, String)> = files.iter().collect();
-        sorted.sort_by(|a, b| a.0.cmp(&b.0));
-        for (name, text) in &sorted {
-            hasher.update(name.as_bytes());
-            hasher.update([0]);
-            hasher.update(text.len().to_string().as_bytes());
-            hasher.update([0]);
-            hasher.update(text.as_bytes());
-        }
-        let fingerprint = format!("sha256:{}", hex(&hasher.finalize()));
+        let fingerprint = fingerprint_of(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
 
         let (schema_name, schema_text) = files
             .iter()
@@ -254,12 +244,49 @@ impl Policies {
         })
     }
 
+    /// Whether this is the policy set built into the binary (by content:
+    /// a folder holding exactly the built-in files is the built-in set).
+    pub fn is_builtin(&self) -> bool {
+        self.fingerprint == builtin_fingerprint()
+    }
+
+    /// Where the policies came from, for a person: `built-in`, or the
+    /// folder with the fingerprint.
+    pub fn source_label(&self) -> String {
+        if self.is_builtin() {
+            format!("built-in ({})", self.fingerprint)
+        } else {
+            format!("{} ({})", self.origin, self.fingerprint)
+        }
+    }
+
     /// The rules in `@order` order (permits first).
     pub fn ordered_rules(&self) -> Vec<&Rule> {
         let mut rules: Vec<&Rule> = self.rules.values().collect();
         rules.sort_by(|a, b| (a.order, &a.file, a.line).cmp(&(b.order, &b.file, b.line)));
         rules
     }
+}
+
+/// sha256 over `(file name, text)` pairs, sorted by name, as `sha256:<hex>`.
+fn fingerprint_of<'a>(files: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let mut sorted: Vec<(&str, &str)> = files.collect();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    let mut hasher = Sha256::new();
+    for (name, text) in sorted {
+        hasher.update(name.as_bytes());
+        hasher.update([0]);
+        hasher.update(text.len().to_string().as_bytes());
+        hasher.update([0]);
+        hasher.update(text.as_bytes());
+    }
+    format!("sha256:{}", hex(&hasher.finalize()))
+}
+
+/// The fingerprint of the policy set built into this binary.
+pub fn builtin_fingerprint() -> &'static str {
+    static FP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FP.get_or_init(|| fingerprint_of(EMBEDDED.iter().copied()))
 }
 
 fn read_dir_files(dir: &Path) -> Result<Vec<(String, String)>> {

@@ -1,0 +1,186 @@
+//! Reading the JSON files an operator hands us (`profiles.json`, saved
+//! plans) strictly: a bounded size, a regular file only (a FIFO or a device
+//! is refused instead of blocking or reading forever), no byte-order mark,
+//! and no duplicate keys (serde_json would silently keep the last one, so a
+//! grant followed by a read-only duplicate would read differently to a
+//! person and to the program).
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value as Json};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+/// The largest JSON input we read (16 MiB). A plan of 100,000 candidates'
+/// identities fits many times over.
+pub const MAX_INPUT_BYTES: u64 = 16 << 20;
+
+/// A file's bytes and their sha256.
+#[derive(Debug, Clone)]
+pub struct FileBytes {
+    /// The content.
+    pub text: String,
+    /// `sha256:<hex>` of the content.
+    pub sha256: String,
+}
+
+/// Read a regular file without ever blocking on it: it is opened
+/// non-blocking and must be a regular file of at most `limit` bytes.
+pub fn read_regular(path: &Path, limit: u64) -> Result<FileBytes, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(|e| format!("cannot open ({e})"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
+    if !meta.is_file() {
+        return Err(
+            "is not a regular file (a FIFO, device or folder is never read); point at the file itself"
+                .into(),
+        );
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize);
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read ({e})"))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!(
+            "is larger than {limit} bytes; this is not a file fleet-retire writes or expects"
+        ));
+    }
+    let sha256 = format!("sha256:{}", crate::fingerprint::hex(&Sha256::digest(&bytes)));
+    let text = String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "is not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    Ok(FileBytes { text, sha256 })
+}
+
+/// Parse JSON text, refusing a byte-order mark and duplicate object keys.
+/// Errors name the line and column, and for duplicates the key's path.
+pub fn parse_strict(text: &str) -> Result<Json, String> {
+    if text.starts_with('\u{feff}') {
+        return Err(
+            "starts with a UTF-8 byte-order mark (EF BB BF); save the file as UTF-8 without a BOM"
+                .into(),
+        );
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = Strict { path: "$" }
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| format!("not valid JSON at line {}, column {}: {e}", e.line(), e.column()))?;
+    Ok(value)
+}
+
+/// Read a regular file of at most [`MAX_INPUT_BYTES`] and parse it strictly.
+pub fn read_json(path: &Path) -> Result<(Json, FileBytes), String> {
+    let bytes = read_regular(path, MAX_INPUT_BYTES)?;
+    let doc = parse_strict(&bytes.text)?;
+    Ok((doc, bytes))
+}
+
+struct Strict<'p> {
+    path: &'p str,
+}
+
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
+    type Value = Json;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Json, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict<'_> {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
+        Ok(Json::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
+        Ok(Json::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
+        Ok(Json::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Json, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Json::Null, Json::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Json, E> {
+        Ok(Json::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Json, E> {
+        Ok(Json::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_none<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut out = Vec::new();
+        loop {
+            let path = format!("{}[{}]", self.path, out.len());
+            match seq.next_element_seed(Strict { path: &path })? {
+                Some(v) => out.push(v),
+                None => return Ok(Json::Array(out)),
+            }
+        }
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = format!("{}.{}", self.path, key);
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format!(
+                    "duplicate key {key:?} at {path}; a key may appear once per object (remove the extra one)"
+                )));
+            }
+            let value = map.next_value_seed(Strict { path: &path })?;
+            out.insert(key, value);
+        }
+        Ok(Json::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_bom_and_trailing_text_are_refused() {
+        let e = parse_strict(r#"{"profiles": {"a": {"role": "x"}, "a": {"role": "y"}}}"#)
+            .unwrap_err();
+        assert!(e.contains("duplicate key \"a\" at $.profiles.a"), "{e}");
+        let e = parse_strict("\u{feff}{}").unwrap_err();
+        assert!(e.contains("byte-order mark"), "{e}");
+        assert!(parse_strict("{} x").is_err());
+        let v = parse_strict(r#"{"a": [1, 2.5, "x", null, true, {"b": -3}]}"#).unwrap();
+        assert_eq!(v["a"][5]["b"], -3);
+        assert_eq!(v["a"][1], 2.5);
+    }
+
+    #[test]
+    fn only_bounded_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = read_regular(&fifo, 100).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = read_regular(Path::new("/dev/zero"), 100).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b' '; 101]).unwrap();
+        assert!(read_regular(&big, 100).unwrap_err().contains("larger than"));
+        std::fs::write(&big, b"{}").unwrap();
+        assert_eq!(read_regular(&big, 100).unwrap().text, "{}");
+    }
+}
