@@ -452,15 +452,22 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
         }
     };
     let fail_commit = hooks.fail_commit;
-    let result = inside(req, ctx, hooks, &mut standing, &tx, &lease_conn, &mut report).and_then(
-        |()| {
-            if fail_commit {
-                Err(Abort::Fail("injected failure at commit".into()))
-            } else {
-                Ok(())
-            }
-        },
-    );
+    let result = inside(
+        req,
+        ctx,
+        hooks,
+        &mut standing,
+        &tx,
+        &lease_conn,
+        &mut report,
+    )
+    .and_then(|()| {
+        if fail_commit {
+            Err(Abort::Fail("injected failure at commit".into()))
+        } else {
+            Ok(())
+        }
+    });
     match result {
         Ok(()) => {
             if let Err(e) = tx.commit() {

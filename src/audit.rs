@@ -45,7 +45,10 @@ pub const COLUMNS: &[(&str, &str)] = &[
 pub const KEY: &str = "audit_id";
 
 /// Why a registry cannot be written safely, if it cannot.
-pub fn untrusted_objects(conn: &Connection, registry_table: &str) -> rusqlite::Result<Option<String>> {
+pub fn untrusted_objects(
+    conn: &Connection,
+    registry_table: &str,
+) -> rusqlite::Result<Option<String>> {
     let mut problems = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('trigger', 'view') ORDER BY name",
@@ -105,7 +108,10 @@ pub fn create_or_migrate(conn: &Connection) -> rusqlite::Result<()> {
             ))
         }
         Some(existing) => {
-            for (name, ty) in COLUMNS.iter().filter(|(n, _)| !existing.iter().any(|c| c == n)) {
+            for (name, ty) in COLUMNS
+                .iter()
+                .filter(|(n, _)| !existing.iter().any(|c| c == n))
+            {
                 let ty = ty.trim_end_matches(" NOT NULL");
                 conn.execute_batch(&format!("ALTER TABLE {TABLE} ADD COLUMN {name} {ty}"))?;
             }

@@ -61,7 +61,9 @@ impl Profiles {
                 .iter()
                 .map(|i| i.as_str().map(str::to_string))
                 .collect::<Option<Vec<_>>>()
-                .ok_or("\"policy_pins\" must be a list of policy fingerprint strings (\"sha256:...\")")?,
+                .ok_or(
+                    "\"policy_pins\" must be a list of policy fingerprint strings (\"sha256:...\")",
+                )?,
             Some(_) => {
                 return Err(
                     "\"policy_pins\" must be a list of policy fingerprint strings (\"sha256:...\")"
@@ -377,5 +379,133 @@ impl CapabilityCase {
             }
         }
         Ok(diffs)
+    }
+}
+
+/// The script a letter belongs to, coarsely (enough to see a name that
+/// mixes Latin with Cyrillic or Greek look-alikes); `None` for digits,
+/// punctuation and other characters common to every script.
+fn script(c: char) -> Option<&'static str> {
+    if !c.is_alphabetic() {
+        return None;
+    }
+    Some(match c as u32 {
+        0x41..=0x5a | 0x61..=0x7a | 0xc0..=0x24f | 0x1e00..=0x1eff | 0xff21..=0xff5a => "Latin",
+        0x370..=0x3ff | 0x1f00..=0x1fff => "Greek",
+        0x400..=0x52f | 0x1c80..=0x1c8f | 0x2de0..=0x2dff | 0xa640..=0xa69f => "Cyrillic",
+        0x530..=0x58f => "Armenian",
+        0x10a0..=0x10ff => "Georgian",
+        0x13a0..=0x13ff => "Cherokee",
+        _ => "other",
+    })
+}
+
+/// A name reduced to what a person sees: lower case, full-width forms
+/// folded, and the Cyrillic and Greek letters that look like Latin ones
+/// replaced by them.
+fn skeleton(name: &str) -> String {
+    name.chars()
+        .flat_map(char::to_lowercase)
+        .map(|c| match c as u32 {
+            0xff01..=0xff5e => char::from_u32(c as u32 - 0xfee0).unwrap_or(c),
+            _ => c,
+        })
+        .map(|c| match c {
+            'а' | 'α' => 'a',
+            'в' | 'β' => 'b',
+            'с' | 'ϲ' => 'c',
+            'ԁ' => 'd',
+            'е' | 'ε' => 'e',
+            'һ' => 'h',
+            'і' | 'ι' | 'ı' => 'i',
+            'ј' => 'j',
+            'к' | 'κ' => 'k',
+            'ӏ' => 'l',
+            'м' => 'm',
+            'п' | 'η' => 'n',
+            'о' | 'ο' | 'σ' | '0' => 'o',
+            'р' | 'ρ' => 'p',
+            'ԛ' => 'q',
+            'ѕ' => 's',
+            'т' | 'τ' => 't',
+            'υ' | 'ս' => 'u',
+            'ν' | 'ѵ' => 'v',
+            'ԝ' | 'ω' => 'w',
+            'х' | 'χ' => 'x',
+            'у' | 'γ' => 'y',
+            'ᴢ' => 'z',
+            '1' => 'l',
+            other => other,
+        })
+        .collect()
+}
+
+/// What an operator should look at in `profiles.json` before trusting a
+/// grants table: malformed entries (always denied), names that mix scripts,
+/// and names that look alike.
+pub fn warnings(profiles: &Profiles) -> Vec<String> {
+    let esc = |s: &str| crate::report::esc(s).into_owned();
+    let mut out = Vec::new();
+    for (name, p) in &profiles.profiles {
+        if !p.problems.is_empty() {
+            out.push(format!(
+                "profile {:?} is malformed and is denied everything: {}",
+                esc(name),
+                p.problems.join("; ")
+            ));
+        }
+        let mut scripts: Vec<&str> = name.chars().filter_map(script).collect();
+        scripts.sort();
+        scripts.dedup();
+        if scripts.len() > 1 {
+            out.push(format!(
+                "profile {:?} mixes scripts ({}): it may be posing as another name",
+                esc(name),
+                scripts.join(" + ")
+            ));
+        }
+    }
+    let names: Vec<&String> = profiles.profiles.keys().collect();
+    for (i, a) in names.iter().enumerate() {
+        for b in &names[i + 1..] {
+            if skeleton(a) == skeleton(b) {
+                out.push(format!(
+                    "profiles {:?} and {:?} look alike; a person reading the table cannot tell them apart",
+                    esc(a),
+                    esc(b)
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn look_alike_and_mixed_script_names_are_flagged() {
+        let doc = serde_json::json!({"profiles": {
+            "controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]},
+            "contr\u{43e}ller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+            "author-prgs": {"role": "author", "allowed_operations": "gitea.read"},
+        }});
+        let w = warnings(&Profiles::from_json(&doc).unwrap());
+        assert!(
+            w.iter()
+                .any(|l| l.contains("mixes scripts (Cyrillic + Latin)")),
+            "{w:?}"
+        );
+        assert!(w.iter().any(|l| l.contains("look alike")), "{w:?}");
+        assert!(
+            w.iter().any(|l| l.contains("\"author-prgs\" is malformed")),
+            "{w:?}"
+        );
+        let clean = serde_json::json!({"profiles": {
+            "controller-prgs": {"role": "controller", "allowed_operations": []},
+            "reconciler-prgs": {"role": "reconciler", "allowed_operations": []},
+        }});
+        assert!(warnings(&Profiles::from_json(&clean).unwrap()).is_empty());
     }
 }

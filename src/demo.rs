@@ -181,7 +181,7 @@ pub fn run(policies: &Policies) -> Result<String> {
     while Instant::now() < until {
         for (w, li) in &workers {
             if *li != 1 {
-                heartbeat(&registry_path, w)?;
+                heartbeat(&registry_path, w, crate::worker::Writer::Owner)?;
             }
         }
         std::thread::sleep(Duration::from_millis(400));
@@ -220,7 +220,7 @@ pub fn run(policies: &Policies) -> Result<String> {
         &probe,
         policies,
     )?;
-    for line in crate::report::plan_table(&planned).lines() {
+    for line in crate::report::plan_table(&planned, &policies.source_label()).lines() {
         say(&mut out, format!("   {line}"));
     }
 

@@ -107,7 +107,28 @@ fn capability_tests(case: &crate::capability::CapabilityCase) -> Result<Vec<Json
     Ok(tests)
 }
 
-/// Write `DIR/<fixture>.tests.json` for every fixture, plus the policies,
+/// A file name for the `n`-th exported fixture that no shell can read as
+/// anything but a word: its position, then the fixture's stem with every
+/// character outside `[A-Za-z0-9._-]` replaced by `_` (a fixture named
+/// `x$(touch PWNED).json` must not run anything from `run.sh`).
+fn script_safe_name(n: usize, file: &Path) -> String {
+    let stem: String = file
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{n:03}-{}.tests.json", stem.trim_start_matches(['-', '.']))
+}
+
+/// Write `DIR/<n>-<fixture>.tests.json` for every fixture, plus the policies,
 /// schema and a `run.sh` that runs them all with `cedar run-tests`.
 pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> Result<usize> {
     let io = |e: std::io::Error| Error::Input(format!("{}: {e}", dir.display()));
@@ -119,6 +140,7 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
         "#!/usr/bin/env bash\n# Check fleet-retire's fixture decisions with Cedar's own CLI.\nset -e\ncd \"$(dirname \"$0\")\"\n",
     );
     let mut count = 0;
+    let mut files_written = 0;
     for file in files {
         let tests = match crate::fixture::load(file)? {
             Case::Plan(c) => plan_tests(&c, policies)?,
@@ -128,19 +150,16 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
             continue;
         }
         count += tests.len();
-        let stem = file
-            .file_stem()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
-        let name = format!("{stem}.tests.json");
+        let name = script_safe_name(files_written, file);
+        files_written += 1;
         std::fs::write(
             dir.join(&name),
             serde_json::to_string_pretty(&tests).expect("tests serialise"),
         )
         .map_err(io)?;
+        // The name is made of [A-Za-z0-9._-] only; quoted all the same.
         script.push_str(&format!(
-            "cedar run-tests --policies policies.cedar --schema {SCHEMA_FILE} --tests {name}\n"
+            "cedar run-tests --policies policies.cedar --schema {SCHEMA_FILE} --tests '{name}'\n"
         ));
     }
     std::fs::write(dir.join("run.sh"), script).map_err(io)?;

@@ -50,7 +50,10 @@ pub fn read_regular(path: &Path, limit: u64) -> Result<FileBytes, String> {
             "is larger than {limit} bytes; this is not a file fleet-retire writes or expects"
         ));
     }
-    let sha256 = format!("sha256:{}", crate::fingerprint::hex(&Sha256::digest(&bytes)));
+    let sha256 = format!(
+        "sha256:{}",
+        crate::fingerprint::hex(&Sha256::digest(&bytes))
+    );
     let text = String::from_utf8(bytes).map_err(|e| {
         format!(
             "is not UTF-8 text (invalid byte at offset {})",
@@ -73,7 +76,13 @@ pub fn parse_strict(text: &str) -> Result<Json, String> {
     let value = Strict { path: "$" }
         .deserialize(&mut de)
         .and_then(|v| de.end().map(|()| v))
-        .map_err(|e| format!("not valid JSON at line {}, column {}: {e}", e.line(), e.column()))?;
+        .map_err(|e| {
+            format!(
+                "not valid JSON at line {}, column {}: {e}",
+                e.line(),
+                e.column()
+            )
+        })?;
     Ok(value)
 }
 
@@ -157,8 +166,8 @@ mod tests {
 
     #[test]
     fn duplicates_bom_and_trailing_text_are_refused() {
-        let e = parse_strict(r#"{"profiles": {"a": {"role": "x"}, "a": {"role": "y"}}}"#)
-            .unwrap_err();
+        let e =
+            parse_strict(r#"{"profiles": {"a": {"role": "x"}, "a": {"role": "y"}}}"#).unwrap_err();
         assert!(e.contains("duplicate key \"a\" at $.profiles.a"), "{e}");
         let e = parse_strict("\u{feff}{}").unwrap_err();
         assert!(e.contains("byte-order mark"), "{e}");

@@ -141,8 +141,17 @@ mod tests {
         assert_eq!(canonical_ttl(&Value::Text(".5".into())), 0.5);
         assert_eq!(canonical_ttl(&Value::Text("5.".into())), 5.0);
         // Digits of other scripts are not a number here (ASCII only).
-        for other in ["\u{663}\u{666}\u{660}\u{660}", "\u{666}\u{660}", "\u{FF16}\u{FF10}", "\u{B2}"] {
-            assert_eq!(canonical_ttl(&Value::Text(other.into())), 900.0, "{other:?}");
+        for other in [
+            "\u{663}\u{666}\u{660}\u{660}",
+            "\u{666}\u{660}",
+            "\u{FF16}\u{FF10}",
+            "\u{B2}",
+        ] {
+            assert_eq!(
+                canonical_ttl(&Value::Text(other.into())),
+                900.0,
+                "{other:?}"
+            );
         }
         for bad in [
             " 900", "1_000", "inf", "nan", "", "0", "-5", "1e999", "e3", ".",

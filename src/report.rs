@@ -1,11 +1,39 @@
 //! Human rendering: short tables a person reads in a terminal.
 
 use crate::plan::Plan;
+use std::borrow::Cow;
 use std::fmt::Write;
 
+/// Text from a registry, a file or a request, made safe for a terminal:
+/// control characters (C0, DEL, C1) and the bidirectional overrides that
+/// reorder what a person sees are written as `\u{..}` escapes, and a
+/// backslash as `\\`, so a worker id cannot fake a line or a column.
+pub fn esc(s: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c == '\\' {
+            out.push_str("\\\\");
+        } else if unsafe_char(c) {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 fn cut(s: &str, width: usize) -> String {
+    let s = esc(s);
     if s.chars().count() <= width {
-        s.to_string()
+        s.into_owned()
     } else {
         let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
         t.push('~');
@@ -13,8 +41,9 @@ fn cut(s: &str, width: usize) -> String {
     }
 }
 
-/// The plan as a table: one line per row, then the tokens.
-pub fn plan_table(plan: &Plan) -> String {
+/// The plan as a table: one line per row, then the tokens and the policy
+/// set that decided (`built-in`, or a folder with its fingerprint).
+pub fn plan_table(plan: &Plan, policy_source: &str) -> String {
     let mut out = String::new();
     let candidates = plan.candidates().count();
     let _ = writeln!(
@@ -49,6 +78,7 @@ pub fn plan_table(plan: &Plan) -> String {
     let _ = writeln!(out, "registry_fingerprint  {}", plan.registry_fingerprint);
     let _ = writeln!(out, "candidate_fingerprint {}", plan.candidate_fingerprint);
     let _ = writeln!(out, "policy_fingerprint    {}", plan.policy_fingerprint);
+    let _ = writeln!(out, "policy set            {}", esc(policy_source));
     out
 }
 
@@ -60,14 +90,14 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     let _ = writeln!(out, "outcome: {outcome} ({} retired)", report.retired_count);
-    let _ = writeln!(out, "{}", report.detail);
+    let _ = writeln!(out, "{}", esc(&report.detail));
     for r in &report.retired {
         let _ = writeln!(
             out,
             "  retired {:<32} at {} by {}",
             cut(&r.worker_identity, 32),
             r.retired_at,
-            r.retired_by
+            esc(&r.retired_by)
         );
     }
     for k in &report.preserved {
@@ -76,7 +106,7 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
             "  kept    {:<32} {}: {}",
             cut(&k.worker_identity, 32),
             k.reason_code,
-            k.detail
+            esc(&k.detail)
         );
     }
     if let Some(p) = &report.post_apply {
@@ -97,8 +127,8 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
             let _ = writeln!(
                 out,
                 "  - {}: {}",
-                b["classification"].as_str().unwrap_or(""),
-                b["detail"].as_str().unwrap_or("")
+                esc(b["classification"].as_str().unwrap_or("")),
+                esc(b["detail"].as_str().unwrap_or(""))
             );
         }
     }
@@ -112,7 +142,7 @@ pub fn snapshot_summary(snap: &serde_json::Value) -> String {
         writeln!(
         out,
         "fleet at {}: {} live, {} stale, {} historical workers in {} instance(s); live fleet {}",
-        snap["snapshot_at"].as_str().unwrap_or(""),
+        esc(snap["snapshot_at"].as_str().unwrap_or("")),
         snap["live_worker_count"],
         snap["stale_worker_count"],
         snap["historical_worker_count"],
@@ -129,10 +159,10 @@ pub fn snapshot_summary(snap: &serde_json::Value) -> String {
         let _ = writeln!(
             out,
             "  {:<48} {:<12} {} worker(s) [{}] {}",
-            inst["client_instance_id"].as_str().unwrap_or(""),
-            inst["client_type"].as_str().unwrap_or("mixed"),
+            esc(inst["client_instance_id"].as_str().unwrap_or("")),
+            esc(inst["client_type"].as_str().unwrap_or("mixed")),
             inst["worker_count"],
-            namespaces.join(","),
+            esc(&namespaces.join(",")),
             if inst["trusted_instance_identity"] == true {
                 "trusted"
             } else {
@@ -152,8 +182,8 @@ pub fn snapshot_summary(snap: &serde_json::Value) -> String {
             let _ = writeln!(
                 out,
                 "  - {}: {}",
-                b["classification"].as_str().unwrap_or(""),
-                b["detail"].as_str().unwrap_or("")
+                esc(b["classification"].as_str().unwrap_or("")),
+                esc(b["detail"].as_str().unwrap_or(""))
             );
         }
     }

@@ -60,15 +60,30 @@ pub struct Proof {
     pub counterexample: Option<String>,
 }
 
-/// Read the properties (embedded, or `DIR/properties/*.cedar`).
-pub fn load_properties(dir: Option<&Path>, policies: &Policies) -> Result<Vec<Property>> {
-    let files: Vec<(String, String)> = match dir {
-        None => EMBEDDED
+/// Read the properties to prove: the built-in ones (always, when
+/// `with_builtin`: a folder of policies must satisfy what ours promise, so a
+/// permit-all folder with no properties of its own proves nothing away),
+/// plus `DIR/properties/*.cedar` of a policy folder. A folder property whose
+/// `@id` is also a built-in one is listed as `DIR:id`.
+pub fn load_properties(
+    dir: Option<&Path>,
+    policies: &Policies,
+    with_builtin: bool,
+) -> Result<Vec<Property>> {
+    let mut out = Vec::new();
+    if with_builtin || dir.is_none() {
+        let files = EMBEDDED
             .iter()
-            .map(|(n, t)| (n.to_string(), t.to_string()))
-            .collect(),
-        Some(d) => {
-            let pd = d.join("properties");
+            .map(|(n, t)| (format!("built-in {n}"), t.to_string()))
+            .collect();
+        out = parse_properties(files, policies)?;
+    }
+    if let Some(d) = dir {
+        let pd = d.join("properties");
+        if with_builtin && !pd.exists() {
+            return Ok(out);
+        }
+        let files: Vec<(String, String)> = {
             let mut names: Vec<PathBuf> = std::fs::read_dir(&pd)
                 .map_err(|e| Error::Policy(format!("{}: cannot list ({e})", pd.display())))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
@@ -91,8 +106,21 @@ pub fn load_properties(dir: Option<&Path>, policies: &Policies) -> Result<Vec<Pr
                         .map_err(|e| Error::Policy(format!("{}: cannot read ({e})", p.display())))
                 })
                 .collect::<Result<_>>()?
+        };
+        for mut p in parse_properties(files, policies)? {
+            match out.iter().find(|b: &&Property| b.id == p.id) {
+                // The folder's copy of a built-in property: proved once.
+                Some(b) if b.policy.to_string() == p.policy.to_string() => continue,
+                Some(_) => p.id = format!("{}:{}", d.display(), p.id),
+                None => {}
+            }
+            out.push(p);
         }
-    };
+    }
+    Ok(out)
+}
+
+fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result<Vec<Property>> {
     let mut out = Vec::new();
     for (name, text) in files {
         let set = PolicySet::from_str(&text).map_err(|e| Error::Policy(format!("{name}: {e}")))?;

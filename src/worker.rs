@@ -166,14 +166,126 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
     Ok(row)
 }
 
+/// Who is writing a registration, and how that is known.
+#[derive(Debug, Clone, Copy)]
+pub enum Writer<'a> {
+    /// A command run by the worker: the row's process (pid and start time,
+    /// on this host, boot and pid namespace) must be the caller's parent or
+    /// one of its ancestors, read from this `/proc` root. This is what the
+    /// CLI uses: naming another worker's identity writes nothing.
+    Descendant(&'a Path),
+    /// Code running inside the worker's own process, or the process that
+    /// started it and holds it (`serve`, the demo).
+    Owner,
+}
+
+/// The registered process, as the row records it.
+struct Owner {
+    pid: i64,
+    start: Option<String>,
+}
+
+fn owner_of(conn: &Connection, path: &Path, worker: &str) -> Result<Option<(Owner, Json)>> {
+    let sql = format!(
+        "SELECT pid, process_start_time, host_id, boot_id, pid_namespace FROM {TABLE} \
+         WHERE worker_identity = ?1 AND status = 'active'"
+    );
+    conn.query_row(&sql, [worker], |r| {
+        let pid: Option<i64> = r.get::<_, rusqlite::types::Value>(0).map(|v| match v {
+            rusqlite::types::Value::Integer(i) => Some(i),
+            _ => None,
+        })?;
+        let text = |i: usize| -> rusqlite::Result<Option<String>> {
+            Ok(match r.get::<_, rusqlite::types::Value>(i)? {
+                rusqlite::types::Value::Text(t) => Some(t),
+                _ => None,
+            })
+        };
+        let start = text(1)?;
+        let fencing = json!({"host_id": text(2)?, "boot_id": text(3)?, "pid_namespace": text(4)?});
+        Ok(pid.map(|pid| (Owner { pid, start }, fencing)))
+    })
+    .optional()
+    .map(Option::flatten)
+    .map_err(|e| Error::Registry {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// The parent pid of `pid`, from `<proc_root>/<pid>/stat` (field 4).
+fn parent_of(proc_root: &Path, pid: i64) -> Option<i64> {
+    let raw = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let close = raw.rfind(')')?;
+    raw[close + 1..].split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Refuse unless the writer is entitled to the row of `worker`.
+/// Returns the row's pid, which the write then asserts unchanged.
+fn prove(conn: &Connection, path: &Path, worker: &str, writer: Writer) -> Result<i64> {
+    let Some((owner, fencing)) = owner_of(conn, path, worker)? else {
+        return Err(Error::Input(format!(
+            "no active registration for worker {worker:?} (with a pid); register it first"
+        )));
+    };
+    let Writer::Descendant(proc_root) = writer else {
+        return Ok(owner.pid);
+    };
+    let refuse = |why: String| {
+        Error::Refused(format!(
+            "worker {worker:?} is not this command's own registration: {why}. A worker writes \
+             only its own row (run this from the worker process, with its identity in \
+             GITEA_MCP_WORKER_IDENTITY); retiring another worker's row is what apply is for"
+        ))
+    };
+    let host = HostFacts::observe(proc_root);
+    for (name, mine) in [
+        ("host_id", &host.host_id),
+        ("boot_id", &host.boot_id),
+        ("pid_namespace", &host.pid_namespace),
+    ] {
+        let theirs = fencing[name].as_str().map(str::trim);
+        if mine.is_none() || theirs != mine.as_deref() {
+            return Err(refuse(format!(
+                "its {name} is {theirs:?}, this command's is {mine:?}"
+            )));
+        }
+    }
+    let mut pid = i64::from(nix::unistd::getppid().as_raw());
+    for _ in 0..64 {
+        if pid <= 1 {
+            break;
+        }
+        if pid == owner.pid {
+            let start = process_start_time(proc_root, pid);
+            if start.is_some() && start == owner.start {
+                return Ok(owner.pid);
+            }
+            return Err(refuse(format!(
+                "pid {pid} is an ancestor but started at {start:?}, not {:?}",
+                owner.start
+            )));
+        }
+        match parent_of(proc_root, pid) {
+            Some(p) => pid = p,
+            None => break,
+        }
+    }
+    Err(refuse(format!(
+        "its process {} is neither this command's parent nor one of its ancestors",
+        owner.pid
+    )))
+}
+
 /// Move an active worker's heartbeat to now.
-pub fn heartbeat(path: &Path, worker: &str) -> Result<String> {
+pub fn heartbeat(path: &Path, worker: &str, writer: Writer) -> Result<String> {
     let conn = open(path)?;
+    let pid = prove(&conn, path, worker, writer)?;
     let now = crate::time::format_ts(crate::time::now());
     let n = conn
         .execute(
-            &format!("UPDATE {TABLE} SET last_heartbeat_at = ?1 WHERE worker_identity = ?2 AND status = 'active'"),
-            params![now, worker],
+            &format!("UPDATE {TABLE} SET last_heartbeat_at = ?1 WHERE worker_identity = ?2 AND status = 'active' AND pid = ?3"),
+            params![now, worker, pid],
         )
         .map_err(|e| Error::Registry { path: path.to_path_buf(), message: e.to_string() })?;
     if n == 0 {
@@ -185,19 +297,20 @@ pub fn heartbeat(path: &Path, worker: &str) -> Result<String> {
 }
 
 /// Give an active registration a historical status (released or superseded).
-pub fn release(path: &Path, worker: &str, status: &str) -> Result<()> {
+pub fn release(path: &Path, worker: &str, status: &str, writer: Writer) -> Result<()> {
     if !["released", "superseded"].contains(&status) {
         return Err(Error::Input(format!(
             "release status must be released or superseded, not {status:?} (retired is apply's)"
         )));
     }
     let conn = open(path)?;
+    let pid = prove(&conn, path, worker, writer)?;
     let n = conn
         .execute(
             &format!(
-                "UPDATE {TABLE} SET status = ?1 WHERE worker_identity = ?2 AND status = 'active'"
+                "UPDATE {TABLE} SET status = ?1 WHERE worker_identity = ?2 AND status = 'active' AND pid = ?3"
             ),
-            params![status, worker],
+            params![status, worker, pid],
         )
         .map_err(|e| Error::Registry {
             path: path.to_path_buf(),

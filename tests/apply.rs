@@ -412,6 +412,7 @@ fn a_lease_acquired_inside_the_transaction_rolls_everything_back() {
         Hooks {
             before_first_write: Some(&mut hook),
             fail_commit: false,
+            ..Default::default()
         },
     );
     assert_eq!(
@@ -455,6 +456,7 @@ fn a_revoked_permission_before_the_first_write_retires_nothing() {
         Hooks {
             before_first_write: Some(&mut hook),
             fail_commit: false,
+            ..Default::default()
         },
     );
     assert_eq!(
@@ -480,6 +482,7 @@ fn a_failure_at_commit_leaves_the_registry_as_it_was() {
         Hooks {
             before_first_write: None,
             fail_commit: true,
+            ..Default::default()
         },
     );
     assert_eq!(report.outcome, Outcome::TransactionFailed);

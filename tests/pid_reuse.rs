@@ -52,6 +52,7 @@ fn a_pid_reused_before_the_write_is_refused_by_the_reprobe() {
         Hooks {
             before_first_write: Some(&mut hook),
             fail_commit: false,
+            ..Default::default()
         },
     );
     let Some(mut child) = reused else {

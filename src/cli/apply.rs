@@ -64,45 +64,47 @@ pub fn parse_workers(text: &str) -> Result<Vec<String>> {
 /// Read the apply request out of a saved plan.
 pub fn request_from_plan(path: &Path) -> Result<Request> {
     let err = |m: String| Error::Input(format!("plan {}: {m}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
-    let doc: Json = serde_json::from_str(&text).map_err(|e| {
-        err(format!(
-            "not valid JSON at line {}, column {}: {e}",
-            e.line(),
-            e.column()
-        ))
-    })?;
+    let (doc, _) = crate::jsonfile::read_json(path).map_err(err)?;
     let field = |k: &str| -> Result<String> {
-        doc.get(k)
-            .and_then(Json::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| {
-                err(format!(
-                    "missing `{k}`; is this a plan written by `fleet-retire plan --out`?"
-                ))
-            })
+        match doc.get(k) {
+            Some(Json::String(s)) => Ok(s.clone()),
+            None | Some(Json::Null) => Err(err(format!(
+                "missing `{k}`; is this a plan written by `fleet-retire plan --out`?"
+            ))),
+            Some(other) => Err(err(format!("`{k}` must be a string, not {other}"))),
+        }
     };
     let workers = doc
         .get("candidate_worker_identities")
         .and_then(Json::as_array)
-        .ok_or_else(|| err("missing `candidate_worker_identities`".into()))?
+        .ok_or_else(|| err("missing `candidate_worker_identities` (a list of strings)".into()))?
         .iter()
-        .map(|v| match v {
-            Json::String(s) => s.clone(),
-            other => crate::value::Value::from_json(other)
-                .map(|v| v.canon())
-                .unwrap_or_default(),
+        .enumerate()
+        .map(|(i, v)| match v {
+            Json::String(s) => Ok(s.clone()),
+            other => Err(err(format!(
+                "`candidate_worker_identities[{i}]` must be a string, not {other}"
+            ))),
         })
-        .collect();
+        .collect::<Result<_>>()?;
+    let canonical_repository = match doc.get("canonical_repository") {
+        None | Some(Json::Null) => None,
+        Some(Json::String(s)) => Some(
+            crate::cli::nonblank_repository(s)
+                .map_err(|e| err(format!("`canonical_repository`: {e}")))?,
+        ),
+        Some(other) => {
+            return Err(err(format!(
+                "`canonical_repository` must be a string, not {other}"
+            )))
+        }
+    };
     Ok(Request {
         registry_fingerprint: field("registry_fingerprint")?,
         candidate_fingerprint: field("candidate_fingerprint")?,
         policy_fingerprint: field("policy_fingerprint")?,
         workers,
-        canonical_repository: doc
-            .get("canonical_repository")
-            .and_then(Json::as_str)
-            .map(str::to_string),
+        canonical_repository,
         max_retire: 0,
     })
 }
@@ -163,6 +165,17 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
             .and_then(|_| writeln!(w)),
         Format::Human => write!(w, "{}", crate::report::apply_summary(&report)),
     };
-    written.map_err(|e| Error::Input(format!("writing the report: {e}")))?;
+    // The exit code follows what happened to the registry: a report that
+    // cannot be written (a closed pipe, a full disk) is a warning, not a
+    // claim that the apply was rolled back.
+    if let Err(e) = written.and_then(|()| w.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!(
+                "fleet-retire: warning: the apply report could not be written ({e}); \
+                 the outcome was {:?}: check the registry's retirement_audit table",
+                report.outcome
+            );
+        }
+    }
     Ok(report.outcome.exit_code())
 }

@@ -65,14 +65,16 @@ pub fn changes(old: &Grants, new: &Grants) -> Vec<(String, String, bool)> {
 /// Run `grants`.
 pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
-    let now = grants(&policies, &Profiles::load(&args.profiles)?)?;
+    let profiles = Profiles::load(&args.profiles)?;
+    let warnings = crate::capability::warnings(&profiles);
+    let now = grants(&policies, &profiles)?;
     let diff = match &args.against {
         Some(old) => Some(changes(&grants(&policies, &Profiles::load(old)?)?, &now)),
         None => None,
     };
     match cli.format {
         Format::Json => {
-            let mut doc = json!({"grants": now});
+            let mut doc = json!({"warnings": warnings, "grants": now});
             if let Some(d) = &diff {
                 doc["changes"] = json!(d
                     .iter()
@@ -85,6 +87,12 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
             );
         }
         Format::Human => {
+            for w in &warnings {
+                println!("WARNING {w}");
+            }
+            if !warnings.is_empty() {
+                println!();
+            }
             println!(
                 "{:<32} {:<9} {:<9} {:<9}",
                 "PROFILE", "SNAPSHOT", "PLAN", "APPLY"
@@ -99,7 +107,7 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
                 };
                 println!(
                     "{:<32} {:<9} {:<9} {:<9}",
-                    name,
+                    crate::report::esc(name),
                     yes("snapshot"),
                     yes("plan"),
                     yes("apply")
@@ -118,8 +126,9 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
                     );
                     for (p, op, allowed) in d {
                         println!(
-                            "  {} {op} for {p}",
-                            if *allowed { "+ GRANTS" } else { "- revokes" }
+                            "  {} {op} for {}",
+                            if *allowed { "+ GRANTS" } else { "- revokes" },
+                            crate::report::esc(p)
                         );
                     }
                 }

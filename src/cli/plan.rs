@@ -63,7 +63,9 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let mut w = std::io::BufWriter::new(stdout.lock());
     let written = match cli.format {
         Format::Json => plan.write_json(&mut w),
-        Format::Human => w.write_all(crate::report::plan_table(&plan).as_bytes()),
+        Format::Human => {
+            w.write_all(crate::report::plan_table(&plan, &policies.source_label()).as_bytes())
+        }
     };
     written
         .and_then(|_| w.flush())

@@ -57,7 +57,7 @@ fn sources(cli: &Cli) -> Result<Vec<(String, String, Option<std::path::PathBuf>)
 
 fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
-    crate::verify::load_properties(cli.policies.as_deref(), &policies)?;
+    crate::verify::load_properties(cli.policies.as_deref(), &policies, false)?;
     let mut problems = Vec::new();
     let config = cedar_policy_formatter::Config::default();
     for (name, text, path) in sources(cli)? {
@@ -148,7 +148,7 @@ fn list(cli: &Cli) -> Result<ExitCode> {
 
 fn verify(cli: &Cli) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
-    let properties = crate::verify::load_properties(cli.policies.as_deref(), &policies)?;
+    let properties = crate::verify::load_properties(cli.policies.as_deref(), &policies, true)?;
     let proofs = crate::verify::verify(&policies, &properties)?;
     let failed = proofs.iter().filter(|p| !p.holds).count();
     match cli.format {

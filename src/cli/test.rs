@@ -33,12 +33,12 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
         };
         if diffs.is_empty() {
             passed += 1;
-            println!("PASS {name}");
+            println!("PASS {}", crate::report::esc(&name));
         } else {
             failed += 1;
-            println!("FAIL {name} ({})", file.display());
+            println!("FAIL {} ({})", crate::report::esc(&name), file.display());
             for d in diffs {
-                println!("    {d}");
+                println!("    {}", crate::report::esc(&d));
             }
         }
     }

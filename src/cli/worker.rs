@@ -1,11 +1,21 @@
 //! `fleet-retire register | heartbeat | release`: write the registry as a
-//! worker would.
+//! worker would, and only the caller's own registration.
+//!
+//! The worker identity comes from the launcher's environment
+//! (`GITEA_MCP_WORKER_IDENTITY`), never from a flag, and the registered
+//! process is the one that runs the command (its parent). `heartbeat` and
+//! `release` prove the row is the caller's: its process, with the same start
+//! time, host, boot and pid namespace, must be this command's parent or an
+//! ancestor. Touching another worker's row is what `apply` is for.
 
 use crate::cli::Cli;
-use crate::error::{ExitCode, Result};
-use crate::worker::{heartbeat, register, release, Registration};
+use crate::error::{Error, ExitCode, Result};
+use crate::worker::{heartbeat, register, release, Registration, Writer};
 use clap::Args;
 use std::path::PathBuf;
+
+/// The environment variable that carries a worker's identity.
+pub const WORKER_IDENTITY_ENV: &str = "GITEA_MCP_WORKER_IDENTITY";
 
 /// Arguments of `register`.
 #[derive(Debug, Args)]
@@ -16,12 +26,6 @@ pub struct RegisterArgs {
     /// The worker's namespace.
     #[arg(long)]
     pub namespace: String,
-    /// The worker identity (minted when absent).
-    #[arg(long)]
-    pub worker_identity: Option<String>,
-    /// The worker process (default: the process that ran this command).
-    #[arg(long)]
-    pub pid: Option<i64>,
     /// Heartbeat TTL in seconds.
     #[arg(long, default_value_t = 900.0)]
     pub ttl: f64,
@@ -45,24 +49,37 @@ pub struct WorkerArgs {
     /// The worker registry.
     #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
     pub registry: PathBuf,
-    /// The worker identity.
-    #[arg(long)]
-    pub worker_identity: String,
     /// (release) the historical status to set: released or superseded.
     #[arg(long, default_value = "released")]
     pub status: String,
+    /// Root of the proc filesystem.
+    #[arg(long, default_value = "/proc", hide = true)]
+    pub proc_root: PathBuf,
+}
+
+fn identity_from_env() -> Option<String> {
+    std::env::var(WORKER_IDENTITY_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+fn required_identity(command: &str) -> Result<String> {
+    identity_from_env().ok_or_else(|| {
+        Error::Input(format!(
+            "{command} writes the caller's own registration, named by {WORKER_IDENTITY_ENV}, \
+             which is not set; run it from the worker with the identity `register` printed"
+        ))
+    })
 }
 
 /// Run `register`.
 pub fn run_register(_cli: &Cli, args: &RegisterArgs) -> Result<ExitCode> {
-    let pid = args
-        .pid
-        .unwrap_or_else(|| i64::from(nix::unistd::getppid().as_raw()));
+    let pid = i64::from(nix::unistd::getppid().as_raw());
     let row = register(
         &args.registry,
         &args.proc_root,
         &Registration {
-            worker_identity: args.worker_identity.clone(),
+            worker_identity: identity_from_env(),
             namespace: args.namespace.clone(),
             role: args.role.clone(),
             pid,
@@ -82,14 +99,21 @@ pub fn run_register(_cli: &Cli, args: &RegisterArgs) -> Result<ExitCode> {
 
 /// Run `heartbeat`.
 pub fn run_heartbeat(_cli: &Cli, args: &WorkerArgs) -> Result<ExitCode> {
-    let at = heartbeat(&args.registry, &args.worker_identity)?;
-    println!("{} heartbeat at {at}", args.worker_identity);
+    let worker = required_identity("heartbeat")?;
+    let at = heartbeat(&args.registry, &worker, Writer::Descendant(&args.proc_root))?;
+    println!("{} heartbeat at {at}", crate::report::esc(&worker));
     Ok(ExitCode::Ok)
 }
 
 /// Run `release`.
 pub fn run_release(_cli: &Cli, args: &WorkerArgs) -> Result<ExitCode> {
-    release(&args.registry, &args.worker_identity, &args.status)?;
-    println!("{} {}", args.worker_identity, args.status);
+    let worker = required_identity("release")?;
+    release(
+        &args.registry,
+        &worker,
+        &args.status,
+        Writer::Descendant(&args.proc_root),
+    )?;
+    println!("{} {}", crate::report::esc(&worker), args.status);
     Ok(ExitCode::Ok)
 }

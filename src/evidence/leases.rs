@@ -179,7 +179,11 @@ impl Fence {
     /// (`PRAGMA data_version`) when nobody committed, a full re-read and
     /// comparison when someone did. Returns the fence now in force, or the
     /// new one that differs.
-    pub fn recheck(&self, conn: &Connection, path: &Path) -> Result<std::result::Result<Fence, Fence>> {
+    pub fn recheck(
+        &self,
+        conn: &Connection,
+        path: &Path,
+    ) -> Result<std::result::Result<Fence, Fence>> {
         if data_version(conn, path)? == self.data_version {
             return Ok(Ok(self.clone()));
         }
@@ -187,7 +191,11 @@ impl Fence {
     }
 
     /// Re-read the active leases whatever `data_version` says and compare.
-    pub fn recheck_fully(&self, conn: &Connection, path: &Path) -> Result<std::result::Result<Fence, Fence>> {
+    pub fn recheck_fully(
+        &self,
+        conn: &Connection,
+        path: &Path,
+    ) -> Result<std::result::Result<Fence, Fence>> {
         let (now, _) = Fence::read(conn, path)?;
         Ok(if now.token == self.token && now.digest == self.digest {
             Ok(now)

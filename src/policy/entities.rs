@@ -197,7 +197,10 @@ pub fn worker_attrs<'a>(row: &'a Row, obs: &'a Observation) -> Vec<(&'static str
             "process_start_time",
             s(row.get(Col::ProcessStartTime).stripped_cow()),
         ),
-        ("pid_namespace", s(row.get(Col::PidNamespace).stripped_cow())),
+        (
+            "pid_namespace",
+            s(row.get(Col::PidNamespace).stripped_cow()),
+        ),
         ("ownership_state", s(obs.ownership_state)),
         (
             "repository_binding_key",
