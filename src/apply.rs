@@ -554,7 +554,8 @@ fn inside(
 
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
-    let (mut fence, active_leases) = leases::Fence::read(lease_conn, ctx.leases)?;
+    let (mut fence, active_leases) = leases::Fence::read(lease_conn, ctx.leases)
+        .map_err(|e| Abort::Refuse(Outcome::LeaseStoreUnavailable, e.to_string()))?;
     report.external_state_fingerprint = Some(fence.token.clone());
     let rows = read_rows(tx, ctx.registry)?;
 

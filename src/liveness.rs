@@ -82,7 +82,7 @@ pub fn micros_to_seconds(us: i64) -> f64 {
         let bits = c.to_bits();
         let exp = ((bits >> 52) & 0x7ff) as i32 - 1075;
         let mant = ((bits & ((1u64 << 52) - 1)) | (1u64 << 52)) as i128;
-        let value = if c < 0.0 { -mant } else { mant } * M << (exp + 19);
+        let value = (if c < 0.0 { -mant } else { mant } * M) << (exp + 19);
         ((value - ((us as i128) << 19)).abs(), mant & 1 == 1)
     };
     let mut best = guess;
@@ -166,12 +166,13 @@ mod tests {
 
     #[test]
     fn heartbeat_age_is_rounded_once() {
-        // Python: (now - stamp).total_seconds() is int/int true division.
+        // Python's repr of us / 10**6 (int/int true division, as
+        // total_seconds() computes it).
         for (us, python) in [
             (9_007_199_254_740_993_i64, 9_007_199_254.740993_f64),
-            (31_556_889_864_403_199, 31_556_889_864.403199),
-            (-31_556_889_864_403_199, -31_556_889_864.403199),
-            (63_082_281_599_999_999, 63_082_281_599.999999),
+            (31_556_889_864_403_199, 31_556_889_864.403_2),
+            (-31_556_889_864_403_199, -31_556_889_864.403_2),
+            (63_082_281_599_999_999, 63_082_281_600.0),
             (1_500_000, 1.5),
         ] {
             assert_eq!(micros_to_seconds(us), python, "{us}");

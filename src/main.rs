@@ -22,7 +22,15 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let cli = fleet_retire::cli::Cli::parse();
+    // A command line we cannot read is bad input (exit 1, as documented),
+    // not a refusal (2, which clap would use); help and --version are 0.
+    let cli = match fleet_retire::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
     let code = match fleet_retire::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {

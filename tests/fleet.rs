@@ -382,48 +382,43 @@ fn register_heartbeat_die_then_plan_finds_the_worker_eligible() {
         .as_object()
         .unwrap()
         .clone();
-    let mut child = std::process::Command::new("sleep")
-        .arg("60")
-        .spawn()
-        .unwrap();
-    let pid = child.id().to_string();
-    let mut cmd = bin();
-    cmd.args([
-        "register",
-        "--registry",
-        stores.registry.to_str().unwrap(),
-        "--namespace",
-        "author",
-        "--worker-identity",
-        "w-real",
-        "--pid",
-        &pid,
-        "--ttl",
-        "1",
-        "--repository-binding",
-        "prgs/gitea-tools",
-    ]);
+    // The worker registers itself, heartbeats itself, then runs on as `sleep`.
+    let ready = stores.dir.path().join("ready");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(
+            "\"$0\" register --registry \"$1\" --namespace author --ttl 1 \
+             --repository-binding prgs/gitea-tools > \"$2.json\" \
+             && \"$0\" heartbeat --registry \"$1\" > /dev/null && : > \"$2\" && exec sleep 60",
+        )
+        .arg(env!("CARGO_BIN_EXE_fleet-retire"))
+        .arg(&stores.registry)
+        .arg(&ready)
+        .env("GITEA_MCP_WORKER_IDENTITY", "w-real");
     for (k, v) in &env {
         cmd.env(k, v.as_str().unwrap());
     }
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let row: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut child = KillOnDrop(cmd.spawn().unwrap());
+    let started = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "the worker did not register"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let row: Value =
+        serde_json::from_str(&std::fs::read_to_string(ready.with_extension("json")).unwrap())
+            .unwrap();
+    assert_eq!(row["worker_identity"], "w-real");
     assert_eq!(row["instance_id_source"], "launcher");
+    assert_eq!(row["pid"], json!(child.id()));
     assert_eq!(row["process_start_time"], json!(start_time(child.id())));
-    let out = run(&[
-        "heartbeat",
-        "--registry",
-        stores.registry.to_str().unwrap(),
-        "--worker-identity",
-        "w-real",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
     // Alive: kept.
     let plan = stores.plan_json();
     assert_eq!(plan["candidate_count"], 0);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(2200));
     let plan = stores.plan_json();
     assert_eq!(
@@ -446,45 +441,26 @@ fn register_heartbeat_die_then_plan_finds_the_worker_eligible() {
     assert_eq!(report["retired"][0]["worker_identity"], "w-real");
     assert_eq!(report["post_apply"]["stale_worker_count"], 0);
 
-    // A worker without launcher identity is recorded as such.
-    let out = bin()
-        .args([
-            "register",
-            "--registry",
-            stores.registry.to_str().unwrap(),
-            "--namespace",
-            "merger",
-            "--worker-identity",
-            "w-bare",
-            "--pid",
-            &std::process::id().to_string(),
-        ])
+    // A worker without launcher identity is recorded as such; it releases
+    // its own row, and a released worker cannot heartbeat.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(
+            "\"$0\" register --registry \"$1\" --namespace merger \
+             && \"$0\" release --registry \"$1\" >&2 \
+             && ! \"$0\" heartbeat --registry \"$1\" 2>/dev/null",
+        )
+        .arg(env!("CARGO_BIN_EXE_fleet-retire"))
+        .arg(&stores.registry)
+        .env("GITEA_MCP_WORKER_IDENTITY", "w-bare")
         .env_remove("GITEA_MCP_CLIENT_INSTANCE")
         .output()
         .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
     let row: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(row["client_instance_id"], Value::Null);
     assert_eq!(row["instance_id_provenance"], "missing");
-    let out = run(&[
-        "release",
-        "--registry",
-        stores.registry.to_str().unwrap(),
-        "--worker-identity",
-        "w-bare",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let out = run(&[
-        "heartbeat",
-        "--registry",
-        stores.registry.to_str().unwrap(),
-        "--worker-identity",
-        "w-bare",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "a released worker cannot heartbeat"
-    );
+    assert!(text(&out).contains("w-bare released"), "{}", text(&out));
 }
 
 #[test]

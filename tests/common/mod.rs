@@ -368,3 +368,33 @@ impl Lib {
         fleet_retire::apply::apply(req, &ctx, hooks).unwrap()
     }
 }
+
+/// A child process killed (and reaped) when the guard drops, so a failing
+/// assertion leaves nothing running.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Fail under CI (where every tool is installed by .ci/run), skip with a
+/// message elsewhere. Returns true when the caller should return early.
+pub fn skip_unless(available: bool, what: &str) -> bool {
+    if available {
+        return false;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{what} is required under CI=true; .ci/run installs it");
+    }
+    eprintln!("skipped: {what} is not available here");
+    true
+}
