@@ -11,42 +11,6 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-/// Every table's schema and rows, in a stable order.
-fn dump(path: &Path) -> String {
-    let conn =
-        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut out = String::new();
-    let tables: Vec<(String, String)> = conn
-        .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    for (name, sql) in tables {
-        out.push_str(&sql);
-        out.push('\n');
-        let mut stmt = conn
-            .prepare(&format!("SELECT * FROM \"{name}\" ORDER BY rowid"))
-            .unwrap();
-        let n = stmt.column_count();
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((0..n)
-                    .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
-                    .collect::<Vec<_>>()
-                    .join("|"))
-            })
-            .unwrap();
-        for r in rows {
-            out.push_str(&r.unwrap());
-            out.push('\n');
-        }
-    }
-    out
-}
-
 fn statuses(path: &Path) -> Vec<(String, String, Option<String>)> {
     let conn = rusqlite::Connection::open(path).unwrap();
     let mut stmt = conn

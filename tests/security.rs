@@ -14,44 +14,6 @@ use std::time::{Duration, Instant};
 
 const EXE: &str = env!("CARGO_BIN_EXE_fleet-retire");
 
-/// Every object of the registry (schema and rows), in a stable order.
-fn dump(path: &Path) -> String {
-    let conn =
-        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut out = String::new();
-    let objects: Vec<(String, String, Option<String>)> = conn
-        .prepare("SELECT type, name, sql FROM sqlite_master ORDER BY type, name")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    for (kind, name, sql) in objects {
-        out.push_str(&format!("{kind} {name}: {}\n", sql.unwrap_or_default()));
-        if kind != "table" {
-            continue;
-        }
-        let mut stmt = conn
-            .prepare(&format!("SELECT * FROM \"{name}\" ORDER BY rowid"))
-            .unwrap();
-        let n = stmt.column_count();
-        let rows: Vec<String> = stmt
-            .query_map([], |r| {
-                Ok((0..n)
-                    .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
-                    .collect::<Vec<_>>()
-                    .join("|"))
-            })
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        out.push_str(&rows.join("\n"));
-        out.push('\n');
-    }
-    out
-}
-
 fn status_of(registry: &Path, worker: &str) -> String {
     rusqlite::Connection::open(registry)
         .unwrap()
@@ -670,107 +632,110 @@ fn add_lease(leases: &Path, id: &str, owner: &str) {
         .unwrap();
 }
 
-// Finding 8: lease changes inside apply went unseen.
-#[test]
-fn re_pointing_a_lease_at_a_target_inside_apply_retires_nothing() {
+/// Apply through the library with a seam, over a fleet of three dead
+/// workers (and a fourth lease-free running one); the apply must end with
+/// `outcome`, retire nothing and leave the registry byte for byte.
+fn retires_nothing(
+    outcome: Outcome,
+    setup: impl FnOnce(&Stores),
+    run: impl FnOnce(&Lib, &fleet_retire::apply::Request) -> fleet_retire::apply::Report,
+) -> fleet_retire::apply::Report {
     let (stores, live) = fleet();
-    add_lease(&stores.leases, "l-1", "someone-else");
+    setup(&stores);
     let lib = Lib::new(stores);
     let req = lib.request();
     assert_eq!(req.workers.len(), 3);
     let before = dump(&lib.stores.registry);
-    let leases = lib.stores.leases.clone();
-    let mut hook = |i: usize| {
-        if i == 1 {
-            // owner_worker_identity is not in the seed's lease token.
-            rusqlite::Connection::open(&leases)
-                .unwrap()
-                .execute(
-                    "UPDATE workflow_leases SET owner_worker_identity = 'w-dead-2' WHERE lease_id = 'l-1'",
-                    [],
-                )
-                .unwrap();
-        }
-    };
-    let report = lib.run(
-        &req,
-        Hooks {
-            after_capability: Some(&mut hook),
-            ..Default::default()
-        },
-    );
-    assert_eq!(
-        report.outcome,
-        Outcome::TransactionFailed,
-        "{}",
-        report.detail
-    );
-    assert!(report.detail.contains("active leases changed"));
+    let report = run(&lib, &req);
+    assert_eq!(report.outcome, outcome, "{}", report.detail);
     assert_eq!(report.retired_count, 0);
     assert_eq!(dump(&lib.stores.registry), before);
     drop(live);
+    report
+}
+
+// Finding 8: lease changes inside apply went unseen.
+#[test]
+fn re_pointing_a_lease_at_a_target_inside_apply_retires_nothing() {
+    let report = retires_nothing(
+        Outcome::TransactionFailed,
+        |stores| add_lease(&stores.leases, "l-1", "someone-else"),
+        |lib, req| {
+            let leases = lib.stores.leases.clone();
+            // owner_worker_identity is not in the seed's lease token.
+            let mut hook = |i: usize| {
+                if i == 1 {
+                    rusqlite::Connection::open(&leases)
+                        .unwrap()
+                        .execute(
+                            "UPDATE workflow_leases SET owner_worker_identity = 'w-dead-2' WHERE lease_id = 'l-1'",
+                            [],
+                        )
+                        .unwrap();
+                }
+            };
+            lib.run(
+                req,
+                Hooks {
+                    after_capability: Some(&mut hook),
+                    ..Default::default()
+                },
+            )
+        },
+    );
+    assert!(
+        report.detail.contains("active leases changed"),
+        "{}",
+        report.detail
+    );
 }
 
 #[test]
 fn a_lease_added_after_the_last_per_target_check_is_caught_before_commit() {
-    let (stores, live) = fleet();
-    let lib = Lib::new(stores);
-    let req = lib.request();
-    let before = dump(&lib.stores.registry);
-    let leases = lib.stores.leases.clone();
-    let mut hook = || add_lease(&leases, "l-late", "w-dead-1");
-    let report = lib.run(
-        &req,
-        Hooks {
-            before_commit: Some(&mut hook),
-            ..Default::default()
+    retires_nothing(
+        Outcome::TransactionFailed,
+        |_| {},
+        |lib, req| {
+            let leases = lib.stores.leases.clone();
+            let mut hook = || add_lease(&leases, "l-late", "w-dead-1");
+            lib.run(
+                req,
+                Hooks {
+                    before_commit: Some(&mut hook),
+                    ..Default::default()
+                },
+            )
         },
     );
-    assert_eq!(
-        report.outcome,
-        Outcome::TransactionFailed,
-        "{}",
-        report.detail
-    );
-    assert_eq!(report.retired_count, 0);
-    assert_eq!(dump(&lib.stores.registry), before);
-    drop(live);
 }
 
 #[test]
 fn revoking_the_grant_between_two_targets_stops_the_apply() {
-    let (stores, live) = fleet();
-    let lib = Lib::new(stores);
-    let req = lib.request();
-    let before = dump(&lib.stores.registry);
-    let profiles = lib.stores.profiles.clone();
-    let mut hook = |i: usize| {
-        if i == 1 {
-            std::fs::write(
-                &profiles,
-                json!({"profiles": {"controller-prgs": {"role": "controller",
-                    "allowed_operations": ["gitea.read"]}}})
-                .to_string(),
+    retires_nothing(
+        Outcome::PermissionDenied,
+        |_| {},
+        |lib, req| {
+            let profiles = lib.stores.profiles.clone();
+            let mut hook = |i: usize| {
+                if i == 1 {
+                    std::fs::write(
+                        &profiles,
+                        json!({"profiles": {"controller-prgs": {"role": "controller",
+                        "allowed_operations": ["gitea.read"]}}})
+                        .to_string(),
+                    )
+                    .unwrap();
+                }
+            };
+            lib.run(
+                req,
+                Hooks {
+                    between_targets: Some(&mut hook),
+                    ..Default::default()
+                },
             )
-            .unwrap();
-        }
-    };
-    let report = lib.run(
-        &req,
-        Hooks {
-            between_targets: Some(&mut hook),
-            ..Default::default()
         },
     );
-    assert_eq!(
-        report.outcome,
-        Outcome::PermissionDenied,
-        "{}",
-        report.detail
-    );
-    assert_eq!(report.retired_count, 0);
-    assert_eq!(dump(&lib.stores.registry), before);
-    drop(live);
 }
 
 #[test]

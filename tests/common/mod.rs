@@ -398,3 +398,41 @@ pub fn skip_unless(available: bool, what: &str) -> bool {
     eprintln!("skipped: {what} is not available here");
     true
 }
+
+/// Every object of the registry (schema and rows), in a stable order.
+pub fn dump(path: &Path) -> String {
+    let conn =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut out = String::new();
+    let objects: Vec<(String, String, Option<String>)> = conn
+        .prepare("SELECT type, name, sql FROM sqlite_master ORDER BY type, name")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (kind, name, sql) in objects {
+        out.push_str(&format!("{kind} {name}: {}\n", sql.unwrap_or_default()));
+        if kind != "table" {
+            continue;
+        }
+        let mut stmt = conn
+            .prepare(&format!("SELECT * FROM \"{name}\" ORDER BY rowid"))
+            .unwrap();
+        let n = stmt.column_count();
+        let rows: Vec<String> = stmt
+            .query_map([], |r| {
+                Ok((0..n)
+                    .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
+                    .collect::<Vec<_>>()
+                    .join("|"))
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        out.push_str(&rows.join("\n"));
+        out.push('\n');
+    }
+    out
+}
