@@ -116,6 +116,7 @@ fn main() {
             workers: p.candidates().map(|e| p.identity(e)).collect(),
             canonical_repository: Some("prgs/gitea-tools".into()),
             max_retire: rows,
+            planned: None,
         };
         assert_eq!(
             req.workers.len(),

@@ -87,6 +87,11 @@ pub struct Request {
     pub canonical_repository: Option<String>,
     /// Refuse (retiring nothing) above this many targets.
     pub max_retire: usize,
+    /// The plan's rows, when apply has them (a saved plan file, or a plan
+    /// `serve` issued): heartbeat-only changes on rows live then and now are
+    /// tolerated (docs/apply.md). Without them the registry token must match
+    /// exactly.
+    pub planned: Option<std::sync::Arc<crate::planned::PlannedRows>>,
 }
 
 /// Where apply reads and writes.
@@ -176,6 +181,11 @@ pub struct Report {
     pub external_state_fingerprint: Option<String>,
     /// The blast-radius limit.
     pub max_retire: usize,
+    /// How many rows differed from the plan only by a heartbeat on a worker
+    /// live then and now (tolerated; see docs/apply.md).
+    pub heartbeats_tolerated: usize,
+    /// Those workers.
+    pub heartbeats_tolerated_workers: Vec<String>,
     /// A sentence for a person.
     pub detail: String,
     /// The fleet after the transaction: retiring stale rows does not by
@@ -202,6 +212,8 @@ impl Report {
             policy_fingerprint: req.policy_fingerprint.clone(),
             external_state_fingerprint: None,
             max_retire: req.max_retire,
+            heartbeats_tolerated: 0,
+            heartbeats_tolerated_workers: Vec::new(),
             detail: detail.into(),
             post_apply: None,
         }
@@ -500,6 +512,9 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             };
             let mut fresh = Report::new(req, outcome, format!("{detail}{rolled_back}"));
             fresh.external_state_fingerprint = report.external_state_fingerprint.take();
+            fresh.heartbeats_tolerated = report.heartbeats_tolerated;
+            fresh.heartbeats_tolerated_workers =
+                std::mem::take(&mut report.heartbeats_tolerated_workers);
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
             }
@@ -590,13 +605,31 @@ fn inside(
     };
     let fresh = plan(rows, facts, ctx.probe, ctx.policies)?;
     if fresh.registry_fingerprint != req.registry_fingerprint {
-        return Err(Abort::Refuse(
-            Outcome::RegistryRevisionMoved,
-            format!(
-                "the registry changed since the plan (now {}); plan again",
-                fresh.registry_fingerprint
-            ),
-        ));
+        let moved = |why: String| {
+            Abort::Refuse(
+                Outcome::RegistryRevisionMoved,
+                format!(
+                    "the registry changed since the plan (now {}){why}; plan again",
+                    fresh.registry_fingerprint
+                ),
+            )
+        };
+        // With the plan's rows at hand, heartbeats of live workers are not
+        // a change that decides anything.
+        match req
+            .planned
+            .as_deref()
+            .filter(|p| p.registry_fingerprint == req.registry_fingerprint)
+        {
+            None => return Err(moved(String::new())),
+            Some(planned) => match planned.tolerated(&fresh) {
+                Ok(workers) => {
+                    report.heartbeats_tolerated = workers.len();
+                    report.heartbeats_tolerated_workers = workers;
+                }
+                Err(why) => return Err(moved(format!(": {why}"))),
+            },
+        }
     }
     if fresh.candidate_fingerprint != req.candidate_fingerprint {
         return Err(Abort::Refuse(
@@ -762,6 +795,7 @@ fn inside(
                 req.canonical_repository.as_deref().map_or(S::Null, text),
                 text(&audit.lease_store),
                 text(&fence.digest),
+                S::Integer(report.heartbeats_tolerated as i64),
             ]
         };
         tx.prepare_cached(&insert)?
@@ -796,4 +830,23 @@ fn inside(
         )));
     }
     Ok(())
+}
+
+/// Parse `--workers`: a JSON list of strings, or comma-separated names.
+pub fn parse_workers(text: &str) -> Result<Vec<String>> {
+    let trimmed = text.trim();
+    if trimmed.starts_with('[') {
+        let list: Vec<String> = serde_json::from_str(trimmed).map_err(|e| {
+            Error::Input(format!(
+                "the worker list looks like JSON but is not a list of strings: {e}"
+            ))
+        })?;
+        return Ok(list);
+    }
+    Ok(trimmed
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect())
 }

@@ -39,6 +39,8 @@ pub const COLUMNS: &[(&str, &str)] = &[
     ("canonical_repository", "TEXT"),
     ("lease_store", "TEXT"),
     ("lease_digest", "TEXT"),
+    // Rows whose heartbeat alone moved between plan and apply (tolerated).
+    ("heartbeats_tolerated", "INTEGER"),
 ];
 
 /// The key column.

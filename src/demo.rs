@@ -235,6 +235,7 @@ pub fn run(policies: &Policies) -> Result<String> {
         workers: planned.candidates().map(|e| planned.identity(e)).collect(),
         canonical_repository: Some(REPO.into()),
         max_retire: 100,
+        planned: None,
     };
     let report = apply(
         &req,

@@ -34,6 +34,8 @@ pub mod env {
     pub const CONFIG: &str = "GITEA_MCP_CONFIG";
     /// A worker generation chosen by its parent.
     pub const GENERATION_ID: &str = "GITEA_MCP_GENERATION_ID";
+    /// The namespace a server is started for (read by `fleet-retire serve`).
+    pub const NAMESPACE: &str = "GITEA_MCP_NAMESPACE";
 }
 
 /// The provenance value the launcher alone writes.
@@ -41,6 +43,7 @@ pub const LAUNCHER_PROVENANCE: &str = "trusted_launcher";
 
 /// Keys a caller's extra environment can never override.
 pub const PROTECTED_KEYS: &[&str] = &[
+    env::NAMESPACE,
     env::CLIENT_INSTANCE,
     env::INSTANCE_PROVENANCE,
     env::CLIENT,
@@ -154,6 +157,7 @@ pub fn launch(req: &LaunchRequest) -> Result<Json> {
     for ns in NAMESPACES {
         let mut env = Map::new();
         env.insert(env::PROFILE.into(), json!(req.profiles[*ns]));
+        env.insert(env::NAMESPACE.into(), json!(ns));
         env.insert(env::CLIENT_MANAGED.into(), json!("1"));
         env.insert(env::CLIENT.into(), json!(client));
         env.insert(env::CLIENT_INSTANCE.into(), json!(instance));

@@ -404,6 +404,22 @@ impl Plan {
     /// Stream the plan as JSON: top-level keys in a fixed order, one entry
     /// per line, so large plans stay small in memory and diff cleanly.
     pub fn write_json(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        self.write_json_with(w, None)
+    }
+
+    /// The plan as a saved file for `apply`: the same document plus
+    /// `planned_rows`, a digest of every judged row (see `crate::planned`).
+    pub fn write_saved(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        let rows = serde_json::to_value(crate::planned::PlannedRows::of(self))
+            .map_err(std::io::Error::other)?;
+        self.write_json_with(w, Some(("planned_rows", rows)))
+    }
+
+    fn write_json_with(
+        &self,
+        w: &mut dyn Write,
+        extra: Option<(&str, Json)>,
+    ) -> std::io::Result<()> {
         let candidate_ids: Vec<&crate::value::Value> = self
             .candidates()
             .map(|e| self.rows[e.index].get(Col::WorkerIdentity))
@@ -462,11 +478,14 @@ impl Plan {
                     w.write_all(&text)?;
                 }
             }
-            w.write_all(if key == "candidates" {
+            w.write_all(if key == "candidates" || extra.is_some() {
                 b"\n],\n"
             } else {
                 b"\n]\n"
             })?;
+        }
+        if let Some((key, value)) = extra {
+            writeln!(w, "{}: {}", Json::String(key.into()), value)?;
         }
         w.write_all(b"}\n")
     }
@@ -524,4 +543,29 @@ pub struct Evidence<'a> {
     pub shared_identity_evidence: &'a [String],
     pub instance_slot_contested: bool,
     pub protected_by_active_leases: &'a [String],
+}
+
+/// Read the registry and the lease store, probe this host, and plan: what
+/// `plan`, `explain` and `serve` do with the world.
+pub fn plan_from_files(
+    registry: &std::path::Path,
+    leases: &std::path::Path,
+    proc_root: &std::path::Path,
+    canonical_repository: String,
+    policies: &Policies,
+) -> Result<Plan> {
+    let rows = crate::evidence::registry::load(registry)?;
+    let lease_rows = crate::evidence::leases::load(leases)?;
+    let facts = RunFacts {
+        now: crate::time::now(),
+        host: crate::evidence::probe::HostFacts::observe(proc_root),
+        canonical_repository: Some(canonical_repository),
+        protections: crate::evidence::leases::Protections::from_leases(&lease_rows),
+    };
+    plan(
+        rows,
+        facts,
+        &crate::evidence::probe::SystemProbe::new(proc_root),
+        policies,
+    )
 }

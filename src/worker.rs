@@ -246,9 +246,8 @@ fn prove(conn: &Connection, path: &Path, worker: &str, writer: Writer) -> Result
     ] {
         let theirs = fencing[name].as_str().map(str::trim);
         if mine.is_none() || theirs != mine.as_deref() {
-            let show = |v: Option<&str>, none: &str| {
-                v.map_or(none.to_string(), |t| format!("{t:?}"))
-            };
+            let show =
+                |v: Option<&str>, none: &str| v.map_or(none.to_string(), |t| format!("{t:?}"));
             return Err(refuse(format!(
                 "its {name} is {}, this command's is {}",
                 show(theirs, "not recorded"),

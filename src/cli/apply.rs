@@ -1,6 +1,6 @@
 //! `fleet-retire apply`: retire what a plan approved.
 
-use crate::apply::{apply, Context, Hooks, Request};
+use crate::apply::{apply, parse_workers, Context, Hooks, Request};
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
 use crate::error::{Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
@@ -42,25 +42,6 @@ pub struct ApplyArgs {
     pub operator: OperatorArgs,
 }
 
-/// Parse `--workers`: a JSON list of strings, or comma-separated names.
-pub fn parse_workers(text: &str) -> Result<Vec<String>> {
-    let trimmed = text.trim();
-    if trimmed.starts_with('[') {
-        let list: Vec<String> = serde_json::from_str(trimmed).map_err(|e| {
-            Error::Input(format!(
-                "--workers looks like JSON but is not a list of strings: {e}"
-            ))
-        })?;
-        return Ok(list);
-    }
-    Ok(trimmed
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect())
-}
-
 /// Read the apply request out of a saved plan.
 pub fn request_from_plan(path: &Path) -> Result<Request> {
     let err = |m: String| Error::Input(format!("plan {}: {m}", path.display()));
@@ -99,13 +80,29 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
             )))
         }
     };
+    let registry_fingerprint = field("registry_fingerprint")?;
+    let planned = match doc.get("planned_rows") {
+        None => None,
+        Some(v) => {
+            let rows: crate::planned::PlannedRows = serde_json::from_value(v.clone())
+                .map_err(|e| err(format!("`planned_rows`: {e}")))?;
+            if rows.registry_fingerprint != registry_fingerprint {
+                return Err(err(
+                    "`planned_rows` belong to another plan (their registry_fingerprint differs)"
+                        .into(),
+                ));
+            }
+            Some(std::sync::Arc::new(rows))
+        }
+    };
     Ok(Request {
-        registry_fingerprint: field("registry_fingerprint")?,
+        registry_fingerprint,
         candidate_fingerprint: field("candidate_fingerprint")?,
         policy_fingerprint: field("policy_fingerprint")?,
         workers,
         canonical_repository,
         max_retire: 0,
+        planned,
     })
 }
 
@@ -122,6 +119,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
             workers: parse_workers(args.workers.as_deref().unwrap_or(""))?,
             canonical_repository: None,
             max_retire: 0,
+            planned: None,
         },
         (None, None) => return Err(Error::Input(
             "apply needs a saved plan (fleet-retire apply PLAN.json) or --registry-fingerprint, \

@@ -28,10 +28,11 @@ pub struct LaunchArgs {
     /// profiles.json path handed to the workers.
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
-    /// The worker command.
-    #[arg(long, default_value = "gitea-mcp-server")]
-    pub command: String,
-    /// An argument of the worker command (repeatable).
+    /// The worker command (default: this executable, absolute, with `serve`).
+    #[arg(long)]
+    pub command: Option<String>,
+    /// An argument of the worker command (repeatable; default `serve` when
+    /// --command is not given).
     #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
     pub args: Vec<String>,
     /// Extra environment KEY=VALUE (repeatable; cannot override the identity keys).
@@ -82,6 +83,19 @@ pub fn run(_cli: &Cli, args: &LaunchArgs) -> Result<ExitCode> {
             .ok_or_else(|| Error::Input(format!("--now {t:?} is not a strict UTC stamp")))?,
         None => crate::time::now(),
     };
+    let (command, worker_args) = match &args.command {
+        Some(c) => (c.clone(), args.args.clone()),
+        None => {
+            let exe = std::env::current_exe().map_err(|e| {
+                Error::Input(format!(
+                    "cannot find this executable's path ({e}); pass --command"
+                ))
+            })?;
+            let mut a = vec!["serve".to_string()];
+            a.extend(args.args.iter().cloned());
+            (exe.display().to_string(), a)
+        }
+    };
     let doc = launch(&LaunchRequest {
         client: Some(args.client.clone()),
         profiles: parse_profiles(&args.profiles)?,
@@ -89,8 +103,8 @@ pub fn run(_cli: &Cli, args: &LaunchArgs) -> Result<ExitCode> {
         session: args.session.clone(),
         fleet_run_id: args.fleet_run_id.clone(),
         config: args.config.clone(),
-        command: args.command.clone(),
-        args: args.args.clone(),
+        command,
+        args: worker_args,
         extra_env,
         now,
         nonce: args.nonce.clone(),

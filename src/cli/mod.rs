@@ -7,6 +7,7 @@ pub mod grants;
 pub mod launch;
 pub mod plan;
 pub mod policy;
+pub mod serve;
 pub mod snapshot;
 pub mod test;
 pub mod worker;
@@ -52,6 +53,8 @@ pub enum Command {
     Snapshot(snapshot::SnapshotArgs),
     /// A small real fleet, end to end: register, die, snapshot, plan, apply.
     Demo(demo::DemoArgs),
+    /// The MCP server a launcher starts: tools bound to this process's profile and files.
+    Serve(serve::ServeArgs),
     /// Mint a launch identity and print the five-server mcpServers config.
     Launch(launch::LaunchArgs),
     /// Register a worker in the registry (as the worker would).
@@ -162,6 +165,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Test(args) => test::run(&cli, args),
         Command::Snapshot(args) => snapshot::run(&cli, args),
         Command::Launch(args) => launch::run(&cli, args),
+        Command::Serve(args) => serve::run(&cli, args),
         Command::Demo(args) => demo::run(&cli, args),
         Command::Policy(args) => policy::run(&cli, args),
         Command::Explain(args) => explain::run(&cli, args),

@@ -2,11 +2,7 @@
 
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
 use crate::error::{Error, ExitCode, Result};
-use crate::evidence::leases::{self, Protections};
-use crate::evidence::probe::{HostFacts, SystemProbe};
-use crate::evidence::registry;
-use crate::observe::RunFacts;
-use crate::plan::{plan, Plan};
+use crate::plan::Plan;
 use crate::policy::Policies;
 use clap::Args;
 use std::io::Write;
@@ -26,7 +22,7 @@ pub struct PlanArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Gather evidence from the world and plan. Shared with apply's re-plan.
+/// Gather evidence from the world and plan (for `plan` and `explain`).
 pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
     let canonical = store.canonical_repository.clone().ok_or_else(|| {
         Error::Input(
@@ -34,15 +30,13 @@ pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
                 .into(),
         )
     })?;
-    let rows = registry::load(&store.registry)?;
-    let lease_rows = leases::load(&store.leases)?;
-    let facts = RunFacts {
-        now: crate::time::now(),
-        host: HostFacts::observe(&store.proc_root),
-        canonical_repository: Some(canonical),
-        protections: Protections::from_leases(&lease_rows),
-    };
-    plan(rows, facts, &SystemProbe::new(&store.proc_root), policies)
+    crate::plan::plan_from_files(
+        &store.registry,
+        &store.leases,
+        &store.proc_root,
+        canonical,
+        policies,
+    )
 }
 
 /// Run `plan`.
@@ -53,7 +47,7 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     if let Some(out) = &args.out {
         let write = |path: &std::path::Path| -> std::io::Result<()> {
             let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
-            plan.write_json(&mut w)?;
+            plan.write_saved(&mut w)?;
             w.flush()
         };
         write(out)

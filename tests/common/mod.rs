@@ -347,6 +347,7 @@ impl Lib {
                 .collect(),
             canonical_repository: Some("prgs/gitea-tools".into()),
             max_retire: 100,
+            planned: None,
         }
     }
 

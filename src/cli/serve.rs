@@ -1,0 +1,98 @@
+//! `fleet-retire serve`: the MCP server over stdio, bound at launch.
+
+use crate::cli::Cli;
+use crate::error::{Error, ExitCode, Result};
+use crate::serve::{run as serve, Binding, Lifecycle};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of `serve`. Every one comes from the command line or the
+/// environment the launcher set; no tool call can change them.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The worker registry (SQLite; created if missing, as a worker would).
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    pub registry: PathBuf,
+    /// The control-plane lease store (SQLite).
+    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+    pub leases: PathBuf,
+    /// profiles.json (read afresh at every call).
+    #[arg(long = "profiles", env = "GITEA_MCP_CONFIG", value_name = "PATH")]
+    pub profiles: PathBuf,
+    /// The profile this server acts as.
+    #[arg(long, env = "GITEA_MCP_PROFILE", value_name = "NAME")]
+    pub profile: String,
+    /// The expected repository binding (the tools' default).
+    #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO",
+          value_parser = crate::cli::nonblank_repository)]
+    pub canonical_repository: Option<String>,
+    /// This server's namespace (author, reviewer, merger, controller, reconciler).
+    #[arg(long, env = "GITEA_MCP_NAMESPACE", value_name = "NS")]
+    pub namespace: String,
+    /// The heartbeat TTL this server registers with, in seconds.
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_HEARTBEAT_TTL",
+        default_value_t = 60.0,
+        value_name = "SECONDS"
+    )]
+    pub heartbeat_ttl: f64,
+    /// How often it heartbeats, in seconds (default: a quarter of the TTL).
+    #[arg(long, env = "FLEET_RETIRE_HEARTBEAT_INTERVAL", value_name = "SECONDS")]
+    pub heartbeat_interval: Option<f64>,
+    /// Apply retires nothing above this many targets.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub max_retire: usize,
+    /// How long apply waits for a locked registry, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub busy_timeout_ms: u64,
+    /// Root of the proc filesystem.
+    #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
+    pub proc_root: PathBuf,
+}
+
+/// Run `serve`.
+pub fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitCode> {
+    if !(args.heartbeat_ttl.is_finite() && args.heartbeat_ttl >= 1.0) {
+        return Err(Error::Input(format!(
+            "--heartbeat-ttl {} must be a number of seconds, at least 1",
+            args.heartbeat_ttl
+        )));
+    }
+    let interval = args.heartbeat_interval.unwrap_or(args.heartbeat_ttl / 4.0);
+    if !(interval.is_finite() && interval >= 0.1 && interval <= args.heartbeat_ttl / 2.0) {
+        return Err(Error::Input(format!(
+            "--heartbeat-interval {interval} must be between 0.1 s and half the TTL ({} s), \
+             so one late heartbeat never lets the row lapse",
+            args.heartbeat_ttl / 2.0
+        )));
+    }
+    if !crate::launcher::NAMESPACES.contains(&args.namespace.as_str()) {
+        return Err(Error::Input(format!(
+            "--namespace {:?} is not one of {}",
+            args.namespace,
+            crate::launcher::NAMESPACES.join(", ")
+        )));
+    }
+    let binding = Binding {
+        registry: args.registry.clone(),
+        leases: args.leases.clone(),
+        profiles: args.profiles.clone(),
+        profile: args.profile.clone(),
+        policies: cli.load_policies()?,
+        canonical_repository: args.canonical_repository.clone(),
+        proc_root: args.proc_root.clone(),
+        busy_timeout: Duration::from_millis(args.busy_timeout_ms),
+        max_retire: args.max_retire,
+    };
+    serve(
+        binding,
+        Lifecycle {
+            namespace: args.namespace.clone(),
+            ttl_seconds: args.heartbeat_ttl,
+            interval: Duration::from_secs_f64(interval),
+        },
+    )
+}

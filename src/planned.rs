@@ -1,0 +1,133 @@
+//! The rows a plan judged, kept so that apply can tell a registry that only
+//! heartbeated from one that changed (docs/apply.md, "Heartbeats between plan
+//! and apply").
+//!
+//! `registry_fingerprint` covers every row's `last_heartbeat_at`, so in a
+//! fleet whose live workers heartbeat every few seconds an exact comparison
+//! refuses nearly every apply made a minute after its plan. With the plan's
+//! rows at hand (a saved plan file carries them; `serve` keeps those of the
+//! plans it issued), apply compares row by row and tolerates exactly one kind
+//! of difference: `last_heartbeat_at` moved on a row that was live at the
+//! plan's clock and is live at apply's. Anything else is still
+//! `registry_revision_moved`. The re-plan, the candidate token, the re-probe,
+//! the fence and the guarded `UPDATE` stay the authority.
+
+use crate::fingerprint::serialize_row;
+use crate::plan::Plan;
+use crate::row::Col;
+use crate::value::Value;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+
+/// One judged row, as digests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlannedRow {
+    /// The row's identity (canonical text), for reports.
+    pub worker_identity: String,
+    /// sha256 of the row's canonical fingerprint fields.
+    pub row_digest: String,
+    /// The same with `last_heartbeat_at` left out.
+    pub digest_without_heartbeat: String,
+    /// Live (semantics of `live`: active, heartbeat fresh, pid not known
+    /// dead) at the plan's clock.
+    pub live: bool,
+}
+
+/// Every row a plan judged, with the token they make.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlannedRows {
+    /// The plan's `registry_fingerprint` (these rows are what it covers).
+    pub registry_fingerprint: String,
+    /// The rows, in registry order.
+    pub rows: Vec<PlannedRow>,
+}
+
+fn sha(text: &str) -> String {
+    format!(
+        "sha256:{}",
+        crate::fingerprint::hex(&Sha256::digest(text.as_bytes()))
+    )
+}
+
+/// The two digests of one row: all fingerprint fields, and all but the
+/// heartbeat.
+pub fn row_digests(row: &crate::row::Row) -> (String, String) {
+    let full = sha(&serialize_row(row));
+    let mut quiet = row.clone();
+    quiet.set(Col::LastHeartbeatAt, Value::Null);
+    (full, sha(&serialize_row(&quiet)))
+}
+
+impl PlannedRows {
+    /// The rows of a plan.
+    pub fn of(plan: &Plan) -> PlannedRows {
+        let rows = plan
+            .entries
+            .iter()
+            .map(|e| {
+                let (row_digest, digest_without_heartbeat) = row_digests(&plan.rows[e.index]);
+                PlannedRow {
+                    worker_identity: plan.identity(e),
+                    row_digest,
+                    digest_without_heartbeat,
+                    live: e.observation.liveness.live,
+                }
+            })
+            .collect();
+        PlannedRows {
+            registry_fingerprint: plan.registry_fingerprint.clone(),
+            rows,
+        }
+    }
+
+    /// Compare with a plan re-derived now. `Ok` lists the workers whose
+    /// heartbeat alone moved, on rows live then and now; `Err` says what
+    /// else changed.
+    pub fn tolerated(&self, now: &Plan) -> Result<Vec<String>, String> {
+        if self.rows.len() != now.rows.len() {
+            return Err(format!(
+                "the registry had {} rows at plan time and has {} now",
+                self.rows.len(),
+                now.rows.len()
+            ));
+        }
+        let mut by_stable: HashMap<&str, Vec<&PlannedRow>> = HashMap::new();
+        for r in &self.rows {
+            by_stable
+                .entry(r.digest_without_heartbeat.as_str())
+                .or_default()
+                .push(r);
+        }
+        let mut tolerated = Vec::new();
+        for e in &now.entries {
+            let (full, stable) = row_digests(&now.rows[e.index]);
+            let identity = now.identity(e);
+            let Some(then) = by_stable.get_mut(stable.as_str()).filter(|v| !v.is_empty()) else {
+                return Err(format!(
+                    "worker {identity:?} was added or changed beyond its heartbeat since the plan"
+                ));
+            };
+            // Prefer an identical planned row; otherwise the heartbeat moved.
+            let at = then.iter().position(|r| r.row_digest == full);
+            let planned = then.remove(at.unwrap_or(0));
+            if planned.row_digest == full {
+                continue;
+            }
+            if !planned.live {
+                return Err(format!(
+                    "worker {identity:?} heartbeated since the plan, but was not live when planned"
+                ));
+            }
+            if !e.observation.liveness.live {
+                return Err(format!(
+                    "worker {identity:?} heartbeated since the plan, but is not live now"
+                ));
+            }
+            tolerated.push(identity);
+        }
+        Ok(tolerated)
+    }
+}
