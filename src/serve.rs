@@ -343,31 +343,31 @@ impl FleetServer {
     }
 
     /// Refuse unless the capability policies allow `operation` now.
-    fn capability(&self, operation: &str) -> std::result::Result<(), CallToolResult> {
+    fn capability(&self, operation: &str) -> std::result::Result<(), Box<CallToolResult>> {
         let b = &self.binding;
-        let profiles = Profiles::load(&b.profiles).map_err(|e| error_result(&e))?;
+        let profiles = Profiles::load(&b.profiles).map_err(|e| Box::new(error_result(&e)))?;
         match check(&b.policies, &profiles, &b.profile, operation) {
             Ok(d) if d.allowed => Ok(()),
-            Ok(d) => Err(tool_error(
+            Ok(d) => Err(Box::new(tool_error(
                 "permission_denied",
                 d.explanation,
                 "ask the operator to grant it in profiles.json; an agent cannot change its own profile",
                 json!({"operation": operation, "profile": b.profile}),
-            )),
-            Err(e) => Err(error_result(&e)),
+            ))),
+            Err(e) => Err(Box::new(error_result(&e))),
         }
     }
 
-    fn canonical(&self, given: Option<String>) -> std::result::Result<String, CallToolResult> {
+    fn canonical(&self, given: Option<String>) -> std::result::Result<String, Box<CallToolResult>> {
         given
             .or_else(|| self.binding.canonical_repository.clone())
             .ok_or_else(|| {
-                tool_error(
+                Box::new(tool_error(
                     "canonical_repository_missing",
                     "this server has no canonical repository and the call gave none".into(),
                     "pass canonical_repository, or start the server with FLEET_RETIRE_CANONICAL_REPOSITORY",
                     json!({}),
-                )
+                ))
             })
     }
 
@@ -402,11 +402,11 @@ impl FleetServer {
 
     fn plan(&self, canonical: Option<String>, audit: Json) -> CallToolResult {
         if let Err(denied) = self.capability("plan") {
-            return denied;
+            return *denied;
         }
         let canonical = match self.canonical(canonical) {
             Ok(c) => c,
-            Err(e) => return e,
+            Err(e) => return *e,
         };
         let b = &self.binding;
         let plan = match crate::plan::plan_from_files(
@@ -466,7 +466,7 @@ impl FleetServer {
 
     fn snapshot(&self, a: SnapshotArgs, canonical: Option<String>) -> CallToolResult {
         if let Err(denied) = self.capability("snapshot") {
-            return denied;
+            return *denied;
         }
         let b = &self.binding;
         if let Some(list) = &a.expected_manifest {
@@ -515,22 +515,23 @@ impl FleetServer {
             },
         };
         let recalled = self.recall(&a.registry_fingerprint);
-        let canonical =
-            match (&recalled, canonical) {
-                (Some((planned, _)), Some(given)) if *planned != given => return tool_error(
+        let canonical = match (&recalled, canonical) {
+            (Some((planned, _)), Some(given)) if *planned != given => {
+                return tool_error(
                     "canonical_repository_mismatch",
                     format!(
                         "the plan used canonical repository {planned:?} but {given:?} was given"
                     ),
                     "apply with the canonical repository the plan used",
                     json!({}),
-                ),
-                (Some((planned, _)), _) => planned.clone(),
-                (None, given) => match self.canonical(given) {
-                    Ok(c) => c,
-                    Err(e) => return e,
-                },
-            };
+                )
+            }
+            (Some((planned, _)), _) => planned.clone(),
+            (None, given) => match self.canonical(given) {
+                Ok(c) => c,
+                Err(e) => return *e,
+            },
+        };
         let req = Request {
             registry_fingerprint: a.registry_fingerprint,
             candidate_fingerprint: a.candidate_fingerprint,
