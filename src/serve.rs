@@ -270,7 +270,7 @@ fn tool_error(
     what_to_do: &str,
     mut body: Json,
 ) -> CallToolResult {
-    let summary = format!("{reason_code}: {detail} What to do: {what_to_do}");
+    let summary = format!("{reason_code}: {detail} (what to do: {what_to_do})");
     if let Json::Object(o) = &mut body {
         o.insert("reason_code".into(), json!(reason_code));
         o.insert("what_to_do".into(), json!(what_to_do));

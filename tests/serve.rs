@@ -1,0 +1,253 @@
+//! `fleet-retire serve` driven by a client this project did not write (the
+//! Python MCP SDK, `tests/mcp_client/drive.py`), and a fleet of real servers
+//! heartbeating while a plan waits to be applied.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_fleet-retire");
+
+fn python_mcp_available() -> bool {
+    Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn an_independent_mcp_client_drives_the_server() {
+    if skip_unless(python_mcp_available(), "python3 with the `mcp` package") {
+        return;
+    }
+    let live = KillOnDrop(spawn_sleeper());
+    let mut rows = Vec::new();
+    for i in 1..=3 {
+        let (pid, start) = dead_process();
+        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
+    }
+    rows.push(stale_row(
+        "w-running",
+        live.id() as i64,
+        &start_time(live.id()),
+    ));
+    let stores = Stores::new(&rows);
+    let driver = KillOnDrop(
+        Command::new("python3")
+            .arg("tests/mcp_client/drive.py")
+            .arg(EXE)
+            .arg(stores.dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = wait_with_deadline(driver, Duration::from_secs(120));
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("all checks passed"), "{all}");
+    // Every server the client started has released its row or was killed:
+    // none is left running.
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    let active_servers: Vec<(String, i64)> = conn
+        .prepare(
+            "SELECT worker_identity, pid FROM worker_registrations \
+             WHERE status = 'active' AND transport = 'stdio'",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (w, pid) in &active_servers {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "server {w} (pid {pid}) is still running"
+        );
+    }
+}
+
+/// Wait for a child, killing it if the deadline passes.
+fn wait_with_deadline(mut child: KillOnDrop, limit: Duration) -> std::process::Output {
+    let started = Instant::now();
+    loop {
+        if child.0.try_wait().unwrap().is_some() {
+            break;
+        }
+        if started.elapsed() > limit {
+            let _ = child.0.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = std::process::Output {
+        status: child.0.wait().unwrap(),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    use std::io::Read;
+    if let Some(mut s) = child.0.stdout.take() {
+        s.read_to_end(&mut out.stdout).unwrap();
+    }
+    if let Some(mut s) = child.0.stderr.take() {
+        s.read_to_end(&mut out.stderr).unwrap();
+    }
+    out
+}
+
+/// A `serve` process heartbeating every second, its stdin held open.
+fn heartbeating_server(stores: &Stores, n: usize) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(EXE)
+            .arg("serve")
+            .env("FLEET_RETIRE_REGISTRY", &stores.registry)
+            .env("FLEET_RETIRE_LEASES", &stores.leases)
+            .env("GITEA_MCP_CONFIG", &stores.profiles)
+            .env("GITEA_MCP_PROFILE", "controller-prgs")
+            .env("GITEA_MCP_NAMESPACE", "author")
+            .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
+            .env("GITEA_MCP_WORKER_IDENTITY", format!("w-live-{n:02}"))
+            .env("GITEA_MCP_CLIENT_SESSION", format!("sess-live-{n:02}"))
+            .env("FLEET_RETIRE_HEARTBEAT_TTL", "5")
+            .env("FLEET_RETIRE_HEARTBEAT_INTERVAL", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn saved_plan(stores: &Stores) -> (std::path::PathBuf, Value) {
+    let path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), path.display().to_string()]);
+    let out = bin().args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let plan = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    (path, plan)
+}
+
+fn apply(stores: &Stores, plan: &std::path::Path) -> Value {
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .arg(plan)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)))
+}
+
+#[test]
+fn a_plan_applied_thirty_seconds_later_in_a_heartbeating_fleet() {
+    let mut rows = Vec::new();
+    for i in 1..=3 {
+        let (pid, start) = dead_process();
+        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
+    }
+    let stores = Stores::new(&rows);
+    let servers: Vec<KillOnDrop> = (0..50).map(|n| heartbeating_server(&stores, n)).collect();
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    let started = Instant::now();
+    loop {
+        let n: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM worker_registrations WHERE worker_identity LIKE 'w-live-%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or(0);
+        if n == 50 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{n} of 50 registered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (plan_path, plan) = saved_plan(&stores);
+    assert_eq!(
+        plan["candidate_worker_identities"],
+        json!(["w-dead-1", "w-dead-2", "w-dead-3"])
+    );
+    assert_eq!(plan["planned_rows"]["rows"].as_array().unwrap().len(), 53);
+    std::thread::sleep(Duration::from_secs(30));
+    // Without the plan's rows the comparison is exact: refused.
+    let bare_path = stores.dir.path().join("plan-bare.json");
+    let mut bare = plan.clone();
+    bare.as_object_mut().unwrap().remove("planned_rows");
+    std::fs::write(&bare_path, bare.to_string()).unwrap();
+    let report = apply(&stores, &bare_path);
+    assert_eq!(report["outcome"], "registry_revision_moved", "{report}");
+    // With them, heartbeats of live workers are tolerated.
+    let report = apply(&stores, &plan_path);
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(report["retired_count"], 3);
+    let tolerated = report["heartbeats_tolerated"].as_u64().unwrap();
+    assert!(tolerated >= 45, "the live servers heartbeated: {report}");
+    assert!(report["heartbeats_tolerated_workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w.as_str().unwrap().starts_with("w-live-")));
+    let audit: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM retirement_audit WHERE heartbeats_tolerated = ?1",
+            [tolerated as i64],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(audit, 3, "each audit row records the tolerance");
+
+    // A candidate whose heartbeat resumes between plan and apply is refused.
+    let (pid, start) = dead_process();
+    let mut row = stale_row("w-resumes", pid, &start);
+    row["session_id"] = json!("sess-resumes");
+    let cols: Vec<String> = row.as_object().unwrap().keys().cloned().collect();
+    conn.execute(
+        &format!(
+            "INSERT INTO worker_registrations ({}) VALUES ({})",
+            cols.join(", "),
+            (1..=cols.len())
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        rusqlite::params_from_iter(cols.iter().map(|c| match &row[c] {
+            Value::String(s) => rusqlite::types::Value::Text(s.clone()),
+            Value::Number(n) if n.is_i64() => rusqlite::types::Value::Integer(n.as_i64().unwrap()),
+            Value::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap()),
+            _ => rusqlite::types::Value::Null,
+        })),
+    )
+    .unwrap();
+    let (plan_path, plan) = saved_plan(&stores);
+    assert_eq!(plan["candidate_worker_identities"], json!(["w-resumes"]));
+    std::thread::sleep(Duration::from_secs(2));
+    conn.execute(
+        "UPDATE worker_registrations SET last_heartbeat_at = ?1 WHERE worker_identity = 'w-resumes'",
+        [fleet_retire::time::format_ts(fleet_retire::time::now())],
+    )
+    .unwrap();
+    let report = apply(&stores, &plan_path);
+    assert_eq!(report["outcome"], "registry_revision_moved", "{report}");
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("w-resumes\" heartbeated since the plan, but was not live"),
+        "{report}"
+    );
+    let status: String = conn
+        .query_row(
+            "SELECT status FROM worker_registrations WHERE worker_identity = 'w-resumes'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(status, "active");
+    drop(servers);
+}
