@@ -251,3 +251,37 @@ fn a_plan_applied_thirty_seconds_later_in_a_heartbeating_fleet() {
     assert_eq!(status, "active");
     drop(servers);
 }
+
+#[test]
+fn sigterm_and_sigint_release_the_servers_row() {
+    let stores = Stores::new(&[]);
+    for (n, signal) in [
+        (90, nix::sys::signal::Signal::SIGTERM),
+        (91, nix::sys::signal::Signal::SIGINT),
+    ] {
+        let mut server = heartbeating_server(&stores, n);
+        let identity = format!("w-live-{n:02}");
+        let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+        let status = |conn: &rusqlite::Connection| -> Option<String> {
+            conn.query_row(
+                "SELECT status FROM worker_registrations WHERE worker_identity = ?1",
+                [&identity],
+                |r| r.get(0),
+            )
+            .ok()
+        };
+        let started = Instant::now();
+        while status(&conn).is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "not registered"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(status(&conn).as_deref(), Some("active"));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.id() as i32), signal).unwrap();
+        let exit = server.0.wait().unwrap();
+        assert!(exit.success(), "{signal}: {exit}");
+        assert_eq!(status(&conn).as_deref(), Some("released"), "{signal}");
+    }
+}
