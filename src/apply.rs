@@ -237,6 +237,29 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
         .map_err(|e| err(format!("cannot open for writing: {e}")))?;
     conn.busy_timeout(busy_timeout)
         .map_err(|e| err(format!("cannot set the busy timeout: {e}")))?;
+    // SQLite quietly opens a file it may not write read-only; say so now
+    // rather than fail at the first write. The journal is created beside the
+    // file, so its folder must be writable too.
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let uid = nix::unistd::getuid();
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
+        return Err(err(format!(
+            "is not writable by this user (uid {uid}); apply needs write permission on the \
+             file and on its folder {} (for SQLite's journal): run apply as the registry's \
+             owner, or grant that user write access",
+            folder.display()
+        )));
+    }
+    if nix::unistd::access(folder, nix::unistd::AccessFlags::W_OK).is_err() {
+        return Err(err(format!(
+            "its folder {} is not writable by this user (uid {uid}), and SQLite writes its \
+             journal there; run apply as the registry's owner, or grant write access to the folder",
+            folder.display()
+        )));
+    }
     Ok(conn)
 }
 

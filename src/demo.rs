@@ -17,6 +17,7 @@ use crate::worker::{heartbeat, register, Registration};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const REPO: &str = "prgs/gitea-tools";
@@ -38,12 +39,71 @@ impl Drop for Scratch {
     }
 }
 
+/// Set by SIGINT or SIGTERM: the demo stops at its next step, and its
+/// guard stops the workers and removes the directory.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn catch_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe.
+        let _ = unsafe { sigaction(signal, &action) };
+    }
+}
+
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Err(Error::Input(
+            "demo interrupted by a signal; its workers are stopped and its directory removed"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Sleep, but wake for a signal.
+fn pause(d: Duration) -> Result<()> {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        check_interrupted()?;
+        std::thread::sleep(Duration::from_millis(25).min(until - Instant::now()));
+    }
+    check_interrupted()
+}
+
+/// The environment variable that marks the demo's worker processes (its
+/// value is the demo's pid), so a test can find any that outlived it.
+pub const WORKER_MARK: &str = "FLEET_RETIRE_DEMO_WORKER";
+
 fn spawn_worker(scratch: &mut Scratch) -> Result<u32> {
-    let child = Command::new("sleep")
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new("sleep");
+    command
         .arg("300")
+        .env(WORKER_MARK, std::process::id().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: between fork and exec only prctl(PR_SET_PDEATHSIG) runs, a
+    // single async-signal-safe system call: a worker dies with the demo even
+    // when the demo itself is killed with -9.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let child = command
         .spawn()
         .map_err(|e| {
             Error::Input(format!(
@@ -55,14 +115,19 @@ fn spawn_worker(scratch: &mut Scratch) -> Result<u32> {
     Ok(pid)
 }
 
-fn say(out: &mut String, line: impl AsRef<str>) {
-    println!("{}", line.as_ref());
+/// Print a line of the transcript. A closed stdout or a signal stops the
+/// demo here, and the guard cleans up on the way out.
+fn say(out: &mut String, line: impl AsRef<str>) -> Result<()> {
+    check_interrupted()?;
+    crate::outln!("{}", line.as_ref())?;
     out.push_str(line.as_ref());
     out.push('\n');
+    Ok(())
 }
 
 /// Run the demo; returns the transcript it printed.
 pub fn run(policies: &Policies) -> Result<String> {
+    catch_signals();
     let started = Instant::now();
     let mut out = String::new();
     let dir = std::env::temp_dir().join(format!(
@@ -85,7 +150,7 @@ pub fn run(policies: &Policies) -> Result<String> {
     )
     .map_err(|e| Error::Input(format!("demo: {e}")))?;
 
-    say(&mut out, "== 1. Two codex launches and one legacy worker register (real processes, heartbeat TTL 2 s)");
+    say(&mut out, "== 1. Two codex launches and one legacy worker register (real processes, heartbeat TTL 2 s)")?;
     let profiles: std::collections::BTreeMap<String, String> = NAMESPACES
         .iter()
         .map(|ns| (ns.to_string(), format!("{ns}-prgs")))
@@ -110,7 +175,7 @@ pub fn run(policies: &Policies) -> Result<String> {
                 li + 1,
                 doc["client_instance_id"].as_str().unwrap_or("")
             ),
-        );
+        )?;
         for ns in NAMESPACES {
             let env: HashMap<String, String> = doc["mcpServers"][format!("gitea-{ns}")]["env"]
                 .as_object()
@@ -160,19 +225,19 @@ pub fn run(policies: &Policies) -> Result<String> {
         },
     )?;
     workers.push(("w-legacy-author".into(), 2));
-    say(&mut out, format!("   legacy worker w-legacy-author (pid {legacy_pid}) has no launcher-minted instance id"));
+    say(&mut out, format!("   legacy worker w-legacy-author (pid {legacy_pid}) has no launcher-minted instance id"))?;
 
     // An active lease held by one worker of the launch that is about to die.
     leases_with_one(&lease_path, "w-2-merger")?;
     say(
         &mut out,
         "   an active workflow lease is held by w-2-merger",
-    );
+    )?;
 
     say(
         &mut out,
         "\n== 2. Launch 2 dies; launch 1 and the legacy worker keep heartbeating",
-    );
+    )?;
     for child in scratch.children.iter_mut().skip(5).take(5) {
         let _ = child.kill();
         let _ = child.wait();
@@ -184,9 +249,9 @@ pub fn run(policies: &Policies) -> Result<String> {
                 heartbeat(&registry_path, w, crate::worker::Writer::Owner)?;
             }
         }
-        std::thread::sleep(Duration::from_millis(400));
+        pause(Duration::from_millis(400))?;
     }
-    say(&mut out, "   launch 2's heartbeats have lapsed");
+    say(&mut out, "   launch 2's heartbeats have lapsed")?;
 
     let rows = registry::load(&registry_path)?;
     let probe = SystemProbe::new("/proc");
@@ -199,15 +264,15 @@ pub fn run(policies: &Policies) -> Result<String> {
         },
         &probe,
     );
-    say(&mut out, "\n== 3. Snapshot");
+    say(&mut out, "\n== 3. Snapshot")?;
     for line in crate::report::snapshot_summary(&snap).lines() {
-        say(&mut out, format!("   {line}"));
+        say(&mut out, format!("   {line}"))?;
     }
 
     say(
         &mut out,
         "\n== 4. Plan (dry run, decided by policies/retirement.cedar)",
-    );
+    )?;
     let host = HostFacts::observe(Path::new("/proc"));
     let planned = plan(
         rows,
@@ -221,13 +286,13 @@ pub fn run(policies: &Policies) -> Result<String> {
         policies,
     )?;
     for line in crate::report::plan_table(&planned, &policies.source_label()).lines() {
-        say(&mut out, format!("   {line}"));
+        say(&mut out, format!("   {line}"))?;
     }
 
     say(
         &mut out,
         "\n== 5. Apply as demo-controller (one guarded transaction)",
-    );
+    )?;
     let req = Request {
         registry_fingerprint: planned.registry_fingerprint.clone(),
         candidate_fingerprint: planned.candidate_fingerprint.clone(),
@@ -252,13 +317,13 @@ pub fn run(policies: &Policies) -> Result<String> {
         Hooks::default(),
     )?;
     for line in crate::report::apply_summary(&report).lines() {
-        say(&mut out, format!("   {line}"));
+        say(&mut out, format!("   {line}"))?;
     }
     say(
         &mut out,
         "\nRetiring stale rows does not make the fleet safe by itself: the live legacy worker still \
          needs a relaunch through `fleet-retire launch`.",
-    );
+    )?;
     drop(scratch);
     say(
         &mut out,
@@ -267,7 +332,7 @@ pub fn run(policies: &Policies) -> Result<String> {
             started.elapsed().as_secs_f64(),
             dir.display()
         ),
-    );
+    )?;
     Ok(out)
 }
 

@@ -60,16 +60,48 @@ pub enum Error {
     /// Anything else the operator got wrong on the command line or in a file.
     #[error("{0}")]
     Input(String),
+    /// Writing the command's output failed. A closed pipe (`| head`) is not
+    /// a failure: `main` ends quietly with exit 0.
+    #[error("writing the output: {0}")]
+    Output(#[source] std::io::Error),
+}
+
+/// Write a line to standard output, as `println!` would, but return the
+/// failure (a closed pipe, a full disk) instead of panicking.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::error::Error::Output)
+    }};
+}
+
+/// `print!` that returns the failure instead of panicking.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut w = std::io::stdout().lock();
+        write!(w, $($arg)*).and_then(|()| w.flush()).map_err($crate::error::Error::Output)
+    }};
 }
 
 impl Error {
     /// The exit code this failure maps to.
     pub fn exit_code(&self) -> ExitCode {
         match self {
+            Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::Ok,
             Error::Policy(_) => ExitCode::InvalidPolicy,
             Error::Refused(_) => ExitCode::Refused,
             _ => ExitCode::Error,
         }
+    }
+}
+
+impl Error {
+    /// A closed standard output: the reader has all it wanted.
+    pub fn is_closed_pipe(&self) -> bool {
+        matches!(self, Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 }
 

@@ -102,17 +102,9 @@ fn array<'a>(ctx: &Ctx, v: Option<&'a Json>, field: &str) -> Result<&'a Vec<Json
 /// Parse one fixture file.
 pub fn load(path: &Path) -> Result<Case> {
     let ctx = Ctx { path };
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Fixture {
+    let (doc, _) = crate::jsonfile::read_json(path).map_err(|message| Error::Fixture {
         path: path.to_path_buf(),
-        message: format!("cannot read: {e}"),
-    })?;
-    let doc: Json = serde_json::from_str(&text).map_err(|e| Error::Fixture {
-        path: path.to_path_buf(),
-        message: format!(
-            "not valid JSON at line {}, column {}: {e}",
-            e.line(),
-            e.column()
-        ),
+        message,
     })?;
     let top = object(&ctx, Some(&doc), "(top level)")?;
     let name = match top.get("name") {

@@ -33,6 +33,9 @@ fn main() {
     };
     let code = match fleet_retire::cli::run(cli) {
         Ok(code) => code,
+        // The reader of our output went away (`| head`): it has all it
+        // wanted. End quietly.
+        Err(e) if e.is_closed_pipe() => fleet_retire::error::ExitCode::Ok,
         Err(e) => {
             eprintln!("fleet-retire: {e}");
             e.exit_code()

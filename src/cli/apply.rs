@@ -31,8 +31,9 @@ pub struct ApplyArgs {
     /// Retire nothing if more than this many workers would be retired.
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_retire: usize,
-    /// How long to wait for a locked registry, in milliseconds.
-    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    /// How long to wait for a locked registry, in milliseconds (at most an hour).
+    #[arg(long, default_value_t = 10_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub busy_timeout_ms: u64,
     /// Registry, leases, canonical repository.
     #[command(flatten)]

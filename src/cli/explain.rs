@@ -77,11 +77,15 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitCode> {
         .map(|e| explain_entry(&plan, e, &policies))
         .collect();
     match cli.format {
-        Format::Json => println!(
+        Format::Json => crate::outln!(
             "{}",
             serde_json::to_string_pretty(&explained).expect("explain serialises")
-        ),
-        Format::Human => explained.iter().for_each(|e| print!("{}", render(e))),
+        )?,
+        Format::Human => {
+            for e in &explained {
+                crate::out!("{}", render(e))?;
+            }
+        }
     }
     Ok(ExitCode::Ok)
 }

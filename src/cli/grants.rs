@@ -81,22 +81,22 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
                     .map(|(p, op, allowed)| json!({"profile": p, "operation": op, "change": if *allowed { "granted" } else { "revoked" }}))
                     .collect::<Vec<_>>());
             }
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string_pretty(&doc).map_err(|e| Error::Input(e.to_string()))?
-            );
+            )?;
         }
         Format::Human => {
             for w in &warnings {
-                println!("WARNING {w}");
+                crate::outln!("WARNING {w}")?;
             }
             if !warnings.is_empty() {
-                println!();
+                crate::outln!()?;
             }
-            println!(
+            crate::outln!(
                 "{:<32} {:<9} {:<9} {:<9}",
                 "PROFILE", "SNAPSHOT", "PLAN", "APPLY"
-            );
+            )?;
             for (name, ops) in &now {
                 let yes = |op: &str| {
                     if ops.get(op).copied().unwrap_or(false) {
@@ -105,31 +105,31 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
                         "-"
                     }
                 };
-                println!(
+                crate::outln!(
                     "{:<32} {:<9} {:<9} {:<9}",
                     crate::report::esc(name),
                     yes("snapshot"),
                     yes("plan"),
                     yes("apply")
-                );
+                )?;
             }
             if let Some(d) = &diff {
                 if d.is_empty() {
-                    println!("\nno change in who may snapshot, plan or apply");
+                    crate::outln!("\nno change in who may snapshot, plan or apply")?;
                 } else {
-                    println!(
+                    crate::outln!(
                         "\nchanges against {}:",
                         args.against
                             .as_ref()
                             .map(|p| p.display().to_string())
                             .unwrap_or_default()
-                    );
+                    )?;
                     for (p, op, allowed) in d {
-                        println!(
+                        crate::outln!(
                             "  {} {op} for {}",
                             if *allowed { "+ GRANTS" } else { "- revokes" },
                             crate::report::esc(p)
-                        );
+                        )?;
                     }
                 }
             }

@@ -109,9 +109,9 @@ pub fn run(_cli: &Cli, args: &LaunchArgs) -> Result<ExitCode> {
         now,
         nonce: args.nonce.clone(),
     })?;
-    println!(
+    crate::outln!(
         "{}",
         serde_json::to_string_pretty(&doc).expect("launch JSON serialises")
-    );
+    )?;
     Ok(ExitCode::Ok)
 }

@@ -61,8 +61,6 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
             w.write_all(crate::report::plan_table(&plan, &policies.source_label()).as_bytes())
         }
     };
-    written
-        .and_then(|_| w.flush())
-        .map_err(|e| Error::Input(format!("writing the plan to stdout: {e}")))?;
+    written.and_then(|_| w.flush()).map_err(Error::Output)?;
     Ok(ExitCode::Ok)
 }

@@ -90,11 +90,11 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
     if !problems.is_empty() {
         return Err(Error::Policy(problems.join("\n")));
     }
-    println!(
+    crate::outln!(
         "policies valid ({} policies, strict validation, canonical layout); policy_fingerprint {}",
         policies.rules.len(),
         policies.fingerprint
-    );
+    )?;
     Ok(ExitCode::Ok)
 }
 
@@ -117,18 +117,18 @@ fn list(cli: &Cli) -> Result<ExitCode> {
                     })
                 })
                 .collect();
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string_pretty(&items).expect("list serialises")
-            );
+            )?;
         }
         Format::Human => {
-            println!(
+            crate::outln!(
                 "{:<5} {:<7} {:<38} {:<32} DESCRIPTION",
                 "ORDER", "EFFECT", "ID", "REASON"
-            );
+            )?;
             for r in rules {
-                println!(
+                crate::outln!(
                     "{:<5} {:<7} {:<38} {:<32} {}",
                     r.reason.map(|_| r.order.to_string()).unwrap_or_default(),
                     if r.effect == cedar_policy::Effect::Permit {
@@ -139,7 +139,7 @@ fn list(cli: &Cli) -> Result<ExitCode> {
                     r.id,
                     r.reason.map(|x| x.code()).unwrap_or(""),
                     r.description
-                );
+                )?;
             }
         }
     }
@@ -152,26 +152,26 @@ fn verify(cli: &Cli) -> Result<ExitCode> {
     let proofs = crate::verify::verify(&policies, &properties)?;
     let failed = proofs.iter().filter(|p| !p.holds).count();
     match cli.format {
-        Format::Json => println!(
+        Format::Json => crate::outln!(
             "{}",
             serde_json::to_string_pretty(&proofs).expect("proofs serialise")
-        ),
+        )?,
         Format::Human => {
             for p in &proofs {
-                println!(
+                crate::outln!(
                     "{} {} [{}]",
                     if p.holds { "PROVED" } else { "FAILED" },
                     p.id,
                     p.request_env
-                );
+                )?;
                 if let Some(c) = &p.counterexample {
-                    println!("    {}: counterexample", p.description);
+                    crate::outln!("    {}: counterexample", p.description)?;
                     for line in c.lines() {
-                        println!("    {line}");
+                        crate::outln!("    {line}")?;
                     }
                 }
             }
-            println!("{} proved, {failed} failed", proofs.len() - failed);
+            crate::outln!("{} proved, {failed} failed", proofs.len() - failed)?;
         }
     }
     Ok(if failed == 0 {

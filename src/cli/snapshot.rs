@@ -39,16 +39,9 @@ pub struct SnapshotArgs {
 }
 
 fn read_json(path: &Path, what: &str) -> Result<Json> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::Input(format!("{what} {}: cannot read: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| {
-        Error::Input(format!(
-            "{what} {}: not valid JSON at line {}, column {}: {e}",
-            path.display(),
-            e.line(),
-            e.column()
-        ))
-    })
+    crate::jsonfile::read_json(path)
+        .map(|(doc, _)| doc)
+        .map_err(|e| Error::Input(format!("{what} {}: {e}", path.display())))
 }
 
 /// Read a manifest: an object with `instances`, or a bare list.
@@ -101,11 +94,11 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
         snap["comparison"] = compare(&earlier, &snap);
     }
     match cli.format {
-        Format::Json => println!(
+        Format::Json => crate::outln!(
             "{}",
             serde_json::to_string_pretty(&snap).expect("snapshot serialises")
-        ),
-        Format::Human => print!("{}", crate::report::snapshot_summary(&snap)),
+        )?,
+        Format::Human => crate::out!("{}", crate::report::snapshot_summary(&snap))?,
     }
     let safe = snap["live_fleet_safe"] == true;
     Ok(if args.strict && !safe {

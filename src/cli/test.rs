@@ -33,12 +33,12 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
         };
         if diffs.is_empty() {
             passed += 1;
-            println!("PASS {}", crate::report::esc(&name));
+            crate::outln!("PASS {}", crate::report::esc(&name))?;
         } else {
             failed += 1;
-            println!("FAIL {} ({})", crate::report::esc(&name), file.display());
+            crate::outln!("FAIL {} ({})", crate::report::esc(&name), file.display())?;
             for d in diffs {
-                println!("    {}", crate::report::esc(&d));
+                crate::outln!("    {}", crate::report::esc(&d))?;
             }
         }
     }
@@ -50,7 +50,7 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
             dir.display()
         );
     }
-    println!("{passed} passed, {failed} failed");
+    crate::outln!("{passed} passed, {failed} failed")?;
     Ok(if failed == 0 {
         ExitCode::Ok
     } else {

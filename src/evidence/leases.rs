@@ -127,6 +127,8 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
         .map_err(|e| lease_error(path, format!("cannot open as SQLite: {e}")))?;
     conn.busy_timeout(crate::evidence::registry::READ_BUSY_TIMEOUT)
         .map_err(|e| lease_error(path, format!("cannot set the busy timeout: {e}")))?;
+    crate::evidence::registry::recover_hot_journal(path, "lease store")
+        .map_err(|m| lease_error(path, m))?;
     Ok(conn)
 }
 

@@ -39,7 +39,57 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
     // locks rather than failing at once.
     conn.busy_timeout(READ_BUSY_TIMEOUT)
         .map_err(|e| registry_error(path, format!("cannot set the busy timeout: {e}")))?;
+    recover_hot_journal(path, "registry").map_err(|m| registry_error(path, m))?;
     Ok(conn)
+}
+
+/// A writer killed mid-transaction (rollback-journal mode) leaves a "hot"
+/// journal beside the database. SQLite rolls it back on the next open that
+/// can write, restoring the state before that transaction; a read-only
+/// connection cannot, and every read fails with "attempt to write a readonly
+/// database". Readers here recover it when they can write the file (nothing
+/// committed is lost: only the interrupted transaction is undone), and
+/// otherwise say who must run what.
+pub fn recover_hot_journal(path: &Path, what: &str) -> std::result::Result<(), String> {
+    let mut journal = path.as_os_str().to_owned();
+    journal.push("-journal");
+    let journal = std::path::PathBuf::from(journal);
+    if !std::fs::metadata(&journal).is_ok_and(|m| m.len() > 0) {
+        return Ok(());
+    }
+    let readable = |flags: OpenFlags| -> rusqlite::Result<Connection> {
+        let c = Connection::open_with_flags(path, flags)?;
+        c.busy_timeout(READ_BUSY_TIMEOUT)?;
+        c.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))?;
+        Ok(c)
+    };
+    let read_only_fails = match readable(OpenFlags::SQLITE_OPEN_READ_ONLY) {
+        Ok(_) => false,
+        Err(e) => matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::ReadOnly)),
+    };
+    if !read_only_fails {
+        return Ok(());
+    }
+    match Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE) {
+        Ok(c) if !c.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) => {
+            c.busy_timeout(READ_BUSY_TIMEOUT).ok();
+            c.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
+                .map_err(|e| format!("rolling back the interrupted transaction failed: {e}"))?;
+            tracing::warn!(
+                "the {what} {} had a hot journal left by a writer that stopped mid-transaction; \
+                 SQLite rolled that transaction back (the file is as it was before it)",
+                path.display()
+            );
+            Ok(())
+        }
+        _ => Err(format!(
+            "holds a hot journal ({}) left by a writer that stopped mid-transaction. SQLite must \
+             roll it back, which needs write access to the file and its folder. Run this same \
+             command as a user who can write them (the registry's owner): it rolls the journal \
+             back, returning the file to its state before that transaction",
+            journal.display()
+        )),
+    }
 }
 
 /// How long a reader waits for a writer's lock.
