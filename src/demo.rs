@@ -103,13 +103,11 @@ fn spawn_worker(scratch: &mut Scratch) -> Result<u32> {
                 .map_err(std::io::Error::from)
         });
     }
-    let child = command
-        .spawn()
-        .map_err(|e| {
-            Error::Input(format!(
-                "demo: cannot start a worker process (`sleep`): {e}"
-            ))
-        })?;
+    let child = command.spawn().map_err(|e| {
+        Error::Input(format!(
+            "demo: cannot start a worker process (`sleep`): {e}"
+        ))
+    })?;
     let pid = child.id();
     scratch.children.push(child);
     Ok(pid)

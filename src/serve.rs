@@ -614,7 +614,7 @@ impl ServerHandler for FleetServer {
             result
         })
         .await
-            .map_err(|e| McpError::internal_error(format!("the tool call failed: {e}"), None))??;
+        .map_err(|e| McpError::internal_error(format!("the tool call failed: {e}"), None))??;
         Ok(result.into())
     }
 }

@@ -95,7 +95,10 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
             }
             crate::outln!(
                 "{:<32} {:<9} {:<9} {:<9}",
-                "PROFILE", "SNAPSHOT", "PLAN", "APPLY"
+                "PROFILE",
+                "SNAPSHOT",
+                "PLAN",
+                "APPLY"
             )?;
             for (name, ops) in &now {
                 let yes = |op: &str| {

@@ -125,7 +125,10 @@ fn list(cli: &Cli) -> Result<ExitCode> {
         Format::Human => {
             crate::outln!(
                 "{:<5} {:<7} {:<38} {:<32} DESCRIPTION",
-                "ORDER", "EFFECT", "ID", "REASON"
+                "ORDER",
+                "EFFECT",
+                "ID",
+                "REASON"
             )?;
             for r in rules {
                 crate::outln!(

@@ -60,7 +60,9 @@ pub fn recover_hot_journal(path: &Path, what: &str) -> std::result::Result<(), S
     let readable = |flags: OpenFlags| -> rusqlite::Result<Connection> {
         let c = Connection::open_with_flags(path, flags)?;
         c.busy_timeout(READ_BUSY_TIMEOUT)?;
-        c.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))?;
+        c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+            r.get::<_, i64>(0)
+        })?;
         Ok(c)
     };
     let read_only_fails = match readable(OpenFlags::SQLITE_OPEN_READ_ONLY) {
@@ -73,8 +75,10 @@ pub fn recover_hot_journal(path: &Path, what: &str) -> std::result::Result<(), S
     match Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE) {
         Ok(c) if !c.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) => {
             c.busy_timeout(READ_BUSY_TIMEOUT).ok();
-            c.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
-                .map_err(|e| format!("rolling back the interrupted transaction failed: {e}"))?;
+            c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(|e| format!("rolling back the interrupted transaction failed: {e}"))?;
             tracing::warn!(
                 "the {what} {} had a hot journal left by a writer that stopped mid-transaction; \
                  SQLite rolled that transaction back (the file is as it was before it)",

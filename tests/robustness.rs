@@ -1,0 +1,408 @@
+//! Operator faults, tried for real: closed pipes, signals, a crashed writer's
+//! journal, a full disk, an unwritable registry and malformed inputs.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_fleet-retire");
+
+/// Processes still carrying the demo's worker mark for demo `pid`.
+fn demo_workers_of(pid: u32) -> Vec<String> {
+    let mark = format!("FLEET_RETIRE_DEMO_WORKER={pid}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .map(|env| env.split(|b| *b == 0).any(|kv| kv == mark.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn demo_dirs_of(pid: u32) -> Vec<String> {
+    let prefix = format!("fleet-retire-demo-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+fn wait_for(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_demo_under_a_closed_pipe_leaves_nothing_and_exits_0() {
+    let mut demo = KillOnDrop(
+        Command::new(EXE)
+            .arg("demo")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = demo.id();
+    {
+        // `demo | head -5`: read five lines, then close the pipe.
+        let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
+        for _ in 0..5 {
+            lines.next().unwrap().unwrap();
+        }
+    }
+    let status = wait_for(&mut demo.0, Duration::from_secs(30));
+    let mut err = String::new();
+    demo.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
+    assert!(demo_workers_of(pid).is_empty(), "orphaned workers");
+    assert!(demo_dirs_of(pid).is_empty(), "the demo directory is left");
+}
+
+#[test]
+fn the_demo_under_sigint_and_sigterm_leaves_nothing() {
+    for signal in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+    ] {
+        let mut demo = KillOnDrop(
+            Command::new(EXE)
+                .arg("demo")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let pid = demo.id();
+        let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
+        // Workers are running once step 2 begins.
+        loop {
+            let line = lines.next().unwrap().unwrap();
+            if line.starts_with("== 2.") {
+                break;
+            }
+        }
+        assert!(!demo_workers_of(pid).is_empty());
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+        let status = wait_for(&mut demo.0, Duration::from_secs(30));
+        let mut err = String::new();
+        demo.0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(1), "{signal}: {err}");
+        assert!(err.contains("interrupted"), "{err}");
+        assert!(
+            demo_workers_of(pid).is_empty(),
+            "{signal}: orphaned workers"
+        );
+        assert!(
+            demo_dirs_of(pid).is_empty(),
+            "{signal}: the directory is left"
+        );
+    }
+}
+
+/// Many rows, so the output is larger than a pipe's buffer.
+fn big_stores() -> Stores {
+    let (pid, start) = dead_process();
+    let rows: Vec<Value> = (0..2000)
+        .map(|i| {
+            let mut r = stale_row(&format!("w-{i:05}"), pid, &start);
+            r["session_id"] = json!(format!("sess-{i}"));
+            r
+        })
+        .collect();
+    Stores::new(&rows)
+}
+
+#[test]
+fn a_closed_stdout_ends_plan_and_snapshot_quietly() {
+    let stores = big_stores();
+    let mut snapshot_args = vec![
+        "--format".to_string(),
+        "json".into(),
+        "snapshot".into(),
+        "--registry".into(),
+        stores.registry.display().to_string(),
+        "--profiles".into(),
+        stores.profiles.display().to_string(),
+        "--profile".into(),
+        "controller-prgs".into(),
+    ];
+    let mut plan_args = vec!["--format".to_string(), "json".into()];
+    plan_args.extend(stores.plan_args("controller-prgs"));
+    for args in [std::mem::take(&mut snapshot_args), plan_args] {
+        let mut child = Command::new(EXE)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            let mut first = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut first)
+                .unwrap();
+        }
+        let status = wait_for(&mut child, Duration::from_secs(30));
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{}: {err}", args[2]);
+        assert!(err.is_empty(), "{}: {err}", args[2]);
+    }
+}
+
+#[test]
+fn a_committed_apply_whose_report_cannot_be_written_exits_0() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[stale_row("w-dead", pid, &start)]);
+    let plan_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), plan_path.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .arg(&plan_path)
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("could not be written") && err.contains("Applied"),
+        "{err}"
+    );
+    let status: String = rusqlite::Connection::open(&stores.registry)
+        .unwrap()
+        .query_row(
+            "SELECT status FROM worker_registrations WHERE worker_identity = 'w-dead'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(status, "retired");
+}
+
+#[test]
+fn a_writer_killed_mid_transaction_is_rolled_back_by_the_next_reader() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[stale_row("w-dead", pid, &start)]);
+    // A writer in rollback-journal mode spills a change into the file and
+    // is killed before COMMIT, leaving a hot journal.
+    let script = r#"
+import os, signal, sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("PRAGMA journal_mode=DELETE")
+c.execute("PRAGMA cache_size=1")
+c.execute("BEGIN IMMEDIATE")
+c.execute("UPDATE worker_registrations SET status = 'released'")
+c.execute("CREATE TABLE filler (x)")
+c.executemany("INSERT INTO filler VALUES (?)", [("x" * 500,) for _ in range(2000)])
+os.kill(os.getpid(), signal.SIGKILL)
+"#;
+    let crashed = Command::new("python3")
+        .args(["-c", script])
+        .arg(&stores.registry)
+        .status()
+        .unwrap();
+    assert!(!crashed.success());
+    let journal = Path::new(&format!("{}-journal", stores.registry.display())).to_path_buf();
+    assert!(
+        std::fs::metadata(&journal).unwrap().len() > 0,
+        "no hot journal"
+    );
+    let mut args = vec!["--format".to_string(), "json".into()];
+    args.extend(stores.plan_args("controller-prgs"));
+    let out = bin().args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("hot journal"), "the recovery is said");
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["candidate_worker_identities"], json!(["w-dead"]));
+    let out = bin()
+        .args([
+            "snapshot",
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--profiles",
+            stores.profiles.to_str().unwrap(),
+            "--profile",
+            "controller-prgs",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    let status: String = conn
+        .query_row("SELECT status FROM worker_registrations", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(status, "active", "the interrupted transaction is undone");
+    let filler: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'filler'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(filler, 0);
+}
+
+#[test]
+fn an_unwritable_registry_is_registry_unavailable_with_the_permission_needed() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[stale_row("w-dead", pid, &start)]);
+    let plan_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), plan_path.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(stores.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for f in std::fs::read_dir(stores.dir.path()).unwrap() {
+        std::fs::set_permissions(f.unwrap().path(), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+    }
+    let before = std::fs::read(&stores.registry).unwrap();
+    // Apply as an unprivileged user who may read but not write the registry.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", EXE])
+        .args(stores.apply_args("controller-prgs"))
+        .arg(&plan_path)
+        .output()
+        .unwrap();
+    if skip_unless(
+        !String::from_utf8_lossy(&out.stderr).contains("setpriv:"),
+        "setpriv (running a command as another user)",
+    ) {
+        return;
+    }
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert_eq!(report["outcome"], "registry_unavailable", "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&stores.registry.display().to_string())
+            && detail.contains("not writable")
+            && detail.contains("uid 65534"),
+        "{detail}"
+    );
+    assert_eq!(std::fs::read(&stores.registry).unwrap(), before);
+}
+
+#[test]
+fn malformed_inputs_are_refused_with_what_to_fix() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[stale_row("w-dead", pid, &start)]);
+    let plan_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), plan_path.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    let before = std::fs::read(&stores.registry).unwrap();
+    let apply_with = |extra: &[&str], plan_file: &Path| {
+        bin()
+            .args(stores.apply_args("controller-prgs"))
+            .args(extra)
+            .arg(plan_file)
+            .output()
+            .unwrap()
+    };
+    let expect = |out: std::process::Output, needle: &str| {
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{needle}: {all}");
+        assert!(all.contains(needle), "{needle}: {all}");
+        assert!(
+            !all.contains("panicked") && !all.contains("internal error"),
+            "{all}"
+        );
+    };
+    expect(
+        apply_with(&["--busy-timeout-ms", "4294967296"], &plan_path),
+        "--busy-timeout-ms",
+    );
+    expect(
+        apply_with(&[], Path::new("/dev/zero")),
+        "not a regular file",
+    );
+    let mut args = stores.apply_args("controller-prgs");
+    let at = args.iter().position(|a| a == "--profiles").unwrap();
+    args[at + 1] = "/dev/zero".into();
+    expect(
+        bin().args(&args).arg(&plan_path).output().unwrap(),
+        "not a regular file",
+    );
+    let write = |name: &str, text: String| {
+        let p = stores.dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let bom = write("bom.json", format!("\u{feff}{plan}"));
+    expect(apply_with(&[], &bom), "byte-order mark");
+    let mut wrong = plan.clone();
+    wrong["registry_fingerprint"] = json!(42);
+    let wrong = write("wrong-type.json", wrong.to_string());
+    expect(
+        apply_with(&[], &wrong),
+        "`registry_fingerprint` must be a string",
+    );
+    let mut ids = plan.clone();
+    ids["candidate_worker_identities"] = json!(["w-dead", 7]);
+    let ids = write("ids.json", ids.to_string());
+    expect(
+        apply_with(&[], &ids),
+        "`candidate_worker_identities[1]` must be a string",
+    );
+    let profiles_bom = write(
+        "profiles-bom.json",
+        format!(
+            "\u{feff}{}",
+            std::fs::read_to_string(&stores.profiles).unwrap()
+        ),
+    );
+    let mut args = stores.apply_args("controller-prgs");
+    args[at + 1] = profiles_bom.display().to_string();
+    expect(
+        bin().args(&args).arg(&plan_path).output().unwrap(),
+        "byte-order mark",
+    );
+    assert_eq!(std::fs::read(&stores.registry).unwrap(), before);
+}
