@@ -186,6 +186,10 @@ pub struct Report {
     pub heartbeats_tolerated: usize,
     /// Those workers.
     pub heartbeats_tolerated_workers: Vec<String>,
+    /// How long the registry's write lock was held (BEGIN IMMEDIATE to
+    /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
+    /// meanwhile.
+    pub lock_held_ms: u64,
     /// A sentence for a person.
     pub detail: String,
     /// The fleet after the transaction: retiring stale rows does not by
@@ -214,6 +218,7 @@ impl Report {
             max_retire: req.max_retire,
             heartbeats_tolerated: 0,
             heartbeats_tolerated_workers: Vec::new(),
+            lock_held_ms: 0,
             detail: detail.into(),
             post_apply: None,
         }
@@ -356,14 +361,9 @@ pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     req.workers.retain(|w| seen.insert(w.clone()));
     let req = &req;
     let mut report = apply_inner(req, ctx, hooks)?;
-    if !matches!(
-        report.outcome,
-        Outcome::PermissionDenied
-            | Outcome::RegistryUnavailable
-            | Outcome::PolicySetNotPinned
-            | Outcome::RegistryUntrusted
-            | Outcome::LeaseStoreUnavailable
-    ) {
+    // Only a committed retirement changes the fleet: a refusal or a
+    // rollback does not pay for a fleet summary.
+    if report.mutation_performed {
         report.post_apply = post_apply(req, ctx);
     }
     Ok(report)
@@ -486,6 +486,8 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             return Ok(report);
         }
     };
+    let locked_at = std::time::Instant::now();
+    let lock_ms = || locked_at.elapsed().as_millis() as u64;
     let fail_commit = hooks.fail_commit;
     let result = inside(
         req,
@@ -513,8 +515,10 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
                 );
                 failed.success = false;
                 failed.external_state_fingerprint = report.external_state_fingerprint.take();
+                failed.lock_held_ms = lock_ms();
                 return Ok(failed);
             }
+            report.lock_held_ms = lock_ms();
             report.retired_count = report.retired.len();
             report.mutation_performed = report.retired_count > 0;
             if report.detail.is_empty() {
@@ -535,6 +539,7 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             };
             let mut fresh = Report::new(req, outcome, format!("{detail}{rolled_back}"));
             fresh.external_state_fingerprint = report.external_state_fingerprint.take();
+            fresh.lock_held_ms = lock_ms();
             fresh.heartbeats_tolerated = report.heartbeats_tolerated;
             fresh.heartbeats_tolerated_workers =
                 std::mem::take(&mut report.heartbeats_tolerated_workers);

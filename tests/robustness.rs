@@ -406,3 +406,114 @@ fn malformed_inputs_are_refused_with_what_to_fix() {
     );
     assert_eq!(std::fs::read(&stores.registry).unwrap(), before);
 }
+
+/// Statuses and audit rows after a crash, as the next reader sees them.
+fn state_after_crash(registry: &Path) -> (usize, usize, usize) {
+    // Opening read-write lets SQLite roll back a hot journal (or replay the
+    // WAL), as any next writer or our readers do.
+    let conn = rusqlite::Connection::open(registry).unwrap();
+    let count = |sql: &str| -> usize {
+        conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap_or(0) as usize
+    };
+    let active = count("SELECT count(*) FROM worker_registrations WHERE status = 'active'");
+    let retired = count("SELECT count(*) FROM worker_registrations WHERE status = 'retired'");
+    let audited = count(
+        "SELECT count(*) FROM retirement_audit a JOIN worker_registrations w \
+         ON w.worker_identity = a.worker_identity AND w.status = 'retired'",
+    );
+    (active, retired, audited)
+}
+
+#[test]
+fn apply_killed_at_random_instants_leaves_the_registry_wholly_before_or_after() {
+    let (pid, start) = dead_process();
+    let n = 300;
+    let rows: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut r = stale_row(&format!("w-{i:04}"), pid, &start);
+            r["session_id"] = json!(format!("sess-{i}"));
+            r
+        })
+        .collect();
+    let template = Stores::new(&rows);
+    let plan_path = template.dir.path().join("plan.json");
+    let mut args = template.plan_args("controller-prgs");
+    args.extend(["--out".into(), plan_path.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+    // How long one apply takes here, to spread the kills over it.
+    let probe_dir = tempfile::tempdir().unwrap();
+    let copy = |dir: &Path, wal: bool| -> Vec<String> {
+        for f in [
+            "registry.sqlite",
+            "leases.sqlite",
+            "profiles.json",
+            "plan.json",
+        ] {
+            std::fs::copy(template.dir.path().join(f), dir.join(f)).unwrap();
+        }
+        if wal {
+            rusqlite::Connection::open(dir.join("registry.sqlite"))
+                .unwrap()
+                .pragma_update(None, "journal_mode", "WAL")
+                .unwrap();
+        }
+        vec![
+            "--format".into(),
+            "json".into(),
+            "apply".into(),
+            dir.join("plan.json").display().to_string(),
+            "--max-retire".into(),
+            n.to_string(),
+            "--registry".into(),
+            dir.join("registry.sqlite").display().to_string(),
+            "--leases".into(),
+            dir.join("leases.sqlite").display().to_string(),
+            "--profiles".into(),
+            dir.join("profiles.json").display().to_string(),
+            "--profile".into(),
+            "controller-prgs".into(),
+        ]
+    };
+    let args = copy(probe_dir.path(), false);
+    let t = Instant::now();
+    let out = bin().args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let full = t.elapsed();
+    let mut seed: u64 = u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut random = move || {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        seed >> 33
+    };
+    let (mut before, mut after) = (0, 0);
+    for wal in [false, true] {
+        for _ in 0..15 {
+            let dir = tempfile::tempdir().unwrap();
+            let args = copy(dir.path(), wal);
+            let mut child = KillOnDrop(
+                bin()
+                    .args(&args)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+            let at = full.mul_f64((random() % 1000) as f64 / 1000.0 * 1.1);
+            std::thread::sleep(at);
+            let _ = child.0.kill();
+            let _ = child.0.wait();
+            let (active, retired, audited) = state_after_crash(&dir.path().join("registry.sqlite"));
+            match (active, retired) {
+                (a, 0) if a == n => {
+                    assert_eq!(audited, 0);
+                    before += 1;
+                }
+                (0, r) if r == n => {
+                    assert_eq!(audited, n, "one audit row per retired worker");
+                    after += 1;
+                }
+                other => panic!("wal={wal}, killed at {at:?}: a partial state {other:?}"),
+            }
+        }
+    }
+    eprintln!("30 kills: {before} wholly before, {after} wholly after");
+}
