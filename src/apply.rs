@@ -376,6 +376,41 @@ struct Standing<'a> {
     ctx: &'a Context<'a>,
     /// sha256 of the profiles.json that was last found to allow apply.
     allowed_sha256: String,
+    /// That file's identity and times when it was read, if they can vouch
+    /// that it has not changed since (see `FileStamp`).
+    stamp: Option<FileStamp>,
+}
+
+/// What `stat` says of a file: device, inode, size, modification and
+/// change times. Any write changes the change time, and a replacement
+/// changes the inode, so an equal stamp means unchanged content, except
+/// for writes within one tick of the kernel's coarse clock. A stamp whose
+/// change time is recent therefore vouches for nothing, and the file is
+/// read again (as git does for racily clean files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp([i64; 7]);
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs() as i64;
+        if !m.is_file() || m.ctime() >= now - 2 {
+            return None;
+        }
+        Some(FileStamp([
+            m.dev() as i64,
+            m.ino() as i64,
+            m.size() as i64,
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        ]))
+    }
 }
 
 impl<'a> Standing<'a> {
@@ -390,6 +425,9 @@ impl<'a> Standing<'a> {
 
     /// Read and decide at entry.
     fn at_entry(ctx: &'a Context<'a>) -> Result<std::result::Result<Self, (Outcome, String)>> {
+        // The stamp is taken before the read: a write during the read
+        // makes the next stamp differ.
+        let stamp = FileStamp::of(ctx.profiles);
         let profiles = Profiles::load(ctx.profiles)?;
         if let Some(refused) = Self::refusal(ctx, &profiles)? {
             return Ok(Err(refused));
@@ -397,6 +435,7 @@ impl<'a> Standing<'a> {
         Ok(Ok(Standing {
             ctx,
             allowed_sha256: profiles.sha256,
+            stamp,
         }))
     }
 
@@ -409,13 +448,19 @@ impl<'a> Standing<'a> {
                 format!("capability re-read before a write: {why}; nothing was retired"),
             )
         };
+        let stamp = FileStamp::of(self.ctx.profiles);
+        if stamp.is_some() && stamp == self.stamp {
+            return Ok(());
+        }
         let profiles = Profiles::load(self.ctx.profiles).map_err(|e| refused(e.to_string()))?;
         if profiles.sha256 == self.allowed_sha256 {
+            self.stamp = stamp;
             return Ok(());
         }
         match Self::refusal(self.ctx, &profiles) {
             Ok(None) => {
                 self.allowed_sha256 = profiles.sha256;
+                self.stamp = stamp;
                 Ok(())
             }
             Ok(Some((outcome, why))) => Err(Abort::Refuse(
