@@ -517,3 +517,86 @@ fn apply_killed_at_random_instants_leaves_the_registry_wholly_before_or_after() 
     }
     eprintln!("30 kills: {before} wholly before, {after} wholly after");
 }
+
+#[test]
+fn a_heartbeating_writer_never_fails_during_an_apply_over_many_lease_rows() {
+    let (pid, start) = dead_process();
+    let n = 500;
+    let mut rows: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut r = stale_row(&format!("w-{i:04}"), pid, &start);
+            r["session_id"] = json!(format!("sess-{i}"));
+            r
+        })
+        .collect();
+    // A live worker (this test's own process), outside the candidates.
+    let mut live = stale_row(
+        "w-live",
+        i64::from(std::process::id()),
+        &start_time(std::process::id()),
+    );
+    live["session_id"] = json!("sess-live");
+    live["namespace"] = json!("reviewer");
+    live["client_instance_id"] = json!("inst-codex-20260730T100000Z-0123456789ab");
+    live["last_heartbeat_at"] = json!(fleet_retire::time::format_ts(fleet_retire::time::now()));
+    rows.push(live);
+    let stores = Stores::new(&rows);
+    let leases = rusqlite::Connection::open(&stores.leases).unwrap();
+    let tx = leases.unchecked_transaction().unwrap();
+    for i in 0..20_000 {
+        tx.execute(
+            "INSERT INTO workflow_leases (lease_id, status, owner_worker_identity, owner_pid) \
+             VALUES (?1, 'released', ?2, ?3)",
+            rusqlite::params![format!("l-{i}"), format!("w-{:04}", i % n), 9_000_000 + i],
+        )
+        .unwrap();
+    }
+    tx.commit().unwrap();
+    let plan_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), plan_path.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, registry) = (stop.clone(), stores.registry.clone());
+        std::thread::spawn(move || {
+            let conn = rusqlite::Connection::open(&registry).unwrap();
+            conn.busy_timeout(Duration::from_secs(5)).unwrap();
+            let (mut ok, mut failed) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match conn.execute(
+                    "UPDATE worker_registrations SET last_heartbeat_at = ?1 WHERE worker_identity = 'w-live'",
+                    [fleet_retire::time::format_ts(fleet_retire::time::now())],
+                ) {
+                    Ok(_) => ok += 1,
+                    Err(e) => failed.push(e.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (ok, failed)
+        })
+    };
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .args(["--max-retire", "1000"])
+        .arg(&plan_path)
+        .output()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ok, failed) = writer.join().unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(report["retired_count"], n);
+    assert!(
+        failed.is_empty(),
+        "{} heartbeats failed: {failed:?}",
+        failed.len()
+    );
+    assert!(ok > 0);
+    let held = report["lock_held_ms"].as_u64().unwrap();
+    eprintln!("lock held {held} ms; {ok} heartbeats, none failed");
+    assert!(held < 5_000, "the lock was held {held} ms");
+}
