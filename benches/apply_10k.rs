@@ -84,6 +84,39 @@ fn generate(dir: &Path, rows: usize, released_leases: usize, host: &str, boot: &
     .unwrap();
 }
 
+/// Plan the stores and request every candidate.
+fn plan_and_request(
+    reg: &Path,
+    lease_path: &Path,
+    host: &HostFacts,
+    policies: &Policies,
+    probe: &SystemProbe,
+    max_retire: usize,
+) -> (fleet_retire::plan::Plan, Request) {
+    let p = plan(
+        registry::load(reg).unwrap(),
+        RunFacts {
+            now: fleet_retire::time::now(),
+            host: host.clone(),
+            canonical_repository: Some("prgs/gitea-tools".into()),
+            protections: Protections::from_leases(&leases::load(lease_path).unwrap()),
+        },
+        probe,
+        policies,
+    )
+    .unwrap();
+    let req = Request {
+        registry_fingerprint: p.registry_fingerprint.clone(),
+        candidate_fingerprint: p.candidate_fingerprint.clone(),
+        policy_fingerprint: p.policy_fingerprint.clone(),
+        workers: p.candidates().map(|e| p.identity(e)).collect(),
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        max_retire,
+        planned: None,
+    };
+    (p, req)
+}
+
 fn main() {
     ten_thousand();
     under_load();
@@ -109,27 +142,7 @@ fn under_load() {
     .unwrap();
     let policies = Policies::load(&PolicySource::Embedded).unwrap();
     let probe = SystemProbe::new("/proc");
-    let p = plan(
-        registry::load(&reg).unwrap(),
-        RunFacts {
-            now: fleet_retire::time::now(),
-            host: facts_host.clone(),
-            canonical_repository: Some("prgs/gitea-tools".into()),
-            protections: Protections::from_leases(&leases::load(&lease_path).unwrap()),
-        },
-        &probe,
-        &policies,
-    )
-    .unwrap();
-    let req = Request {
-        registry_fingerprint: p.registry_fingerprint.clone(),
-        candidate_fingerprint: p.candidate_fingerprint.clone(),
-        policy_fingerprint: p.policy_fingerprint.clone(),
-        workers: p.candidates().map(|e| p.identity(e)).collect(),
-        canonical_repository: Some("prgs/gitea-tools".into()),
-        max_retire: rows,
-        planned: None,
-    };
+    let (p, req) = plan_and_request(&reg, &lease_path, &facts_host, &policies, &probe, rows);
     assert_eq!(req.workers.len(), rows);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let heartbeats = {
@@ -228,27 +241,7 @@ fn ten_thousand() {
         let work = dir.path().join(format!("run-{run}"));
         let reg = work.join("registry.sqlite");
         let lease_path = work.join("leases.sqlite");
-        let p = plan(
-            registry::load(&reg).unwrap(),
-            RunFacts {
-                now: fleet_retire::time::now(),
-                host: facts_host.clone(),
-                canonical_repository: Some("prgs/gitea-tools".into()),
-                protections: Protections::from_leases(&leases::load(&lease_path).unwrap()),
-            },
-            &probe,
-            &policies,
-        )
-        .unwrap();
-        let req = Request {
-            registry_fingerprint: p.registry_fingerprint.clone(),
-            candidate_fingerprint: p.candidate_fingerprint.clone(),
-            policy_fingerprint: p.policy_fingerprint.clone(),
-            workers: p.candidates().map(|e| p.identity(e)).collect(),
-            canonical_repository: Some("prgs/gitea-tools".into()),
-            max_retire: rows,
-            planned: None,
-        };
+        let (_, req) = plan_and_request(&reg, &lease_path, &facts_host, &policies, &probe, rows);
         assert_eq!(
             req.workers.len(),
             rows,

@@ -54,14 +54,7 @@ fn wait_for(child: &mut std::process::Child, limit: Duration) -> std::process::E
 
 #[test]
 fn the_demo_under_a_closed_pipe_leaves_nothing_and_exits_0() {
-    let mut demo = KillOnDrop(
-        Command::new(EXE)
-            .arg("demo")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut demo = spawn_demo();
     let pid = demo.id();
     {
         // `demo | head -5`: read five lines, then close the pipe.
@@ -93,14 +86,7 @@ fn the_demo_under_sigint_and_sigterm_leaves_nothing() {
         nix::sys::signal::Signal::SIGINT,
         nix::sys::signal::Signal::SIGTERM,
     ] {
-        let mut demo = KillOnDrop(
-            Command::new(EXE)
-                .arg("demo")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
+        let mut demo = spawn_demo();
         let pid = demo.id();
         let mut lines = BufReader::new(demo.0.stdout.take().unwrap()).lines();
         // Workers are running once step 2 begins.

@@ -540,25 +540,8 @@ fn a_planner_in_another_pid_namespace_retires_nothing_it_cannot_see() {
     let (pid, start) = dead_process();
     let mut legacy = stale_row("w-legacy", pid, &start);
     legacy["session_id"] = json!("sess-legacy");
-    let cols: Vec<String> = legacy.as_object().unwrap().keys().cloned().collect();
     let conn = rusqlite::Connection::open(&stores.registry).unwrap();
-    conn.execute(
-        &format!(
-            "INSERT INTO worker_registrations ({}) VALUES ({})",
-            cols.join(", "),
-            (1..=cols.len())
-                .map(|i| format!("?{i}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        rusqlite::params_from_iter(cols.iter().map(|c| match &legacy[c] {
-            Value::String(s) => rusqlite::types::Value::Text(s.clone()),
-            Value::Number(n) if n.is_i64() => rusqlite::types::Value::Integer(n.as_i64().unwrap()),
-            Value::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap()),
-            _ => rusqlite::types::Value::Null,
-        })),
-    )
-    .unwrap();
+    insert_row(&conn, &legacy);
     conn.execute(
         "UPDATE worker_registrations SET repository_binding = 'prgs/gitea-tools', \
          client_instance_id = 'inst-codex-20260730T100000Z-abc123def456'",

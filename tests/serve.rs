@@ -206,24 +206,7 @@ fn a_plan_applied_thirty_seconds_later_in_a_heartbeating_fleet() {
     let (pid, start) = dead_process();
     let mut row = stale_row("w-resumes", pid, &start);
     row["session_id"] = json!("sess-resumes");
-    let cols: Vec<String> = row.as_object().unwrap().keys().cloned().collect();
-    conn.execute(
-        &format!(
-            "INSERT INTO worker_registrations ({}) VALUES ({})",
-            cols.join(", "),
-            (1..=cols.len())
-                .map(|i| format!("?{i}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        rusqlite::params_from_iter(cols.iter().map(|c| match &row[c] {
-            Value::String(s) => rusqlite::types::Value::Text(s.clone()),
-            Value::Number(n) if n.is_i64() => rusqlite::types::Value::Integer(n.as_i64().unwrap()),
-            Value::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap()),
-            _ => rusqlite::types::Value::Null,
-        })),
-    )
-    .unwrap();
+    insert_row(&conn, &row);
     let (plan_path, plan) = saved_plan(&stores);
     assert_eq!(plan["candidate_worker_identities"], json!(["w-resumes"]));
     std::thread::sleep(Duration::from_secs(2));

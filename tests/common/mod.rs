@@ -437,3 +437,37 @@ pub fn dump(path: &Path) -> String {
     }
     out
 }
+
+/// Insert one row, given as JSON (types as in fixtures), into a registry.
+pub fn insert_row(conn: &Connection, row: &Value) {
+    let cols: Vec<String> = row.as_object().unwrap().keys().cloned().collect();
+    conn.execute(
+        &format!(
+            "INSERT INTO worker_registrations ({}) VALUES ({})",
+            cols.join(", "),
+            (1..=cols.len())
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        params_from_iter(cols.iter().map(|c| match &row[c] {
+            Value::String(s) => rusqlite::types::Value::Text(s.clone()),
+            Value::Number(n) if n.is_i64() => rusqlite::types::Value::Integer(n.as_i64().unwrap()),
+            Value::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap()),
+            _ => rusqlite::types::Value::Null,
+        })),
+    )
+    .unwrap();
+}
+
+/// A `fleet-retire demo` child with piped output, killed on drop.
+pub fn spawn_demo() -> KillOnDrop {
+    KillOnDrop(
+        bin()
+            .arg("demo")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
