@@ -24,6 +24,7 @@ pub mod observe;
 pub mod plan;
 pub mod planned;
 pub mod policy;
+pub mod pool;
 pub mod reasons;
 pub mod report;
 pub mod row;

@@ -124,7 +124,7 @@ pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
 /// Observe every row; probes run once per row.
 pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> Vec<Observation> {
     let mut out: Vec<Observation> =
-        crate::plan::par_map(rows, |row| observe_row(row, facts, probe));
+        crate::pool::par_map(rows, |row| observe_row(row, facts, probe));
 
     // Cross-row facts.
     let mut identity_counts: HashMap<Cow<str>, usize> = HashMap::with_capacity(rows.len());

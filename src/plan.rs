@@ -16,6 +16,7 @@ use crate::policy::entities::{
 use crate::policy::eval::Verdict;
 use crate::policy::memo::Abstraction;
 use crate::policy::Policies;
+use crate::pool::{par_chunks, par_map};
 use crate::reasons::Reason;
 use crate::row::{Col, Row};
 use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
@@ -206,35 +207,6 @@ impl<'a> Rejudge<'a> {
         self.memo.borrow_mut().insert(key, v.clone());
         v
     }
-}
-
-/// Map `f` over `items` on every core, keeping order.
-pub fn par_map<T: Sync, U: Send>(items: &[T], f: impl Fn(&T) -> U + Sync) -> Vec<U> {
-    par_chunks(items, |chunk| chunk.iter().map(&f).collect())
-}
-
-/// Split `items` into one chunk per core, map each chunk with `f`, and
-/// concatenate the results in order.
-pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sync) -> Vec<U> {
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 8);
-    if items.len() < 1024 || workers == 1 {
-        return f(items);
-    }
-    let per = items.len().div_ceil(workers);
-    let f = &f;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(per)
-            .map(|chunk| scope.spawn(move || f(chunk)))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("worker thread panicked"))
-            .collect()
-    })
 }
 
 /// Judge every row.

@@ -8,7 +8,7 @@ use common::*;
 use fleet_retire::apply::{Hooks, Outcome};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 fn statuses(path: &Path) -> Vec<(String, String, Option<String>)> {
@@ -46,8 +46,10 @@ fn audit_rows(path: &Path) -> Vec<(String, String)> {
 }
 
 /// Stores with three dead, eligible workers and one running one.
-fn fleet() -> (Stores, Child) {
-    let live = spawn_sleeper();
+/// The running worker is killed when the guard drops, even when an
+/// assertion fails first.
+fn fleet() -> (Stores, KillOnDrop) {
+    let live = KillOnDrop(spawn_sleeper());
     let live_start = start_time(live.id());
     let mut rows = Vec::new();
     for i in 1..=3 {
@@ -82,7 +84,7 @@ fn apply_cli(stores: &Stores, plan: &Path, profile: &str, extra: &[&str]) -> (Op
 
 #[test]
 fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, plan) = save_plan(&stores);
     assert_eq!(
         plan["candidate_worker_identities"],
@@ -116,13 +118,12 @@ fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently() {
     assert_eq!(report["outcome"], "already_retired");
     assert_eq!(report["mutation_performed"], false);
     assert_eq!(dump(&stores.registry), before, "a replay changes nothing");
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn a_lease_acquired_between_plan_and_apply_moves_the_candidate_set() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);
     let conn = rusqlite::Connection::open(&stores.leases).unwrap();
     conn.execute(
@@ -136,13 +137,12 @@ fn a_lease_acquired_between_plan_and_apply_moves_the_candidate_set() {
     assert_eq!(report["outcome"], "candidate_set_moved");
     assert_eq!(report["retired_count"], 0);
     assert_eq!(dump(&stores.registry), before);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn a_heartbeat_between_plan_and_apply_moves_the_registry() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);
     rusqlite::Connection::open(&stores.registry)
         .unwrap()
@@ -156,13 +156,12 @@ fn a_heartbeat_between_plan_and_apply_moves_the_registry() {
     assert_eq!(code, Some(2));
     assert_eq!(report["outcome"], "registry_revision_moved");
     assert_eq!(dump(&stores.registry), before);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn author_reviewer_and_merger_are_denied_even_with_the_permission() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);
     std::fs::write(
         &stores.profiles,
@@ -188,13 +187,12 @@ fn author_reviewer_and_merger_are_denied_even_with_the_permission() {
         assert!(report["detail"].as_str().unwrap().contains(profile));
     }
     assert_eq!(dump(&stores.registry), before);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn the_blast_radius_limit_refuses_and_can_be_raised() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);
     let before = dump(&stores.registry);
     let (code, report) = apply_cli(
@@ -215,13 +213,12 @@ fn the_blast_radius_limit_refuses_and_can_be_raised() {
     );
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["retired_count"], 3);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn a_subset_may_be_requested_and_repeats_and_strangers_are_reported() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (_, plan) = save_plan(&stores);
     let out = bin()
         .args(stores.apply_args("controller-prgs"))
@@ -264,13 +261,12 @@ fn a_subset_may_be_requested_and_repeats_and_strangers_are_reported() {
     );
     let st = statuses(&stores.registry);
     assert_eq!(st.iter().filter(|(_, s, _)| s == "retired").count(), 1);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn a_changed_policy_set_is_refused() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);
     let mut plan: Value =
         serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
@@ -279,13 +275,12 @@ fn a_changed_policy_set_is_refused() {
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
     assert_eq!(code, Some(2));
     assert_eq!(report["outcome"], "policy_set_moved");
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn two_applies_at_once_retire_each_row_once() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);
     let spawn = || {
         bin()
@@ -319,8 +314,7 @@ fn two_applies_at_once_retire_each_row_once() {
     );
     let audit = audit_rows(&stores.registry);
     assert_eq!(audit.len(), 3, "each row retired exactly once: {audit:?}");
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
@@ -360,7 +354,7 @@ fn apply_migrates_an_old_registry_first() {
 
 #[test]
 fn a_lease_acquired_inside_the_transaction_rolls_everything_back() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let lib = Lib::new(stores);
     let req = lib.request();
     let before = dump(&lib.stores.registry);
@@ -397,13 +391,12 @@ fn a_lease_acquired_inside_the_transaction_rolls_everything_back() {
         before,
         "no retired row, no audit table"
     );
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn a_revoked_permission_before_the_first_write_retires_nothing() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let lib = Lib::new(stores);
     let req = lib.request();
     let before = dump(&lib.stores.registry);
@@ -431,13 +424,12 @@ fn a_revoked_permission_before_the_first_write_retires_nothing() {
     );
     assert_eq!(report.retired_count, 0);
     assert_eq!(dump(&lib.stores.registry), before);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn a_failure_at_commit_leaves_the_registry_as_it_was() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let lib = Lib::new(stores);
     let req = lib.request();
     let before = dump(&lib.stores.registry);
@@ -454,13 +446,12 @@ fn a_failure_at_commit_leaves_the_registry_as_it_was() {
     assert!(!report.mutation_performed);
     assert_eq!(report.retired_count, 0);
     assert_eq!(dump(&lib.stores.registry), before);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
 
 #[test]
 fn a_locked_registry_is_waited_for_within_the_busy_timeout() {
-    let (stores, mut live) = fleet();
+    let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);
     let holder = rusqlite::Connection::open(&stores.registry).unwrap();
     holder.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -487,6 +478,5 @@ fn a_locked_registry_is_waited_for_within_the_busy_timeout() {
     release.join().unwrap();
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["retired_count"], 3);
-    live.kill().unwrap();
-    live.wait().unwrap();
+    drop(live);
 }
