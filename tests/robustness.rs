@@ -287,9 +287,15 @@ fn an_unwritable_registry_is_registry_unavailable_with_the_permission_needed() {
             .unwrap();
     }
     let before = std::fs::read(&stores.registry).unwrap();
+    // A copy of the binary the unprivileged user can execute wherever this
+    // checkout lives.
+    let exe = stores.dir.path().join("fleet-retire");
+    std::fs::copy(EXE, &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Apply as an unprivileged user who may read but not write the registry.
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", EXE])
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
         .args(stores.apply_args("controller-prgs"))
         .arg(&plan_path)
         .output()
