@@ -63,9 +63,12 @@ fn worker_row(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Json {
     );
     let client_type = normalize_client_name(row.get(Col::ClientName).as_text());
     let foreign = foreign_repository(row, opts.canonical_repository.as_deref());
+    // An empty expected revision is no expectation (the seed tests it for
+    // truth).
     let old_revision = opts
         .expected_live_revision
         .as_deref()
+        .filter(|e| !e.is_empty())
         .is_some_and(|expected| {
             [
                 Col::StartupRevision,
@@ -146,6 +149,24 @@ fn key_text(v: &Json) -> Option<String> {
     (!text.is_empty() && text != "None").then_some(text)
 }
 
+/// Python's `str(v)` when `v` is truthy (`if v:`): how the seed keeps
+/// instance ids, namespaces and fleet runs. Unlike a collision key, the text
+/// `"None"` is a name like any other here.
+fn truthy_text(v: &Json) -> Option<String> {
+    let value = Value::from_json(v).ok()?;
+    value.truthy().then(|| value.py_str())
+}
+
+/// How many distinct values `field` takes among `workers`, NULL and `""`
+/// each counting as a value of its own (a Python set of the raw values).
+fn distinct(workers: &[&Json], field: &str) -> usize {
+    workers
+        .iter()
+        .map(|w| w[field].to_string())
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
 fn groups<'a>(
     rows: &[&'a Json],
     key: impl Fn(&Json) -> Option<String>,
@@ -161,7 +182,10 @@ fn groups<'a>(
 }
 
 fn ids(workers: &[&Json], field: &str) -> BTreeSet<String> {
-    workers.iter().filter_map(|w| key_text(&w[field])).collect()
+    workers
+        .iter()
+        .filter_map(|w| truthy_text(&w[field]))
+        .collect()
 }
 
 struct Findings(Vec<Json>);
@@ -192,7 +216,7 @@ impl Findings {
 fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for w in workers {
-        if let Some(ns) = key_text(&w["namespace"]) {
+        if let Some(ns) = truthy_text(&w["namespace"]) {
             *counts.entry(ns).or_default() += 1;
         }
     }
@@ -269,11 +293,11 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
         let instances = ids(&group, "client_instance_id");
         let unkeyed = group
             .iter()
-            .any(|w| key_text(&w["client_instance_id"]).is_none());
+            .any(|w| truthy_text(&w["client_instance_id"]).is_none());
         let mut by_instance: BTreeMap<String, Vec<&Json>> = BTreeMap::new();
         for w in &group {
             by_instance
-                .entry(key_text(&w["client_instance_id"]).unwrap_or_default())
+                .entry(truthy_text(&w["client_instance_id"]).unwrap_or_default())
                 .or_default()
                 .push(w);
         }
@@ -285,11 +309,7 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
         }
     }
     for (gen, group) in groups(&live, |r| key_text(&r["generation_id"])) {
-        let instances: BTreeSet<String> = group
-            .iter()
-            .map(|w| key_text(&w["client_instance_id"]).unwrap_or_default())
-            .collect();
-        if !namespace_duplicates(&group).is_empty() || instances.len() > 1 {
+        if !namespace_duplicates(&group).is_empty() || distinct(&group, "client_instance_id") > 1 {
             f.add(
                 "generation_identity_collision",
                 "blocker",
@@ -301,7 +321,7 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
         }
     }
     for (proc_id, group) in groups(&live, |r| key_text(&r["process_identity"])) {
-        if ids(&group, "worker_identity").len() > 1 {
+        if distinct(&group, "worker_identity") > 1 {
             f.add(
                 "process_identity_collision",
                 "blocker",
@@ -313,7 +333,7 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
         }
     }
     for (pid, group) in groups(&live, |r| key_text(&r["pid"])) {
-        if ids(&group, "worker_identity").len() > 1 {
+        if distinct(&group, "worker_identity") > 1 {
             f.add(
                 "pid_collision",
                 "blocker",
@@ -327,18 +347,13 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
     for (token, group) in groups(&live, |r| {
         match (&r["generation_id"], &r["fencing_epoch"]) {
             (Json::Null, _) | (_, Json::Null) => None,
-            (g, e) => Some(format!(
-                "{}:{}",
-                key_text(g).unwrap_or_default(),
-                key_text(e).unwrap_or_default()
-            )),
+            (g, e) => {
+                let py = |v: &Json| Value::from_json(v).map(|x| x.py_str()).unwrap_or_default();
+                Some(format!("{}:{}", py(g), py(e)))
+            }
         }
     }) {
-        let instances: BTreeSet<String> = group
-            .iter()
-            .map(|w| key_text(&w["client_instance_id"]).unwrap_or_default())
-            .collect();
-        if instances.len() > 1 {
+        if distinct(&group, "client_instance_id") > 1 {
             f.add(
                 "ownership_fencing_collision",
                 "blocker",
@@ -353,7 +368,7 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
     let mut by_instance: BTreeMap<String, Vec<&Json>> = BTreeMap::new();
     let mut unkeyed: Vec<&Json> = Vec::new();
     for w in &live {
-        match key_text(&w["client_instance_id"]) {
+        match truthy_text(&w["client_instance_id"]) {
             Some(iid) => by_instance.entry(iid).or_default().push(w),
             None => unkeyed.push(w),
         }
@@ -370,7 +385,7 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
             let dups: Vec<&Json> = workers
                 .iter()
                 .copied()
-                .filter(|w| key_text(&w["namespace"]).is_some_and(|n| dup_ns.contains(&n)))
+                .filter(|w| truthy_text(&w["namespace"]).is_some_and(|n| dup_ns.contains(&n)))
                 .collect();
             f.add(
                 "duplicate_namespace_worker",
@@ -451,7 +466,7 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
         }
         let mut ns_counts = Map::new();
         for w in workers.iter() {
-            if let Some(ns) = key_text(&w["namespace"]) {
+            if let Some(ns) = truthy_text(&w["namespace"]) {
                 let n = ns_counts.get(&ns).and_then(Json::as_u64).unwrap_or(0) + 1;
                 ns_counts.insert(ns, json!(n));
             }
@@ -511,9 +526,10 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
     let expected: BTreeSet<String> = manifest
         .iter()
         .filter_map(|i| {
+            // Python's str(...).strip(), which also strips U+001C..U+001F.
             i["client_instance_id"]
                 .as_str()
-                .map(|s| s.trim().to_string())
+                .map(|s| crate::value::py_strip(s).to_string())
         })
         .filter(|s| !s.is_empty())
         .collect();
@@ -652,4 +668,170 @@ pub fn compare(earlier: &Json, later: &Json) -> Json {
         "dropped_workers": a.keys().filter(|k| !b.contains_key(*k)).collect::<Vec<_>>(),
         "new_workers": b.keys().filter(|k| !a.contains_key(*k)).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The five divergences from the reference snapshot found by comparing
+    //! it on real registries; two of them called an unsafe fleet safe.
+
+    use super::*;
+    use crate::evidence::probe::{GivenProbe, PidObservation};
+
+    const NOW: &str = "2026-07-30T12:00:00Z";
+    const INST: &str = "inst-codex-20260730T100000Z-abc123def456";
+
+    /// A live, trusted codex worker.
+    fn live(id: Json, pid: i64, overrides: Json) -> Row {
+        let mut row = json!({
+            "worker_identity": id, "client_name": "codex", "client_instance_id": INST,
+            "instance_id_source": "launcher", "session_id": format!("s-{pid}"),
+            "generation_id": format!("g-{pid}"), "namespace": format!("ns-{pid}"),
+            "pid": pid, "started_at": "2026-07-30T11:00:00Z",
+            "last_heartbeat_at": "2026-07-30T11:59:00Z", "heartbeat_ttl_seconds": 900,
+            "fencing_epoch": 1, "status": "active", "host_id": "h", "boot_id": "b",
+            "process_start_time": "ticks-1", "repository_binding": "prgs/gitea-tools",
+        });
+        for (k, v) in overrides.as_object().unwrap() {
+            row[k] = v.clone();
+        }
+        Row::from_json(row.as_object().unwrap()).unwrap()
+    }
+
+    fn run(rows: &[Row], opts: Options) -> Json {
+        let mut probe = GivenProbe::default();
+        for r in rows {
+            if let Value::Int(pid) = r.get(Col::Pid) {
+                probe.processes.insert(
+                    *pid,
+                    PidObservation {
+                        alive: Some(true),
+                        start_time: Some("ticks-1".into()),
+                    },
+                );
+            }
+        }
+        let opts = Options {
+            now: crate::time::parse_ts(NOW).unwrap(),
+            ..opts
+        };
+        snapshot(rows, &opts, &probe)
+    }
+
+    fn classes(snap: &Json) -> Vec<String> {
+        snap["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["classification"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn finding<'a>(snap: &'a Json, class: &str) -> &'a Json {
+        snap["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["classification"] == class)
+            .unwrap_or_else(|| panic!("no {class} in {:?}", classes(snap)))
+    }
+
+    #[test]
+    fn a_null_identity_sharing_a_pid_is_a_collision() {
+        for blank in [Json::Null, json!("")] {
+            let rows = [
+                live(blank.clone(), 4242, json!({"namespace": "author"})),
+                live(json!("w-real"), 4242, json!({"namespace": "reviewer"})),
+            ];
+            let snap = run(&rows, Options::default());
+            assert_eq!(snap["live_fleet_safe"], false, "{blank}");
+            for class in ["pid_collision", "process_identity_collision"] {
+                assert_eq!(
+                    finding(&snap, class)["worker_identities"],
+                    json!([blank, "w-real"])
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_namespace_named_none_is_a_namespace() {
+        let same = json!({"namespace": "None", "generation_id": "g-None", "session_id": "s-None"});
+        let rows = [
+            live(json!("w-1"), 4242, same.clone()),
+            live(json!("w-2"), 4243, same),
+        ];
+        let snap = run(&rows, Options::default());
+        assert_eq!(snap["live_fleet_safe"], false);
+        let found = classes(&snap);
+        for class in [
+            "duplicate_namespace_worker",
+            "generation_identity_collision",
+            "session_identity_collision",
+        ] {
+            assert!(found.contains(&class.to_string()), "{class}: {found:?}");
+        }
+        // An instance id and a fleet run named "None" are kept too.
+        let rows = [live(
+            json!("w-1"),
+            4242,
+            json!({"client_instance_id": "None", "fleet_run_id": "None"}),
+        )];
+        let snap = run(&rows, Options::default());
+        assert_eq!(snap["instances"][0]["client_instance_id"], "None");
+        assert_eq!(snap["instances"][0]["fleet_run_ids"], json!(["None"]));
+    }
+
+    #[test]
+    fn an_empty_expected_revision_is_no_expectation() {
+        let rows = [live(json!("w-1"), 4242, json!({"live_revision": "abc"}))];
+        let snap = run(
+            &rows,
+            Options {
+                expected_live_revision: Some(String::new()),
+                ..Options::default()
+            },
+        );
+        assert!(!classes(&snap).contains(&"old_revision".to_string()));
+        assert_eq!(snap["live_fleet_safe"], true);
+    }
+
+    #[test]
+    fn manifest_ids_are_stripped_as_python_strips() {
+        let rows = [live(json!("w-1"), 4242, json!({}))];
+        let snap = run(
+            &rows,
+            Options {
+                manifest: Some(vec![json!({"client_instance_id": format!("{INST}\u{1f}")})]),
+                ..Options::default()
+            },
+        );
+        let found = classes(&snap);
+        assert!(
+            !found.contains(&"missing_expected".to_string()),
+            "{found:?}"
+        );
+        assert!(!found.contains(&"unmanifested".to_string()), "{found:?}");
+    }
+
+    #[test]
+    fn null_and_empty_instance_ids_are_different_instances() {
+        let same = json!({"generation_id": "g-1", "fencing_epoch": 7});
+        let mut a = same.clone();
+        a["client_instance_id"] = Json::Null;
+        a["namespace"] = json!("author");
+        let mut b = same;
+        b["client_instance_id"] = json!("");
+        b["namespace"] = json!("reviewer");
+        let rows = [live(json!("w-1"), 4242, a), live(json!("w-2"), 4243, b)];
+        let snap = run(&rows, Options::default());
+        let found = classes(&snap);
+        for class in [
+            "generation_identity_collision",
+            "ownership_fencing_collision",
+        ] {
+            assert!(found.contains(&class.to_string()), "{class}: {found:?}");
+        }
+        assert_eq!(snap["live_fleet_safe"], false);
+    }
 }
