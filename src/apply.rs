@@ -321,10 +321,10 @@ impl From<rusqlite::Error> for Abort {
 }
 
 /// The fleet as a snapshot sees it after the transaction (or `None` when the
-/// registry cannot be read).
+/// registry cannot be read): counts and blockers only.
 fn post_apply(req: &Request, ctx: &Context) -> Option<serde_json::Value> {
     let rows = crate::evidence::registry::load(ctx.registry).ok()?;
-    let snap = crate::snapshot::snapshot(
+    let snap = crate::snapshot::Snapshot::take(
         &rows,
         &crate::snapshot::Options {
             now: crate::time::now(),
@@ -333,19 +333,17 @@ fn post_apply(req: &Request, ctx: &Context) -> Option<serde_json::Value> {
         },
         ctx.probe,
     );
-    let blockers: Vec<serde_json::Value> = snap["active_blockers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|b| serde_json::json!({"classification": b["classification"], "detail": b["detail"]}))
+    let blockers: Vec<serde_json::Value> = snap
+        .active_blockers()
+        .map(|b| serde_json::json!({"classification": b.classification, "detail": b.detail}))
         .collect();
     Some(serde_json::json!({
-        "snapshot_at": snap["snapshot_at"],
-        "live_worker_count": snap["live_worker_count"],
-        "stale_worker_count": snap["stale_worker_count"],
-        "historical_worker_count": snap["historical_worker_count"],
-        "instance_count": snap["instance_count"],
-        "live_fleet_safe": snap["live_fleet_safe"],
+        "snapshot_at": snap.snapshot_at(),
+        "live_worker_count": snap.live_worker_count(),
+        "stale_worker_count": snap.stale_worker_count(),
+        "historical_worker_count": snap.historical_worker_count(),
+        "instance_count": snap.instance_count(),
+        "live_fleet_safe": snap.live_fleet_safe(),
         "residual_blocker_count": blockers.len(),
         "residual_blockers": blockers,
     }))

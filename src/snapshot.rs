@@ -50,9 +50,26 @@ pub struct Options {
     pub manifest: Option<Vec<Json>>,
 }
 
-/// One worker as the snapshot sees it.
-fn worker_row(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Json {
-    let v = |c: Col| row.get(c).to_json();
+/// What the snapshot measured about one row: enough to render its worker
+/// entry again without probing again. About 150 bytes a row, where a
+/// rendered entry is a few kilobytes: only live workers, which the
+/// collision checks read, are kept rendered.
+#[derive(Debug, Clone)]
+struct Measured {
+    pid_alive: Option<bool>,
+    liveness: crate::liveness::Liveness,
+    identity: crate::identity::InstanceIdentity,
+    client_type: &'static str,
+    live: bool,
+    historical: bool,
+    foreign: bool,
+    old_revision: bool,
+    ownership: &'static str,
+    mutation_safe: bool,
+}
+
+/// Measure one row: probe its pid, classify its liveness and identity.
+fn measure(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Measured {
     let pid = observe_pid(row.get(Col::Pid), probe);
     let liveness = assess(row, opts.now, pid.alive);
     let historical = row.get(Col::Status).or_empty_str() != "active";
@@ -89,11 +106,44 @@ fn worker_row(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Json {
         && !old_revision
         && ownership == "live"
         && client_type != UNKNOWN_CLIENT;
+    Measured {
+        pid_alive: pid.alive,
+        liveness,
+        identity,
+        client_type,
+        live,
+        historical,
+        foreign,
+        old_revision,
+        ownership,
+        mutation_safe,
+    }
+}
+
+impl Measured {
+    fn stale(&self) -> bool {
+        !self.live && !self.historical
+    }
+
+    /// The assessed instance id (stripped), or the raw value.
+    fn instance_id(&self, row: &Row) -> Json {
+        self.identity
+            .client_instance_id
+            .clone()
+            .map(Json::String)
+            .unwrap_or_else(|| row.get(Col::ClientInstanceId).to_json())
+    }
+}
+
+/// One worker as the snapshot reports it.
+fn render(row: &Row, m: &Measured) -> Json {
+    let v = |c: Col| row.get(c).to_json();
+    let liveness = &m.liveness;
     json!({
         "worker_id": v(Col::WorkerIdentity),
         "worker_identity": v(Col::WorkerIdentity),
-        "client_type": client_type,
-        "client_instance_id": identity.client_instance_id.clone().map(Json::String).unwrap_or_else(|| v(Col::ClientInstanceId)),
+        "client_type": m.client_type,
+        "client_instance_id": m.instance_id(row),
         "fleet_run_id": v(Col::FleetRunId),
         "namespace": v(Col::Namespace),
         "profile": v(Col::Profile),
@@ -103,7 +153,7 @@ fn worker_row(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Json {
         "generation_id": v(Col::GenerationId),
         "process_identity": process_identity(row).to_json(),
         "pid": v(Col::Pid),
-        "pid_alive": pid.alive,
+        "pid_alive": m.pid_alive,
         "repository_binding": v(Col::RepositoryBinding),
         "remote": v(Col::Remote),
         "startup_revision": v(Col::StartupRevision),
@@ -118,22 +168,22 @@ fn worker_row(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Json {
         "status": v(Col::Status),
         "host_id": v(Col::HostId),
         "boot_id": v(Col::BootId),
-        "instance_id_provenance": identity.provenance,
-        "instance_identity_trusted": identity.trusted,
-        "live": live,
-        "historical": historical,
+        "instance_id_provenance": m.identity.provenance,
+        "instance_identity_trusted": m.identity.trusted,
+        "live": m.live,
+        "historical": m.historical,
         "liveness": {
             "live": liveness.live,
             "heartbeat_fresh": liveness.heartbeat_fresh,
             "heartbeat_age_seconds": liveness.heartbeat_age_seconds,
             "heartbeat_ttl_seconds": liveness.heartbeat_ttl_seconds,
-            "pid_alive": pid.alive,
+            "pid_alive": m.pid_alive,
         },
-        "ownership_state": ownership,
-        "foreign_repository": foreign,
-        "old_revision": old_revision,
-        "stale": !live && !historical,
-        "mutation_safe": mutation_safe,
+        "ownership_state": m.ownership,
+        "foreign_repository": m.foreign,
+        "old_revision": m.old_revision,
+        "stale": m.stale(),
+        "mutation_safe": m.mutation_safe,
     })
 }
 
@@ -188,13 +238,30 @@ fn ids(workers: &[&Json], field: &str) -> BTreeSet<String> {
         .collect()
 }
 
-struct Findings(Vec<Json>);
+/// One finding of the snapshot.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Finding {
+    /// Its class (`pid_collision`, `stale_orphaned_worker`, …).
+    pub classification: &'static str,
+    /// `blocker`, `warning` or `info`.
+    pub severity: &'static str,
+    /// Whether it makes the live fleet unsafe.
+    pub active_blocker: bool,
+    /// In words.
+    pub detail: String,
+    /// The instances it names.
+    pub client_instance_ids: Vec<String>,
+    /// The workers it names (as stored: NULL stays null).
+    pub worker_identities: Vec<Json>,
+}
+
+struct Findings(Vec<Finding>);
 
 impl Findings {
     fn add(
         &mut self,
-        class: &str,
-        severity: &str,
+        class: &'static str,
+        severity: &'static str,
         workers: &[&Json],
         instances: Option<Vec<String>>,
         detail: String,
@@ -202,14 +269,35 @@ impl Findings {
     ) {
         let instance_ids =
             instances.unwrap_or_else(|| ids(workers, "client_instance_id").into_iter().collect());
-        self.0.push(json!({
-            "classification": class,
-            "severity": severity,
-            "active_blocker": blocker,
-            "detail": detail,
-            "client_instance_ids": instance_ids,
-            "worker_identities": workers.iter().map(|w| w["worker_identity"].clone()).collect::<Vec<_>>(),
-        }));
+        self.0.push(Finding {
+            classification: class,
+            severity,
+            active_blocker: blocker,
+            detail,
+            client_instance_ids: instance_ids,
+            worker_identities: workers.iter().map(|w| w["worker_identity"].clone()).collect(),
+        });
+    }
+
+    /// A finding about one row that is not live (stale or historical): it
+    /// is never rendered in full.
+    fn add_row(
+        &mut self,
+        class: &'static str,
+        severity: &'static str,
+        row: &Row,
+        m: &Measured,
+        detail: String,
+        blocker: bool,
+    ) {
+        self.0.push(Finding {
+            classification: class,
+            severity,
+            active_blocker: blocker,
+            detail,
+            client_instance_ids: truthy_text(&m.instance_id(row)).into_iter().collect(),
+            worker_identities: vec![row.get(Col::WorkerIdentity).to_json()],
+        });
     }
 }
 
@@ -230,49 +318,230 @@ fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {
 /// The consistency token: time-seeded, an observation stamp (never a CAS
 /// token). Computed over the snapshot's worker rows, as the seed does (so
 /// the instance id is the assessed, whitespace-stripped one).
-fn consistency_token(workers: &[Json], snapshot_at: &str) -> String {
-    // Python's `str(value or "")`.
-    let s = |w: &Json, f: &str| -> String {
-        Value::from_json(&w[f])
+fn consistency_token(rows: &[Row], measured: &[Measured], snapshot_at: &str) -> String {
+    // Python's `str(value or "")` of each field of a worker entry.
+    let fields = |row: &Row, m: &Measured| -> [String; 6] {
+        let instance = Value::from_json(&m.instance_id(row))
             .map(|v| v.or_empty_str())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        [
+            row.get(Col::WorkerIdentity).or_empty_str(),
+            instance,
+            row.get(Col::Status).or_empty_str(),
+            row.get(Col::LastHeartbeatAt).or_empty_str(),
+            row.get(Col::FencingEpoch).or_empty_str(),
+            row.get(Col::GenerationId).or_empty_str(),
+        ]
     };
-    let mut sorted: Vec<&Json> = workers.iter().collect();
-    sorted.sort_by_key(|w| {
-        (
-            s(w, "worker_identity"),
-            s(w, "last_heartbeat_at"),
-            s(w, "fencing_epoch"),
-        )
-    });
+    let mut units: Vec<[String; 6]> = rows
+        .iter()
+        .zip(measured)
+        .map(|(r, m)| fields(r, m))
+        .collect();
+    units.sort_by(|a, b| (&a[0], &a[3], &a[4]).cmp(&(&b[0], &b[3], &b[4])));
     let mut material = vec![snapshot_at.to_string()];
-    for w in sorted {
-        material.push(
-            [
-                "worker_identity",
-                "client_instance_id",
-                "status",
-                "last_heartbeat_at",
-                "fencing_epoch",
-                "generation_id",
-            ]
-            .iter()
-            .map(|f| s(w, f))
-            .collect::<Vec<_>>()
-            .join("|"),
-        );
+    for u in units {
+        material.push(u.join("|"));
     }
     let digest = crate::fingerprint::hex(&Sha256::digest(material.join("\n").as_bytes()));
     format!("fleetrev-{}", &digest[..16])
 }
 
-/// Take the snapshot.
+/// Take the snapshot, as one JSON document (for callers that want it
+/// whole: `serve`, the demo, tests). The command line streams
+/// [`Snapshot`] instead.
 pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json {
+    serde_json::to_value(Snapshot::take(rows, opts, probe)).expect("a snapshot serialises")
+}
+
+/// A snapshot: what was measured per row, the live workers rendered (the
+/// collision checks read them), and the findings. Rows that are not live
+/// are rendered only while the document is written, one at a time, so a
+/// large registry costs about what its rows cost.
+pub struct Snapshot<'a> {
+    rows: &'a [Row],
+    measured: Vec<Measured>,
+    live: Vec<Json>,
+    snapshot_at: String,
+    token: String,
+    historical_count: usize,
+    stale_count: usize,
+    instances: Vec<Json>,
+    by_type: BTreeMap<String, Vec<String>>,
+    manifest: Vec<Json>,
+    missing: Vec<String>,
+    unmanifested: Vec<String>,
+    findings: Vec<Finding>,
+    live_safe: bool,
+    mutation_safe: bool,
+    /// Continuity with an earlier snapshot, when asked (`--compare`).
+    pub comparison: Option<Json>,
+}
+
+impl<'a> Snapshot<'a> {
+    /// Take the snapshot of `rows`.
+    pub fn take(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapshot<'a> {
+        take(rows, opts, probe)
+    }
+
+    /// When it was taken.
+    pub fn snapshot_at(&self) -> &str {
+        &self.snapshot_at
+    }
+
+    /// Live workers.
+    pub fn live_worker_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Active rows that are not live.
+    pub fn stale_worker_count(&self) -> usize {
+        self.stale_count
+    }
+
+    /// Rows whose status is not active.
+    pub fn historical_worker_count(&self) -> usize {
+        self.historical_count
+    }
+
+    /// Live instances.
+    pub fn instance_count(&self) -> usize {
+        self.instances.len()
+    }
+
+    /// No active blocker.
+    pub fn live_fleet_safe(&self) -> bool {
+        self.live_safe
+    }
+
+    /// The findings that make the live fleet unsafe.
+    pub fn active_blockers(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|f| f.active_blocker)
+    }
+
+    /// The live workers as rendered (for `compare`).
+    pub fn live_workers(&self) -> &[Json] {
+        &self.live
+    }
+
+    /// What a person reads: counts, instances, blockers, comparison (see
+    /// `report::snapshot_summary`), without the per-worker lists.
+    pub fn summary_json(&self) -> Json {
+        let mut doc = json!({
+            "snapshot_at": self.snapshot_at,
+            "live_worker_count": self.live.len(),
+            "historical_worker_count": self.historical_count,
+            "stale_worker_count": self.stale_count,
+            "instance_count": self.instances.len(),
+            "instances": self.instances,
+            "active_blockers": self.active_blockers().collect::<Vec<_>>(),
+            "live_fleet_safe": self.live_safe,
+        });
+        if let Some(c) = &self.comparison {
+            doc["comparison"] = c.clone();
+        }
+        doc
+    }
+}
+
+/// Rows rendered one at a time as they are written.
+struct RenderedRows<'s, 'a> {
+    snap: &'s Snapshot<'a>,
+    keep: fn(&Measured) -> bool,
+}
+
+impl serde::Serialize for RenderedRows<'_, '_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(
+            self.snap
+                .rows
+                .iter()
+                .zip(&self.snap.measured)
+                .filter(|(_, m)| (self.keep)(m))
+                .map(|(r, m)| render(r, m)),
+        )
+    }
+}
+
+/// Findings filtered as they are written.
+struct FindingsWhere<'s>(&'s [Finding], fn(&Finding) -> bool);
+
+impl serde::Serialize for FindingsWhere<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().filter(|f| (self.1)(f)))
+    }
+}
+
+impl serde::Serialize for Snapshot<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("success", &true)?;
+        m.serialize_entry("read_only", &true)?;
+        m.serialize_entry("snapshot_at", &self.snapshot_at)?;
+        m.serialize_entry("consistency_token", &self.token)?;
+        m.serialize_entry("registry_revision", &self.token)?;
+        m.serialize_entry("live_worker_count", &self.live.len())?;
+        m.serialize_entry("historical_worker_count", &self.historical_count)?;
+        m.serialize_entry("stale_worker_count", &self.stale_count)?;
+        m.serialize_entry("instance_count", &self.instances.len())?;
+        m.serialize_entry(
+            "workers",
+            &RenderedRows {
+                snap: self,
+                keep: |_| true,
+            },
+        )?;
+        m.serialize_entry("live_workers", &self.live)?;
+        m.serialize_entry(
+            "historical_workers",
+            &RenderedRows {
+                snap: self,
+                keep: |m| m.historical,
+            },
+        )?;
+        m.serialize_entry(
+            "stale_workers",
+            &RenderedRows {
+                snap: self,
+                keep: Measured::stale,
+            },
+        )?;
+        m.serialize_entry("instances", &self.instances)?;
+        m.serialize_entry("multi_instance_same_client_type", &self.by_type)?;
+        m.serialize_entry("same_client_type_not_duplicate", &true)?;
+        m.serialize_entry("expected_manifest", &self.manifest)?;
+        m.serialize_entry("missing_expected_instance_ids", &self.missing)?;
+        m.serialize_entry("unmanifested_instance_ids", &self.unmanifested)?;
+        m.serialize_entry("findings", &self.findings)?;
+        m.serialize_entry("active_blockers", &FindingsWhere(&self.findings, |f| f.active_blocker))?;
+        m.serialize_entry(
+            "historical_findings",
+            &FindingsWhere(&self.findings, |f| f.classification == "historical_dead"),
+        )?;
+        m.serialize_entry("live_fleet_safe", &self.live_safe)?;
+        m.serialize_entry("mutation_safe", &self.mutation_safe)?;
+        let reasons: Vec<&str> = self.active_blockers().map(|f| f.detail.as_str()).collect();
+        m.serialize_entry("reasons", &reasons)?;
+        if let Some(c) = &self.comparison {
+            m.serialize_entry("comparison", c)?;
+        }
+        m.end()
+    }
+}
+
+fn take<'a>(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapshot<'a> {
     let snapshot_at = format_ts(opts.now);
-    let all: Vec<Json> = rows.iter().map(|r| worker_row(r, opts, probe)).collect();
-    let live: Vec<&Json> = all.iter().filter(|w| w["live"] == true).collect();
-    let historical: Vec<&Json> = all.iter().filter(|w| w["historical"] == true).collect();
-    let stale: Vec<&Json> = all.iter().filter(|w| w["stale"] == true).collect();
+    let measured: Vec<Measured> = crate::pool::par_map(rows, |r| measure(r, opts, probe));
+    let live_rendered: Vec<Json> = rows
+        .iter()
+        .zip(&measured)
+        .filter(|(_, m)| m.live)
+        .map(|(r, m)| render(r, m))
+        .collect();
+    let live: Vec<&Json> = live_rendered.iter().collect();
+    let historical_count = measured.iter().filter(|m| m.historical).count();
+    let stale_count = measured.iter().filter(|m| m.stale()).count();
     let mut f = Findings(Vec::new());
 
     for (wid, group) in groups(&live, |r| key_text(&r["worker_identity"])) {
@@ -505,18 +774,19 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
             );
         }
     }
-    for w in &stale {
-        f.add("stale_orphaned_worker", "warning", &[w], None, format!("worker {} is active in the registry but not live (stale heartbeat or dead pid); `fleet-retire plan` says whether it may be retired", w["worker_identity"]), true);
+    for (row, m) in rows.iter().zip(&measured).filter(|(_, m)| m.stale()) {
+        f.add_row("stale_orphaned_worker", "warning", row, m, format!("worker {} is active in the registry but not live (stale heartbeat or dead pid); `fleet-retire plan` says whether it may be retired", row.get(Col::WorkerIdentity).to_json()), true);
     }
-    for w in &historical {
-        f.add(
+    for (row, m) in rows.iter().zip(&measured).filter(|(_, m)| m.historical) {
+        f.add_row(
             "historical_dead",
             "info",
-            &[w],
-            None,
+            row,
+            m,
             format!(
                 "historical registration {} (status {}) is not an active blocker",
-                w["worker_identity"], w["status"]
+                row.get(Col::WorkerIdentity).to_json(),
+                row.get(Col::Status).to_json()
             ),
             false,
         );
@@ -578,47 +848,37 @@ pub fn snapshot(rows: &[Row], opts: &Options, probe: &dyn ProcessProbe) -> Json 
     by_type.retain(|_, v| v.len() > 1);
 
     let findings = f.0;
-    let blockers: Vec<&Json> = findings
-        .iter()
-        .filter(|x| x["active_blocker"] == true)
-        .collect();
-    let historical_findings: Vec<&Json> = findings
-        .iter()
-        .filter(|x| x["classification"] == "historical_dead")
-        .collect();
-    let live_safe = blockers.is_empty();
+    let live_safe = !findings.iter().any(|x| x.active_blocker);
     let mutation_safe = live_safe && instances.iter().all(|i| i["mutation_safe"] == true);
-    let token = consistency_token(&all, &snapshot_at);
-    json!({
-        "success": true,
-        "read_only": true,
-        "snapshot_at": snapshot_at,
-        "consistency_token": token,
-        "registry_revision": token,
-        "live_worker_count": live.len(),
-        "historical_worker_count": historical.len(),
-        "stale_worker_count": stale.len(),
-        "instance_count": instances.len(),
-        "workers": all,
-        "live_workers": live,
-        "historical_workers": historical,
-        "stale_workers": stale,
-        "instances": instances,
-        "multi_instance_same_client_type": by_type,
-        "same_client_type_not_duplicate": true,
-        "expected_manifest": manifest.iter().map(|i| json!({
-            "client_instance_id": i["client_instance_id"], "client_type": i["client_type"],
-            "fleet_run_id": i["fleet_run_id"], "namespaces": i["namespaces"],
-        })).collect::<Vec<_>>(),
-        "missing_expected_instance_ids": missing,
-        "unmanifested_instance_ids": unmanifested,
-        "findings": findings,
-        "active_blockers": blockers,
-        "historical_findings": historical_findings,
-        "live_fleet_safe": live_safe,
-        "mutation_safe": mutation_safe,
-        "reasons": blockers.iter().map(|b| b["detail"].clone()).collect::<Vec<_>>(),
-    })
+    let token = consistency_token(rows, &measured, &snapshot_at);
+    let manifest = manifest
+        .iter()
+        .map(|i| {
+            json!({
+                "client_instance_id": i["client_instance_id"], "client_type": i["client_type"],
+                "fleet_run_id": i["fleet_run_id"], "namespaces": i["namespaces"],
+            })
+        })
+        .collect();
+    drop(live);
+    Snapshot {
+        rows,
+        measured,
+        live: live_rendered,
+        snapshot_at,
+        token,
+        historical_count,
+        stale_count,
+        instances,
+        by_type,
+        manifest,
+        missing,
+        unmanifested,
+        findings,
+        live_safe,
+        mutation_safe,
+        comparison: None,
+    }
 }
 
 /// Heartbeat continuity and stable ownership between two snapshots.

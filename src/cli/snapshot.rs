@@ -4,7 +4,7 @@ use crate::cli::{Cli, Format, OperatorArgs};
 use crate::error::{Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
 use crate::evidence::registry;
-use crate::snapshot::{compare, snapshot, Options};
+use crate::snapshot::{compare, Options, Snapshot};
 use clap::Args;
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
@@ -88,19 +88,27 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
         expected_live_revision: args.expected_revision.clone(),
         manifest: args.manifest.as_deref().map(load_manifest).transpose()?,
     };
-    let mut snap = snapshot(&rows, &opts, &SystemProbe::new(&args.proc_root));
+    let mut snap = Snapshot::take(&rows, &opts, &SystemProbe::new(&args.proc_root));
     if let Some(path) = &args.compare {
         let earlier = read_json(path, "earlier snapshot")?;
-        snap["comparison"] = compare(&earlier, &snap);
+        let later = serde_json::json!({"live_workers": snap.live_workers()});
+        snap.comparison = Some(compare(&earlier, &later));
     }
     match cli.format {
-        Format::Json => crate::outln!(
-            "{}",
-            serde_json::to_string_pretty(&snap).expect("snapshot serialises")
-        )?,
-        Format::Human => crate::out!("{}", crate::report::snapshot_summary(&snap))?,
+        // Streamed: rows that are not live are rendered one at a time.
+        Format::Json => {
+            use std::io::Write;
+            let stdout = std::io::stdout();
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+            serde_json::to_writer_pretty(&mut w, &snap)
+                .map_err(std::io::Error::from)
+                .and_then(|()| writeln!(w))
+                .and_then(|()| w.flush())
+                .map_err(Error::Output)?;
+        }
+        Format::Human => crate::out!("{}", crate::report::snapshot_summary(&snap.summary_json()))?,
     }
-    let safe = snap["live_fleet_safe"] == true;
+    let safe = snap.live_fleet_safe();
     Ok(if args.strict && !safe {
         ExitCode::Refused
     } else {
