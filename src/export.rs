@@ -145,6 +145,8 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
         let tests = match crate::fixture::load(file)? {
             Case::Plan(c) => plan_tests(&c, policies)?,
             Case::Capability(c) => capability_tests(&c)?,
+            // A snapshot judges no Cedar request: nothing to export.
+            Case::Snapshot(_) => Vec::new(),
         };
         if tests.is_empty() {
             continue;

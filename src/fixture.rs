@@ -55,6 +55,256 @@ pub enum Case {
     Plan(Box<PlanCase>),
     /// A capability case (`profiles` / `requests`).
     Capability(crate::capability::CapabilityCase),
+    /// A snapshot case (`rows` / `snapshot`).
+    Snapshot(Box<SnapshotCase>),
+}
+
+/// One finding as a snapshot case expects it: its class, the workers it
+/// names (as JSON text: `null` for a NULL identity) and its instances, each
+/// list sorted.
+pub type ExpectedFinding = (String, Vec<String>, Vec<String>);
+
+/// What a snapshot case expects; absent members are not checked.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotExpect {
+    /// `live_fleet_safe`.
+    pub live_fleet_safe: Option<bool>,
+    /// `live`, `stale`, `historical` and `instances` counts.
+    pub counts: Option<BTreeMap<String, usize>>,
+    /// Every finding, compared as a multiset.
+    pub findings: Option<Vec<ExpectedFinding>>,
+    /// The classes of the active blockers, as a multiset.
+    pub active_blockers: Option<Vec<String>>,
+    /// The consistency token (time-seeded by `now`, so fixed in a case).
+    pub consistency_token: Option<String>,
+}
+
+/// One snapshot case: the rows and probes of a plan case, plus the
+/// snapshot's own inputs.
+#[derive(Debug, Clone)]
+pub struct SnapshotCase {
+    /// The case's name.
+    pub name: String,
+    /// The snapshot clock.
+    pub now: Micros,
+    /// `context.canonical_repository`.
+    pub canonical_repository: Option<String>,
+    /// `snapshot.expected_revision`.
+    pub expected_revision: Option<String>,
+    /// `snapshot.manifest`: the approved instances.
+    pub manifest: Option<Vec<Json>>,
+    /// Given probe answers.
+    pub probe: GivenProbe,
+    /// Registry rows.
+    pub rows: Vec<Row>,
+    /// Expectations.
+    pub expect: SnapshotExpect,
+}
+
+fn finding_key(ctx: &Ctx, f: &Json, field: &str) -> Result<ExpectedFinding> {
+    let obj = object(ctx, Some(f), field)?;
+    let class = obj
+        .get("classification")
+        .and_then(Json::as_str)
+        .ok_or_else(|| ctx.err(field, "needs a string `classification`"))?;
+    let mut workers: Vec<String> = array(
+        ctx,
+        obj.get("worker_identities"),
+        &format!("{field}.worker_identities"),
+    )?
+    .iter()
+    .map(Json::to_string)
+    .collect();
+    workers.sort();
+    let mut instances: Vec<String> = array(
+        ctx,
+        obj.get("client_instance_ids"),
+        &format!("{field}.client_instance_ids"),
+    )?
+    .iter()
+    .map(|i| {
+        i.as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| i.to_string())
+    })
+    .collect();
+    instances.sort();
+    Ok((class.to_string(), workers, instances))
+}
+
+fn snapshot_case(
+    ctx: &Ctx,
+    name: String,
+    now: Micros,
+    canonical_repository: Option<String>,
+    probe: GivenProbe,
+    rows: Vec<Row>,
+    spec: &Map<String, Json>,
+) -> Result<Case> {
+    let manifest = match spec.get("manifest") {
+        None | Some(Json::Null) => None,
+        Some(Json::Array(items)) => Some(items.clone()),
+        Some(other) => {
+            return Err(ctx.err(
+                "snapshot.manifest",
+                format!(
+                    "expected a list of {{\"client_instance_id\": ...}} or null, found {other}"
+                ),
+            ))
+        }
+    };
+    let expected_revision =
+        opt_string(ctx, spec, "expected_revision", "snapshot.expected_revision")?;
+    let exp = object(ctx, spec.get("expect"), "snapshot.expect")?;
+    let mut expect = SnapshotExpect {
+        consistency_token: opt_string(
+            ctx,
+            exp,
+            "consistency_token",
+            "snapshot.expect.consistency_token",
+        )?,
+        ..SnapshotExpect::default()
+    };
+    match exp.get("live_fleet_safe") {
+        None => {}
+        Some(Json::Bool(b)) => expect.live_fleet_safe = Some(*b),
+        Some(_) => return Err(ctx.err("snapshot.expect.live_fleet_safe", "must be true or false")),
+    }
+    if let Some(c) = exp.get("counts") {
+        let mut counts = BTreeMap::new();
+        for (k, v) in object(ctx, Some(c), "snapshot.expect.counts")? {
+            if !["live", "stale", "historical", "instances"].contains(&k.as_str()) {
+                return Err(ctx.err(
+                    &format!("snapshot.expect.counts.{k}"),
+                    "use live, stale, historical or instances",
+                ));
+            }
+            let n = v.as_u64().ok_or_else(|| {
+                ctx.err(
+                    &format!("snapshot.expect.counts.{k}"),
+                    "must be a whole number",
+                )
+            })?;
+            counts.insert(k.clone(), n as usize);
+        }
+        expect.counts = Some(counts);
+    }
+    if let Some(f) = exp.get("findings") {
+        let mut list = array(ctx, Some(f), "snapshot.expect.findings")?
+            .iter()
+            .enumerate()
+            .map(|(i, x)| finding_key(ctx, x, &format!("snapshot.expect.findings[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        list.sort();
+        expect.findings = Some(list);
+    }
+    if let Some(b) = exp.get("active_blockers") {
+        let mut list = array(ctx, Some(b), "snapshot.expect.active_blockers")?
+            .iter()
+            .map(|x| {
+                x.as_str().map(str::to_string).ok_or_else(|| {
+                    ctx.err(
+                        "snapshot.expect.active_blockers",
+                        "entries are finding classes (strings)",
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        list.sort();
+        expect.active_blockers = Some(list);
+    }
+    Ok(Case::Snapshot(Box::new(SnapshotCase {
+        name,
+        now,
+        canonical_repository,
+        expected_revision,
+        manifest,
+        probe,
+        rows,
+        expect,
+    })))
+}
+
+impl SnapshotCase {
+    /// Take the case's snapshot and compare it with the expectations; each
+    /// difference is one line.
+    pub fn differences(&self) -> Vec<String> {
+        let opts = crate::snapshot::Options {
+            now: self.now,
+            canonical_repository: self.canonical_repository.clone(),
+            expected_live_revision: self.expected_revision.clone(),
+            manifest: self.manifest.clone(),
+        };
+        let snap = crate::snapshot::Snapshot::take(&self.rows, &opts, &self.probe);
+        let mut diffs = Vec::new();
+        let e = &self.expect;
+        if let Some(want) = e.live_fleet_safe {
+            if want != snap.live_fleet_safe() {
+                diffs.push(format!(
+                    "live_fleet_safe: want {want}, got {}",
+                    snap.live_fleet_safe()
+                ));
+            }
+        }
+        if let Some(want) = &e.counts {
+            let got: BTreeMap<String, usize> = [
+                ("live", snap.live_worker_count()),
+                ("stale", snap.stale_worker_count()),
+                ("historical", snap.historical_worker_count()),
+                ("instances", snap.instance_count()),
+            ]
+            .into_iter()
+            .filter(|(k, _)| want.contains_key(*k))
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            if *want != got {
+                diffs.push(format!("counts: want {want:?}, got {got:?}"));
+            }
+        }
+        let key = |f: &crate::snapshot::Finding| -> ExpectedFinding {
+            let mut w: Vec<String> = f.worker_identities.iter().map(Json::to_string).collect();
+            w.sort();
+            let mut i = f.client_instance_ids.clone();
+            i.sort();
+            (f.classification.to_string(), w, i)
+        };
+        if let Some(want) = &e.findings {
+            let mut got: Vec<ExpectedFinding> = snap.findings().iter().map(key).collect();
+            got.sort();
+            if *want != got {
+                for missing in want.iter().filter(|w| !got.contains(w)) {
+                    diffs.push(format!("finding expected but not found: {missing:?}"));
+                }
+                for extra in got.iter().filter(|g| !want.contains(g)) {
+                    diffs.push(format!("finding not expected: {extra:?}"));
+                }
+                if diffs.is_empty() {
+                    diffs.push(format!(
+                        "findings differ in number: want {want:?}, got {got:?}"
+                    ));
+                }
+            }
+        }
+        if let Some(want) = &e.active_blockers {
+            let mut got: Vec<String> = snap
+                .active_blockers()
+                .map(|f| f.classification.to_string())
+                .collect();
+            got.sort();
+            if *want != got {
+                diffs.push(format!("active_blockers: want {want:?}, got {got:?}"));
+            }
+        }
+        if let Some(want) = &e.consistency_token {
+            if want != snap.consistency_token() {
+                diffs.push(format!(
+                    "consistency_token: want {want}, got {}",
+                    snap.consistency_token()
+                ));
+            }
+        }
+        diffs
+    }
 }
 
 struct Ctx<'a> {
@@ -187,6 +437,10 @@ pub fn load(path: &Path) -> Result<Case> {
         let field = format!("rows[{i}]");
         let obj = object(&ctx, Some(r), &field)?;
         rows.push(Row::from_json(obj).map_err(|e| ctx.err(&field, e))?);
+    }
+    if let Some(spec) = top.get("snapshot") {
+        let spec = object(&ctx, Some(spec), "snapshot")?;
+        return snapshot_case(&ctx, name, now, canonical_repository, probe, rows, spec);
     }
     let mut leases = Vec::new();
     for (i, l) in array(&ctx, top.get("leases"), "leases")?.iter().enumerate() {

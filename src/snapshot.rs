@@ -138,16 +138,25 @@ impl Measured {
 /// One worker as the snapshot reports it.
 fn render(row: &Row, m: &Measured) -> Json {
     let v = |c: Col| row.get(c).to_json();
+    // The seed's `record.get(x) or record.get(fallback)`: a falsy value
+    // (NULL, "", 0) falls through to a column a registry does not have.
+    let or_null = |c: Col| {
+        if row.get(c).truthy() {
+            v(c)
+        } else {
+            Json::Null
+        }
+    };
     let liveness = &m.liveness;
     json!({
-        "worker_id": v(Col::WorkerIdentity),
-        "worker_identity": v(Col::WorkerIdentity),
+        "worker_id": or_null(Col::WorkerIdentity),
+        "worker_identity": or_null(Col::WorkerIdentity),
         "client_type": m.client_type,
         "client_instance_id": m.instance_id(row),
         "fleet_run_id": v(Col::FleetRunId),
         "namespace": v(Col::Namespace),
         "profile": v(Col::Profile),
-        "declared_role": v(Col::Role),
+        "declared_role": or_null(Col::Role),
         "authenticated_account": v(Col::AuthenticatedAccount),
         "session_id": v(Col::SessionId),
         "generation_id": v(Col::GenerationId),
@@ -160,6 +169,7 @@ fn render(row: &Row, m: &Measured) -> Json {
         "loaded_revision": v(Col::LoadedRevision),
         "parity_revision": v(Col::ParityRevision),
         "live_revision": v(Col::LiveRevision),
+        "runtime_provenance": or_null(Col::Transport),
         "transport": v(Col::Transport),
         "started_at": v(Col::StartedAt),
         "last_heartbeat_at": v(Col::LastHeartbeatAt),
@@ -275,7 +285,10 @@ impl Findings {
             active_blocker: blocker,
             detail,
             client_instance_ids: instance_ids,
-            worker_identities: workers.iter().map(|w| w["worker_identity"].clone()).collect(),
+            worker_identities: workers
+                .iter()
+                .map(|w| w["worker_identity"].clone())
+                .collect(),
         });
     }
 
@@ -296,7 +309,11 @@ impl Findings {
             active_blocker: blocker,
             detail,
             client_instance_ids: truthy_text(&m.instance_id(row)).into_iter().collect(),
-            worker_identities: vec![row.get(Col::WorkerIdentity).to_json()],
+            worker_identities: vec![if row.get(Col::WorkerIdentity).truthy() {
+                row.get(Col::WorkerIdentity).to_json()
+            } else {
+                Json::Null
+            }],
         });
     }
 }
@@ -419,6 +436,16 @@ impl<'a> Snapshot<'a> {
         self.findings.iter().filter(|f| f.active_blocker)
     }
 
+    /// Every finding, in the order found.
+    pub fn findings(&self) -> &[Finding] {
+        &self.findings
+    }
+
+    /// The consistency token (time-seeded: an observation stamp).
+    pub fn consistency_token(&self) -> &str {
+        &self.token
+    }
+
     /// The live workers as rendered (for `compare`).
     pub fn live_workers(&self) -> &[Json] {
         &self.live
@@ -514,7 +541,10 @@ impl serde::Serialize for Snapshot<'_> {
         m.serialize_entry("missing_expected_instance_ids", &self.missing)?;
         m.serialize_entry("unmanifested_instance_ids", &self.unmanifested)?;
         m.serialize_entry("findings", &self.findings)?;
-        m.serialize_entry("active_blockers", &FindingsWhere(&self.findings, |f| f.active_blocker))?;
+        m.serialize_entry(
+            "active_blockers",
+            &FindingsWhere(&self.findings, |f| f.active_blocker),
+        )?;
         m.serialize_entry(
             "historical_findings",
             &FindingsWhere(&self.findings, |f| f.classification == "historical_dead"),
@@ -1005,10 +1035,11 @@ mod tests {
             ];
             let snap = run(&rows, Options::default());
             assert_eq!(snap["live_fleet_safe"], false, "{blank}");
+            // As the seed reports them: a falsy identity is null.
             for class in ["pid_collision", "process_identity_collision"] {
                 assert_eq!(
                     finding(&snap, class)["worker_identities"],
-                    json!([blank, "w-real"])
+                    json!([null, "w-real"])
                 );
             }
         }

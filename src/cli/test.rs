@@ -30,6 +30,7 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
                 (c.name.clone(), c.differences(&plan))
             }
             Case::Capability(c) => (c.name.clone(), c.differences(&policies)?),
+            Case::Snapshot(c) => (c.name.clone(), c.differences()),
         };
         if diffs.is_empty() {
             passed += 1;
