@@ -1,6 +1,6 @@
 """Snapshot fixtures whose expectations are the reference's: the seed's own
 snapshot_instance_fleet (imported from SEED_DIR, never copied here), with
-our deliberate session rule (docs/semantics: a session shared by live workers
+our deliberate session rule (a session shared by live workers
 is a collision only across instances or within one namespace) applied to
 its output.
 
