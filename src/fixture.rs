@@ -395,6 +395,8 @@ pub fn load(path: &Path) -> Result<Case> {
         } else {
             Some(crate::evidence::probe::INITIAL_PID_NAMESPACE.to_string())
         },
+        // A fixture gives its start times.
+        start_time_probe_available: true,
     };
     let canonical_repository = opt_string(
         &ctx,

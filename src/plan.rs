@@ -418,7 +418,7 @@ impl Plan {
             "fencing_context": {
                 "current_host_id": self.facts.host.host_id,
                 "current_boot_id": self.facts.host.boot_id,
-                "start_time_probe_available": true,
+                "start_time_probe_available": self.facts.host.start_time_probe_available,
             },
         });
         w.write_all(b"{\n")?;

@@ -100,6 +100,9 @@ pub struct HostFacts {
     /// `/proc/self/ns/pid`), if known. `kill(2)` and `/proc` see only the
     /// processes of this namespace and its descendants.
     pub pid_namespace: Option<String>,
+    /// Whether process start times can be read here (this process's own
+    /// `<proc_root>/<pid>/stat`); reported, never decided on.
+    pub start_time_probe_available: bool,
 }
 
 /// The kernel's fixed inode for the initial pid namespace: a prober there
@@ -130,6 +133,11 @@ impl HostFacts {
             host_id,
             boot_id,
             pid_namespace: own_pid_namespace(proc_root),
+            start_time_probe_available: process_start_time(
+                proc_root,
+                i64::from(std::process::id()),
+            )
+            .is_some(),
         }
     }
 }
