@@ -45,21 +45,6 @@ fn audit_rows(path: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Stores with three dead, eligible workers and one running one.
-/// The running worker is killed when the guard drops, even when an
-/// assertion fails first.
-fn fleet() -> (Stores, KillOnDrop) {
-    let live = KillOnDrop(spawn_sleeper());
-    let live_start = start_time(live.id());
-    let mut rows = Vec::new();
-    for i in 1..=3 {
-        let (pid, start) = dead_process();
-        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
-    }
-    rows.push(stale_row("w-running", live.id() as i64, &live_start));
-    (Stores::new(&rows), live)
-}
-
 fn save_plan(stores: &Stores) -> (std::path::PathBuf, Value) {
     let out_path = stores.dir.path().join("plan.json");
     let mut args = stores.plan_args("controller-prgs");

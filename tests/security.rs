@@ -25,19 +25,6 @@ fn status_of(registry: &Path, worker: &str) -> String {
         .unwrap()
 }
 
-/// Three dead eligible workers and one running one (a guard kills it).
-fn fleet() -> (Stores, KillOnDrop) {
-    let live = KillOnDrop(spawn_sleeper());
-    let live_start = start_time(live.id());
-    let mut rows = Vec::new();
-    for i in 1..=3 {
-        let (pid, start) = dead_process();
-        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
-    }
-    rows.push(stale_row("w-running", live.id() as i64, &live_start));
-    (Stores::new(&rows), live)
-}
-
 fn save_plan(stores: &Stores, extra: &[&str]) -> (PathBuf, Value) {
     let out_path = stores.dir.path().join("plan.json");
     let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();

@@ -23,18 +23,7 @@ fn an_independent_mcp_client_drives_the_server() {
     if skip_unless(python_mcp_available(), "python3 with the `mcp` package") {
         return;
     }
-    let live = KillOnDrop(spawn_sleeper());
-    let mut rows = Vec::new();
-    for i in 1..=3 {
-        let (pid, start) = dead_process();
-        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
-    }
-    rows.push(stale_row(
-        "w-running",
-        live.id() as i64,
-        &start_time(live.id()),
-    ));
-    let stores = Stores::new(&rows);
+    let (stores, _live) = fleet();
     let driver = KillOnDrop(
         Command::new("python3")
             .arg("tests/mcp_client/drive.py")

@@ -471,3 +471,18 @@ pub fn spawn_demo() -> KillOnDrop {
             .unwrap(),
     )
 }
+
+/// Stores with three dead, eligible workers and one running one.
+/// The running worker is killed when the guard drops, even when an
+/// assertion fails first.
+pub fn fleet() -> (Stores, KillOnDrop) {
+    let live = KillOnDrop(spawn_sleeper());
+    let live_start = start_time(live.id());
+    let mut rows = Vec::new();
+    for i in 1..=3 {
+        let (pid, start) = dead_process();
+        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
+    }
+    rows.push(stale_row("w-running", live.id() as i64, &live_start));
+    (Stores::new(&rows), live)
+}
