@@ -268,14 +268,6 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     Ok(conn)
 }
 
-/// Open the registry for writing and add any known column it lacks.
-/// For worker registration; apply migrates inside its transaction.
-pub fn open_and_migrate(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    let conn = open_for_writing(path, busy_timeout)?;
-    crate::evidence::registry::add_missing_columns(&conn, path)?;
-    Ok(conn)
-}
-
 fn sql(v: &Value) -> rusqlite::types::Value {
     use rusqlite::types::Value as S;
     match v {
