@@ -101,24 +101,86 @@ pub const READ_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 
 /// Shares repeated texts of one column (statuses, hosts, repositories,
 /// namespaces) so a large registry holds each distinct text once. A column
-/// whose texts are mostly distinct (identities) stops being interned once it
-/// has shown more distinct values than sharing would save.
+/// whose texts are mostly distinct (identities, timestamps) stops being
+/// looked up once it has shown [`INTERN_LIMIT`] distinct values: from then
+/// on each text is simply stored, which costs less than hashing it.
 #[derive(Debug, Default)]
 pub struct Interner {
-    seen: std::collections::HashSet<std::sync::Arc<str>>,
+    /// The first few distinct texts, scanned in order: most columns never
+    /// have more (statuses, namespaces, hosts), and a scan that compares
+    /// lengths first beats hashing.
+    few: Vec<std::sync::Arc<str>>,
+    seen: std::collections::HashSet<std::sync::Arc<str>, FastHash>,
+    saturated: bool,
 }
 
+const FEW: usize = 12;
+
 const INTERN_LIMIT: usize = 4096;
+
+/// A small, fast, non-cryptographic hash for the interner (the keys are a
+/// registry's own texts; a collision costs a comparison, never a wrong
+/// answer).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FastHash;
+
+impl std::hash::BuildHasher for FastHash {
+    type Hasher = FastHasher;
+    fn build_hasher(&self) -> FastHasher {
+        FastHasher(0)
+    }
+}
+
+/// The hasher of [`FastHash`] (FxHash's mixing step, eight bytes at a time).
+#[derive(Debug)]
+pub struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let word = u64::from_le_bytes(c.try_into().expect("eight bytes"));
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
+        }
+        let mut tail = [0u8; 8];
+        let rest = chunks.remainder();
+        tail[..rest.len()].copy_from_slice(rest);
+        self.0 =
+            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ bytes.len() as u64).wrapping_mul(K);
+    }
+}
 
 impl Interner {
     /// The shared copy of `text`.
     pub fn intern(&mut self, text: &str) -> std::sync::Arc<str> {
+        if self.saturated {
+            return text.into();
+        }
+        if let Some(shared) = self
+            .few
+            .iter()
+            .find(|f| f.len() == text.len() && f.as_bytes() == text.as_bytes())
+        {
+            return shared.clone();
+        }
+        if self.few.len() < FEW {
+            let shared: std::sync::Arc<str> = text.into();
+            self.few.push(shared.clone());
+            return shared;
+        }
         if let Some(shared) = self.seen.get(text) {
             return shared.clone();
         }
         let shared: std::sync::Arc<str> = text.into();
-        if self.seen.len() < INTERN_LIMIT {
-            self.seen.insert(shared.clone());
+        self.seen.insert(shared.clone());
+        if self.seen.len() >= INTERN_LIMIT {
+            self.saturated = true;
+            self.seen = Default::default();
+            self.few = Vec::new();
         }
         shared
     }
@@ -229,24 +291,130 @@ pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
             .prepare(&format!("SELECT {list} FROM {TABLE}"))
             .map_err(sql_err)?,
     };
-    let mut rows = Vec::new();
-    let mut interners: Vec<Interner> = present.iter().map(|_| Interner::default()).collect();
-    let mut cursor = stmt.query([]).map_err(sql_err)?;
-    while let Some(r) = cursor.next().map_err(sql_err)? {
-        let mut row = Row::default();
-        for (i, col) in present.iter().enumerate() {
-            let v = r.get_ref(i).map_err(sql_err)?;
-            let value = value_from_sql(v, &mut interners[i]).map_err(|e| {
-                registry_error(
-                    path,
-                    format!("row {}: column `{}`: {e}", rows.len() + 1, col.name()),
-                )
-            })?;
-            row.set(*col, value);
-        }
-        rows.push(row);
-    }
-    Ok(rows)
+    read_pipelined(&mut stmt, &present, path, sql_err)
+}
+
+/// One column of a row as SQLite gave it, its bytes in the batch's buffer.
+enum RawValue {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(std::ops::Range<usize>),
+    Blob(std::ops::Range<usize>),
+}
+
+/// Rows as SQLite gave them, copied out in bulk.
+struct RawBatch {
+    first_row: usize,
+    values: Vec<RawValue>,
+    bytes: Vec<u8>,
+}
+
+const BATCH_ROWS: usize = 1024;
+
+/// Step through the statement on this thread while a second thread turns
+/// the raw columns into rows: SQLite's decoding and the allocation of the
+/// values each take about half of a large registry's reading time, and
+/// overlap. Rows keep the statement's order.
+fn read_pipelined(
+    stmt: &mut rusqlite::Statement<'_>,
+    present: &[Col],
+    path: &Path,
+    sql_err: impl Fn(rusqlite::Error) -> Error,
+) -> Result<Vec<Row>> {
+    let width = present.len();
+    let (to_convert, batches) = std::sync::mpsc::sync_channel::<RawBatch>(4);
+    std::thread::scope(|scope| {
+        let converter = scope.spawn(move || -> Result<Vec<Row>> {
+            let mut rows = Vec::new();
+            let mut interners: Vec<Interner> =
+                present.iter().map(|_| Interner::default()).collect();
+            for batch in batches {
+                for (n, raw) in batch.values.chunks_exact(width).enumerate() {
+                    let mut row = Row::default();
+                    for (i, (col, v)) in present.iter().zip(raw).enumerate() {
+                        let value = match v {
+                            RawValue::Null => Value::Null,
+                            RawValue::Int(x) => Value::Int(*x),
+                            RawValue::Real(x) => Value::Real(*x),
+                            RawValue::Text(r) => match std::str::from_utf8(&batch.bytes[r.clone()])
+                            {
+                                Ok(t) => Value::Text(interners[i].intern(t)),
+                                Err(_) => {
+                                    return Err(registry_error(
+                                        path,
+                                        format!(
+                                            "row {}: column `{}`: text is not valid UTF-8",
+                                            batch.first_row + n + 1,
+                                            col.name()
+                                        ),
+                                    ))
+                                }
+                            },
+                            RawValue::Blob(r) => Value::Blob(batch.bytes[r.clone()].into()),
+                        };
+                        row.set(*col, value);
+                    }
+                    rows.push(row);
+                }
+            }
+            Ok(rows)
+        });
+        let stepped = (|| -> Result<()> {
+            let mut cursor = stmt.query([]).map_err(&sql_err)?;
+            let mut batch = RawBatch {
+                first_row: 0,
+                values: Vec::with_capacity(BATCH_ROWS * width),
+                bytes: Vec::new(),
+            };
+            let mut count = 0usize;
+            while let Some(r) = cursor.next().map_err(&sql_err)? {
+                for i in 0..width {
+                    let v = match r.get_ref(i).map_err(&sql_err)? {
+                        ValueRef::Null => RawValue::Null,
+                        ValueRef::Integer(x) => RawValue::Int(x),
+                        ValueRef::Real(x) => RawValue::Real(x),
+                        ValueRef::Text(t) => {
+                            let at = batch.bytes.len();
+                            batch.bytes.extend_from_slice(t);
+                            RawValue::Text(at..batch.bytes.len())
+                        }
+                        ValueRef::Blob(b) => {
+                            let at = batch.bytes.len();
+                            batch.bytes.extend_from_slice(b);
+                            RawValue::Blob(at..batch.bytes.len())
+                        }
+                    };
+                    batch.values.push(v);
+                }
+                count += 1;
+                if batch.values.len() == BATCH_ROWS * width {
+                    let full = std::mem::replace(
+                        &mut batch,
+                        RawBatch {
+                            first_row: count,
+                            values: Vec::with_capacity(BATCH_ROWS * width),
+                            bytes: Vec::new(),
+                        },
+                    );
+                    if to_convert.send(full).is_err() {
+                        // The converter stopped on an error: it reports it.
+                        return Ok(());
+                    }
+                }
+            }
+            if !batch.values.is_empty() {
+                let _ = to_convert.send(batch);
+            }
+            Ok(())
+        })();
+        drop(to_convert);
+        let converted = converter
+            .join()
+            .map_err(|_| registry_error(path, "the row converter failed"))?;
+        stepped?;
+        converted
+    })
 }
 
 /// Open read-only and read every registration.
