@@ -269,7 +269,7 @@ impl SnapshotCase {
             (f.classification.to_string(), w, i)
         };
         if let Some(want) = &e.findings {
-            let mut got: Vec<ExpectedFinding> = snap.findings().iter().map(key).collect();
+            let mut got: Vec<ExpectedFinding> = snap.findings().map(|f| key(&f)).collect();
             got.sort();
             if *want != got {
                 for missing in want.iter().filter(|w| !got.contains(w)) {

@@ -15,6 +15,7 @@ use crate::time::{format_ts, Micros};
 use crate::value::Value;
 use serde_json::{json, Map, Value as Json};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Finding classes that make the live fleet unsafe.
@@ -137,64 +138,105 @@ impl Measured {
 
 /// One worker as the snapshot reports it.
 fn render(row: &Row, m: &Measured) -> Json {
-    let v = |c: Col| row.get(c).to_json();
-    // The seed's `record.get(x) or record.get(fallback)`: a falsy value
-    // (NULL, "", 0) falls through to a column a registry does not have.
-    let or_null = |c: Col| {
-        if row.get(c).truthy() {
-            v(c)
+    serde_json::to_value(WorkerView(row, m)).expect("a worker entry serialises")
+}
+
+/// One worker's entry, written straight from its row and measurements.
+struct WorkerView<'r>(&'r Row, &'r Measured);
+
+/// The seed's `record.get(x) or record.get(fallback)`: a falsy value (NULL,
+/// "", 0) falls through to a column a registry does not have.
+struct OrNull<'v>(&'v Value);
+
+impl serde::Serialize for OrNull<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        if self.0.truthy() {
+            self.0.serialize(s)
         } else {
-            Json::Null
+            s.serialize_none()
         }
-    };
-    let liveness = &m.liveness;
-    json!({
-        "worker_id": or_null(Col::WorkerIdentity),
-        "worker_identity": or_null(Col::WorkerIdentity),
-        "client_type": m.client_type,
-        "client_instance_id": m.instance_id(row),
-        "fleet_run_id": v(Col::FleetRunId),
-        "namespace": v(Col::Namespace),
-        "profile": v(Col::Profile),
-        "declared_role": or_null(Col::Role),
-        "authenticated_account": v(Col::AuthenticatedAccount),
-        "session_id": v(Col::SessionId),
-        "generation_id": v(Col::GenerationId),
-        "process_identity": process_identity(row).to_json(),
-        "pid": v(Col::Pid),
-        "pid_alive": m.pid_alive,
-        "repository_binding": v(Col::RepositoryBinding),
-        "remote": v(Col::Remote),
-        "startup_revision": v(Col::StartupRevision),
-        "loaded_revision": v(Col::LoadedRevision),
-        "parity_revision": v(Col::ParityRevision),
-        "live_revision": v(Col::LiveRevision),
-        "runtime_provenance": or_null(Col::Transport),
-        "transport": v(Col::Transport),
-        "started_at": v(Col::StartedAt),
-        "last_heartbeat_at": v(Col::LastHeartbeatAt),
-        "heartbeat_ttl_seconds": v(Col::HeartbeatTtlSeconds),
-        "fencing_epoch": v(Col::FencingEpoch),
-        "status": v(Col::Status),
-        "host_id": v(Col::HostId),
-        "boot_id": v(Col::BootId),
-        "instance_id_provenance": m.identity.provenance,
-        "instance_identity_trusted": m.identity.trusted,
-        "live": m.live,
-        "historical": m.historical,
-        "liveness": {
-            "live": liveness.live,
-            "heartbeat_fresh": liveness.heartbeat_fresh,
-            "heartbeat_age_seconds": liveness.heartbeat_age_seconds,
-            "heartbeat_ttl_seconds": liveness.heartbeat_ttl_seconds,
-            "pid_alive": m.pid_alive,
-        },
-        "ownership_state": m.ownership,
-        "foreign_repository": m.foreign,
-        "old_revision": m.old_revision,
-        "stale": m.stale(),
-        "mutation_safe": m.mutation_safe,
-    })
+    }
+}
+
+/// The assessed instance id (stripped), or the raw value.
+struct InstanceId<'r>(&'r Row, &'r Measured);
+
+impl serde::Serialize for InstanceId<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match &self.1.identity.client_instance_id {
+            Some(id) => s.serialize_str(id),
+            None => self.0.get(Col::ClientInstanceId).serialize(s),
+        }
+    }
+}
+
+impl serde::Serialize for WorkerView<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let WorkerView(row, m) = *self;
+        let v = |c: Col| row.get(c);
+        let liveness = &m.liveness;
+        let mut map = s.serialize_map(Some(45))?;
+        map.serialize_entry("worker_id", &OrNull(v(Col::WorkerIdentity)))?;
+        map.serialize_entry("worker_identity", &OrNull(v(Col::WorkerIdentity)))?;
+        map.serialize_entry("client_type", m.client_type)?;
+        map.serialize_entry("client_instance_id", &InstanceId(row, m))?;
+        map.serialize_entry("fleet_run_id", v(Col::FleetRunId))?;
+        map.serialize_entry("namespace", v(Col::Namespace))?;
+        map.serialize_entry("profile", v(Col::Profile))?;
+        map.serialize_entry("declared_role", &OrNull(v(Col::Role)))?;
+        map.serialize_entry("authenticated_account", v(Col::AuthenticatedAccount))?;
+        map.serialize_entry("session_id", v(Col::SessionId))?;
+        map.serialize_entry("generation_id", v(Col::GenerationId))?;
+        map.serialize_entry("process_identity", &process_identity(row))?;
+        map.serialize_entry("pid", v(Col::Pid))?;
+        map.serialize_entry("pid_alive", &m.pid_alive)?;
+        map.serialize_entry("repository_binding", v(Col::RepositoryBinding))?;
+        map.serialize_entry("remote", v(Col::Remote))?;
+        map.serialize_entry("startup_revision", v(Col::StartupRevision))?;
+        map.serialize_entry("loaded_revision", v(Col::LoadedRevision))?;
+        map.serialize_entry("parity_revision", v(Col::ParityRevision))?;
+        map.serialize_entry("live_revision", v(Col::LiveRevision))?;
+        map.serialize_entry("runtime_provenance", &OrNull(v(Col::Transport)))?;
+        map.serialize_entry("transport", v(Col::Transport))?;
+        map.serialize_entry("started_at", v(Col::StartedAt))?;
+        map.serialize_entry("last_heartbeat_at", v(Col::LastHeartbeatAt))?;
+        map.serialize_entry("heartbeat_ttl_seconds", v(Col::HeartbeatTtlSeconds))?;
+        map.serialize_entry("fencing_epoch", v(Col::FencingEpoch))?;
+        map.serialize_entry("status", v(Col::Status))?;
+        map.serialize_entry("host_id", v(Col::HostId))?;
+        map.serialize_entry("boot_id", v(Col::BootId))?;
+        map.serialize_entry("instance_id_provenance", m.identity.provenance)?;
+        map.serialize_entry("instance_identity_trusted", &m.identity.trusted)?;
+        map.serialize_entry("live", &m.live)?;
+        map.serialize_entry("historical", &m.historical)?;
+        map.serialize_entry(
+            "liveness",
+            &LivenessView {
+                live: liveness.live,
+                heartbeat_fresh: liveness.heartbeat_fresh,
+                heartbeat_age_seconds: liveness.heartbeat_age_seconds,
+                heartbeat_ttl_seconds: liveness.heartbeat_ttl_seconds,
+                pid_alive: m.pid_alive,
+            },
+        )?;
+        map.serialize_entry("ownership_state", m.ownership)?;
+        map.serialize_entry("foreign_repository", &m.foreign)?;
+        map.serialize_entry("old_revision", &m.old_revision)?;
+        map.serialize_entry("stale", &m.stale())?;
+        map.serialize_entry("mutation_safe", &m.mutation_safe)?;
+        map.end()
+    }
+}
+
+/// A worker's `liveness` object.
+#[derive(serde::Serialize)]
+struct LivenessView {
+    live: bool,
+    heartbeat_fresh: Option<bool>,
+    heartbeat_age_seconds: Option<f64>,
+    heartbeat_ttl_seconds: f64,
+    pid_alive: Option<bool>,
 }
 
 /// Python's `str()` of a JSON value as the seed's grouping keys use it.
@@ -291,31 +333,51 @@ impl Findings {
                 .collect(),
         });
     }
+}
 
-    /// A finding about one row that is not live (stale or historical): it
-    /// is never rendered in full.
-    fn add_row(
-        &mut self,
-        class: &'static str,
-        severity: &'static str,
-        row: &Row,
-        m: &Measured,
-        detail: String,
-        blocker: bool,
-    ) {
-        self.0.push(Finding {
-            classification: class,
-            severity,
-            active_blocker: blocker,
-            detail,
-            client_instance_ids: truthy_text(&m.instance_id(row)).into_iter().collect(),
-            worker_identities: vec![if row.get(Col::WorkerIdentity).truthy() {
-                row.get(Col::WorkerIdentity).to_json()
-            } else {
-                Json::Null
-            }],
-        });
-    }
+/// The finding about one row that is not live, if any: stale rows are
+/// `stale_orphaned_worker`, historical ones `historical_dead`. They are
+/// derived from what was measured whenever they are read, never stored: a
+/// large registry is mostly such rows.
+fn row_finding(row: &Row, m: &Measured) -> Option<Finding> {
+    let wid = row.get(Col::WorkerIdentity);
+    let (class, severity, blocker, detail) = if m.stale() {
+        (
+            "stale_orphaned_worker",
+            "warning",
+            true,
+            format!(
+                "worker {} is active in the registry but not live (stale heartbeat or dead \
+                 pid); `fleet-retire plan` says whether it may be retired",
+                wid.to_json()
+            ),
+        )
+    } else if m.historical {
+        (
+            "historical_dead",
+            "info",
+            false,
+            format!(
+                "historical registration {} (status {}) is not an active blocker",
+                wid.to_json(),
+                row.get(Col::Status).to_json()
+            ),
+        )
+    } else {
+        return None;
+    };
+    Some(Finding {
+        classification: class,
+        severity,
+        active_blocker: blocker,
+        detail,
+        client_instance_ids: truthy_text(&m.instance_id(row)).into_iter().collect(),
+        worker_identities: vec![if wid.truthy() {
+            wid.to_json()
+        } else {
+            Json::Null
+        }],
+    })
 }
 
 fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {
@@ -336,31 +398,70 @@ fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {
 /// token). Computed over the snapshot's worker rows, as the seed does (so
 /// the instance id is the assessed, whitespace-stripped one).
 fn consistency_token(rows: &[Row], measured: &[Measured], snapshot_at: &str) -> String {
-    // Python's `str(value or "")` of each field of a worker entry.
-    let fields = |row: &Row, m: &Measured| -> [String; 6] {
-        let instance = Value::from_json(&m.instance_id(row))
-            .map(|v| v.or_empty_str())
-            .unwrap_or_default();
+    use std::borrow::Cow;
+    // Python's `str(value or "")` of each field of a worker entry, borrowed
+    // wherever the stored value is text (nearly always): a large registry
+    // is sorted and hashed without a copy of its rows.
+    fn fields<'r>(row: &'r Row, m: &'r Measured) -> [Cow<'r, str>; 6] {
+        let instance = match &m.identity.client_instance_id {
+            Some(id) => Cow::Borrowed(id.as_str()),
+            None => row.get(Col::ClientInstanceId).or_empty_cow(),
+        };
         [
-            row.get(Col::WorkerIdentity).or_empty_str(),
+            row.get(Col::WorkerIdentity).or_empty_cow(),
             instance,
-            row.get(Col::Status).or_empty_str(),
-            row.get(Col::LastHeartbeatAt).or_empty_str(),
-            row.get(Col::FencingEpoch).or_empty_str(),
-            row.get(Col::GenerationId).or_empty_str(),
+            row.get(Col::Status).or_empty_cow(),
+            row.get(Col::LastHeartbeatAt).or_empty_cow(),
+            row.get(Col::FencingEpoch).or_empty_cow(),
+            row.get(Col::GenerationId).or_empty_cow(),
         ]
-    };
-    let mut units: Vec<[String; 6]> = rows
-        .iter()
-        .zip(measured)
-        .map(|(r, m)| fields(r, m))
-        .collect();
-    units.sort_by(|a, b| (&a[0], &a[3], &a[4]).cmp(&(&b[0], &b[3], &b[4])));
-    let mut material = vec![snapshot_at.to_string()];
-    for u in units {
-        material.push(u.join("|"));
     }
-    let digest = crate::fingerprint::hex(&Sha256::digest(material.join("\n").as_bytes()));
+    // Each row's line (`|`-joined fields) is written once, in row order,
+    // into one buffer; the sort then moves only small entries, and hashing
+    // in sorted order reads one slice per row.
+    let mut text: Vec<u8> = Vec::new();
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(rows.len());
+    let mut keys: Vec<[Cow<'_, str>; 3]> = Vec::with_capacity(rows.len());
+    for (r, m) in rows.iter().zip(measured) {
+        let u = fields(r, m);
+        let start = text.len();
+        for (i, field) in u.iter().enumerate() {
+            if i > 0 {
+                text.push(b'|');
+            }
+            text.extend_from_slice(field.as_bytes());
+        }
+        spans.push((start, text.len()));
+        let [wid, _, _, hb, epoch, _] = u;
+        keys.push([wid, hb, epoch]);
+    }
+    // Sorted stably by (identity, heartbeat, epoch), as the seed's `sorted`.
+    // The identity's first 32 bytes sit in the array being sorted, so most
+    // comparisons never leave it; a tie there compares the whole key.
+    let prefix = |k: &[Cow<'_, str>; 3]| {
+        let mut p = [0u8; 32];
+        let b = k[0].as_bytes();
+        let n = b.len().min(32);
+        p[..n].copy_from_slice(&b[..n]);
+        p
+    };
+    let mut order: Vec<([u8; 32], u32)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (prefix(k), i as u32))
+        .collect();
+    order.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then_with(|| keys[a.1 as usize].cmp(&keys[b.1 as usize]))
+    });
+    let mut hasher = Sha256::new();
+    hasher.update(snapshot_at.as_bytes());
+    for (_, i) in &order {
+        let (start, end) = spans[*i as usize];
+        hasher.update(b"\n");
+        hasher.update(&text[start..end]);
+    }
+    let digest = crate::fingerprint::hex(&hasher.finalize());
     format!("fleetrev-{}", &digest[..16])
 }
 
@@ -388,7 +489,10 @@ pub struct Snapshot<'a> {
     manifest: Vec<Json>,
     missing: Vec<String>,
     unmanifested: Vec<String>,
-    findings: Vec<Finding>,
+    /// Findings about live workers (before the per-row ones).
+    early: Vec<Finding>,
+    /// Findings about the manifest (after the per-row ones).
+    late: Vec<Finding>,
     live_safe: bool,
     mutation_safe: bool,
     /// Continuity with an earlier snapshot, when asked (`--compare`).
@@ -432,13 +536,28 @@ impl<'a> Snapshot<'a> {
     }
 
     /// The findings that make the live fleet unsafe.
-    pub fn active_blockers(&self) -> impl Iterator<Item = &Finding> {
-        self.findings.iter().filter(|f| f.active_blocker)
+    pub fn active_blockers(&self) -> impl Iterator<Item = Cow<'_, Finding>> {
+        self.findings().filter(|f| f.active_blocker)
     }
 
-    /// Every finding, in the order found.
-    pub fn findings(&self) -> &[Finding] {
-        &self.findings
+    /// Every finding, in the order found: those about live workers, one per
+    /// stale row, one per historical row, then the manifest's.
+    pub fn findings(&self) -> impl Iterator<Item = Cow<'_, Finding>> {
+        self.finding_parts().into_iter().flat_map(
+            move |part| -> Box<dyn Iterator<Item = Cow<'_, Finding>> + '_> {
+                match part {
+                    FindingPart::Stored(found) => Box::new(found.iter().map(Cow::Borrowed)),
+                    FindingPart::Rows(which) => Box::new(
+                        self.rows
+                            .iter()
+                            .zip(&self.measured)
+                            .filter(move |(_, m)| which(m))
+                            .filter_map(|(r, m)| row_finding(r, m))
+                            .map(Cow::Owned),
+                    ),
+                }
+            },
+        )
     }
 
     /// The consistency token (time-seeded: an observation stamp).
@@ -471,6 +590,184 @@ impl<'a> Snapshot<'a> {
     }
 }
 
+/// Where a list of findings comes from, in document order: the stored
+/// findings about live workers, the per-row findings (derived as they are
+/// written), then the manifest's.
+enum FindingPart<'s> {
+    Stored(&'s [Finding]),
+    Rows(fn(&Measured) -> bool),
+}
+
+/// One line of a streamed list: an element already rendered as JSON.
+type Line = Vec<u8>;
+
+const WRITE_BATCH: usize = 8192;
+
+impl Snapshot<'_> {
+    fn finding_parts(&self) -> [FindingPart<'_>; 4] {
+        [
+            FindingPart::Stored(&self.early),
+            FindingPart::Rows(Measured::stale),
+            FindingPart::Rows(|m| m.historical),
+            FindingPart::Stored(&self.late),
+        ]
+    }
+
+    /// The document as [`serde::Serialize`] gives it, written for a large
+    /// registry: one top-level key per line, one list element per line, the
+    /// per-row elements rendered in batches on every core and written in
+    /// order, so only a batch of text is held at a time.
+    pub fn write_json(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        fn field(
+            w: &mut dyn std::io::Write,
+            key: &str,
+            value: &impl serde::Serialize,
+        ) -> std::io::Result<()> {
+            write!(w, "{}: ", Json::String(key.into()))?;
+            serde_json::to_writer(&mut *w, value)?;
+            w.write_all(b",\n")
+        }
+        fn list(
+            w: &mut dyn std::io::Write,
+            key: &str,
+            mut parts: impl FnMut(&mut dyn FnMut(Line) -> std::io::Result<()>) -> std::io::Result<()>,
+        ) -> std::io::Result<()> {
+            write!(w, "{}: [", Json::String(key.into()))?;
+            let mut first = true;
+            parts(&mut |line: Line| {
+                w.write_all(if first { b"\n" } else { b",\n" })?;
+                first = false;
+                w.write_all(&line)
+            })?;
+            w.write_all(if first { b"],\n" } else { b"\n],\n" })
+        }
+        w.write_all(b"{\n")?;
+        field(w, "success", &true)?;
+        field(w, "read_only", &true)?;
+        field(w, "snapshot_at", &self.snapshot_at)?;
+        field(w, "consistency_token", &self.token)?;
+        field(w, "registry_revision", &self.token)?;
+        field(w, "live_worker_count", &self.live.len())?;
+        field(w, "historical_worker_count", &self.historical_count)?;
+        field(w, "stale_worker_count", &self.stale_count)?;
+        field(w, "instance_count", &self.instances.len())?;
+        list(w, "workers", |emit| self.emit_rows(|_| true, emit))?;
+        list(w, "live_workers", |emit| {
+            json_lines(self.live.iter().map(Some))
+                .into_iter()
+                .try_for_each(&mut *emit)
+        })?;
+        list(w, "historical_workers", |emit| {
+            self.emit_rows(|m| m.historical, emit)
+        })?;
+        list(w, "stale_workers", |emit| {
+            self.emit_rows(Measured::stale, emit)
+        })?;
+        field(w, "instances", &self.instances)?;
+        field(w, "multi_instance_same_client_type", &self.by_type)?;
+        field(w, "same_client_type_not_duplicate", &true)?;
+        field(w, "expected_manifest", &self.manifest)?;
+        field(w, "missing_expected_instance_ids", &self.missing)?;
+        field(w, "unmanifested_instance_ids", &self.unmanifested)?;
+        list(w, "findings", |emit| {
+            self.emit_findings(|_| true, |f| f, emit)
+        })?;
+        list(w, "active_blockers", |emit| {
+            self.emit_findings(|f| f.active_blocker, |f| f, emit)
+        })?;
+        list(w, "historical_findings", |emit| {
+            self.emit_findings(|f| f.classification == "historical_dead", |f| f, emit)
+        })?;
+        field(w, "live_fleet_safe", &self.live_safe)?;
+        field(w, "mutation_safe", &self.mutation_safe)?;
+        let comparison = self.comparison.as_ref();
+        write!(w, "\"reasons\": [")?;
+        let mut first = true;
+        self.emit_findings(|f| f.active_blocker, |f| f.detail, &mut |line| {
+            w.write_all(if first { b"\n" } else { b",\n" })?;
+            first = false;
+            w.write_all(&line)
+        })?;
+        w.write_all(if first { b"]" } else { b"\n]" })?;
+        if let Some(c) = comparison {
+            w.write_all(b",\n\"comparison\": ")?;
+            serde_json::to_writer(&mut *w, c)?;
+        }
+        w.write_all(b"\n}\n")
+    }
+
+    /// Render the rows `keep` selects, a batch at a time on every core.
+    fn emit_rows(
+        &self,
+        keep: fn(&Measured) -> bool,
+        emit: &mut dyn FnMut(Line) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let selected: Vec<usize> = (0..self.rows.len())
+            .filter(|i| keep(&self.measured[*i]))
+            .collect();
+        for batch in selected.chunks(WRITE_BATCH) {
+            let parts = crate::pool::par_chunks(batch, |chunk| {
+                vec![json_lines(chunk.iter().map(|i| {
+                    Some(WorkerView(&self.rows[*i], &self.measured[*i]))
+                }))]
+            });
+            parts.into_iter().flatten().try_for_each(&mut *emit)?;
+        }
+        Ok(())
+    }
+
+    /// Render the findings `keep` selects, in document order.
+    fn emit_findings<T: serde::Serialize>(
+        &self,
+        keep: fn(&Finding) -> bool,
+        part_of: fn(Finding) -> T,
+        emit: &mut dyn FnMut(Line) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        for part in self.finding_parts() {
+            match part {
+                FindingPart::Stored(found) => {
+                    let lines =
+                        json_lines(found.iter().map(|f| keep(f).then(|| part_of(f.clone()))));
+                    lines.into_iter().try_for_each(&mut *emit)?;
+                }
+                FindingPart::Rows(which) => {
+                    let selected: Vec<usize> = (0..self.rows.len())
+                        .filter(|i| which(&self.measured[*i]))
+                        .collect();
+                    for batch in selected.chunks(WRITE_BATCH) {
+                        let parts = crate::pool::par_chunks(batch, |chunk| {
+                            vec![json_lines(chunk.iter().map(|i| {
+                                row_finding(&self.rows[*i], &self.measured[*i])
+                                    .filter(&keep)
+                                    .map(part_of)
+                            }))]
+                        });
+                        parts.into_iter().flatten().try_for_each(&mut *emit)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The present items as lines of compact JSON joined by `,\n` (the
+/// caller writes what precedes them), or nothing when none is present.
+fn json_lines<T: serde::Serialize>(items: impl Iterator<Item = Option<T>>) -> Option<Line> {
+    let mut out: Line = Vec::new();
+    let mut any = false;
+    for item in items.flatten() {
+        if any {
+            out.extend_from_slice(b",\n");
+        } else {
+            out.reserve(1 << 16);
+        }
+        any = true;
+        serde_json::to_writer(&mut out, &item).expect("snapshot values serialise");
+    }
+    any.then_some(out)
+}
+
 /// Rows rendered one at a time as they are written.
 struct RenderedRows<'s, 'a> {
     snap: &'s Snapshot<'a>,
@@ -485,17 +782,26 @@ impl serde::Serialize for RenderedRows<'_, '_> {
                 .iter()
                 .zip(&self.snap.measured)
                 .filter(|(_, m)| (self.keep)(m))
-                .map(|(r, m)| render(r, m)),
+                .map(|(r, m)| WorkerView(r, m)),
         )
     }
 }
 
 /// Findings filtered as they are written.
-struct FindingsWhere<'s>(&'s [Finding], fn(&Finding) -> bool);
+struct FindingsWhere<'s, 'a>(&'s Snapshot<'a>, fn(&Finding) -> bool);
 
-impl serde::Serialize for FindingsWhere<'_> {
+impl serde::Serialize for FindingsWhere<'_, '_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().filter(|f| (self.1)(f)))
+        s.collect_seq(self.0.findings().filter(|f| (self.1)(f)))
+    }
+}
+
+/// The details of the active blockers, as they are written.
+struct BlockerDetails<'s, 'a>(&'s Snapshot<'a>);
+
+impl serde::Serialize for BlockerDetails<'_, '_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.active_blockers().map(|f| f.into_owned().detail))
     }
 }
 
@@ -540,19 +846,18 @@ impl serde::Serialize for Snapshot<'_> {
         m.serialize_entry("expected_manifest", &self.manifest)?;
         m.serialize_entry("missing_expected_instance_ids", &self.missing)?;
         m.serialize_entry("unmanifested_instance_ids", &self.unmanifested)?;
-        m.serialize_entry("findings", &self.findings)?;
+        m.serialize_entry("findings", &FindingsWhere(self, |_| true))?;
         m.serialize_entry(
             "active_blockers",
-            &FindingsWhere(&self.findings, |f| f.active_blocker),
+            &FindingsWhere(self, |f| f.active_blocker),
         )?;
         m.serialize_entry(
             "historical_findings",
-            &FindingsWhere(&self.findings, |f| f.classification == "historical_dead"),
+            &FindingsWhere(self, |f| f.classification == "historical_dead"),
         )?;
         m.serialize_entry("live_fleet_safe", &self.live_safe)?;
         m.serialize_entry("mutation_safe", &self.mutation_safe)?;
-        let reasons: Vec<&str> = self.active_blockers().map(|f| f.detail.as_str()).collect();
-        m.serialize_entry("reasons", &reasons)?;
+        m.serialize_entry("reasons", &BlockerDetails(self))?;
         if let Some(c) = &self.comparison {
             m.serialize_entry("comparison", c)?;
         }
@@ -561,8 +866,10 @@ impl serde::Serialize for Snapshot<'_> {
 }
 
 fn take<'a>(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapshot<'a> {
+    let started = std::time::Instant::now();
     let snapshot_at = format_ts(opts.now);
     let measured: Vec<Measured> = crate::pool::par_map(rows, |r| measure(r, opts, probe));
+    tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "measured");
     let live_rendered: Vec<Json> = rows
         .iter()
         .zip(&measured)
@@ -804,23 +1111,9 @@ fn take<'a>(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapsh
             );
         }
     }
-    for (row, m) in rows.iter().zip(&measured).filter(|(_, m)| m.stale()) {
-        f.add_row("stale_orphaned_worker", "warning", row, m, format!("worker {} is active in the registry but not live (stale heartbeat or dead pid); `fleet-retire plan` says whether it may be retired", row.get(Col::WorkerIdentity).to_json()), true);
-    }
-    for (row, m) in rows.iter().zip(&measured).filter(|(_, m)| m.historical) {
-        f.add_row(
-            "historical_dead",
-            "info",
-            row,
-            m,
-            format!(
-                "historical registration {} (status {}) is not an active blocker",
-                row.get(Col::WorkerIdentity).to_json(),
-                row.get(Col::Status).to_json()
-            ),
-            false,
-        );
-    }
+    // Stale and historical rows each have a finding of their own, derived
+    // when read (see `row_finding`); the manifest's findings follow them.
+    let early = std::mem::take(&mut f.0);
 
     let manifest = opts.manifest.clone().unwrap_or_default();
     let expected: BTreeSet<String> = manifest
@@ -877,10 +1170,12 @@ fn take<'a>(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapsh
     }
     by_type.retain(|_, v| v.len() > 1);
 
-    let findings = f.0;
-    let live_safe = !findings.iter().any(|x| x.active_blocker);
+    tracing::debug!(elapsed = ?started.elapsed(), "found");
+    let late = f.0;
+    let live_safe = stale_count == 0 && !early.iter().chain(&late).any(|x| x.active_blocker);
     let mutation_safe = live_safe && instances.iter().all(|i| i["mutation_safe"] == true);
     let token = consistency_token(rows, &measured, &snapshot_at);
+    tracing::debug!(elapsed = ?started.elapsed(), "consistency token");
     let manifest = manifest
         .iter()
         .map(|i| {
@@ -904,7 +1199,8 @@ fn take<'a>(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapsh
         manifest,
         missing,
         unmanifested,
-        findings,
+        early,
+        late,
         live_safe,
         mutation_safe,
         comparison: None,
@@ -1124,5 +1420,63 @@ mod tests {
             assert!(found.contains(&class.to_string()), "{class}: {found:?}");
         }
         assert_eq!(snap["live_fleet_safe"], false);
+    }
+
+    /// The streamed writer (`write_json`, used by the command line) and the
+    /// `Serialize` document (used by `serve` and the fixtures) are the same
+    /// document, key order included, whatever mix of live, stale and
+    /// historical rows, findings and blockers the registry holds; and more
+    /// rows than one write batch keep their order.
+    #[test]
+    fn streamed_document_equals_serialized_document() {
+        let mut rows = Vec::new();
+        for n in 0..(WRITE_BATCH as i64 + 300) {
+            let status = match n % 7 {
+                0 => "released",
+                1 => "retired",
+                _ => "active",
+            };
+            let heartbeat = if n % 3 == 0 {
+                "2026-07-29T00:00:00Z"
+            } else {
+                "2026-07-30T11:59:00Z"
+            };
+            rows.push(live(
+                json!(format!("w-{n}")),
+                1000 + n % 50,
+                json!({"status": status, "last_heartbeat_at": heartbeat,
+                       "namespace": format!("ns-{}", n % 5), "fencing_epoch": n % 4}),
+            ));
+        }
+        rows.push(live(json!(null), 7, json!({"client_instance_id": null})));
+        let opts = Options {
+            now: crate::time::parse_ts(NOW).unwrap(),
+            canonical_repository: Some("prgs/gitea-tools".into()),
+            expected_live_revision: Some("r2".into()),
+            manifest: Some(vec![json!({"client_instance_id": "inst-missing"})]),
+        };
+        let mut probe = GivenProbe::default();
+        for pid in 1000..1050 {
+            probe.processes.insert(
+                pid,
+                PidObservation {
+                    alive: Some(pid % 2 == 0),
+                    start_time: Some("ticks-1".into()),
+                },
+            );
+        }
+        let mut snap = Snapshot::take(&rows, &opts, &probe);
+        snap.comparison = Some(json!({"continuity": true}));
+        let whole = serde_json::to_value(&snap).unwrap();
+        let mut text = Vec::new();
+        snap.write_json(&mut text).unwrap();
+        let streamed: Json = serde_json::from_slice(&text).unwrap();
+        assert_eq!(streamed, whole);
+        let keys = |j: &Json| j.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&streamed), keys(&whole));
+        assert!(whole["stale_workers"].as_array().unwrap().len() > 100);
+        assert!(whole["historical_findings"].as_array().unwrap().len() > 100);
+        assert!(!whole["active_blockers"].as_array().unwrap().is_empty());
+        assert!(whole["workers"].as_array().unwrap().len() > WRITE_BATCH);
     }
 }

@@ -113,6 +113,15 @@ impl Value {
         }
     }
 
+    /// `or_empty_str`, borrowed when the value is text or falsy.
+    pub fn or_empty_cow(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Value::Text(s) => std::borrow::Cow::Borrowed(s),
+            v if !v.truthy() => std::borrow::Cow::Borrowed(""),
+            other => std::borrow::Cow::Owned(other.py_str()),
+        }
+    }
+
     /// `(value or "").strip()` for text; other present values are rendered
     /// with `str()` first (the seed only ever stores text in these columns).
     pub fn stripped(&self) -> String {
