@@ -354,6 +354,8 @@ pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     // Only a committed retirement changes the fleet: a refusal or a
     // rollback does not pay for a fleet summary.
     if report.mutation_performed {
+        // The re-plan is gone; let the summary's read reuse its memory.
+        crate::pool::give_back_memory();
         report.post_apply = post_apply(req, ctx);
     }
     Ok(report)
@@ -907,7 +909,7 @@ pub fn parse_workers(text: &str) -> Result<Vec<String>> {
         return Ok(list);
     }
     Ok(trimmed
-        .split(',')
+        .split([',', '\n'])
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)

@@ -17,7 +17,7 @@ pub fn explain_entry(plan: &Plan, entry: &Entry, policies: &Policies) -> Json {
     let entities = Entities::from_entities(
         [
             run_entity(&plan.facts),
-            worker_entity(entry.index, row, &entry.observation),
+            worker_entity(entry.index, row, plan.observation(entry)),
         ],
         None::<&NoEntitiesSchema>,
         TCComputation::AssumeAlreadyComputed,

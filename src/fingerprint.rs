@@ -57,15 +57,93 @@ const RECORD: char = '\u{1e}';
 /// The canonical serialization of one row (the unit the tokens sort and hash).
 pub fn serialize_row(row: &Row) -> String {
     let mut out = String::with_capacity(640);
+    serialize_row_into(row, &mut out);
+    out
+}
+
+/// [`serialize_row`], appended to `out`.
+pub fn serialize_row_into(row: &Row, out: &mut String) {
     for (i, col) in FINGERPRINT_FIELDS.iter().enumerate() {
         if i > 0 {
             out.push(UNIT);
         }
         out.push_str(col.name());
         out.push('=');
-        row.get(*col).write_canon(&mut out);
+        row.get(*col).write_canon(out);
     }
-    out
+}
+
+/// Rows in the order of their serializations, without writing them all
+/// out. A serialization starts with the identity's key: `worker_identity=`,
+/// the identity, a unit separator and `client_name=`. Where two keys differ
+/// at a byte both have, that byte decides; where one key is the other or a
+/// prefix of it (an identity may hold the separator itself), the whole
+/// serializations are compared. The first 32 bytes of each key and its
+/// length sit in the array being sorted, so most comparisons never leave it.
+fn sorted_by_serialization(rows: Vec<&Row>) -> Vec<&Row> {
+    debug_assert_eq!(FINGERPRINT_FIELDS[0], Col::WorkerIdentity);
+    let next = format!("{UNIT}{}=", FINGERPRINT_FIELDS[1].name());
+    let key = |row: &Row| -> Vec<u8> {
+        let mut k = row.get(Col::WorkerIdentity).canon_cow().as_bytes().to_vec();
+        k.extend_from_slice(next.as_bytes());
+        k
+    };
+    let mut order: Vec<([u8; 32], usize, u32)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let canon = row.get(Col::WorkerIdentity).canon_cow();
+            let mut p = [0u8; 32];
+            let mut len = 0;
+            for b in canon.as_bytes().iter().chain(next.as_bytes()) {
+                if len < 32 {
+                    p[len] = *b;
+                }
+                len += 1;
+            }
+            (p, len, i as u32)
+        })
+        .collect();
+    let whole = |i: u32| serialize_row(rows[i as usize]);
+    order.sort_unstable_by(|a, b| {
+        let m = a.1.min(b.1).min(32);
+        match a.0[..m].cmp(&b.0[..m]) {
+            std::cmp::Ordering::Equal => {}
+            decided => return decided,
+        }
+        if m == 32 {
+            let (ka, kb) = (key(rows[a.2 as usize]), key(rows[b.2 as usize]));
+            let m = ka.len().min(kb.len());
+            match ka[..m].cmp(&kb[..m]) {
+                std::cmp::Ordering::Equal => {}
+                decided => return decided,
+            }
+        }
+        whole(a.2).cmp(&whole(b.2))
+    });
+    order
+        .into_iter()
+        .map(|(_, _, i)| rows[i as usize])
+        .collect()
+}
+
+/// The seed's digest over rows' serializations (sorted), each written
+/// into one reused buffer as it is hashed.
+fn digest_rows(version: &str, rows: Vec<&Row>, prefix: &str) -> String {
+    let rows = sorted_by_serialization(rows);
+    let mut hasher = Sha256::new();
+    hasher.update(version.as_bytes());
+    hasher.update(RECORD.to_string().as_bytes());
+    hasher.update(rows.len().to_string().as_bytes());
+    let mut unit = String::with_capacity(1024);
+    for row in rows {
+        unit.clear();
+        unit.push(RECORD);
+        serialize_row_into(row, &mut unit);
+        hasher.update(unit.as_bytes());
+    }
+    let hex = hex(&hasher.finalize());
+    format!("{prefix}-{}", &hex[..32])
 }
 
 fn digest<S: AsRef<str> + Ord>(version: &str, mut units: Vec<S>, prefix: &str) -> String {
@@ -93,23 +171,20 @@ pub fn hex(bytes: &[u8]) -> String {
         })
 }
 
-/// Both tokens of a plan from the rows' serializations, computed once:
+/// Both tokens of a plan, computed once:
 /// `(registry_fingerprint, candidate_fingerprint)`.
-pub fn plan_tokens(
-    serialized: &[String],
-    is_candidate: impl Fn(usize) -> bool,
-) -> (String, String) {
-    let all: Vec<&str> = serialized.iter().map(String::as_str).collect();
-    let candidates: Vec<&str> = serialized
+pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool) -> (String, String) {
+    let all: Vec<&Row> = rows.iter().collect();
+    let candidates: Vec<&Row> = rows
         .iter()
         .enumerate()
         .filter(|(i, _)| is_candidate(*i))
-        .map(|(_, s)| s.as_str())
+        .map(|(_, r)| r)
         .collect();
     // The two digests are independent; hash them side by side.
     std::thread::scope(|scope| {
-        let registry = scope.spawn(|| digest("registryfp-v1", all, "registryfp"));
-        let candidate = digest("candidatefp-v1", candidates, "candidatefp");
+        let registry = scope.spawn(|| digest_rows("registryfp-v1", all, "registryfp"));
+        let candidate = digest_rows("candidatefp-v1", candidates, "candidatefp");
         (
             registry.join().expect("fingerprint thread panicked"),
             candidate,
@@ -119,14 +194,12 @@ pub fn plan_tokens(
 
 /// Token over every registry row; order-independent, time-independent.
 pub fn registry_fingerprint<'a>(rows: impl IntoIterator<Item = &'a Row>) -> String {
-    let units = rows.into_iter().map(serialize_row).collect();
-    digest("registryfp-v1", units, "registryfp")
+    digest_rows("registryfp-v1", rows.into_iter().collect(), "registryfp")
 }
 
 /// Token over exactly the approved candidate rows.
 pub fn candidate_fingerprint<'a>(rows: impl IntoIterator<Item = &'a Row>) -> String {
-    let units = rows.into_iter().map(serialize_row).collect();
-    digest("candidatefp-v1", units, "candidatefp")
+    digest_rows("candidatefp-v1", rows.into_iter().collect(), "candidatefp")
 }
 
 /// Token over the active leases a decision consumed.
@@ -216,5 +289,123 @@ mod tests {
             external_state_fingerprint(std::iter::empty()),
             "externalfp-cc1f702beded00b09eecf2c3524e2b05"
         );
+    }
+
+    /// The tokens sort rows without writing every serialization out; they
+    /// must hash exactly what sorting the serializations would. Identities
+    /// that are prefixes of each other, that hold characters below the unit
+    /// separator, that repeat, that are not text, or that are longer than
+    /// the sorted prefix are where a shortcut could go wrong.
+    #[test]
+    fn sorting_without_serializing_matches_sorting_serializations() {
+        fn reference(version: &str, rows: &[Row], prefix: &str) -> String {
+            let units: Vec<String> = rows.iter().map(serialize_row).collect();
+            digest(version, units, prefix)
+        }
+        let long = "w-".repeat(20);
+        let ids: Vec<Value> = [
+            "w-a",
+            "w-a\u{1}",
+            "w-a\u{1e}",
+            "w-a\u{1f}",
+            "w-a\u{20}",
+            "w-a\t",
+            "w-ab",
+            "w-a",
+            "",
+            "w-\u{e9}",
+            "w-z",
+        ]
+        .iter()
+        .map(|t| Value::Text((*t).into()))
+        .chain([
+            Value::Null,
+            Value::Int(7),
+            Value::Int(-7),
+            Value::Real(7.5),
+            Value::Text(format!("{long}x").into()),
+            Value::Text(format!("{long}x\u{1}").into()),
+            Value::Text(long.as_str().into()),
+            Value::Text(format!("{long}x").into()),
+        ])
+        .collect();
+        let mut rows = Vec::new();
+        for (n, id) in ids.iter().enumerate() {
+            for pid in [1, 2] {
+                let mut row = Row::default();
+                row.set(Col::WorkerIdentity, id.clone());
+                row.set(Col::Pid, Value::Int(pid * 100 + n as i64 % 3));
+                rows.push(row);
+            }
+        }
+        {
+            let mut want: Vec<String> = rows.iter().map(serialize_row).collect();
+            want.sort();
+            let got: Vec<String> = sorted_by_serialization(rows.iter().collect())
+                .into_iter()
+                .map(serialize_row)
+                .collect();
+            for (a, b) in want.iter().zip(&got) {
+                assert_eq!(a, b, "first difference");
+            }
+        }
+        // Reversed and rotated orders give the same token.
+        for turn in 0..3 {
+            let mut order = rows.clone();
+            order.rotate_left(turn * 5);
+            if turn == 2 {
+                order.reverse();
+            }
+            assert_eq!(
+                registry_fingerprint(&order),
+                reference("registryfp-v1", &order, "registryfp")
+            );
+            let (registry, candidate) = plan_tokens(&order, |i| i % 3 == 0);
+            assert_eq!(registry, reference("registryfp-v1", &order, "registryfp"));
+            let chosen: Vec<Row> = order.iter().step_by(3).cloned().collect();
+            assert_eq!(
+                candidate,
+                reference("candidatefp-v1", &chosen, "candidatefp")
+            );
+        }
+    }
+
+    /// Random identities over an alphabet made of the bytes that matter
+    /// (the separator, the letters of `client_name=`, a byte below the
+    /// separator), long and short: the shortcut sorts them as sorting the
+    /// serializations does.
+    #[test]
+    fn random_identities_sort_as_their_serializations() {
+        let alphabet = [
+            '\u{1f}', '\u{1e}', '\u{1}', 'c', 'l', 'i', '=', '_', 'n', 'w',
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for _ in 0..50 {
+            let mut rows = Vec::new();
+            for _ in 0..60 {
+                let len = if next(4) == 0 { 28 + next(12) } else { next(8) };
+                let id: String = (0..len).map(|_| alphabet[next(alphabet.len())]).collect();
+                let mut row = Row::default();
+                row.set(Col::WorkerIdentity, Value::Text(id.into()));
+                row.set(
+                    Col::ClientName,
+                    Value::Text(["", "c", "\u{1f}"][next(3)].into()),
+                );
+                rows.push(row);
+            }
+            let mut want: Vec<String> = rows.iter().map(serialize_row).collect();
+            want.sort();
+            let got: Vec<String> = sorted_by_serialization(rows.iter().collect())
+                .into_iter()
+                .map(serialize_row)
+                .collect();
+            assert_eq!(want, got);
+        }
     }
 }

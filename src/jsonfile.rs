@@ -93,6 +93,117 @@ pub fn read_json(path: &Path) -> Result<(Json, FileBytes), String> {
     Ok((doc, bytes))
 }
 
+/// The largest saved plan we stream (64 GiB): a plan of a registry with
+/// millions of rows is gigabytes, and is read without being held.
+pub const MAX_STREAMED_BYTES: u64 = 64 << 30;
+
+/// Stream a large JSON object from a regular file, keeping only the
+/// top-level keys in `keep` (parsed strictly, as [`parse_strict`] does) and
+/// `typed` (deserialised straight into `T`), and skipping every other
+/// value without holding it. Refuses a byte-order mark, a duplicate
+/// top-level key, and anything but an object.
+pub fn read_selected<T: de::DeserializeOwned>(
+    path: &Path,
+    keep: &[&str],
+    typed: &str,
+) -> Result<(Map<String, Json>, Option<T>), String> {
+    use std::io::BufRead;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(|e| format!("cannot open ({e})"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
+    if !meta.is_file() {
+        return Err(
+            "is not a regular file (a FIFO, device or folder is never read); point at the file itself"
+                .into(),
+        );
+    }
+    if meta.len() > MAX_STREAMED_BYTES {
+        return Err(format!(
+            "is larger than {MAX_STREAMED_BYTES} bytes; this is not a file fleet-retire writes or expects"
+        ));
+    }
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file.take(MAX_STREAMED_BYTES));
+    let head = reader
+        .fill_buf()
+        .map_err(|e| format!("cannot read ({e})"))?;
+    if head.starts_with(b"\xef\xbb\xbf") {
+        return Err(
+            "starts with a UTF-8 byte-order mark (EF BB BF); save the file as UTF-8 without a BOM"
+                .into(),
+        );
+    }
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let parts = Selected::<T> {
+        keep,
+        typed,
+        _t: std::marker::PhantomData,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|()| v))
+    .map_err(|e| {
+        if e.is_io() {
+            format!("cannot read ({e})")
+        } else {
+            format!(
+                "not valid JSON at line {}, column {}: {e}",
+                e.line(),
+                e.column()
+            )
+        }
+    })?;
+    Ok(parts)
+}
+
+struct Selected<'k, T> {
+    keep: &'k [&'k str],
+    typed: &'k str,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<'de, T: de::DeserializeOwned> DeserializeSeed<'de> for Selected<'_, T> {
+    type Value = (Map<String, Json>, Option<T>);
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, T: de::DeserializeOwned> Visitor<'de> for Selected<'_, T> {
+    type Value = (Map<String, Json>, Option<T>);
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kept = Map::new();
+        let mut typed = None;
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(de::Error::custom(format!(
+                    "duplicate key {key:?} at $.{key}; a key may appear once per object (remove the extra one)"
+                )));
+            }
+            if key == self.typed {
+                typed = Some(
+                    map.next_value::<T>()
+                        .map_err(|e| de::Error::custom(format!("`{key}`: {e}")))?,
+                );
+            } else if self.keep.contains(&key.as_str()) {
+                let path = format!("$.{key}");
+                let value = map.next_value_seed(Strict { path: &path })?;
+                kept.insert(key, value);
+            } else {
+                map.next_value::<de::IgnoredAny>()?;
+            }
+        }
+        Ok((kept, typed))
+    }
+}
+
 struct Strict<'p> {
     path: &'p str,
 }

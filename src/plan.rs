@@ -6,7 +6,7 @@
 
 use crate::error::Result;
 use crate::evidence::probe::ProcessProbe;
-use crate::fingerprint::{plan_tokens, serialize_row};
+use crate::fingerprint::plan_tokens;
 use crate::observe::{observe_all, Observation, RunFacts};
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
@@ -34,8 +34,6 @@ pub struct Entry {
     pub index: usize,
     /// Cedar's verdict (shared by rows in the same situation).
     pub verdict: Arc<Verdict>,
-    /// What was measured.
-    pub observation: Observation,
 }
 
 impl Entry {
@@ -67,6 +65,10 @@ impl Entry {
 pub struct Plan {
     /// The rows the plan judged, in registry order.
     pub rows: Vec<Row>,
+    /// What was measured about each row, in registry order (kept beside
+    /// the entries rather than in them, so a large plan never holds two
+    /// copies while it is built).
+    pub observations: Vec<Observation>,
     /// One entry per row.
     pub entries: Vec<Entry>,
     /// Token over every row.
@@ -180,7 +182,7 @@ impl<'a> Rejudge<'a> {
     /// situation share one evaluation, as in `plan`).
     pub fn entry(&self, entry: &Entry, probe: &dyn ProcessProbe) -> Arc<Verdict> {
         let row = &self.plan.rows[entry.index];
-        let mut obs = entry.observation.clone();
+        let mut obs = self.plan.observation(entry).clone();
         obs.pid = crate::evidence::probe::observe_pid(row.get(Col::Pid), probe);
         obs.liveness = crate::liveness::assess(row, crate::time::now(), obs.pid.alive);
         obs.live = obs.liveness.live && !obs.historical;
@@ -232,20 +234,14 @@ pub fn plan(
 
     let entries: Vec<Entry> = verdicts
         .into_iter()
-        .zip(observations)
         .enumerate()
-        .map(|(index, (verdict, observation))| Entry {
-            index,
-            verdict,
-            observation,
-        })
+        .map(|(index, verdict)| Entry { index, verdict })
         .collect();
-    let serialized = par_map(&rows, serialize_row);
-    let (registry, candidate) = plan_tokens(&serialized, |i| entries[i].is_candidate());
-    drop(serialized);
+    let (registry, candidate) = plan_tokens(&rows, |i| entries[i].is_candidate());
     tracing::debug!(elapsed = ?started.elapsed(), "fingerprinted");
     Ok(Plan {
         rows,
+        observations,
         entries,
         registry_fingerprint: registry,
         candidate_fingerprint: candidate,
@@ -255,6 +251,11 @@ pub fn plan(
 }
 
 impl Plan {
+    /// What was observed about an entry's row.
+    pub fn observation(&self, entry: &Entry) -> &Observation {
+        &self.observations[entry.index]
+    }
+
     /// The candidate entries, in registry order.
     pub fn candidates(&self) -> impl Iterator<Item = &Entry> {
         self.entries.iter().filter(|e| e.is_candidate())
@@ -273,7 +274,7 @@ impl Plan {
     /// The evidence block for one entry (the seed's evidence keys).
     pub fn evidence<'a>(&'a self, entry: &'a Entry) -> Evidence<'a> {
         let row = &self.rows[entry.index];
-        let obs = &entry.observation;
+        let obs = self.observation(entry);
         Evidence {
             worker_identity: row.get(Col::WorkerIdentity),
             client_type: crate::identity::normalize_client_name(row.get(Col::ClientName).as_text()),

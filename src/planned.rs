@@ -73,7 +73,7 @@ impl PlannedRows {
                     worker_identity: plan.identity(e),
                     row_digest,
                     digest_without_heartbeat,
-                    live: e.observation.liveness.live,
+                    live: plan.observation(e).liveness.live,
                 }
             })
             .collect();
@@ -121,7 +121,7 @@ impl PlannedRows {
                     "worker {identity:?} heartbeated since the plan, but was not live when planned"
                 ));
             }
-            if !e.observation.liveness.live {
+            if !now.observation(e).liveness.live {
                 return Err(format!(
                     "worker {identity:?} heartbeated since the plan, but is not live now"
                 ));

@@ -30,3 +30,28 @@ pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sy
             .collect()
     })
 }
+
+/// A plan of a large registry allocates and frees hundreds of megabytes,
+/// much of it on the pool's threads. glibc keeps freed memory in per-thread
+/// arenas, where the next thread's allocations may not reuse it: a server
+/// would look as if it grew with every call, and apply's post-apply read
+/// would stack on the freed plan. Hand what is free back to the kernel.
+pub fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it has no
+    // preconditions and touches no memory the program still owns.
+    unsafe {
+        nix::libc::malloc_trim(0);
+    }
+}
+
+/// Fewer malloc arenas for a server whose calls run on whichever blocking
+/// thread is free (glibc's default is eight per core).
+pub fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt is called once at start, before any other thread
+    // exists; it only changes the allocator's tuning.
+    unsafe {
+        nix::libc::mallopt(nix::libc::M_ARENA_MAX, 2);
+    }
+}

@@ -610,36 +610,12 @@ impl ServerHandler for FleetServer {
         let args = request.arguments;
         let result = tokio::task::spawn_blocking(move || {
             let result = server.call(op, &name, args);
-            give_back_memory();
+            crate::pool::give_back_memory();
             result
         })
         .await
         .map_err(|e| McpError::internal_error(format!("the tool call failed: {e}"), None))??;
         Ok(result.into())
-    }
-}
-
-/// A plan of a large registry allocates and frees hundreds of megabytes per
-/// call. glibc keeps freed memory in per-thread arenas, so a long-running
-/// server would look as if it grew with every call on a new thread; hand
-/// what is free back to the kernel after each call.
-fn give_back_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap pages; it has no
-    // preconditions and touches no memory the program still owns.
-    unsafe {
-        nix::libc::malloc_trim(0);
-    }
-}
-
-/// Fewer malloc arenas for a server whose calls run on whichever blocking
-/// thread is free (glibc's default is eight per core).
-fn limit_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt is called once at start, before any other thread
-    // exists; it only changes the allocator's tuning.
-    unsafe {
-        nix::libc::mallopt(nix::libc::M_ARENA_MAX, 2);
     }
 }
 
@@ -657,7 +633,7 @@ enum Stop {
 /// Register, serve on stdin/stdout until the client leaves or a signal
 /// arrives, heartbeating all along, then release the registration.
 pub fn run(binding: Binding, life: Lifecycle) -> Result<ExitCode> {
-    limit_malloc_arenas();
+    crate::pool::limit_malloc_arenas();
     let registry = binding.registry.clone();
     let pid = i64::from(std::process::id());
     let row = register(

@@ -25,7 +25,9 @@ pub struct ApplyArgs {
     /// The plan's policy_fingerprint.
     #[arg(long)]
     pub policy_fingerprint: Option<String>,
-    /// Workers to retire: comma-separated, or a JSON list.
+    /// Workers to retire: comma-separated, or a JSON list; `@FILE` reads
+    /// either from FILE (one per line also works), for lists longer than a
+    /// command line holds.
     #[arg(long)]
     pub workers: Option<String>,
     /// Retire nothing if more than this many workers would be retired.
@@ -46,7 +48,20 @@ pub struct ApplyArgs {
 /// Read the apply request out of a saved plan.
 pub fn request_from_plan(path: &Path) -> Result<Request> {
     let err = |m: String| Error::Input(format!("plan {}: {m}", path.display()));
-    let (doc, _) = crate::jsonfile::read_json(path).map_err(err)?;
+    // A plan of a large registry is gigabytes of evidence apply never
+    // reads: only the header, the candidates and `planned_rows` are kept.
+    let (doc, planned) = crate::jsonfile::read_selected::<crate::planned::PlannedRows>(
+        path,
+        &[
+            "registry_fingerprint",
+            "candidate_fingerprint",
+            "policy_fingerprint",
+            "candidate_worker_identities",
+            "canonical_repository",
+        ],
+        "planned_rows",
+    )
+    .map_err(err)?;
     let field = |k: &str| -> Result<String> {
         match doc.get(k) {
             Some(Json::String(s)) => Ok(s.clone()),
@@ -82,11 +97,9 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
         }
     };
     let registry_fingerprint = field("registry_fingerprint")?;
-    let planned = match doc.get("planned_rows") {
+    let planned = match planned {
         None => None,
-        Some(v) => {
-            let rows: crate::planned::PlannedRows = serde_json::from_value(v.clone())
-                .map_err(|e| err(format!("`planned_rows`: {e}")))?;
+        Some(rows) => {
             if rows.registry_fingerprint != registry_fingerprint {
                 return Err(err(
                     "`planned_rows` belong to another plan (their registry_fingerprint differs)"
@@ -107,6 +120,20 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
     })
 }
 
+/// The `--workers` value, or the file it names with `@FILE`.
+fn workers_arg(given: &str) -> Result<Vec<String>> {
+    match given.strip_prefix('@') {
+        Some(file) => {
+            let path = Path::new(file);
+            let bytes = crate::jsonfile::read_regular(path, crate::jsonfile::MAX_INPUT_BYTES)
+                .map_err(|e| Error::Input(format!("--workers {}: {e}", path.display())))?;
+            parse_workers(&bytes.text)
+                .map_err(|e| Error::Input(format!("--workers {}: {e}", path.display())))
+        }
+        None => parse_workers(given),
+    }
+}
+
 /// Run `apply`.
 pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
@@ -117,7 +144,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
             registry_fingerprint: fp.clone(),
             candidate_fingerprint: args.candidate_fingerprint.clone().unwrap_or_default(),
             policy_fingerprint: args.policy_fingerprint.clone().unwrap_or_default(),
-            workers: parse_workers(args.workers.as_deref().unwrap_or(""))?,
+            workers: workers_arg(args.workers.as_deref().unwrap_or(""))?,
             canonical_repository: None,
             max_retire: 0,
             planned: None,
