@@ -592,3 +592,120 @@ fn a_heartbeating_writer_never_fails_during_an_apply_over_many_lease_rows() {
     eprintln!("lock held {held} ms; {ok} heartbeats, none failed");
     assert!(held < 5_000, "the lock was held {held} ms");
 }
+
+fn status_of(registry: &Path, id: &str) -> String {
+    rusqlite::Connection::open(registry)
+        .unwrap()
+        .query_row(
+            "SELECT status FROM worker_registrations WHERE worker_identity = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+/// A saved plan of a large registry is far over the 16 MiB cap on other
+/// inputs (a million rows make gigabytes). Apply streams it, keeping only
+/// the header, the candidates and `planned_rows`; a duplicated top-level
+/// key is still refused, naming it.
+#[test]
+fn a_saved_plan_larger_than_other_inputs_is_applied_and_duplicates_refused() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[stale_row("w-dead", pid, &start)]);
+    let plan_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), plan_path.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+    let saved = std::fs::read_to_string(&plan_path).unwrap();
+    let body = saved.trim_end().strip_suffix('}').unwrap();
+    let before = std::fs::read(&stores.registry).unwrap();
+
+    let twice = stores.dir.path().join("twice.json");
+    std::fs::write(
+        &twice,
+        format!("{body},\n\"candidate_worker_identities\": [\"w-other\"]\n}}"),
+    )
+    .unwrap();
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .arg(&twice)
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("duplicate key \"candidate_worker_identities\""),
+        "{all}"
+    );
+    assert_eq!(std::fs::read(&stores.registry).unwrap(), before);
+
+    let big = stores.dir.path().join("big.json");
+    let padding = "x".repeat(20 << 20);
+    std::fs::write(
+        &big,
+        format!("{body},\n\"evidence_archive\": [\"{padding}\"]\n}}"),
+    )
+    .unwrap();
+    assert!(std::fs::metadata(&big).unwrap().len() > 16 << 20);
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .arg(&big)
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(status_of(&stores.registry, "w-dead"), "retired");
+}
+
+/// A worker list longer than a command line holds is given as `@FILE`.
+#[test]
+fn workers_are_read_from_a_file_with_at() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[
+        stale_row("w-dead", pid, &start),
+        stale_row("w-dead-2", pid, &start),
+    ]);
+    let out = bin()
+        .args(stores.plan_args("controller-prgs"))
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = stores.dir.path().join("workers.txt");
+    std::fs::write(&list, "w-dead\nw-dead-2\n").unwrap();
+    let fp = |k: &str| plan[k].as_str().unwrap().to_string();
+    let mut args = stores.apply_args("controller-prgs");
+    args.extend([
+        "--registry-fingerprint".into(),
+        fp("registry_fingerprint"),
+        "--candidate-fingerprint".into(),
+        fp("candidate_fingerprint"),
+        "--policy-fingerprint".into(),
+        fp("policy_fingerprint"),
+        "--canonical-repository".into(),
+        "prgs/gitea-tools".into(),
+    ]);
+    let missing = bin()
+        .args(&args)
+        .args(["--workers", "@/nonexistent/workers.txt"])
+        .output()
+        .unwrap();
+    let all = text(&missing);
+    assert_eq!(missing.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("--workers /nonexistent/workers.txt: cannot open"),
+        "{all}"
+    );
+    let out = bin()
+        .args(&args)
+        .arg("--workers")
+        .arg(format!("@{}", list.display()))
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(report["retired_count"], 2, "{report}");
+    assert_eq!(status_of(&stores.registry, "w-dead-2"), "retired");
+}

@@ -1,0 +1,279 @@
+//! Benchmark: the command line on a realistic registry (a long-running
+//! fleet's history: mostly historical rows, shuffled, random pids probed for
+//! real), made by `../shared/bench/gen_registry.py`. Each command runs as a
+//! child process; its wall time and peak resident memory (from `wait4`) are
+//! printed, median of the runs:
+//!
+//! * `snapshot` (human) and `--format json snapshot`, output discarded;
+//! * `plan --format json`, output discarded;
+//! * `apply` of the first 10,000 candidates (`--workers @FILE`) on a fresh
+//!   copy of the registry, with the write lock's hold time from its report.
+//!
+//! Run with `cargo bench --bench realistic`. REALISTIC_ROWS sets the size
+//! (default 100,000; 1,000,000 takes about a minute to generate),
+//! REALISTIC_RUNS the number of runs (default 3). Rows whose heartbeat is
+//! recent get one in the far future (still fresh: a future stamp counts as
+//! fresh), so the candidate set holds still between plan and apply.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fleet-retire");
+
+/// Run a command to completion; its wall time and peak RSS in KiB.
+// The child is reaped by `wait4`, which also reports its peak memory.
+#[allow(clippy::zombie_processes)]
+fn measure(cmd: &mut Command) -> (Duration, i64, bool) {
+    let started = Instant::now();
+    let child = cmd.spawn().expect("start fleet-retire");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
+    let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, writing into the locals above.
+    let pid = unsafe { nix::libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4 failed");
+    let ok = nix::libc::WIFEXITED(status) && nix::libc::WEXITSTATUS(status) == 0;
+    (started.elapsed(), usage.ru_maxrss, ok)
+}
+
+fn median<T: Copy + Ord>(mut v: Vec<T>) -> T {
+    v.sort();
+    v[v.len() / 2]
+}
+
+struct Fleet {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl Fleet {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+    fn store_args(&self) -> Vec<String> {
+        [
+            "--registry",
+            self.path("registry.sqlite").to_str().unwrap(),
+            "--leases",
+            self.path("leases.sqlite").to_str().unwrap(),
+            "--canonical-repository",
+            "prgs/gitea-tools",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(self.operator_args())
+        .collect()
+    }
+    fn operator_args(&self) -> Vec<String> {
+        vec![
+            "--profiles".into(),
+            self.path("profiles.json").display().to_string(),
+            "--profile".into(),
+            "controller-prgs".into(),
+        ]
+    }
+}
+
+fn generate(generator: &Path, rows: usize) -> Fleet {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let started = Instant::now();
+    let ok = Command::new("python3")
+        .arg(generator)
+        .args(["--rows", &rows.to_string(), "--out"])
+        .arg(&path)
+        .status()
+        .expect("run python3")
+        .success();
+    assert!(ok, "gen_registry.py failed");
+    let conn = rusqlite::Connection::open(path.join("registry.sqlite")).unwrap();
+    let frozen = conn
+        .execute(
+            "UPDATE worker_registrations SET last_heartbeat_at = '2099-01-01T00:00:00Z'
+             WHERE status = 'active'
+               AND last_heartbeat_at > strftime('%Y-%m-%dT%H:%M:%SZ', 'now', '-3 hours')",
+            [],
+        )
+        .unwrap();
+    drop(conn);
+    std::fs::copy(
+        path.join("registry.sqlite"),
+        path.join("registry.orig.sqlite"),
+    )
+    .unwrap();
+    std::fs::write(
+        path.join("profiles.json"),
+        r#"{"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}}"#,
+    )
+    .unwrap();
+    println!(
+        "generated {rows} rows in {:.1?} ({frozen} recent heartbeats moved to 2099)",
+        started.elapsed()
+    );
+    Fleet {
+        _dir: dir,
+        dir: path,
+    }
+}
+
+/// Plan to a file and take the header and the first 10,000 candidates from
+/// it (one top-level key per line, so nothing large is parsed).
+fn plan_for_apply(fleet: &Fleet) -> (Vec<String>, usize) {
+    let out = fleet.path("plan.json");
+    let ok = Command::new(BIN)
+        .arg("plan")
+        .args(fleet.store_args())
+        .args(["--format", "json"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "plan failed");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut args = Vec::new();
+    let mut count = 0;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(": ") else {
+            continue;
+        };
+        let value = value.trim_end_matches(',');
+        match key {
+            "\"registry_fingerprint\"" | "\"candidate_fingerprint\"" | "\"policy_fingerprint\"" => {
+                let flag = format!("--{}", key.trim_matches('"').replace('_', "-"));
+                args.push(flag);
+                args.push(serde_json::from_str::<String>(value).unwrap());
+            }
+            "\"candidate_worker_identities\"" => {
+                let ids: Vec<String> = serde_json::from_str(value).unwrap();
+                let chosen: Vec<&String> = ids.iter().take(10_000).collect();
+                count = chosen.len();
+                std::fs::write(
+                    fleet.path("workers.json"),
+                    serde_json::to_string(&chosen).unwrap(),
+                )
+                .unwrap();
+                break;
+            }
+            _ => {}
+        }
+    }
+    std::fs::remove_file(&out).unwrap();
+    args.push("--workers".into());
+    args.push(format!("@{}", fleet.path("workers.json").display()));
+    (args, count)
+}
+
+fn main() {
+    let generator = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/gen_registry.py");
+    if !generator.is_file() {
+        println!(
+            "skipped: {} is not here (the realistic registry generator)",
+            generator.display()
+        );
+        return;
+    }
+    let rows: usize = std::env::var("REALISTIC_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let runs: usize = std::env::var("REALISTIC_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let fleet = generate(&generator, rows);
+    let null = || Stdio::from(std::fs::File::create("/dev/null").unwrap());
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "snapshot (human)",
+            [
+                vec![
+                    "snapshot".into(),
+                    "--registry".into(),
+                    fleet.path("registry.sqlite").display().to_string(),
+                ],
+                fleet.operator_args(),
+            ]
+            .concat(),
+        ),
+        (
+            "snapshot --format json",
+            [
+                vec![
+                    "--format".into(),
+                    "json".into(),
+                    "snapshot".into(),
+                    "--registry".into(),
+                    fleet.path("registry.sqlite").display().to_string(),
+                ],
+                fleet.operator_args(),
+            ]
+            .concat(),
+        ),
+        (
+            "plan --format json",
+            [
+                vec!["--format".into(), "json".into(), "plan".into()],
+                fleet.store_args(),
+            ]
+            .concat(),
+        ),
+        (
+            "plan (human)",
+            [vec!["plan".into()], fleet.store_args()].concat(),
+        ),
+    ];
+    for (name, args) in &cases {
+        let mut times = Vec::new();
+        let mut peaks = Vec::new();
+        for _ in 0..runs {
+            let (t, peak, ok) = measure(Command::new(BIN).args(args).stdout(null()));
+            assert!(ok, "{name} failed");
+            times.push(t);
+            peaks.push(peak);
+        }
+        println!(
+            "{name:<24} {rows} rows: median {:.3} s, peak {} MB (runs: {:?})",
+            median(times.clone()).as_secs_f64(),
+            median(peaks) / 1024,
+            times
+                .iter()
+                .map(|t| format!("{:.2}", t.as_secs_f64()))
+                .collect::<Vec<_>>()
+        );
+    }
+    let mut times = Vec::new();
+    let mut peaks = Vec::new();
+    let mut locks = Vec::new();
+    for _ in 0..runs {
+        std::fs::copy(
+            fleet.path("registry.orig.sqlite"),
+            fleet.path("registry.sqlite"),
+        )
+        .unwrap();
+        let (args, count) = plan_for_apply(&fleet);
+        let report = fleet.path("apply.json");
+        let (t, peak, ok) = measure(
+            Command::new(BIN)
+                .args(["--format", "json", "apply"])
+                .args(fleet.store_args())
+                .args(&args)
+                .args(["--max-retire", &count.to_string()])
+                .stdout(std::fs::File::create(&report).unwrap()),
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert!(ok, "apply failed: {}", doc["detail"]);
+        assert_eq!(doc["retired_count"], count, "{}", doc["detail"]);
+        times.push(t);
+        peaks.push(peak);
+        locks.push(doc["lock_held_ms"].as_u64().unwrap());
+    }
+    println!(
+        "apply of 10,000 in {rows} rows: median {:.3} s, peak {} MB, lock held median {} ms (runs: {:?})",
+        median(times.clone()).as_secs_f64(),
+        median(peaks) / 1024,
+        median(locks),
+        times.iter().map(|t| format!("{:.2}", t.as_secs_f64())).collect::<Vec<_>>()
+    );
+}
