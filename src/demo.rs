@@ -283,7 +283,7 @@ pub fn run(policies: &Policies) -> Result<String> {
         &probe,
         policies,
     )?;
-    for line in crate::report::plan_table(&planned, &policies.source_label()).lines() {
+    for line in crate::report::plan_table(&planned, &policies.source_label(), None).lines() {
         say(&mut out, format!("   {line}"))?;
     }
 

@@ -41,21 +41,39 @@ fn cut(s: &str, width: usize) -> String {
     }
 }
 
-/// The plan as a table: one line per row, then the tokens and the policy
-/// set that decided (`built-in`, or a folder with its fingerprint).
-pub fn plan_table(plan: &Plan, policy_source: &str) -> String {
+/// The plan as a person reads it: the counts, the preserved rows' counts
+/// per reason, one line per candidate, at most `preserved_limit` preserved
+/// rows (all of them with `None`; a large registry has tens of thousands),
+/// then the tokens and the policy set that decided (`built-in`, or a folder
+/// with its fingerprint).
+pub fn plan_table(plan: &Plan, policy_source: &str, preserved_limit: Option<usize>) -> String {
     let mut out = String::new();
     let candidates = plan.candidates().count();
+    let preserved = plan.entries.len() - candidates;
     let _ = writeln!(
         out,
         "{} rows assessed: {} may be retired, {} preserved",
         plan.entries.len(),
         candidates,
-        plan.entries.len() - candidates
+        preserved
     );
+    let counts = plan.reason_counts();
+    if !counts.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "{:<42} ROWS", "PRESERVED BECAUSE");
+        let mut by_count: Vec<(&str, usize)> = counts.into_iter().collect();
+        by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        for (code, n) in by_count {
+            let _ = writeln!(out, "{code:<42} {n}");
+        }
+    }
     let _ = writeln!(out);
     let _ = writeln!(out, "{:<32} {:<9} REASON", "WORKER", "VERDICT");
-    for e in &plan.entries {
+    let listed_preserved = preserved_limit.unwrap_or(usize::MAX).min(preserved);
+    let shown = plan
+        .candidates()
+        .chain(plan.preserved().take(listed_preserved));
+    for e in shown {
         let verdict = if e.is_candidate() { "retire" } else { "keep" };
         let codes: Vec<&str> = if e.is_candidate() {
             vec![e.reason().code()]
@@ -72,6 +90,13 @@ pub fn plan_table(plan: &Plan, policy_source: &str) -> String {
             cut(&plan.identity(e), 32),
             verdict,
             reason
+        );
+    }
+    if listed_preserved < preserved {
+        let _ = writeln!(
+            out,
+            "({} preserved row(s) not listed: --all lists every row, --limit N the first N)",
+            preserved - listed_preserved
         );
     }
     let _ = writeln!(out);

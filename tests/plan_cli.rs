@@ -402,3 +402,55 @@ fn a_wal_registry_in_use_is_planned_from_its_latest_commit() {
     assert_eq!(std::fs::read(&stores.registry).unwrap(), main_file);
     drop(writer);
 }
+
+/// A person reads the counts and the candidates; preserved rows (tens of
+/// thousands in a long-running fleet) are listed only when asked for.
+#[test]
+fn human_plan_lists_candidates_and_counts_and_preserved_rows_on_request() {
+    let (stores, _live) = common::fleet();
+    let human = |extra: &[&str]| {
+        let out = common::bin()
+            .args(stores.plan_args("controller-prgs"))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let default = human(&[]);
+    assert!(
+        default.contains("4 rows assessed: 3 may be retired, 1 preserved"),
+        "{default}"
+    );
+    assert!(default.contains("PRESERVED BECAUSE"), "{default}");
+    assert!(
+        default
+            .lines()
+            .any(|l| l.starts_with("pid_alive") && l.ends_with(" 1")),
+        "{default}"
+    );
+    for i in 1..=3 {
+        assert!(default.contains(&format!("w-dead-{i}")), "{default}");
+    }
+    assert!(!default.contains("w-running"), "{default}");
+    assert!(
+        default.contains("(1 preserved row(s) not listed: --all"),
+        "{default}"
+    );
+    for asked in [&["--all"][..], &["--limit", "1"][..]] {
+        let listed = human(asked);
+        assert!(
+            listed
+                .lines()
+                .any(|l| l.starts_with("w-running") && l.contains("keep")),
+            "{listed}"
+        );
+        assert!(!listed.contains("not listed"), "{listed}");
+    }
+    let out = common::bin()
+        .args(stores.plan_args("controller-prgs"))
+        .args(["--all", "--limit", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
+}

@@ -20,6 +20,13 @@ pub struct PlanArgs {
     /// Also write the plan (JSON) to this file, for `fleet-retire apply`.
     #[arg(long, value_name = "PLAN.json")]
     pub out: Option<PathBuf>,
+    /// Human format: list every preserved row too (by default only their
+    /// counts per reason are shown, with the candidates).
+    #[arg(long, conflicts_with = "limit")]
+    pub all: bool,
+    /// Human format: list the first N preserved rows.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
 }
 
 /// Gather evidence from the world and plan (for `plan` and `explain`).
@@ -57,9 +64,18 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let mut w = std::io::BufWriter::new(stdout.lock());
     let written = match cli.format {
         Format::Json => plan.write_json(&mut w),
-        Format::Human => {
-            w.write_all(crate::report::plan_table(&plan, &policies.source_label()).as_bytes())
-        }
+        Format::Human => w.write_all(
+            crate::report::plan_table(
+                &plan,
+                &policies.source_label(),
+                if args.all {
+                    None
+                } else {
+                    Some(args.limit.unwrap_or(0))
+                },
+            )
+            .as_bytes(),
+        ),
     };
     written.and_then(|_| w.flush()).map_err(Error::Output)?;
     // The process ends next: returning a large registry's rows to the
