@@ -619,6 +619,11 @@ impl ServerHandler for FleetServer {
     }
 }
 
+/// Whether a registry error is another writer holding the lock.
+fn is_lock_contention(message: &str) -> bool {
+    message.contains("database is locked") || message.contains("database is busy")
+}
+
 /// How a served session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -636,23 +641,37 @@ pub fn run(binding: Binding, life: Lifecycle) -> Result<ExitCode> {
     crate::pool::limit_malloc_arenas();
     let registry = binding.registry.clone();
     let pid = i64::from(std::process::id());
-    let row = register(
-        &registry,
-        &binding.proc_root,
-        &Registration {
-            worker_identity: std::env::var("GITEA_MCP_WORKER_IDENTITY")
-                .ok()
-                .filter(|s| !s.trim().is_empty()),
-            namespace: life.namespace.clone(),
-            role: None,
-            pid,
-            ttl_seconds: life.ttl_seconds,
-            repository_binding: binding.canonical_repository.clone(),
-            remote: None,
-            transport: Some("stdio".into()),
-            env: std::env::vars().collect(),
-        },
-    )?;
+    let registration = Registration {
+        worker_identity: std::env::var("GITEA_MCP_WORKER_IDENTITY")
+            .ok()
+            .filter(|s| !s.trim().is_empty()),
+        namespace: life.namespace.clone(),
+        role: None,
+        pid,
+        ttl_seconds: life.ttl_seconds,
+        repository_binding: binding.canonical_repository.clone(),
+        remote: None,
+        transport: Some("stdio".into()),
+        env: std::env::vars().collect(),
+    };
+    // A fleet's workers heartbeat into the same registry; SQLite's busy
+    // handler is not fair, so a registration can lose the lock to them past
+    // its timeout. Only that is retried, for up to a minute.
+    let started = std::time::Instant::now();
+    let row = loop {
+        match register(&registry, &binding.proc_root, &registration) {
+            Err(Error::Registry { message, .. })
+                if is_lock_contention(&message)
+                    && started.elapsed() < std::time::Duration::from_secs(60) =>
+            {
+                tracing::warn!("registering: {message}; trying again");
+                std::thread::sleep(std::time::Duration::from_millis(
+                    100 + u64::from(std::process::id() % 400),
+                ));
+            }
+            other => break other?,
+        }
+    };
     let identity = row["worker_identity"].as_str().unwrap_or("").to_string();
     tracing::info!("registered as worker {identity}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
