@@ -26,22 +26,58 @@ pub fn open(path: &Path) -> Result<Connection> {
     let conn = Connection::open(path).map_err(|e| err(format!("cannot open or create: {e}")))?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(|e| err(format!("cannot set the busy timeout: {e}")))?;
-    let existing = table_columns(&conn, TABLE).map_err(|e| err(format!("cannot read: {e}")))?;
-    match existing {
-        None => {
-            let cols: Vec<String> = COLUMNS
-                .iter()
-                .map(|c| format!("\"{}\" {}", c.name(), sql_type(*c)))
-                .collect();
-            conn.execute_batch(&format!(
-                "CREATE TABLE IF NOT EXISTS {TABLE} ({})",
-                cols.join(", ")
-            ))
-            .map_err(|e| err(format!("cannot create the registry table: {e}")))?;
-        }
-        Some(_) => crate::evidence::registry::add_missing_columns(&conn, path)?,
+    let complete = |conn: &Connection| -> Result<bool> {
+        let existing = table_columns(conn, TABLE).map_err(|e| err(format!("cannot read: {e}")))?;
+        Ok(existing
+            .is_some_and(|names| COLUMNS.iter().all(|c| names.iter().any(|n| n == c.name()))))
+    };
+    if complete(&conn)? {
+        return Ok(conn);
     }
+    // Creating or migrating: under the write lock, deciding again there, so
+    // workers starting together do not each add the same column (the
+    // second would fail with "duplicate column name").
+    migrate_locked(&conn, path)?;
     Ok(conn)
+}
+
+/// Create the registry table, or add the columns it lacks, inside one
+/// `BEGIN IMMEDIATE` transaction that looks again once it holds the lock.
+fn migrate_locked(conn: &Connection, path: &Path) -> Result<()> {
+    let err = |m: String| Error::Registry {
+        path: path.to_path_buf(),
+        message: m,
+    };
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| {
+        err(format!(
+            "cannot take the write lock to create or migrate: {e}"
+        ))
+    })?;
+    let done = (|| -> Result<()> {
+        match table_columns(conn, TABLE).map_err(|e| err(format!("cannot read: {e}")))? {
+            None => {
+                let cols: Vec<String> = COLUMNS
+                    .iter()
+                    .map(|c| format!("\"{}\" {}", c.name(), sql_type(*c)))
+                    .collect();
+                conn.execute_batch(&format!(
+                    "CREATE TABLE IF NOT EXISTS {TABLE} ({})",
+                    cols.join(", ")
+                ))
+                .map_err(|e| err(format!("cannot create the registry table: {e}")))
+            }
+            Some(_) => crate::evidence::registry::add_missing_columns(conn, path),
+        }
+    })();
+    match done {
+        Ok(()) => conn
+            .execute_batch("COMMIT")
+            .map_err(|e| err(format!("cannot commit the migration: {e}"))),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
 }
 
 /// What a worker registers.

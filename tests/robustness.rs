@@ -709,3 +709,54 @@ fn workers_are_read_from_a_file_with_at() {
     assert_eq!(report["retired_count"], 2, "{report}");
     assert_eq!(status_of(&stores.registry, "w-dead-2"), "retired");
 }
+
+/// Workers starting together on a registry from before a column was added
+/// each open it for writing; the first migrates it and the others must find
+/// it migrated, not fail with "duplicate column name" (one `serve` of fifty
+/// did, and exited).
+#[test]
+fn workers_opening_an_old_registry_together_migrate_it_once() {
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "CREATE TABLE worker_registrations (worker_identity TEXT PRIMARY KEY, pid INTEGER,
+                 status TEXT, last_heartbeat_at TEXT);
+                 INSERT INTO worker_registrations VALUES ('w-old', 1, 'active', '2026-01-01T00:00:00Z');",
+            )
+            .unwrap();
+        let barrier = std::sync::Barrier::new(16);
+        let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..16)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        fleet_retire::worker::open(&path)
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &results {
+            assert!(r.is_ok(), "{r:?}");
+        }
+        let columns: Vec<String> = rusqlite::Connection::open(&path)
+            .unwrap()
+            .prepare("SELECT name FROM pragma_table_info('worker_registrations')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(columns.iter().any(|c| c == "pid_namespace"), "{columns:?}");
+        assert_eq!(
+            columns.iter().filter(|c| *c == "pid_namespace").count(),
+            1,
+            "{columns:?}"
+        );
+    }
+}
