@@ -28,19 +28,7 @@ pub struct FileBytes {
 /// Read a regular file without ever blocking on it: it is opened
 /// non-blocking and must be a regular file of at most `limit` bytes.
 pub fn read_regular(path: &Path, limit: u64) -> Result<FileBytes, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
-        .open(path)
-        .map_err(|e| format!("cannot open ({e})"))?;
-    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
-    if !meta.is_file() {
-        return Err(
-            "is not a regular file (a FIFO, device or folder is never read); point at the file itself"
-                .into(),
-        );
-    }
+    let (file, meta) = open_regular(path)?;
     let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize);
     file.take(limit + 1)
         .read_to_end(&mut bytes)
@@ -61,6 +49,25 @@ pub fn read_regular(path: &Path, limit: u64) -> Result<FileBytes, String> {
         )
     })?;
     Ok(FileBytes { text, sha256 })
+}
+
+/// Open a file without ever blocking on it (non-blocking open), refusing
+/// anything but a regular file.
+fn open_regular(path: &Path) -> Result<(std::fs::File, std::fs::Metadata), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(|e| format!("cannot open ({e})"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
+    if !meta.is_file() {
+        return Err(
+            "is not a regular file (a FIFO, device or folder is never read); point at the file itself"
+                .into(),
+        );
+    }
+    Ok((file, meta))
 }
 
 /// Parse JSON text, refusing a byte-order mark and duplicate object keys.
@@ -108,19 +115,7 @@ pub fn read_selected<T: de::DeserializeOwned>(
     typed: &str,
 ) -> Result<(Map<String, Json>, Option<T>), String> {
     use std::io::BufRead;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
-        .open(path)
-        .map_err(|e| format!("cannot open ({e})"))?;
-    let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
-    if !meta.is_file() {
-        return Err(
-            "is not a regular file (a FIFO, device or folder is never read); point at the file itself"
-                .into(),
-        );
-    }
+    let (file, meta) = open_regular(path)?;
     if meta.len() > MAX_STREAMED_BYTES {
         return Err(format!(
             "is larger than {MAX_STREAMED_BYTES} bytes; this is not a file fleet-retire writes or expects"

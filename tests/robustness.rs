@@ -593,17 +593,6 @@ fn a_heartbeating_writer_never_fails_during_an_apply_over_many_lease_rows() {
     assert!(held < 5_000, "the lock was held {held} ms");
 }
 
-fn status_of(registry: &Path, id: &str) -> String {
-    rusqlite::Connection::open(registry)
-        .unwrap()
-        .query_row(
-            "SELECT status FROM worker_registrations WHERE worker_identity = ?1",
-            [id],
-            |r| r.get(0),
-        )
-        .unwrap()
-}
-
 /// A saved plan of a large registry is far over the 16 MiB cap on other
 /// inputs (a million rows make gigabytes). Apply streams it, keeping only
 /// the header, the candidates and `planned_rows`; a duplicated top-level

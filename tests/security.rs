@@ -14,17 +14,6 @@ use std::time::{Duration, Instant};
 
 const EXE: &str = env!("CARGO_BIN_EXE_fleet-retire");
 
-fn status_of(registry: &Path, worker: &str) -> String {
-    rusqlite::Connection::open(registry)
-        .unwrap()
-        .query_row(
-            "SELECT status FROM worker_registrations WHERE worker_identity = ?1",
-            [worker],
-            |r| r.get(0),
-        )
-        .unwrap()
-}
-
 fn save_plan(stores: &Stores, extra: &[&str]) -> (PathBuf, Value) {
     let out_path = stores.dir.path().join("plan.json");
     let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();

@@ -486,3 +486,16 @@ pub fn fleet() -> (Stores, KillOnDrop) {
     rows.push(stale_row("w-running", live.id() as i64, &live_start));
     (Stores::new(&rows), live)
 }
+
+/// The status of one worker's row.
+#[allow(dead_code)]
+pub fn status_of(registry: &Path, worker: &str) -> String {
+    rusqlite::Connection::open(registry)
+        .unwrap()
+        .query_row(
+            "SELECT status FROM worker_registrations WHERE worker_identity = ?1",
+            [worker],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
