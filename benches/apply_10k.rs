@@ -58,12 +58,11 @@ fn generate(dir: &Path, rows: usize, released_leases: usize, host: &str, boot: &
     tx.commit().unwrap();
     Connection::open(dir.join("leases.sqlite"))
         .unwrap()
-        .execute_batch(
-            "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role TEXT, target TEXT, status TEXT,
-             session_id TEXT, owner_session_id TEXT, owner_pid INTEGER, session_pid INTEGER,
-             generation TEXT, owner_worker_identity TEXT, acquired_at TEXT, expires_at TEXT);
+        .execute_batch(&format!(
+            "{};
              INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) VALUES ('l-1', 'active', 'someone-else');",
-        )
+            fleet_retire::store::leases::create_sql()
+        ))
         .unwrap();
     let leases = Connection::open(dir.join("leases.sqlite")).unwrap();
     let tx = leases.unchecked_transaction().unwrap();
@@ -181,9 +180,9 @@ fn under_load() {
     // The heartbeats move the registry token: apply with the plan's rows,
     // as a saved plan would.
     let req = Request {
-        planned: Some(std::sync::Arc::new(fleet_retire::planned::PlannedRows::of(
-            &p,
-        ))),
+        planned: Some(std::sync::Arc::new(
+            fleet_retire::plan::planned::PlannedRows::of(&p),
+        )),
         ..req
     };
     let started = Instant::now();

@@ -70,12 +70,8 @@ fn generate(
     tx.commit().unwrap();
     let leases = dir.join("leases.sqlite");
     let lc = Connection::open(&leases).unwrap();
-    lc.execute_batch(
-        "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role TEXT, target TEXT, status TEXT,
-         session_id TEXT, owner_session_id TEXT, owner_pid INTEGER, session_pid INTEGER,
-         generation TEXT, owner_worker_identity TEXT, acquired_at TEXT, expires_at TEXT);",
-    )
-    .unwrap();
+    lc.execute_batch(&fleet_retire::store::leases::create_sql())
+        .unwrap();
     for i in 0..50 {
         lc.execute(
             "INSERT INTO workflow_leases VALUES (?1, 'author', 'issue', 'active', ?2, NULL, NULL, NULL, NULL, ?3, NULL, NULL)",

@@ -91,7 +91,7 @@ pub struct Request {
     /// `serve` issued): heartbeat-only changes on rows live then and now are
     /// tolerated (docs/apply.md). Without them the registry token must match
     /// exactly.
-    pub planned: Option<std::sync::Arc<crate::planned::PlannedRows>>,
+    pub planned: Option<std::sync::Arc<crate::plan::planned::PlannedRows>>,
 }
 
 /// Where apply reads and writes.
@@ -623,14 +623,14 @@ fn inside(
     report: &mut Report,
 ) -> std::result::Result<(), Abort> {
     // Nothing in the file may turn our writes into other writes.
-    if let Some(why) = crate::audit::untrusted_objects(tx, TABLE)? {
+    if let Some(why) = crate::store::untrusted_objects(tx, TABLE)? {
         return Err(Abort::Refuse(Outcome::RegistryUntrusted, why));
     }
     // Migrations run inside the transaction: a refusal undoes them too.
-    if let Err(e) = crate::evidence::registry::add_missing_columns(tx, ctx.registry) {
+    if let Err(e) = crate::store::registry::add_missing_columns(tx, ctx.registry) {
         return Err(Abort::Refuse(Outcome::RegistryUnavailable, e.to_string()));
     }
-    crate::audit::create_or_migrate(tx)?;
+    crate::store::audit::create_or_migrate(tx)?;
 
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
@@ -747,7 +747,7 @@ fn inside(
     }
 
     let audit = AuditContext {
-        apply_id: crate::launcher::random_hex(16)?,
+        apply_id: crate::evidence::random_hex(16)?,
         os_uid: i64::from(nix::unistd::getuid().as_raw()),
         host_id: host.host_id.clone(),
         policy_source: ctx.policies.source_label(),
@@ -767,13 +767,13 @@ fn inside(
     );
     let insert = format!(
         "INSERT INTO {} ({}) VALUES ({})",
-        crate::audit::TABLE,
-        crate::audit::COLUMNS
+        crate::store::audit::TABLE,
+        crate::store::audit::COLUMNS
             .iter()
             .map(|(n, _)| *n)
             .collect::<Vec<_>>()
             .join(", "),
-        (1..=crate::audit::COLUMNS.len())
+        (1..=crate::store::audit::COLUMNS.len())
             .map(|i| format!("?{i}"))
             .collect::<Vec<_>>()
             .join(", ")
@@ -887,7 +887,7 @@ fn inside(
              (one retirement and one audit row per worker); nothing was retired"
         )));
     }
-    let audited = crate::audit::count_for(tx, &audit.apply_id)?;
+    let audited = crate::store::audit::count_for(tx, &audit.apply_id)?;
     if audited != report.retired.len() {
         return Err(Abort::Fail(format!(
             "{audited} audit rows were found for {} retirements; nothing was retired",

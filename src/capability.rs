@@ -444,7 +444,7 @@ fn skeleton(name: &str) -> String {
 /// grants table: malformed entries (always denied), names that mix scripts,
 /// and names that look alike.
 pub fn warnings(profiles: &Profiles) -> Vec<String> {
-    let esc = |s: &str| crate::report::esc(s).into_owned();
+    let esc = |s: &str| crate::text::esc(s).into_owned();
     let mut out = Vec::new();
     for (name, p) in &profiles.profiles {
         if !p.problems.is_empty() {

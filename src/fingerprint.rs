@@ -4,8 +4,8 @@
 //! system: the field lists, separators, version tags and prefixes here must
 //! not change.
 
-use crate::evidence::leases::Lease;
 use crate::row::{Col, Row};
+use crate::store::leases::Lease;
 use sha2::{Digest, Sha256};
 
 /// The registry-token field list, in contract order. `instance_id_source`,

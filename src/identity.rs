@@ -5,6 +5,33 @@
 //! again from the raw instance id, so a reviewer can read the rule in
 //! `policies/retirement.cedar`; a fixture pins that both agree.
 
+/// Environment keys the launcher sets.
+pub mod env {
+    /// Client type.
+    pub const CLIENT: &str = "GITEA_MCP_CLIENT";
+    /// The launch's instance id.
+    pub const CLIENT_INSTANCE: &str = "GITEA_MCP_CLIENT_INSTANCE";
+    /// Provenance marker only the launcher writes.
+    pub const INSTANCE_PROVENANCE: &str = "GITEA_MCP_INSTANCE_PROVENANCE";
+    /// The launch's session.
+    pub const CLIENT_SESSION: &str = "GITEA_MCP_CLIENT_SESSION";
+    /// Operator-approved enrollment.
+    pub const FLEET_RUN_ID: &str = "GITEA_MCP_FLEET_RUN_ID";
+    /// Client-managed marker.
+    pub const CLIENT_MANAGED: &str = "GITEA_CLIENT_MANAGED";
+    /// The worker's profile.
+    pub const PROFILE: &str = "GITEA_MCP_PROFILE";
+    /// profiles.json.
+    pub const CONFIG: &str = "GITEA_MCP_CONFIG";
+    /// A worker generation chosen by its parent.
+    pub const GENERATION_ID: &str = "GITEA_MCP_GENERATION_ID";
+    /// The namespace a server is started for (read by `fleet-retire serve`).
+    pub const NAMESPACE: &str = "GITEA_MCP_NAMESPACE";
+}
+
+/// The provenance value the launcher alone writes.
+pub const LAUNCHER_PROVENANCE: &str = "trusted_launcher";
+
 /// The client type of anything not recognised.
 pub const UNKNOWN_CLIENT: &str = "unknown";
 

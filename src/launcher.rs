@@ -5,7 +5,8 @@
 //! Workers never mint a trusted id; the launcher does, once per launch.
 
 use crate::error::{Error, Result};
-use crate::identity::{assess_instance_identity, normalize_client_name};
+use crate::evidence::random_hex;
+use crate::identity::{assess_instance_identity, env, normalize_client_name, LAUNCHER_PROVENANCE};
 use crate::time::Micros;
 use serde_json::{json, Map, Value as Json};
 use sha2::{Digest, Sha256};
@@ -13,33 +14,6 @@ use std::collections::BTreeMap;
 
 /// The five namespaces of a launch, in server order.
 pub const NAMESPACES: &[&str] = &["author", "reviewer", "merger", "controller", "reconciler"];
-
-/// Environment keys the launcher sets.
-pub mod env {
-    /// Client type.
-    pub const CLIENT: &str = "GITEA_MCP_CLIENT";
-    /// The launch's instance id.
-    pub const CLIENT_INSTANCE: &str = "GITEA_MCP_CLIENT_INSTANCE";
-    /// Provenance marker only the launcher writes.
-    pub const INSTANCE_PROVENANCE: &str = "GITEA_MCP_INSTANCE_PROVENANCE";
-    /// The launch's session.
-    pub const CLIENT_SESSION: &str = "GITEA_MCP_CLIENT_SESSION";
-    /// Operator-approved enrollment.
-    pub const FLEET_RUN_ID: &str = "GITEA_MCP_FLEET_RUN_ID";
-    /// Client-managed marker.
-    pub const CLIENT_MANAGED: &str = "GITEA_CLIENT_MANAGED";
-    /// The worker's profile.
-    pub const PROFILE: &str = "GITEA_MCP_PROFILE";
-    /// profiles.json.
-    pub const CONFIG: &str = "GITEA_MCP_CONFIG";
-    /// A worker generation chosen by its parent.
-    pub const GENERATION_ID: &str = "GITEA_MCP_GENERATION_ID";
-    /// The namespace a server is started for (read by `fleet-retire serve`).
-    pub const NAMESPACE: &str = "GITEA_MCP_NAMESPACE";
-}
-
-/// The provenance value the launcher alone writes.
-pub const LAUNCHER_PROVENANCE: &str = "trusted_launcher";
 
 /// Keys a caller's extra environment can never override.
 pub const PROTECTED_KEYS: &[&str] = &[
@@ -49,16 +23,6 @@ pub const PROTECTED_KEYS: &[&str] = &[
     env::CLIENT,
     env::CLIENT_MANAGED,
 ];
-
-/// `n` random bytes as lower-case hex, from the kernel.
-pub fn random_hex(n: usize) -> Result<String> {
-    use std::io::Read;
-    let mut buf = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| Error::Input(format!("cannot read /dev/urandom for a launch nonce: {e}")))?;
-    Ok(crate::fingerprint::hex(&buf))
-}
 
 /// Mint an instance id: `inst-<client>-<%Y%m%dT%H%M%SZ>-<12 hex of
 /// sha256("<client>\x1f<stamp>\x1f<nonce>")>`.

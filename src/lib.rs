@@ -6,10 +6,8 @@
 #![deny(missing_docs)]
 
 pub mod apply;
-pub mod audit;
 pub mod capability;
 pub mod cli;
-pub mod demo;
 pub mod error;
 pub mod evidence;
 pub mod explain;
@@ -22,7 +20,6 @@ pub mod launcher;
 pub mod liveness;
 pub mod observe;
 pub mod plan;
-pub mod planned;
 pub mod policy;
 pub mod pool;
 pub mod reasons;
@@ -30,6 +27,8 @@ pub mod report;
 pub mod row;
 pub mod serve;
 pub mod snapshot;
+pub mod store;
+pub mod text;
 pub mod time;
 pub mod value;
 pub mod verify;

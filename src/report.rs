@@ -1,34 +1,8 @@
 //! Human rendering: short tables a person reads in a terminal.
 
 use crate::plan::Plan;
-use std::borrow::Cow;
+use crate::text::esc;
 use std::fmt::Write;
-
-/// Text from a registry, a file or a request, made safe for a terminal:
-/// control characters (C0, DEL, C1) and the bidirectional overrides that
-/// reorder what a person sees are written as `\u{..}` escapes, and a
-/// backslash as `\\`, so a worker id cannot fake a line or a column.
-pub fn esc(s: &str) -> Cow<'_, str> {
-    let unsafe_char = |c: char| {
-        c.is_control()
-            || c == '\\'
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !s.chars().any(unsafe_char) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if c == '\\' {
-            out.push_str("\\\\");
-        } else if unsafe_char(c) {
-            let _ = write!(out, "\\u{{{:x}}}", c as u32);
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
-}
 
 fn cut(s: &str, width: usize) -> String {
     let s = esc(s);

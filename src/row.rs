@@ -63,16 +63,6 @@ columns! {
     RetirementReason => "retirement_reason",
 }
 
-/// SQL type of each known column, for creating and migrating a registry.
-pub fn sql_type(col: Col) -> &'static str {
-    match col {
-        Col::WorkerIdentity => "TEXT PRIMARY KEY",
-        Col::Pid | Col::FencingEpoch => "INTEGER",
-        Col::HeartbeatTtlSeconds => "REAL",
-        _ => "TEXT",
-    }
-}
-
 /// One registration as read: a value for every known column (NULL for a
 /// column the registry does not have). Unknown columns are not kept.
 #[derive(Debug, Clone, PartialEq)]

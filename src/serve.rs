@@ -16,13 +16,13 @@
 //!
 //! It keeps the rows of the last few plans it issued, so an apply made a
 //! minute later in a heartbeating fleet is judged row by row
-//! (`crate::planned`) rather than refused for every heartbeat.
+//! (`crate::plan::planned`) rather than refused for every heartbeat.
 
 use crate::apply::{apply, parse_workers, Context, Hooks, Outcome, Request};
 use crate::capability::{check, Profiles};
 use crate::error::{Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
-use crate::planned::PlannedRows;
+use crate::plan::planned::PlannedRows;
 use crate::policy::Policies;
 use crate::worker::{heartbeat, register, release, Registration, Writer};
 use rmcp::model::{
@@ -327,7 +327,7 @@ fn advice(outcome: Outcome) -> &'static str {
 fn nonblank(text: Option<String>) -> std::result::Result<Option<String>, McpError> {
     match text {
         None => Ok(None),
-        Some(t) => crate::cli::nonblank_repository(&t)
+        Some(t) => crate::text::nonblank_repository(&t)
             .map(Some)
             .map_err(|e| McpError::invalid_params(format!("canonical_repository: {e}"), None)),
     }

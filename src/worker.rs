@@ -7,10 +7,12 @@
 
 use crate::error::{Error, Result};
 use crate::evidence::probe::{process_start_time, HostFacts};
-use crate::evidence::registry::{table_columns, TABLE};
+use crate::evidence::random_hex;
 use crate::identity::assess_instance_identity;
-use crate::launcher::{env, random_hex, LAUNCHER_PROVENANCE};
-use crate::row::{sql_type, COLUMNS};
+use crate::identity::{env, LAUNCHER_PROVENANCE};
+use crate::row::COLUMNS;
+use crate::store::registry::TABLE;
+use crate::store::table_columns;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value as Json};
 use std::collections::HashMap;
@@ -37,47 +39,8 @@ pub fn open(path: &Path) -> Result<Connection> {
     // Creating or migrating: under the write lock, deciding again there, so
     // workers starting together do not each add the same column (the
     // second would fail with "duplicate column name").
-    migrate_locked(&conn, path)?;
+    crate::store::registry::create_or_migrate_locked(&conn, path)?;
     Ok(conn)
-}
-
-/// Create the registry table, or add the columns it lacks, inside one
-/// `BEGIN IMMEDIATE` transaction that looks again once it holds the lock.
-fn migrate_locked(conn: &Connection, path: &Path) -> Result<()> {
-    let err = |m: String| Error::Registry {
-        path: path.to_path_buf(),
-        message: m,
-    };
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| {
-        err(format!(
-            "cannot take the write lock to create or migrate: {e}"
-        ))
-    })?;
-    let done = (|| -> Result<()> {
-        match table_columns(conn, TABLE).map_err(|e| err(format!("cannot read: {e}")))? {
-            None => {
-                let cols: Vec<String> = COLUMNS
-                    .iter()
-                    .map(|c| format!("\"{}\" {}", c.name(), sql_type(*c)))
-                    .collect();
-                conn.execute_batch(&format!(
-                    "CREATE TABLE IF NOT EXISTS {TABLE} ({})",
-                    cols.join(", ")
-                ))
-                .map_err(|e| err(format!("cannot create the registry table: {e}")))
-            }
-            Some(_) => crate::evidence::registry::add_missing_columns(conn, path),
-        }
-    })();
-    match done {
-        Ok(()) => conn
-            .execute_batch("COMMIT")
-            .map_err(|e| err(format!("cannot commit the migration: {e}"))),
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
 }
 
 /// What a worker registers.

@@ -50,7 +50,7 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
     let err = |m: String| Error::Input(format!("plan {}: {m}", path.display()));
     // A plan of a large registry is gigabytes of evidence apply never
     // reads: only the header, the candidates and `planned_rows` are kept.
-    let (doc, planned) = crate::jsonfile::read_selected::<crate::planned::PlannedRows>(
+    let (doc, planned) = crate::jsonfile::read_selected::<crate::plan::planned::PlannedRows>(
         path,
         &[
             "registry_fingerprint",
@@ -87,7 +87,7 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
     let canonical_repository = match doc.get("canonical_repository") {
         None | Some(Json::Null) => None,
         Some(Json::String(s)) => Some(
-            crate::cli::nonblank_repository(s)
+            crate::text::nonblank_repository(s)
                 .map_err(|e| err(format!("`canonical_repository`: {e}")))?,
         ),
         Some(other) => {

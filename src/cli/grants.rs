@@ -110,7 +110,7 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
                 };
                 crate::outln!(
                     "{:<32} {:<9} {:<9} {:<9}",
-                    crate::report::esc(name),
+                    crate::text::esc(name),
                     yes("snapshot"),
                     yes("plan"),
                     yes("apply")
@@ -131,7 +131,7 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
                         crate::outln!(
                             "  {} {op} for {}",
                             if *allowed { "+ GRANTS" } else { "- revokes" },
-                            crate::report::esc(p)
+                            crate::text::esc(p)
                         )?;
                     }
                 }

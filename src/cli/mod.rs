@@ -84,24 +84,11 @@ pub struct StoreArgs {
     pub leases: PathBuf,
     /// The expected repository binding, e.g. prgs/gitea-tools (required by
     /// plan; apply takes it from the saved plan when not given).
-    #[arg(long, value_name = "REPO", value_parser = nonblank_repository)]
+    #[arg(long, value_name = "REPO", value_parser = crate::text::nonblank_repository)]
     pub canonical_repository: Option<String>,
     /// Root of the proc filesystem (boot id, process start times).
     #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
     pub proc_root: PathBuf,
-}
-
-/// A canonical repository must name something: an empty or blank one would
-/// switch the repository check off.
-pub fn nonblank_repository(text: &str) -> std::result::Result<String, String> {
-    if crate::value::Value::Text(text.into()).is_blank() {
-        return Err(
-            "the canonical repository is empty or blank; name it as OWNER/REPO \
-             (an empty one would switch the repository check off)"
-                .into(),
-        );
-    }
-    Ok(text.to_string())
 }
 
 /// Who is asking.

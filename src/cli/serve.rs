@@ -25,7 +25,7 @@ pub struct ServeArgs {
     pub profile: String,
     /// The expected repository binding (the tools' default).
     #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO",
-          value_parser = crate::cli::nonblank_repository)]
+          value_parser = crate::text::nonblank_repository)]
     pub canonical_repository: Option<String>,
     /// This server's namespace (author, reviewer, merger, controller, reconciler).
     #[arg(long, env = "GITEA_MCP_NAMESPACE", value_name = "NS")]

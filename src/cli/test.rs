@@ -34,12 +34,12 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
         };
         if diffs.is_empty() {
             passed += 1;
-            crate::outln!("PASS {}", crate::report::esc(&name))?;
+            crate::outln!("PASS {}", crate::text::esc(&name))?;
         } else {
             failed += 1;
-            crate::outln!("FAIL {} ({})", crate::report::esc(&name), file.display())?;
+            crate::outln!("FAIL {} ({})", crate::text::esc(&name), file.display())?;
             for d in diffs {
-                crate::outln!("    {}", crate::report::esc(&d))?;
+                crate::outln!("    {}", crate::text::esc(&d))?;
             }
         }
     }

@@ -101,7 +101,7 @@ pub fn run_register(_cli: &Cli, args: &RegisterArgs) -> Result<ExitCode> {
 pub fn run_heartbeat(_cli: &Cli, args: &WorkerArgs) -> Result<ExitCode> {
     let worker = required_identity("heartbeat")?;
     let at = heartbeat(&args.registry, &worker, Writer::Descendant(&args.proc_root))?;
-    crate::outln!("{} heartbeat at {at}", crate::report::esc(&worker))?;
+    crate::outln!("{} heartbeat at {at}", crate::text::esc(&worker))?;
     Ok(ExitCode::Ok)
 }
 
@@ -114,6 +114,6 @@ pub fn run_release(_cli: &Cli, args: &WorkerArgs) -> Result<ExitCode> {
         &args.status,
         Writer::Descendant(&args.proc_root),
     )?;
-    crate::outln!("{} {}", crate::report::esc(&worker), args.status)?;
+    crate::outln!("{} {}", crate::text::esc(&worker), args.status)?;
     Ok(ExitCode::Ok)
 }

@@ -6,63 +6,11 @@
 
 use crate::error::{Error, Result};
 use crate::evidence::registry::value_from_sql;
+pub use crate::store::leases::{Lease, COLUMNS, TABLE};
 use crate::value::Value;
 use rusqlite::{Connection, OpenFlags};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-
-/// The lease table.
-pub const TABLE: &str = "workflow_leases";
-
-/// The columns a lease store must have (semantics §6). A store that lacks
-/// one is refused: a missing `status` or `owner_pid` would otherwise read as
-/// "protects nothing".
-pub const COLUMNS: &[&str] = &[
-    "lease_id",
-    "role",
-    "target",
-    "status",
-    "session_id",
-    "owner_session_id",
-    "owner_pid",
-    "session_pid",
-    "generation",
-    "owner_worker_identity",
-    "acquired_at",
-    "expires_at",
-];
-
-/// One lease row: every column as read.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Lease {
-    fields: BTreeMap<String, Value>,
-}
-
-const NULL: Value = Value::Null;
-
-impl Lease {
-    /// A column's value (NULL when absent).
-    pub fn get(&self, name: &str) -> &Value {
-        self.fields.get(name).unwrap_or(&NULL)
-    }
-
-    /// Build from a JSON object (fixtures).
-    pub fn from_json(obj: &serde_json::Map<String, serde_json::Value>) -> Result<Lease, String> {
-        let mut fields = BTreeMap::new();
-        for (k, v) in obj {
-            fields.insert(
-                k.clone(),
-                Value::from_json(v).map_err(|e| format!("field `{k}`: {e}"))?,
-            );
-        }
-        Ok(Lease { fields })
-    }
-
-    /// `status` is exactly the text `active`.
-    pub fn is_active(&self) -> bool {
-        self.get("status").as_text() == Some("active")
-    }
-}
 
 /// What the active leases protect.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -220,7 +168,7 @@ pub fn full_digest(leases: &[Lease]) -> String {
         .iter()
         .map(|l| {
             let mut out = String::new();
-            for (name, v) in &l.fields {
+            for (name, v) in l.fields() {
                 out.push_str(name);
                 out.push('\u{1f}');
                 out.push_str(v.kind());
@@ -243,7 +191,7 @@ pub fn full_digest(leases: &[Lease]) -> String {
 
 fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
     let sql_err = |e: rusqlite::Error| lease_error(path, format!("cannot read: {e}"));
-    let columns = crate::evidence::registry::table_columns(conn, TABLE)
+    let columns = crate::store::table_columns(conn, TABLE)
         .map_err(sql_err)?
         .unwrap_or_default();
     let missing: Vec<&str> = COLUMNS
@@ -288,7 +236,7 @@ fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
                 .map_err(|e| lease_error(path, format!("column `{name}`: {e}")))?;
             fields.insert(name.clone(), v);
         }
-        out.push(Lease { fields });
+        out.push(Lease::from_fields(fields));
     }
     Ok(out)
 }

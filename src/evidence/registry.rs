@@ -11,8 +11,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
 
-/// The registry table.
-pub const TABLE: &str = "worker_registrations";
+pub use crate::store::registry::TABLE;
 
 fn registry_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Registry {
@@ -203,46 +202,6 @@ pub fn value_from_sql(
     })
 }
 
-/// The names of a table's columns, or `None` when the table does not exist.
-pub fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Option<Vec<String>>> {
-    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
-    let names: Vec<String> = stmt
-        .query_map([table], |r| r.get::<_, String>(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(if names.is_empty() { None } else { Some(names) })
-}
-
-/// Add every known column the registry table lacks (as NULL), leaving
-/// unknown columns alone. For the writers (apply, worker registration);
-/// planning never migrates.
-pub fn add_missing_columns(conn: &Connection, path: &Path) -> Result<()> {
-    let existing = table_columns(conn, TABLE)
-        .map_err(|e| registry_error(path, format!("cannot read: {e}")))?
-        .ok_or_else(|| {
-            registry_error(
-                path,
-                format!("has no `{TABLE}` table; is this the worker registry?"),
-            )
-        })?;
-    for col in COLUMNS
-        .iter()
-        .filter(|c| !existing.iter().any(|n| n == c.name()))
-    {
-        let ty = crate::row::sql_type(*col).trim_end_matches(" PRIMARY KEY");
-        conn.execute_batch(&format!(
-            "ALTER TABLE {TABLE} ADD COLUMN \"{}\" {ty}",
-            col.name()
-        ))
-        .map_err(|e| {
-            registry_error(
-                path,
-                format!("cannot add the missing column `{}`: {e}", col.name()),
-            )
-        })?;
-    }
-    Ok(())
-}
-
 /// Read every registration, in registry (rowid) order.
 pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
     let sql_err = |e: rusqlite::Error| {
@@ -256,7 +215,7 @@ pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
         };
         registry_error(path, format!("cannot read: {e}{hint}"))
     };
-    let existing = table_columns(conn, TABLE)
+    let existing = crate::store::table_columns(conn, TABLE)
         .map_err(sql_err)?
         .ok_or_else(|| {
             registry_error(

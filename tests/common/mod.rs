@@ -116,12 +116,8 @@ pub fn registry(path: &Path, rows: &[Value]) {
 /// Create a lease store holding `leases`.
 pub fn leases(path: &Path, leases: &[Value]) {
     let conn = Connection::open(path).unwrap();
-    conn.execute_batch(
-        "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role TEXT, target TEXT, status TEXT,
-         session_id TEXT, owner_session_id TEXT, owner_pid INTEGER, session_pid INTEGER,
-         generation TEXT, owner_worker_identity TEXT, acquired_at TEXT, expires_at TEXT);",
-    )
-    .unwrap();
+    conn.execute_batch(&fleet_retire::store::leases::create_sql())
+        .unwrap();
     for l in leases {
         let names = [
             "lease_id",

@@ -4,6 +4,8 @@
 //! calls the same function inside its transaction so plan and apply cannot
 //! disagree about what they saw.
 
+pub mod planned;
+
 use crate::error::Result;
 use crate::evidence::probe::ProcessProbe;
 use crate::fingerprint::plan_tokens;
@@ -381,9 +383,9 @@ impl Plan {
     }
 
     /// The plan as a saved file for `apply`: the same document plus
-    /// `planned_rows`, a digest of every judged row (see `crate::planned`).
+    /// `planned_rows`, a digest of every judged row (see `crate::plan::planned`).
     pub fn write_saved(&self, w: &mut dyn Write) -> std::io::Result<()> {
-        let rows = serde_json::to_value(crate::planned::PlannedRows::of(self))
+        let rows = serde_json::to_value(crate::plan::planned::PlannedRows::of(self))
             .map_err(std::io::Error::other)?;
         self.write_json_with(w, Some(("planned_rows", rows)))
     }

@@ -1,0 +1,86 @@
+//! The tables: every table this program reads or writes, its columns, its
+//! SQL types and its migrations, defined once.
+//!
+//! * `registry`: `worker_registrations`, written by workers (their own row,
+//!   `crate::worker`) and by apply (the guarded retirement, `crate::apply`).
+//! * `leases`: `workflow_leases`, the control-plane lease store; read only.
+//! * `audit`: `retirement_audit`, written by apply beside each retirement.
+//!
+//! Readers (`crate::evidence`) and writers ask this module for table names,
+//! columns and the statements that create or migrate them, so a column added
+//! here reaches every reader, writer and migration at once. A registry file
+//! is data an attacker with write access to it can shape: before writing,
+//! apply refuses one that could make its writes differ from what it reports
+//! (`untrusted_objects`): any trigger (one on `worker_registrations` retired
+//! live rows beside the target), any view (a view named `retirement_audit`
+//! swallowed the audit rows), a registry or audit object that is not a plain
+//! table, or an audit table with columns that are not ours.
+
+pub mod audit;
+pub mod leases;
+pub mod registry;
+
+use rusqlite::Connection;
+
+/// The columns of a table, or `None` when it does not exist.
+pub fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Option<Vec<String>>> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
+    let names: Vec<String> = stmt
+        .query_map([table], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(if names.is_empty() { None } else { Some(names) })
+}
+
+/// Why a registry cannot be written safely, if it cannot.
+pub fn untrusted_objects(
+    conn: &Connection,
+    registry_table: &str,
+) -> rusqlite::Result<Option<String>> {
+    let mut problems = Vec::new();
+    let mut stmt = conn.prepare(
+        "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('trigger', 'view') ORDER BY name",
+    )?;
+    let objects: Vec<(String, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (kind, name, table) in objects {
+        problems.push(if kind == "trigger" {
+            format!("trigger {name:?} on {table:?}")
+        } else {
+            format!("view {name:?}")
+        });
+    }
+    for table in [registry_table, audit::TABLE] {
+        let kind: Option<String> = conn
+            .query_row(
+                "SELECT type FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
+                [table],
+                |r| r.get(0),
+            )
+            .ok();
+        if let Some(kind) = kind.filter(|k| k != "table") {
+            problems.push(format!("{table:?} is a {kind}, not a table"));
+        }
+    }
+    if let Some(existing) = table_columns(conn, audit::TABLE)? {
+        let foreign: Vec<&String> = existing
+            .iter()
+            .filter(|c| *c != audit::KEY && !audit::COLUMNS.iter().any(|(n, _)| n == c))
+            .collect();
+        if !foreign.is_empty() || !existing.iter().any(|c| c == audit::KEY) {
+            problems.push(format!(
+                "table {:?} has columns that are not fleet-retire's ({})",
+                audit::TABLE,
+                existing.join(", ")
+            ));
+        }
+    }
+    Ok((!problems.is_empty()).then(|| {
+        format!(
+            "the registry holds objects that could make apply's writes differ from its report: {}. \
+             Nothing was written. A registry needs none of them: inspect and drop them \
+             (sqlite3 REGISTRY '.schema'), then apply again",
+            problems.join("; ")
+        )
+    }))
+}
