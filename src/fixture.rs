@@ -10,6 +10,7 @@ use crate::plan::{plan, Plan};
 use crate::policy::Policies;
 use crate::row::Row;
 use crate::time::{parse_ts, Micros};
+use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -101,128 +102,177 @@ pub struct SnapshotCase {
     pub expect: SnapshotExpect,
 }
 
-fn finding_key(ctx: &Ctx, f: &Json, field: &str) -> Result<ExpectedFinding> {
-    let obj = object(ctx, Some(f), field)?;
-    let class = obj
-        .get("classification")
-        .and_then(Json::as_str)
-        .ok_or_else(|| ctx.err(field, "needs a string `classification`"))?;
-    let mut workers: Vec<String> = array(
-        ctx,
-        obj.get("worker_identities"),
-        &format!("{field}.worker_identities"),
-    )?
-    .iter()
-    .map(Json::to_string)
-    .collect();
-    workers.sort();
-    let mut instances: Vec<String> = array(
-        ctx,
-        obj.get("client_instance_ids"),
-        &format!("{field}.client_instance_ids"),
-    )?
-    .iter()
-    .map(|i| {
-        i.as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| i.to_string())
-    })
-    .collect();
-    instances.sort();
-    Ok((class.to_string(), workers, instances))
+/// A fixture file as serde reads it, before any check: the shape of
+/// docs/fixtures.md, every member optional so that a missing one is named
+/// by the check, never by a generic "missing field".
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedCase {
+    name: Option<Json>,
+    /// Free text for the reader; not checked.
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: Option<String>,
+    now: Option<Json>,
+    context: Option<UncheckedContext>,
+    processes: Option<BTreeMap<String, UncheckedProcess>>,
+    rows: Option<Vec<Map<String, Json>>>,
+    leases: Option<Vec<Map<String, Json>>>,
+    expect: Option<UncheckedExpect>,
+    snapshot: Option<UncheckedSnapshot>,
+    // A capability case: `capability::parse_case` checks these two from the
+    // document itself.
+    #[allow(dead_code)]
+    profiles: Option<Json>,
+    requests: Option<Json>,
 }
 
-fn snapshot_case(
-    ctx: &Ctx,
-    name: String,
-    now: Micros,
+/// Present-and-null apart from absent: `Some(None)` is an explicit null.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedContext {
+    #[serde(default)]
+    host_id: Option<String>,
+    #[serde(default)]
+    boot_id: Option<String>,
+    #[serde(default)]
     canonical_repository: Option<String>,
-    probe: GivenProbe,
-    rows: Vec<Row>,
-    spec: &Map<String, Json>,
-) -> Result<Case> {
-    let manifest = match spec.get("manifest") {
-        None | Some(Json::Null) => None,
-        Some(Json::Array(items)) => Some(items.clone()),
-        Some(other) => {
+    #[serde(default, deserialize_with = "present")]
+    pid_namespace: Option<Option<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedProcess {
+    #[serde(default, deserialize_with = "present")]
+    alive: Option<Option<bool>>,
+    #[serde(default)]
+    start_time: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedExpect {
+    registry_fingerprint: Option<String>,
+    candidate_fingerprint: Option<String>,
+    candidates: Option<Vec<String>>,
+    preserved: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedSnapshot {
+    #[serde(default)]
+    manifest: Option<Vec<Json>>,
+    #[serde(default)]
+    expected_revision: Option<String>,
+    expect: Option<UncheckedSnapshotExpect>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedSnapshotExpect {
+    live_fleet_safe: Option<bool>,
+    counts: Option<BTreeMap<String, usize>>,
+    findings: Option<Vec<UncheckedFinding>>,
+    active_blockers: Option<Vec<String>>,
+    consistency_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedFinding {
+    classification: String,
+    worker_identities: Vec<Json>,
+    client_instance_ids: Vec<Json>,
+}
+
+/// A finding class a case names must exist: a typo would otherwise expect
+/// a finding no snapshot can make.
+fn finding_class(ctx: &Ctx, code: &str, field: &str) -> Result<String> {
+    match crate::snapshot::FindingClass::from_code(code) {
+        Some(_) => Ok(code.to_string()),
+        None => Err(ctx.err(
+            field,
+            format!("{code:?} is not a finding class (see docs/snapshot-findings.md)"),
+        )),
+    }
+}
+
+impl UncheckedSnapshot {
+    fn checked(self, ctx: &Ctx) -> Result<(Option<Vec<Json>>, Option<String>, SnapshotExpect)> {
+        let exp = self
+            .expect
+            .ok_or_else(|| ctx.err("snapshot.expect", "missing; add it (see docs/fixtures.md)"))?;
+        if let Some(k) = exp
+            .counts
+            .iter()
+            .flat_map(|c| c.keys())
+            .find(|k| !["live", "stale", "historical", "instances"].contains(&k.as_str()))
+        {
             return Err(ctx.err(
-                "snapshot.manifest",
-                format!(
-                    "expected a list of {{\"client_instance_id\": ...}} or null, found {other}"
-                ),
-            ))
+                &format!("snapshot.expect.counts.{k}"),
+                "use live, stale, historical or instances",
+            ));
         }
-    };
-    let expected_revision =
-        opt_string(ctx, spec, "expected_revision", "snapshot.expected_revision")?;
-    let exp = object(ctx, spec.get("expect"), "snapshot.expect")?;
-    let mut expect = SnapshotExpect {
-        consistency_token: opt_string(
-            ctx,
-            exp,
-            "consistency_token",
-            "snapshot.expect.consistency_token",
-        )?,
-        ..SnapshotExpect::default()
-    };
-    match exp.get("live_fleet_safe") {
-        None => {}
-        Some(Json::Bool(b)) => expect.live_fleet_safe = Some(*b),
-        Some(_) => return Err(ctx.err("snapshot.expect.live_fleet_safe", "must be true or false")),
-    }
-    if let Some(c) = exp.get("counts") {
-        let mut counts = BTreeMap::new();
-        for (k, v) in object(ctx, Some(c), "snapshot.expect.counts")? {
-            if !["live", "stale", "historical", "instances"].contains(&k.as_str()) {
-                return Err(ctx.err(
-                    &format!("snapshot.expect.counts.{k}"),
-                    "use live, stale, historical or instances",
-                ));
+        let findings = match exp.findings {
+            None => None,
+            Some(list) => {
+                let mut keys = Vec::new();
+                for (i, f) in list.into_iter().enumerate() {
+                    let field = format!("snapshot.expect.findings[{i}].classification");
+                    let class = finding_class(ctx, &f.classification, &field)?;
+                    let mut workers: Vec<String> =
+                        f.worker_identities.iter().map(Json::to_string).collect();
+                    workers.sort();
+                    let mut instances: Vec<String> = f
+                        .client_instance_ids
+                        .iter()
+                        .map(|i| {
+                            i.as_str()
+                                .map(str::to_string)
+                                .unwrap_or_else(|| i.to_string())
+                        })
+                        .collect();
+                    instances.sort();
+                    keys.push((class, workers, instances));
+                }
+                keys.sort();
+                Some(keys)
             }
-            let n = v.as_u64().ok_or_else(|| {
-                ctx.err(
-                    &format!("snapshot.expect.counts.{k}"),
-                    "must be a whole number",
-                )
-            })?;
-            counts.insert(k.clone(), n as usize);
-        }
-        expect.counts = Some(counts);
+        };
+        let active_blockers = match exp.active_blockers {
+            None => None,
+            Some(list) => {
+                let mut classes = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        finding_class(ctx, c, &format!("snapshot.expect.active_blockers[{i}]"))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                classes.sort();
+                Some(classes)
+            }
+        };
+        Ok((
+            self.manifest,
+            self.expected_revision,
+            SnapshotExpect {
+                live_fleet_safe: exp.live_fleet_safe,
+                counts: exp.counts,
+                findings,
+                active_blockers,
+                consistency_token: exp.consistency_token,
+            },
+        ))
     }
-    if let Some(f) = exp.get("findings") {
-        let mut list = array(ctx, Some(f), "snapshot.expect.findings")?
-            .iter()
-            .enumerate()
-            .map(|(i, x)| finding_key(ctx, x, &format!("snapshot.expect.findings[{i}]")))
-            .collect::<Result<Vec<_>>>()?;
-        list.sort();
-        expect.findings = Some(list);
-    }
-    if let Some(b) = exp.get("active_blockers") {
-        let mut list = array(ctx, Some(b), "snapshot.expect.active_blockers")?
-            .iter()
-            .map(|x| {
-                x.as_str().map(str::to_string).ok_or_else(|| {
-                    ctx.err(
-                        "snapshot.expect.active_blockers",
-                        "entries are finding classes (strings)",
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        list.sort();
-        expect.active_blockers = Some(list);
-    }
-    Ok(Case::Snapshot(Box::new(SnapshotCase {
-        name,
-        now,
-        canonical_repository,
-        expected_revision,
-        manifest,
-        probe,
-        rows,
-        expect,
-    })))
 }
 
 impl SnapshotCase {
@@ -320,44 +370,22 @@ impl Ctx<'_> {
     }
 }
 
-fn opt_string(
-    ctx: &Ctx,
-    obj: &Map<String, Json>,
-    key: &str,
-    field: &str,
-) -> Result<Option<String>> {
-    match obj.get(key) {
-        None | Some(Json::Null) => Ok(None),
-        Some(Json::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ctx.err(field, format!("expected a string or null, found {other}"))),
-    }
-}
-
-fn object<'a>(ctx: &Ctx, v: Option<&'a Json>, field: &str) -> Result<&'a Map<String, Json>> {
-    match v {
-        Some(Json::Object(m)) => Ok(m),
-        Some(other) => Err(ctx.err(field, format!("expected an object, found {other}"))),
-        None => Err(ctx.err(field, "missing; add it (see docs/fixtures.md)")),
-    }
-}
-
-fn array<'a>(ctx: &Ctx, v: Option<&'a Json>, field: &str) -> Result<&'a Vec<Json>> {
-    match v {
-        Some(Json::Array(a)) => Ok(a),
-        Some(other) => Err(ctx.err(field, format!("expected an array, found {other}"))),
-        None => Err(ctx.err(field, "missing; add it (see docs/fixtures.md)")),
-    }
-}
-
-/// Parse one fixture file.
+/// Parse one fixture file: serde reads it as [`UncheckedCase`], then each
+/// member is checked, and every error names the file and the member.
 pub fn load(path: &Path) -> Result<Case> {
     let ctx = Ctx { path };
-    let (doc, _) = crate::jsonfile::read_json(path).map_err(|message| Error::Fixture {
+    let fixture_err = |message: String| Error::Fixture {
         path: path.to_path_buf(),
         message,
-    })?;
-    let top = object(&ctx, Some(&doc), "(top level)")?;
-    let name = match top.get("name") {
+    };
+    let (doc, _) = crate::jsonfile::read_json(path).map_err(fixture_err)?;
+    let top = match &doc {
+        Json::Object(m) => m.clone(),
+        other => return Err(ctx.err("(top level)", format!("expected an object, found {other}"))),
+    };
+    let case: UncheckedCase = crate::jsonfile::typed(doc)
+        .map_err(|e| fixture_err(format!("{e} (see docs/fixtures.md)")))?;
+    let name = match &case.name {
         Some(Json::String(s)) if !s.trim().is_empty() => s.clone(),
         _ => {
             return Err(ctx.err(
@@ -366,11 +394,11 @@ pub fn load(path: &Path) -> Result<Case> {
             ))
         }
     };
-    if top.contains_key("requests") {
-        return crate::capability::parse_case(path, name, top).map(Case::Capability);
+    if case.requests.is_some() {
+        return crate::capability::parse_case(path, name, &top).map(Case::Capability);
     }
-    let now_text = match top.get("now") {
-        Some(Json::String(s)) => s,
+    let now_text = match &case.now {
+        Some(Json::String(s)) => s.clone(),
         _ => {
             return Err(ctx.err(
                 "now",
@@ -378,126 +406,69 @@ pub fn load(path: &Path) -> Result<Case> {
             ))
         }
     };
-    let now = parse_ts(now_text).ok_or_else(|| {
+    let now = parse_ts(&now_text).ok_or_else(|| {
         ctx.err(
             "now",
             format!("{now_text:?} is not a strict UTC stamp (YYYY-MM-DDTHH:MM:SSZ)"),
         )
     })?;
-    let context = object(&ctx, top.get("context"), "context")?;
+    let context = case
+        .context
+        .ok_or_else(|| ctx.err("context", "missing; add it (see docs/fixtures.md)"))?;
     let host = HostFacts {
-        host_id: opt_string(&ctx, context, "host_id", "context.host_id")?,
-        boot_id: opt_string(&ctx, context, "boot_id", "context.boot_id")?,
+        host_id: context.host_id,
+        boot_id: context.boot_id,
         // Absent: the run is in the initial namespace, where every pid is
         // visible, so rows without the column are judged as before.
-        pid_namespace: if context.contains_key("pid_namespace") {
-            opt_string(&ctx, context, "pid_namespace", "context.pid_namespace")?
-        } else {
-            Some(crate::evidence::probe::INITIAL_PID_NAMESPACE.to_string())
-        },
+        pid_namespace: context
+            .pid_namespace
+            .unwrap_or_else(|| Some(crate::evidence::probe::INITIAL_PID_NAMESPACE.to_string())),
         // A fixture gives its start times.
         start_time_probe_available: true,
     };
-    let canonical_repository = opt_string(
+    let canonical_repository = context.canonical_repository;
+    let probe = given_probe(
         &ctx,
-        context,
-        "canonical_repository",
-        "context.canonical_repository",
+        case.processes
+            .ok_or_else(|| ctx.err("processes", "missing; add it (see docs/fixtures.md)"))?,
     )?;
-
-    let mut probe = GivenProbe::default();
-    for (pid_text, entry) in object(&ctx, top.get("processes"), "processes")? {
-        let field = format!("processes.{pid_text}");
-        let pid: i64 = pid_text
-            .parse()
-            .map_err(|_| ctx.err(&field, "process keys must be integer pids"))?;
-        let entry = object(&ctx, Some(entry), &field)?;
-        // Keys are pid text, matched exactly against the pid as printed:
-        // "04242" or "+4242" names no pid (as in the reference), so a row
-        // with pid 4242 is probed dead.
-        let exact = pid.to_string() == *pid_text;
-        let alive = match entry.get("alive") {
-            Some(Json::Bool(b)) => Some(*b),
-            Some(Json::Null) => None,
-            _ => {
-                return Err(ctx.err(
-                    &format!("{field}.alive"),
-                    "required: true, false or null (unknown)",
-                ))
-            }
-        };
-        let start_time = opt_string(&ctx, entry, "start_time", &format!("{field}.start_time"))?;
-        if exact {
-            probe
-                .processes
-                .insert(pid, PidObservation { alive, start_time });
+    let rows = case
+        .rows
+        .ok_or_else(|| ctx.err("rows", "missing; add it (see docs/fixtures.md)"))?
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Row::from_json(r).map_err(|e| ctx.err(&format!("rows[{i}]"), e)))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(spec) = case.snapshot {
+        let (manifest, expected_revision, expect) = spec.checked(&ctx)?;
+        return Ok(Case::Snapshot(Box::new(SnapshotCase {
+            name,
+            now,
+            canonical_repository,
+            expected_revision,
+            manifest,
+            probe,
+            rows,
+            expect,
+        })));
+    }
+    let leases = case
+        .leases
+        .ok_or_else(|| ctx.err("leases", "missing; add it (see docs/fixtures.md)"))?
+        .iter()
+        .enumerate()
+        .map(|(i, l)| Lease::from_json(l).map_err(|e| ctx.err(&format!("leases[{i}]"), e)))
+        .collect::<Result<Vec<_>>>()?;
+    let exp = case
+        .expect
+        .ok_or_else(|| ctx.err("expect", "missing; add it (see docs/fixtures.md)"))?;
+    for (worker, code) in exp.preserved.iter().flatten() {
+        if crate::reasons::Reason::from_code(code).is_none() {
+            return Err(ctx.err(
+                &format!("expect.preserved.{worker}"),
+                format!("{code:?} is not a known reason code (see docs/reason-codes.md)"),
+            ));
         }
-    }
-
-    let mut rows = Vec::new();
-    for (i, r) in array(&ctx, top.get("rows"), "rows")?.iter().enumerate() {
-        let field = format!("rows[{i}]");
-        let obj = object(&ctx, Some(r), &field)?;
-        rows.push(Row::from_json(obj).map_err(|e| ctx.err(&field, e))?);
-    }
-    if let Some(spec) = top.get("snapshot") {
-        let spec = object(&ctx, Some(spec), "snapshot")?;
-        return snapshot_case(&ctx, name, now, canonical_repository, probe, rows, spec);
-    }
-    let mut leases = Vec::new();
-    for (i, l) in array(&ctx, top.get("leases"), "leases")?.iter().enumerate() {
-        let field = format!("leases[{i}]");
-        let obj = object(&ctx, Some(l), &field)?;
-        leases.push(Lease::from_json(obj).map_err(|e| ctx.err(&field, e))?);
-    }
-
-    let exp = object(&ctx, top.get("expect"), "expect")?;
-    let mut expect = Expect {
-        registry_fingerprint: opt_string(
-            &ctx,
-            exp,
-            "registry_fingerprint",
-            "expect.registry_fingerprint",
-        )?,
-        candidate_fingerprint: opt_string(
-            &ctx,
-            exp,
-            "candidate_fingerprint",
-            "expect.candidate_fingerprint",
-        )?,
-        ..Expect::default()
-    };
-    if let Some(c) = exp.get("candidates") {
-        let list = array(&ctx, Some(c), "expect.candidates")?;
-        expect.candidates = Some(
-            list.iter()
-                .map(|x| {
-                    x.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| ctx.err("expect.candidates", "entries must be strings"))
-                })
-                .collect::<Result<_>>()?,
-        );
-    }
-    if let Some(p) = exp.get("preserved") {
-        let map = object(&ctx, Some(p), "expect.preserved")?;
-        let mut out = BTreeMap::new();
-        for (k, v) in map {
-            let code = v.as_str().ok_or_else(|| {
-                ctx.err(
-                    &format!("expect.preserved.{k}"),
-                    "must be a reason code string",
-                )
-            })?;
-            if crate::reasons::Reason::from_code(code).is_none() {
-                return Err(ctx.err(
-                    &format!("expect.preserved.{k}"),
-                    format!("{code:?} is not a known reason code"),
-                ));
-            }
-            out.insert(k.clone(), code.to_string());
-        }
-        expect.preserved = Some(out);
     }
     Ok(Case::Plan(Box::new(PlanCase {
         name,
@@ -507,8 +478,42 @@ pub fn load(path: &Path) -> Result<Case> {
         probe,
         rows,
         leases,
-        expect,
+        expect: Expect {
+            registry_fingerprint: exp.registry_fingerprint,
+            candidate_fingerprint: exp.candidate_fingerprint,
+            candidates: exp.candidates,
+            preserved: exp.preserved,
+        },
     })))
+}
+
+/// The given probe answers. Keys are pid text matched exactly against the
+/// pid as printed: "04242" or "+4242" names no pid (as in the reference),
+/// so a row with pid 4242 is probed dead.
+fn given_probe(ctx: &Ctx, processes: BTreeMap<String, UncheckedProcess>) -> Result<GivenProbe> {
+    let mut probe = GivenProbe::default();
+    for (pid_text, entry) in processes {
+        let field = format!("processes.{pid_text}");
+        let pid: i64 = pid_text
+            .parse()
+            .map_err(|_| ctx.err(&field, "process keys must be integer pids"))?;
+        let alive = entry.alive.ok_or_else(|| {
+            ctx.err(
+                &format!("{field}.alive"),
+                "required: true, false or null (unknown)",
+            )
+        })?;
+        if pid.to_string() == pid_text {
+            probe.processes.insert(
+                pid,
+                PidObservation {
+                    alive,
+                    start_time: entry.start_time,
+                },
+            );
+        }
+    }
+    Ok(probe)
 }
 
 impl PlanCase {

@@ -104,6 +104,35 @@ pub fn read_json(path: &Path) -> Result<(Json, FileBytes), String> {
 /// millions of rows is gigabytes, and is read without being held.
 pub const MAX_STREAMED_BYTES: u64 = 64 << 30;
 
+/// Deserialise a parsed document into `T`, naming the member of any error
+/// (`expect.preserved.w-1 must be a string, not integer `7``).
+pub fn typed<T: de::DeserializeOwned>(doc: Json) -> Result<T, String> {
+    serde_path_to_error::deserialize(doc).map_err(|e| {
+        let place = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        if inner.starts_with("unknown field") {
+            // The path ends at the unknown member itself; name where it is.
+            return match place.rsplit_once('.') {
+                Some((parent, _)) => format!("in `{parent}`: {inner}"),
+                None => format!("at the top level: {inner}"),
+            };
+        }
+        // serde says "invalid type: integer `7`, expected a string".
+        let said = match inner
+            .strip_prefix("invalid type: ")
+            .and_then(|rest| rest.split_once(", expected "))
+        {
+            Some((found, wanted)) => format!("must be {wanted}, not {found}"),
+            None => inner,
+        };
+        if place == "." {
+            said
+        } else {
+            format!("field `{place}` {said}")
+        }
+    })
+}
+
 /// Stream a large JSON object from a regular file, keeping only the
 /// top-level keys in `keep` (parsed strictly, as [`parse_strict`] does) and
 /// `typed` (deserialised straight into `T`), and skipping every other

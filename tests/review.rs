@@ -194,3 +194,55 @@ fn exported_fixtures_pass_with_cedars_own_cli() {
         assert!(out.status.success(), "{}: {}", f.display(), text(&out));
     }
 }
+
+/// A malformed fixture is refused with its file and the member at fault, and
+/// exit 1: a typo in `expect` must never pass as "not checked".
+#[test]
+fn a_malformed_fixture_names_its_file_and_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = json!({
+        "name": "x", "now": "2026-07-30T12:00:00Z",
+        "context": {"host_id": "h", "boot_id": "b", "canonical_repository": "prgs/gitea-tools"},
+        "processes": {}, "rows": [], "leases": [], "expect": {}
+    });
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "typo.json",
+            json!({"expect": {"candidate": []}}),
+            "in `expect`: unknown field `candidate`",
+        ),
+        (
+            "wrong.json",
+            json!({"expect": {"preserved": {"w-1": 7}}}),
+            "field `expect.preserved.w-1` must be a string",
+        ),
+        (
+            "code.json",
+            json!({"expect": {"preserved": {"w-1": "pid_is_dead"}}}),
+            "field `expect.preserved.w-1`: \"pid_is_dead\" is not a known reason code",
+        ),
+        (
+            "alive.json",
+            json!({"processes": {"17": {"start_time": "t"}}}),
+            "field `processes.17.alive`: required",
+        ),
+        (
+            "class.json",
+            json!({"leases": null, "expect": null, "snapshot": {"expect": {"active_blockers": ["pid_colision"]}}}),
+            "\"pid_colision\" is not a finding class",
+        ),
+    ];
+    for (file, patch, want) in cases {
+        let mut doc = base.clone();
+        for (k, v) in patch.as_object().unwrap() {
+            doc[k] = v.clone();
+        }
+        let path = dir.path().join(file);
+        std::fs::write(&path, doc.to_string()).unwrap();
+        let out = run(&["test", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{file}: {err}");
+        assert!(err.contains(path.to_str().unwrap()), "{file}: {err}");
+        assert!(err.contains(want), "{file}: want {want:?} in {err}");
+    }
+}

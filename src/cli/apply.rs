@@ -45,62 +45,29 @@ pub struct ApplyArgs {
     pub operator: OperatorArgs,
 }
 
-/// Read the apply request out of a saved plan.
+/// Read the apply request out of a saved plan: its head, as
+/// [`PlanHead`](crate::plan::head::PlanHead) reads it, then checked.
 pub fn request_from_plan(path: &Path) -> Result<Request> {
     let err = |m: String| Error::Input(format!("plan {}: {m}", path.display()));
     // A plan of a large registry is gigabytes of evidence apply never
-    // reads: only the header, the candidates and `planned_rows` are kept.
+    // reads: only the head and `planned_rows` are kept.
     let (doc, planned) = crate::jsonfile::read_selected::<crate::plan::planned::PlannedRows>(
         path,
-        &[
-            "registry_fingerprint",
-            "candidate_fingerprint",
-            "policy_fingerprint",
-            "candidate_worker_identities",
-            "canonical_repository",
-        ],
+        crate::plan::head::PlanHead::KEYS,
         "planned_rows",
     )
     .map_err(err)?;
-    let field = |k: &str| -> Result<String> {
-        match doc.get(k) {
-            Some(Json::String(s)) => Ok(s.clone()),
-            None | Some(Json::Null) => Err(err(format!(
-                "missing `{k}`; is this a plan written by `fleet-retire plan --out`?"
-            ))),
-            Some(other) => Err(err(format!("`{k}` must be a string, not {other}"))),
-        }
-    };
-    let workers = doc
-        .get("candidate_worker_identities")
-        .and_then(Json::as_array)
-        .ok_or_else(|| err("missing `candidate_worker_identities` (a list of strings)".into()))?
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Json::String(s) => Ok(s.clone()),
-            other => Err(err(format!(
-                "`candidate_worker_identities[{i}]` must be a string, not {other}"
-            ))),
-        })
-        .collect::<Result<_>>()?;
-    let canonical_repository = match doc.get("canonical_repository") {
-        None | Some(Json::Null) => None,
-        Some(Json::String(s)) => Some(
-            crate::text::nonblank_repository(s)
-                .map_err(|e| err(format!("`canonical_repository`: {e}")))?,
-        ),
-        Some(other) => {
-            return Err(err(format!(
-                "`canonical_repository` must be a string, not {other}"
-            )))
-        }
-    };
-    let registry_fingerprint = field("registry_fingerprint")?;
+    let head: crate::plan::head::PlanHead =
+        crate::jsonfile::typed(Json::Object(doc)).map_err(|e| {
+            err(format!(
+                "{e}; is this a plan written by `fleet-retire plan --out`?"
+            ))
+        })?;
+    let head = head.checked().map_err(err)?;
     let planned = match planned {
         None => None,
         Some(rows) => {
-            if rows.registry_fingerprint != registry_fingerprint {
+            if rows.registry_fingerprint != head.registry_fingerprint {
                 return Err(err(
                     "`planned_rows` belong to another plan (their registry_fingerprint differs)"
                         .into(),
@@ -110,11 +77,11 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
         }
     };
     Ok(Request {
-        registry_fingerprint,
-        candidate_fingerprint: field("candidate_fingerprint")?,
-        policy_fingerprint: field("policy_fingerprint")?,
-        workers,
-        canonical_repository,
+        registry_fingerprint: head.registry_fingerprint,
+        candidate_fingerprint: head.candidate_fingerprint,
+        policy_fingerprint: head.policy_fingerprint,
+        workers: head.workers,
+        canonical_repository: head.canonical_repository,
         max_retire: 0,
         planned,
     })

@@ -4,6 +4,7 @@
 //! calls the same function inside its transaction so plan and apply cannot
 //! disagree about what they saw.
 
+pub mod head;
 pub mod planned;
 
 use crate::error::Result;
@@ -24,7 +25,7 @@ use crate::row::{Col, Row};
 use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
 use cedar_policy_core::extensions::Extensions;
 use serde::Serialize;
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
@@ -390,49 +391,55 @@ impl Plan {
         self.write_json_with(w, Some(("planned_rows", rows)))
     }
 
+    /// The plan's head: every top-level member before the row lists.
+    pub fn head(&self) -> head::PlanHead {
+        let candidates: Vec<Json> = self
+            .candidates()
+            .map(|e| self.rows[e.index].get(Col::WorkerIdentity).to_json())
+            .collect();
+        let p = &self.facts.protections;
+        head::PlanHead {
+            success: true,
+            read_only: true,
+            mutation_performed: false,
+            outcome: "planned".into(),
+            registry_fingerprint: Some(self.registry_fingerprint.clone()),
+            candidate_fingerprint: Some(self.candidate_fingerprint.clone()),
+            policy_fingerprint: Some(self.policy_fingerprint.clone()),
+            assessed_count: self.entries.len(),
+            candidate_count: candidates.len(),
+            preserved_count: self.entries.len() - candidates.len(),
+            preserved_reason_counts: self
+                .reason_counts()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            protected_inputs: head::ProtectedInputs {
+                worker_identities: p.worker_identities.clone(),
+                session_ids: p.session_ids.clone(),
+                pids: p.pids.clone(),
+            },
+            canonical_repository: self.facts.canonical_repository.clone(),
+            fencing_context: head::FencingContext {
+                current_host_id: self.facts.host.host_id.clone(),
+                current_boot_id: self.facts.host.boot_id.clone(),
+                start_time_probe_available: self.facts.host.start_time_probe_available,
+            },
+            candidate_worker_identities: Some(candidates),
+        }
+    }
+
     fn write_json_with(
         &self,
         w: &mut dyn Write,
         extra: Option<(&str, Json)>,
     ) -> std::io::Result<()> {
-        let candidate_ids: Vec<&crate::value::Value> = self
-            .candidates()
-            .map(|e| self.rows[e.index].get(Col::WorkerIdentity))
-            .collect();
-        let p = &self.facts.protections;
-        let head = json!({
-            "success": true,
-            "read_only": true,
-            "mutation_performed": false,
-            "outcome": "planned",
-            "registry_fingerprint": self.registry_fingerprint,
-            "candidate_fingerprint": self.candidate_fingerprint,
-            "policy_fingerprint": self.policy_fingerprint,
-            "assessed_count": self.entries.len(),
-            "candidate_count": candidate_ids.len(),
-            "preserved_count": self.entries.len() - candidate_ids.len(),
-            "preserved_reason_counts": self.reason_counts(),
-            "protected_inputs": {
-                "worker_identities": p.worker_identities,
-                "session_ids": p.session_ids,
-                "pids": p.pids,
-            },
-            "canonical_repository": self.facts.canonical_repository,
-            "fencing_context": {
-                "current_host_id": self.facts.host.host_id,
-                "current_boot_id": self.facts.host.boot_id,
-                "start_time_probe_available": self.facts.host.start_time_probe_available,
-            },
-        });
         w.write_all(b"{\n")?;
-        if let Json::Object(map) = head {
+        if let Json::Object(map) = serde_json::to_value(self.head())? {
             for (k, v) in map {
                 writeln!(w, "{}: {},", Json::String(k), v)?;
             }
         }
-        write!(w, "\"candidate_worker_identities\": ")?;
-        serde_json::to_writer(&mut *w, &candidate_ids)?;
-        w.write_all(b",\n")?;
         for (key, candidates) in [("candidates", true), ("preserved", false)] {
             write!(w, "\"{key}\": [")?;
             let mut first = true;
