@@ -238,10 +238,11 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
             "no such file; pass the worker registry with --registry".into(),
         ));
     }
+    let sql = |doing| Error::sqlite(crate::error::Store::Registry, path, doing);
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
-        .map_err(|e| err(format!("cannot open for writing: {e}")))?;
+        .map_err(sql("cannot open for writing"))?;
     conn.busy_timeout(busy_timeout)
-        .map_err(|e| err(format!("cannot set the busy timeout: {e}")))?;
+        .map_err(sql("cannot set the busy timeout"))?;
     // SQLite quietly opens a file it may not write read-only; say so now
     // rather than fail at the first write. The journal is created beside the
     // file, so its folder must be writable too.

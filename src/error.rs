@@ -16,6 +16,12 @@ pub enum ExitCode {
     InvalidPolicy = 3,
 }
 
+impl From<ExitCode> for std::process::ExitCode {
+    fn from(code: ExitCode) -> Self {
+        std::process::ExitCode::from(code as u8)
+    }
+}
+
 /// A failure that stops a command.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -34,6 +40,31 @@ pub enum Error {
         path: PathBuf,
         /// What is wrong and what to do.
         message: String,
+    },
+    /// SQLite failed while reading or writing a store: the cause is kept
+    /// (`source`), so a caller can tell a busy database from a corrupt one.
+    #[error("{store} {}: {doing}: {source}{}", path.display(), sqlite_hint(source))]
+    Sqlite {
+        /// Which store.
+        store: Store,
+        /// Its file.
+        path: PathBuf,
+        /// What we were doing ("cannot read", "cannot take the write lock").
+        doing: String,
+        /// SQLite's error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A file or folder could not be read or written.
+    #[error("{}: {doing}: {source}", path.display())]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// What we were doing.
+        doing: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
     },
     /// A policy or the schema failed to parse or validate.
     #[error("{0}")]
@@ -60,10 +91,93 @@ pub enum Error {
     /// Anything else the operator got wrong on the command line or in a file.
     #[error("{0}")]
     Input(String),
+    /// Something this program needs of the machine failed (an async
+    /// runtime, rendering a document): not the operator's doing.
+    #[error("{doing}: {source}")]
+    Internal {
+        /// What we were doing.
+        doing: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Writing the command's output failed. A closed pipe (`| head`) is not
     /// a failure: `main` ends quietly with exit 0.
     #[error("writing the output: {0}")]
     Output(#[source] std::io::Error),
+}
+
+/// The stores an [`Error::Sqlite`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// The worker registry.
+    Registry,
+    /// The control-plane lease store.
+    Leases,
+}
+
+impl std::fmt::Display for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Store::Registry => "registry",
+            Store::Leases => "lease store",
+        })
+    }
+}
+
+/// What to do about the SQLite errors an operator can act on.
+fn sqlite_hint(e: &rusqlite::Error) -> &'static str {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => {
+            "; the file is not a SQLite database: check the path"
+        }
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            "; another process holds the lock: try again, or raise the busy timeout"
+        }
+        Some(rusqlite::ErrorCode::ReadOnly) => {
+            "; the file or its folder is not writable by this user"
+        }
+        _ => "",
+    }
+}
+
+impl Error {
+    /// A SQLite failure of `store` at `path` while `doing`, for `map_err`.
+    pub fn sqlite<'a>(
+        store: Store,
+        path: &'a std::path::Path,
+        doing: &'a str,
+    ) -> impl Fn(rusqlite::Error) -> Error + Copy + 'a {
+        move |source| Error::Sqlite {
+            store,
+            path: path.to_path_buf(),
+            doing: doing.to_string(),
+            source,
+        }
+    }
+
+    /// An I/O failure at `path` while `doing`, for `map_err`.
+    pub fn io<'a>(
+        path: &'a std::path::Path,
+        doing: &'a str,
+    ) -> impl Fn(std::io::Error) -> Error + Copy + 'a {
+        move |source| Error::Io {
+            path: path.to_path_buf(),
+            doing: doing.to_string(),
+            source,
+        }
+    }
+
+    /// Another writer holds the store's lock past our busy timeout.
+    pub fn is_lock_contention(&self) -> bool {
+        matches!(
+            self,
+            Error::Sqlite { source, .. } if matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            )
+        )
+    }
 }
 
 /// Write a line to standard output, as `println!` would, but return the
@@ -107,3 +221,40 @@ impl Error {
 
 /// Result with the crate's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another connection holding the write lock is contention, told apart
+    /// by SQLite's own code rather than by the words of its message, and the
+    /// cause stays attached.
+    #[test]
+    fn a_held_write_lock_is_contention_and_keeps_its_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sqlite");
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder
+            .execute_batch("CREATE TABLE t (x); BEGIN IMMEDIATE; INSERT INTO t VALUES (1);")
+            .unwrap();
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.busy_timeout(std::time::Duration::ZERO).unwrap();
+        let e = other
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(Error::sqlite(
+                Store::Registry,
+                &path,
+                "cannot take the write lock",
+            ))
+            .unwrap_err();
+        assert!(e.is_lock_contention(), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(e.to_string().contains("try again"), "{e}");
+        assert_eq!(e.exit_code(), ExitCode::Error);
+        let not_busy = Error::Registry {
+            path: path.clone(),
+            message: "database is locked (in words only)".into(),
+        };
+        assert!(!not_busy.is_lock_contention());
+    }
+}

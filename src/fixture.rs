@@ -601,11 +601,11 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| Error::Input(format!("{}: cannot list: {e}", dir.display())))?;
+    let entries =
+        std::fs::read_dir(dir).map_err(Error::io(dir, "cannot list the fixture folder"))?;
     for entry in entries {
         let path = entry
-            .map_err(|e| Error::Input(format!("{}: cannot list: {e}", dir.display())))?
+            .map_err(Error::io(dir, "cannot list the fixture folder"))?
             .path();
         if path.is_dir() {
             walk(&path, out)?;

@@ -3,7 +3,7 @@
 
 use clap::Parser;
 
-fn main() {
+fn main() -> std::process::ExitCode {
     // An internal invariant failing is a bug: say so plainly, without a
     // backtrace, and exit 1. A transaction that had not committed is rolled
     // back by SQLite on the next open.
@@ -28,18 +28,20 @@ fn main() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            std::process::exit(if e.use_stderr() { 1 } else { 0 });
+            return std::process::ExitCode::from(if e.use_stderr() { 1 } else { 0 });
         }
     };
-    let code = match fleet_retire::cli::run(cli) {
+    match fleet_retire::cli::run(cli) {
         Ok(code) => code,
         // The reader of our output went away (`| head`): it has all it
         // wanted. End quietly.
         Err(e) if e.is_closed_pipe() => fleet_retire::error::ExitCode::Ok,
         Err(e) => {
+            // Each failure's message carries its cause (SQLite's or the
+            // operating system's words) and what to do.
             eprintln!("fleet-retire: {e}");
             e.exit_code()
         }
-    };
-    std::process::exit(code as i32);
+    }
+    .into()
 }

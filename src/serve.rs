@@ -289,11 +289,19 @@ fn success(summary: String, body: Json) -> CallToolResult {
 
 fn error_result(e: &Error) -> CallToolResult {
     let (code, todo) = match e {
-        Error::Registry { .. } => (
+        Error::Registry { .. }
+        | Error::Sqlite {
+            store: crate::error::Store::Registry,
+            ..
+        } => (
             "registry_unavailable",
             "check the registry this server was started with (FLEET_RETIRE_REGISTRY)",
         ),
-        Error::Leases { .. } => (
+        Error::Leases { .. }
+        | Error::Sqlite {
+            store: crate::error::Store::Leases,
+            ..
+        } => (
             "lease_store_unavailable",
             "check the lease store this server was started with (FLEET_RETIRE_LEASES)",
         ),
@@ -421,11 +429,19 @@ impl FleetServer {
         };
         let mut bytes = Vec::new();
         if let Err(e) = plan.write_json(&mut bytes) {
-            return error_result(&Error::Input(format!("rendering the plan: {e}")));
+            return error_result(&Error::Internal {
+                doing: "rendering the plan".into(),
+                source: Box::new(e),
+            });
         }
         let mut body: Json = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
-            Err(e) => return error_result(&Error::Input(format!("rendering the plan: {e}"))),
+            Err(e) => {
+                return error_result(&Error::Internal {
+                    doing: "rendering the plan".into(),
+                    source: Box::new(e),
+                })
+            }
         };
         body["audit_context"] = audit;
         body["policy_source"] = json!(b.policies.source_label());
@@ -619,11 +635,6 @@ impl ServerHandler for FleetServer {
     }
 }
 
-/// Whether a registry error is another writer holding the lock.
-fn is_lock_contention(message: &str) -> bool {
-    message.contains("database is locked") || message.contains("database is busy")
-}
-
 /// How a served session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -660,11 +671,11 @@ pub fn run(binding: Binding, life: Lifecycle) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let row = loop {
         match register(&registry, &binding.proc_root, &registration) {
-            Err(Error::Registry { message, .. })
-                if is_lock_contention(&message)
+            Err(e)
+                if e.is_lock_contention()
                     && started.elapsed() < std::time::Duration::from_secs(60) =>
             {
-                tracing::warn!("registering: {message}; trying again");
+                tracing::warn!("registering: {e}; trying again");
                 std::thread::sleep(std::time::Duration::from_millis(
                     100 + u64::from(std::process::id() % 400),
                 ));
@@ -678,7 +689,10 @@ pub fn run(binding: Binding, life: Lifecycle) -> Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| Error::Input(format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
     let server = FleetServer::new(binding);
     let stop = runtime.block_on(serve_until_stopped(
         server,

@@ -204,7 +204,10 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Vec<Proof>
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Input(format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
     runtime.block_on(async {
         let solver = LocalSolver::cvc5().map_err(sym_err)?;
         let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;

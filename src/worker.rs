@@ -5,7 +5,7 @@
 //! a missing or untrusted instance id stays missing or untrusted, and an
 //! unknown host, boot or start time is stored as NULL, never guessed.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Store};
 use crate::evidence::probe::{process_start_time, HostFacts};
 use crate::evidence::random_hex;
 use crate::identity::assess_instance_identity;
@@ -21,15 +21,12 @@ use std::time::Duration;
 
 /// Open (creating if needed) a registry for a worker's writes.
 pub fn open(path: &Path) -> Result<Connection> {
-    let err = |m: String| Error::Registry {
-        path: path.to_path_buf(),
-        message: m,
-    };
-    let conn = Connection::open(path).map_err(|e| err(format!("cannot open or create: {e}")))?;
+    let err = |doing| Error::sqlite(Store::Registry, path, doing);
+    let conn = Connection::open(path).map_err(err("cannot open or create"))?;
     conn.busy_timeout(Duration::from_secs(5))
-        .map_err(|e| err(format!("cannot set the busy timeout: {e}")))?;
+        .map_err(err("cannot set the busy timeout"))?;
     let complete = |conn: &Connection| -> Result<bool> {
-        let existing = table_columns(conn, TABLE).map_err(|e| err(format!("cannot read: {e}")))?;
+        let existing = table_columns(conn, TABLE).map_err(err("cannot read"))?;
         Ok(existing
             .is_some_and(|names| COLUMNS.iter().all(|c| names.iter().any(|n| n == c.name()))))
     };
@@ -122,10 +119,7 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
             |r| r.get(0),
         )
         .optional()
-        .map_err(|e| Error::Registry {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        .map_err(Error::sqlite(Store::Registry, path, "cannot read"))?;
     if let Some(status) = existing {
         return Err(Error::Input(format!(
             "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
@@ -158,10 +152,7 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
             .join(", ")
     );
     conn.execute(&sql, rusqlite::params_from_iter(values))
-        .map_err(|e| Error::Registry {
-            path: path.to_path_buf(),
-            message: format!("cannot register: {e}"),
-        })?;
+        .map_err(Error::sqlite(Store::Registry, path, "cannot register"))?;
     Ok(row)
 }
 
@@ -206,10 +197,11 @@ fn owner_of(conn: &Connection, path: &Path, worker: &str) -> Result<Option<(Owne
     })
     .optional()
     .map(Option::flatten)
-    .map_err(|e| Error::Registry {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+    .map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot read the registration",
+    ))
 }
 
 /// The parent pid of `pid`, from `<proc_root>/<pid>/stat` (field 4).
@@ -290,7 +282,7 @@ pub fn heartbeat(path: &Path, worker: &str, writer: Writer) -> Result<String> {
             &format!("UPDATE {TABLE} SET last_heartbeat_at = ?1 WHERE worker_identity = ?2 AND status = 'active' AND pid = ?3"),
             params![now, worker, pid],
         )
-        .map_err(|e| Error::Registry { path: path.to_path_buf(), message: e.to_string() })?;
+        .map_err(Error::sqlite(Store::Registry, path, "cannot heartbeat"))?;
     if n == 0 {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?}; register it first"
@@ -315,10 +307,7 @@ pub fn release(path: &Path, worker: &str, status: &str, writer: Writer) -> Resul
             ),
             params![status, worker, pid],
         )
-        .map_err(|e| Error::Registry {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        .map_err(Error::sqlite(Store::Registry, path, "cannot release"))?;
     if n == 0 {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?}"

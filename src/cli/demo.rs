@@ -188,8 +188,7 @@ impl<'p> Demo<'p> {
             std::process::id(),
             crate::evidence::random_hex(4)?
         ));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::Input(format!("demo: cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(Error::io(&dir, "demo: cannot create its folder"))?;
         let d = Demo {
             registry: dir.join("registry.sqlite"),
             leases: dir.join("leases.sqlite"),
@@ -207,7 +206,7 @@ impl<'p> Demo<'p> {
             &d.profiles,
             r#"{"profiles": {"demo-controller": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}}"#,
         )
-        .map_err(|e| Error::Input(format!("demo: {e}")))?;
+        .map_err(Error::io(&d.profiles, "demo: cannot write"))?;
         Ok(d)
     }
 
@@ -375,7 +374,11 @@ impl<'p> Demo<'p> {
 }
 
 fn leases_with_one(path: &Path, owner: &str) -> Result<()> {
-    let conn = rusqlite::Connection::open(path).map_err(|e| Error::Input(format!("demo: {e}")))?;
+    let conn = rusqlite::Connection::open(path).map_err(Error::sqlite(
+        crate::error::Store::Leases,
+        path,
+        "demo: cannot create",
+    ))?;
     conn.execute_batch(&crate::store::leases::create_sql())
         .and_then(|_| {
             conn.execute(
@@ -385,5 +388,9 @@ fn leases_with_one(path: &Path, owner: &str) -> Result<()> {
         )
         })
         .map(|_| ())
-        .map_err(|e| Error::Input(format!("demo: cannot write the lease store: {e}")))
+        .map_err(Error::sqlite(
+            crate::error::Store::Leases,
+            path,
+            "demo: cannot write",
+        ))
 }

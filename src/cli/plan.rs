@@ -57,8 +57,7 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
             plan.write_saved(&mut w)?;
             w.flush()
         };
-        write(out)
-            .map_err(|e| Error::Input(format!("{}: cannot write the plan: {e}", out.display())))?;
+        write(out).map_err(Error::io(out, "cannot write the plan"))?;
     }
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());

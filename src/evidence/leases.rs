@@ -4,7 +4,7 @@
 //! `expires_at` says. A store that is named but missing, unreadable, or
 //! without the table is an error: it is never read as "no leases".
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Store};
 use crate::evidence::registry::value_from_sql;
 pub use crate::store::leases::{Lease, COLUMNS, TABLE};
 use crate::value::Value;
@@ -72,9 +72,13 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
         ));
     }
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|e| lease_error(path, format!("cannot open as SQLite: {e}")))?;
+        .map_err(Error::sqlite(Store::Leases, path, "cannot open as SQLite"))?;
     conn.busy_timeout(crate::evidence::registry::READ_BUSY_TIMEOUT)
-        .map_err(|e| lease_error(path, format!("cannot set the busy timeout: {e}")))?;
+        .map_err(Error::sqlite(
+            Store::Leases,
+            path,
+            "cannot set the busy timeout",
+        ))?;
     crate::evidence::registry::recover_hot_journal(path, "lease store")
         .map_err(|m| lease_error(path, m))?;
     Ok(conn)
@@ -157,7 +161,11 @@ impl Fence {
 
 fn data_version(conn: &Connection, path: &Path) -> Result<i64> {
     conn.query_row("PRAGMA data_version", [], |r| r.get(0))
-        .map_err(|e| lease_error(path, format!("cannot read data_version: {e}")))
+        .map_err(Error::sqlite(
+            Store::Leases,
+            path,
+            "cannot read data_version",
+        ))
 }
 
 /// sha256 over every column (name, storage class and canonical text) of
@@ -190,7 +198,7 @@ pub fn full_digest(leases: &[Lease]) -> String {
 }
 
 fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
-    let sql_err = |e: rusqlite::Error| lease_error(path, format!("cannot read: {e}"));
+    let sql_err = Error::sqlite(Store::Leases, path, "cannot read");
     let columns = crate::store::table_columns(conn, TABLE)
         .map_err(sql_err)?
         .unwrap_or_default();

@@ -4,7 +4,7 @@
 //! before the fencing or `retired_*` columns simply reads those columns as
 //! NULL. Columns the program does not know are ignored.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Store};
 use crate::row::{Col, Row, COLUMNS};
 use crate::value::Value;
 use rusqlite::types::ValueRef;
@@ -33,11 +33,18 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| registry_error(path, format!("cannot open as SQLite: {e}")))?;
+    .map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot open as SQLite",
+    ))?;
     // Workers heartbeat into a live registry; wait out their short write
     // locks rather than failing at once.
-    conn.busy_timeout(READ_BUSY_TIMEOUT)
-        .map_err(|e| registry_error(path, format!("cannot set the busy timeout: {e}")))?;
+    conn.busy_timeout(READ_BUSY_TIMEOUT).map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot set the busy timeout",
+    ))?;
     recover_hot_journal(path, "registry").map_err(|m| registry_error(path, m))?;
     Ok(conn)
 }
@@ -204,17 +211,7 @@ pub fn value_from_sql(
 
 /// Read every registration, in registry (rowid) order.
 pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
-    let sql_err = |e: rusqlite::Error| {
-        let hint = if matches!(
-            e.sqlite_error_code(),
-            Some(rusqlite::ErrorCode::NotADatabase)
-        ) {
-            "; the file is not a SQLite database: check the --registry path"
-        } else {
-            ""
-        };
-        registry_error(path, format!("cannot read: {e}{hint}"))
-    };
+    let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
     let existing = crate::store::table_columns(conn, TABLE)
         .map_err(sql_err)?
         .ok_or_else(|| {

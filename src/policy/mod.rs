@@ -6,6 +6,7 @@
 //! be a weaker one. The policy layer never touches a file other than these
 //! and never probes anything.
 
+pub mod diagnostics;
 pub mod engine;
 pub mod entities;
 pub mod eval;
@@ -15,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::fingerprint::hex;
 use crate::reasons::Reason;
 use cedar_policy::{Effect, Policy, PolicyId, PolicySet, Schema, ValidationMode, Validator};
-use miette::Diagnostic;
+use diagnostics::describe;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -95,45 +96,6 @@ pub enum PolicySource {
     Embedded,
     /// A reviewer's folder with the same file names.
     Dir(PathBuf),
-}
-
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let col = before
-        .rsplit('\n')
-        .next()
-        .map(|s| s.chars().count())
-        .unwrap_or(0)
-        + 1;
-    (line, col)
-}
-
-/// Render a Cedar diagnostic as `file:line:col: message (help)` lines.
-fn describe(diag: &dyn Diagnostic, file: &str, text: &str) -> String {
-    let mut lines = Vec::new();
-    let mut push = |d: &dyn Diagnostic| {
-        let at = d
-            .labels()
-            .and_then(|mut l| l.next())
-            .map(|span| {
-                let (line, col) = line_col(text, span.offset());
-                format!("{file}:{line}:{col}")
-            })
-            .unwrap_or_else(|| file.to_string());
-        let help = d
-            .help()
-            .map(|h| format!(" (help: {h})"))
-            .unwrap_or_default();
-        lines.push(format!("{at}: {d}{help}"));
-    };
-    push(diag);
-    if let Some(related) = diag.related() {
-        for r in related {
-            push(r);
-        }
-    }
-    lines.join("\n")
 }
 
 fn policy_error(lines: Vec<String>) -> Error {
@@ -305,13 +267,12 @@ fn read_dir_files(dir: &Path) -> Result<Vec<(String, String)>> {
     Ok(out)
 }
 
-/// The line of a policy's `@id` annotation (Cedar does not expose a
-/// policy's own location); 1 when it has none.
+/// The line a policy starts on, from the location Cedar's parser gave it;
+/// 1 when it has none.
 fn policy_line(policy: &Policy, text: &str) -> usize {
-    policy
-        .annotation("id")
-        .and_then(|id| text.find(&format!("@id(\"{id}\")")))
-        .map(|offset| line_col(text, offset).0)
+    let ast: &cedar_policy_core::ast::Policy = policy.as_ref();
+    ast.loc()
+        .map(|loc| diagnostics::place(text, loc.start()).0)
         .unwrap_or(1)
 }
 

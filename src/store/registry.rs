@@ -3,7 +3,7 @@
 //! the migration that adds the columns an older registry lacks. The column
 //! list itself is `crate::row::Col`, which every reader and writer shares.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Store};
 use crate::row::{Col, COLUMNS};
 use rusqlite::Connection;
 use std::path::Path;
@@ -42,7 +42,7 @@ pub fn create_sql() -> String {
 /// planning never migrates.
 pub fn add_missing_columns(conn: &Connection, path: &Path) -> Result<()> {
     let existing = super::table_columns(conn, TABLE)
-        .map_err(|e| registry_error(path, format!("cannot read: {e}")))?
+        .map_err(Error::sqlite(Store::Registry, path, "cannot read"))?
         .ok_or_else(|| {
             registry_error(
                 path,
@@ -58,11 +58,11 @@ pub fn add_missing_columns(conn: &Connection, path: &Path) -> Result<()> {
             "ALTER TABLE {TABLE} ADD COLUMN \"{}\" {ty}",
             col.name()
         ))
-        .map_err(|e| {
-            registry_error(
-                path,
-                format!("cannot add the missing column `{}`: {e}", col.name()),
-            )
+        .map_err(|source| Error::Sqlite {
+            store: Store::Registry,
+            path: path.to_path_buf(),
+            doing: format!("cannot add the missing column `{}`", col.name()),
+            source,
         })?;
     }
     Ok(())
@@ -71,27 +71,21 @@ pub fn add_missing_columns(conn: &Connection, path: &Path) -> Result<()> {
 /// Create the registry table, or add the columns it lacks, inside one
 /// `BEGIN IMMEDIATE` transaction that looks again once it holds the lock.
 pub fn create_or_migrate_locked(conn: &Connection, path: &Path) -> Result<()> {
-    let err = |m: String| Error::Registry {
-        path: path.to_path_buf(),
-        message: m,
-    };
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| {
-        err(format!(
-            "cannot take the write lock to create or migrate: {e}"
-        ))
-    })?;
+    let err = |doing| Error::sqlite(Store::Registry, path, doing);
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(err("cannot take the write lock to create or migrate"))?;
     let done = (|| -> Result<()> {
-        match super::table_columns(conn, TABLE).map_err(|e| err(format!("cannot read: {e}")))? {
+        match super::table_columns(conn, TABLE).map_err(err("cannot read"))? {
             None => conn
                 .execute_batch(&create_sql())
-                .map_err(|e| err(format!("cannot create the registry table: {e}"))),
+                .map_err(err("cannot create the registry table")),
             Some(_) => add_missing_columns(conn, path),
         }
     })();
     match done {
         Ok(()) => conn
             .execute_batch("COMMIT")
-            .map_err(|e| err(format!("cannot commit the migration: {e}"))),
+            .map_err(err("cannot commit the migration")),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)
