@@ -17,7 +17,6 @@ use crate::plan::{plan, Rejudge};
 use crate::policy::Policies;
 use crate::reasons::Reason;
 use crate::row::Col;
-use crate::value::Value;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -269,32 +268,6 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     Ok(conn)
 }
 
-fn sql(v: &Value) -> rusqlite::types::Value {
-    use rusqlite::types::Value as S;
-    match v {
-        Value::Null => S::Null,
-        Value::Int(i) => S::Integer(*i),
-        Value::Real(f) => S::Real(*f),
-        Value::Text(t) => S::Text(t.to_string()),
-        Value::Bool(b) => S::Integer(*b as i64),
-        Value::Blob(b) => S::Blob(b.to_vec()),
-    }
-}
-
-/// Columns the guarded UPDATE asserts unchanged (NULL-safe).
-const GUARD: &[Col] = &[
-    Col::Status,
-    Col::LastHeartbeatAt,
-    Col::GenerationId,
-    Col::SessionId,
-    Col::FencingEpoch,
-    Col::Pid,
-    Col::HostId,
-    Col::BootId,
-    Col::ProcessStartTime,
-    Col::PidNamespace,
-];
-
 /// Why a transaction must be rolled back, as opposed to a refusal.
 enum Abort {
     Refuse(Outcome, String),
@@ -473,45 +446,14 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
         Ok(s) => s,
         Err((outcome, why)) => return Ok(Report::new(req, outcome, why)),
     };
-    // 2. The plan's policies must be the loaded ones.
-    if req.policy_fingerprint != ctx.policies.fingerprint {
-        return Ok(Report::new(
-            req,
-            Outcome::PolicySetMoved,
-            format!(
-                "the plan was made under policy set {} but {} is loaded; plan again",
-                req.policy_fingerprint, ctx.policies.fingerprint
-            ),
-        ));
-    }
-    // 3. Something must be asked for.
-    if req.workers.is_empty() {
-        return Ok(Report::new(
-            req,
-            Outcome::NothingRequested,
-            "no worker was requested",
-        ));
+    // 2 and 3. The plan's policies are the loaded ones; something is asked.
+    if let Some(refused) = refuse_before_lock(req, ctx) {
+        return Ok(refused);
     }
     // 4. Open the registry and the lease store.
-    let mut conn = match open_for_writing(ctx.registry, ctx.busy_timeout) {
-        Ok(c) => c,
-        Err(e) => {
-            return Ok(Report::new(
-                req,
-                Outcome::RegistryUnavailable,
-                e.to_string(),
-            ))
-        }
-    };
-    let lease_conn = match leases::open_read_only(ctx.leases) {
-        Ok(c) => c,
-        Err(e) => {
-            return Ok(Report::new(
-                req,
-                Outcome::LeaseStoreUnavailable,
-                e.to_string(),
-            ))
-        }
+    let (mut conn, lease_conn) = match open_stores(ctx) {
+        Ok(stores) => stores,
+        Err((outcome, why)) => return Ok(Report::new(req, outcome, why)),
     };
     // 5. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
@@ -525,15 +467,16 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
         }
     };
     let locked_at = std::time::Instant::now();
-    let lock_ms = || locked_at.elapsed().as_millis() as u64;
     let fail_commit = hooks.fail_commit;
     let result = inside(
-        req,
-        ctx,
+        &Txn {
+            req,
+            ctx,
+            tx: &tx,
+            lease_conn: &lease_conn,
+        },
         hooks,
         &mut standing,
-        &tx,
-        &lease_conn,
         &mut report,
     )
     .and_then(|()| {
@@ -543,6 +486,51 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             Ok(())
         }
     });
+    Ok(conclude(req, tx, result, report, locked_at))
+}
+
+/// The refusals that need no store: the plan's policy set must be the one
+/// loaded, and something must be asked for.
+fn refuse_before_lock(req: &Request, ctx: &Context) -> Option<Report> {
+    if req.policy_fingerprint != ctx.policies.fingerprint {
+        return Some(Report::new(
+            req,
+            Outcome::PolicySetMoved,
+            format!(
+                "the plan was made under policy set {} but {} is loaded; plan again",
+                req.policy_fingerprint, ctx.policies.fingerprint
+            ),
+        ));
+    }
+    if req.workers.is_empty() {
+        return Some(Report::new(
+            req,
+            Outcome::NothingRequested,
+            "no worker was requested",
+        ));
+    }
+    None
+}
+
+/// The registry opened for writing and the lease store for reading; a
+/// store that cannot be opened is a refusal naming it.
+fn open_stores(ctx: &Context) -> std::result::Result<(Connection, Connection), (Outcome, String)> {
+    let conn = open_for_writing(ctx.registry, ctx.busy_timeout)
+        .map_err(|e| (Outcome::RegistryUnavailable, e.to_string()))?;
+    let lease_conn = leases::open_read_only(ctx.leases)
+        .map_err(|e| (Outcome::LeaseStoreUnavailable, e.to_string()))?;
+    Ok((conn, lease_conn))
+}
+
+/// COMMIT what `inside` did, or roll it back, and say which in the report.
+fn conclude(
+    req: &Request,
+    tx: rusqlite::Transaction,
+    result: std::result::Result<(), Abort>,
+    mut report: Report,
+    locked_at: std::time::Instant,
+) -> Report {
+    let lock_ms = || locked_at.elapsed().as_millis() as u64;
     match result {
         Ok(()) => {
             if let Err(e) = tx.commit() {
@@ -554,7 +542,7 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
                 failed.success = false;
                 failed.external_state_fingerprint = report.external_state_fingerprint.take();
                 failed.lock_held_ms = lock_ms();
-                return Ok(failed);
+                return failed;
             }
             report.lock_held_ms = lock_ms();
             report.retired_count = report.retired.len();
@@ -566,6 +554,7 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
                     req.workers.len()
                 );
             }
+            report
         }
         Err(abort) => {
             // Dropping the transaction rolls it back; do it explicitly so a
@@ -584,10 +573,9 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
             }
-            return Ok(fresh);
+            fresh
         }
     }
-    Ok(report)
 }
 
 fn tx_rollback_note(tx: rusqlite::Transaction) -> String {
@@ -612,35 +600,94 @@ struct AuditContext {
     host_id: Option<String>,
     policy_source: String,
     lease_store: String,
+    /// The one time stamp every retirement of this apply carries.
+    retired_at: String,
 }
 
+/// The transaction's parts, shared by its steps.
+struct Txn<'a> {
+    req: &'a Request,
+    ctx: &'a Context<'a>,
+    tx: &'a rusqlite::Transaction<'a>,
+    lease_conn: &'a Connection,
+}
+
+/// Everything apply does under the lock, in the order of docs/semantics.md
+/// §10: check the file, fence and read, re-plan, pick the targets, write
+/// each behind its own checks, and verify before COMMIT.
 fn inside(
-    req: &Request,
-    ctx: &Context,
+    t: &Txn,
     mut hooks: Hooks,
     standing: &mut Standing,
-    tx: &rusqlite::Transaction,
-    lease_conn: &Connection,
     report: &mut Report,
 ) -> std::result::Result<(), Abort> {
-    // Nothing in the file may turn our writes into other writes.
-    if let Some(why) = crate::store::untrusted_objects(tx, TABLE)? {
-        return Err(Abort::Refuse(Outcome::RegistryUntrusted, why));
-    }
-    // Migrations run inside the transaction: a refusal undoes them too.
-    if let Err(e) = crate::store::registry::add_missing_columns(tx, ctx.registry) {
-        return Err(Abort::Refuse(Outcome::RegistryUnavailable, e.to_string()));
-    }
-    crate::store::audit::create_or_migrate(tx)?;
-
+    prepare_registry(t)?;
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
-    let (mut fence, active_leases) = leases::Fence::read(lease_conn, ctx.leases)
+    let (fence, active_leases) = leases::Fence::read(t.lease_conn, t.ctx.leases)
         .map_err(|e| Abort::Refuse(Outcome::LeaseStoreUnavailable, e.to_string()))?;
     report.external_state_fingerprint = Some(fence.token.clone());
-    let rows = read_rows(tx, ctx.registry)?;
+    let rows = read_rows(t.tx, t.ctx.registry)?;
+    let by_identity = refuse_if_all_retired(t.req, &rows)?;
+    let host = HostFacts::observe(t.ctx.proc_root);
+    let fresh = replan(t, rows, &host, &active_leases, report)?;
+    let targets = select_targets(t.req, &fresh, &by_identity, report)?;
+    if let Some(hook) = hooks.before_first_write.as_mut() {
+        hook();
+    }
+    let audit = AuditContext {
+        apply_id: crate::evidence::random_hex(16)?,
+        os_uid: i64::from(nix::unistd::getuid().as_raw()),
+        host_id: host.host_id.clone(),
+        policy_source: t.ctx.policies.source_label(),
+        lease_store: t.ctx.leases.display().to_string(),
+        retired_at: crate::time::format_ts(crate::time::now()),
+    };
+    // Every row changed from here on, triggers included, is counted.
+    let changes_before = t.tx.total_changes();
+    let mut w = Writes {
+        fence,
+        rejudge: Rejudge::new(&fresh, t.ctx.policies),
+        fresh: &fresh,
+        audit: &audit,
+    };
+    for (i, entry) in targets.into_iter().enumerate() {
+        if let Some(hook) = hooks.between_targets.as_mut() {
+            hook(i);
+        }
+        // The capability (and the policy pin) first: a grant revoked since
+        // the last write stops the apply here.
+        standing.recheck()?;
+        if let Some(hook) = hooks.after_capability.as_mut() {
+            hook(i);
+        }
+        w.retire(t, entry, &standing.allowed_sha256, report)?;
+    }
+    if let Some(hook) = hooks.before_commit.as_mut() {
+        hook();
+    }
+    verify_before_commit(t, &w.fence, changes_before, &audit, report)
+}
 
-    // Rows by canonical identity, once (requests can name thousands).
+/// Nothing in the file may turn our writes into other writes; migrations
+/// run inside the transaction, so a refusal undoes them too.
+fn prepare_registry(t: &Txn) -> std::result::Result<(), Abort> {
+    if let Some(why) = crate::store::untrusted_objects(t.tx, TABLE)? {
+        return Err(Abort::Refuse(Outcome::RegistryUntrusted, why));
+    }
+    if let Err(e) = crate::store::registry::add_missing_columns(t.tx, t.ctx.registry) {
+        return Err(Abort::Refuse(Outcome::RegistryUnavailable, e.to_string()));
+    }
+    crate::store::audit::create_or_migrate(t.tx)?;
+    Ok(())
+}
+
+/// Rows by canonical identity, built once (requests can name thousands);
+/// refused when every requested worker is retired already.
+fn refuse_if_all_retired(
+    req: &Request,
+    rows: &[crate::row::Row],
+) -> std::result::Result<HashMap<String, Vec<usize>>, Abort> {
     let mut by_identity: HashMap<String, Vec<usize>> = HashMap::with_capacity(rows.len());
     for (i, r) in rows.iter().enumerate() {
         by_identity
@@ -660,16 +707,27 @@ fn inside(
             "every requested worker is already retired; nothing to do".into(),
         ));
     }
+    Ok(by_identity)
+}
 
-    // Re-plan from what is read under the lock.
-    let host = HostFacts::observe(ctx.proc_root);
+/// Re-plan from what is read under the lock, and hold it to the plan's
+/// tokens: the registry's (heartbeats of live workers tolerated when the
+/// plan's rows are at hand) and the candidates'.
+fn replan(
+    t: &Txn,
+    rows: Vec<crate::row::Row>,
+    host: &HostFacts,
+    active_leases: &[leases::Lease],
+    report: &mut Report,
+) -> std::result::Result<crate::plan::Plan, Abort> {
+    let req = t.req;
     let facts = RunFacts {
         now: crate::time::now(),
         host: host.clone(),
         canonical_repository: req.canonical_repository.clone(),
-        protections: Protections::from_leases(&active_leases),
+        protections: Protections::from_leases(active_leases),
     };
-    let fresh = plan(rows, facts, ctx.probe, ctx.policies)?;
+    let fresh = plan(rows, facts, t.ctx.probe, t.ctx.policies)?;
     if fresh.registry_fingerprint != req.registry_fingerprint {
         let moved = |why: String| {
             Abort::Refuse(
@@ -680,8 +738,6 @@ fn inside(
                 ),
             )
         };
-        // With the plan's rows at hand, heartbeats of live workers are not
-        // a change that decides anything.
         match req
             .planned
             .as_deref()
@@ -706,8 +762,18 @@ fn inside(
             ),
         ));
     }
+    Ok(fresh)
+}
 
-    // Revalidate every requested identity against the fresh plan.
+/// Every requested identity revalidated against the fresh plan: one row,
+/// a candidate of it. The others are kept with their reason; more targets
+/// than the limit refuse the whole apply.
+fn select_targets<'p>(
+    req: &Request,
+    fresh: &'p crate::plan::Plan,
+    by_identity: &HashMap<String, Vec<usize>>,
+    report: &mut Report,
+) -> std::result::Result<Vec<&'p crate::plan::Entry>, Abort> {
     let mut targets = Vec::new();
     for w in &req.workers {
         let entries: Vec<_> = by_identity
@@ -742,60 +808,34 @@ fn inside(
             ),
         ));
     }
+    Ok(targets)
+}
 
-    if let Some(hook) = hooks.before_first_write.as_mut() {
-        hook();
-    }
+/// What each write needs: the lease fence as last seen, the re-judge of a
+/// row with its process probed now, the fresh plan and the audit context.
+struct Writes<'p> {
+    fence: leases::Fence,
+    rejudge: Rejudge<'p>,
+    fresh: &'p crate::plan::Plan,
+    audit: &'p AuditContext,
+}
 
-    let audit = AuditContext {
-        apply_id: crate::evidence::random_hex(16)?,
-        os_uid: i64::from(nix::unistd::getuid().as_raw()),
-        host_id: host.host_id.clone(),
-        policy_source: ctx.policies.source_label(),
-        lease_store: ctx.leases.display().to_string(),
-    };
-    let rejudge = Rejudge::new(&fresh, ctx.policies);
-    let retired_at = crate::time::format_ts(crate::time::now());
-    let guard_sql = GUARD
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("\"{}\" IS ?{}", c.name(), i + 5))
-        .collect::<Vec<_>>()
-        .join(" AND ");
-    let update = format!(
-        "UPDATE {TABLE} SET status = 'retired', retired_at = ?1, retired_by = ?2, \
-         retirement_reason = ?3 WHERE worker_identity IS ?4 AND {guard_sql}"
-    );
-    let insert = format!(
-        "INSERT INTO {} ({}) VALUES ({})",
-        crate::store::audit::TABLE,
-        crate::store::audit::COLUMNS
-            .iter()
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(", "),
-        (1..=crate::store::audit::COLUMNS.len())
-            .map(|i| format!("?{i}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    // Every row changed from here on, triggers included, is counted.
-    let changes_before = tx.total_changes();
-    for (i, entry) in targets.into_iter().enumerate() {
-        if let Some(hook) = hooks.between_targets.as_mut() {
-            hook(i);
-        }
-        // The capability (and the policy pin) first: a grant revoked since
-        // the last write stops the apply here.
-        standing.recheck()?;
-        if let Some(hook) = hooks.after_capability.as_mut() {
-            hook(i);
-        }
-        let row = &fresh.rows[entry.index];
-        let w = fresh.identity(entry);
+impl Writes<'_> {
+    /// Retire one target behind its own checks: the re-probe, the lease
+    /// fence last, the guarded UPDATE, then its audit row.
+    fn retire(
+        &mut self,
+        t: &Txn,
+        entry: &crate::plan::Entry,
+        profiles_sha256: &str,
+        report: &mut Report,
+    ) -> std::result::Result<(), Abort> {
+        let (req, ctx) = (t.req, t.ctx);
+        let row = &self.fresh.rows[entry.index];
+        let w = self.fresh.identity(entry);
         // Liveness re-probe: the same policies judge the row again with the
         // process probed now (pid definitely gone, this host, a known boot).
-        let again = rejudge.entry(entry, ctx.probe);
+        let again = self.rejudge.entry(entry, ctx.probe);
         if !again.allowed {
             let codes: Vec<&str> = again.reason_codes().iter().map(|r| r.code()).collect();
             report.preserved.push(Kept {
@@ -806,22 +846,21 @@ fn inside(
                     codes.join(", ")
                 ),
             });
-            continue;
+            return Ok(());
         }
         // The lease fence last, right before the write.
-        fence = fence
-            .recheck(lease_conn, ctx.leases)?
-            .map_err(|now| fence_moved(&fence, &now))?;
-        let mut params: Vec<rusqlite::types::Value> = vec![
-            rusqlite::types::Value::Text(retired_at.clone()),
-            rusqlite::types::Value::Text(ctx.profile.to_string()),
-            rusqlite::types::Value::Text(Reason::Eligible.code().to_string()),
-            sql(row.get(Col::WorkerIdentity)),
-        ];
-        params.extend(GUARD.iter().map(|c| sql(row.get(*c))));
-        let changed = tx
-            .prepare_cached(&update)?
-            .execute(rusqlite::params_from_iter(params))?;
+        self.fence = self
+            .fence
+            .recheck(t.lease_conn, ctx.leases)?
+            .map_err(|now| fence_moved(&self.fence, &now))?;
+        let retired_at = &self.audit.retired_at;
+        let changed = crate::store::registry::retire_guarded(
+            t.tx,
+            row,
+            retired_at,
+            ctx.profile,
+            Reason::Eligible.code(),
+        )?;
         if changed > 1 {
             return Err(Abort::Fail(format!(
                 "the guarded UPDATE for {w} matched {changed} rows; nothing was retired"
@@ -835,52 +874,56 @@ fn inside(
                     "the guarded UPDATE matched no row; the registration changed since the plan"
                         .into(),
             });
-            continue;
+            return Ok(());
         }
-        let evidence = serde_json::to_string(&fresh.evidence(entry))
+        let evidence = serde_json::to_string(&self.fresh.evidence(entry))
             .map_err(|e| Abort::Fail(e.to_string()))?;
-        let values: Vec<rusqlite::types::Value> = {
-            use rusqlite::types::Value as S;
-            let text = |t: &str| S::Text(t.to_string());
-            vec![
-                text(&w),
-                text(&retired_at),
-                text(ctx.profile),
-                text(Reason::Eligible.code()),
-                text(&req.registry_fingerprint),
-                text(&req.candidate_fingerprint),
-                text(&req.policy_fingerprint),
-                text(&fence.token),
-                S::Text(evidence),
-                text(&audit.apply_id),
-                text(&standing.allowed_sha256),
-                S::Integer(audit.os_uid),
-                audit.host_id.as_deref().map_or(S::Null, text),
-                text(env!("CARGO_PKG_VERSION")),
-                text(&audit.policy_source),
-                req.canonical_repository.as_deref().map_or(S::Null, text),
-                text(&audit.lease_store),
-                text(&fence.digest),
-                S::Integer(report.heartbeats_tolerated as i64),
-            ]
-        };
-        tx.prepare_cached(&insert)?
-            .execute(rusqlite::params_from_iter(values))?;
+        crate::store::audit::insert(
+            t.tx,
+            &crate::store::audit::AuditRow {
+                worker_identity: &w,
+                retired_at,
+                retired_by: ctx.profile,
+                retirement_reason: Reason::Eligible.code(),
+                registry_fingerprint: &req.registry_fingerprint,
+                candidate_fingerprint: &req.candidate_fingerprint,
+                policy_fingerprint: &req.policy_fingerprint,
+                external_state_fingerprint: &self.fence.token,
+                evidence: &evidence,
+                apply_id: &self.audit.apply_id,
+                profiles_sha256,
+                os_uid: self.audit.os_uid,
+                host_id: self.audit.host_id.as_deref(),
+                program_version: env!("CARGO_PKG_VERSION"),
+                policy_source: &self.audit.policy_source,
+                canonical_repository: req.canonical_repository.as_deref(),
+                lease_store: &self.audit.lease_store,
+                lease_digest: &self.fence.digest,
+                heartbeats_tolerated: report.heartbeats_tolerated as i64,
+            },
+        )?;
         report.retired.push(Retired {
             worker_identity: w,
             retired_at: retired_at.clone(),
             retired_by: ctx.profile.to_string(),
         });
+        Ok(())
     }
-    if let Some(hook) = hooks.before_commit.as_mut() {
-        hook();
-    }
-    // Before COMMIT: the leases once more, in full; exactly one UPDATE and
-    // one audit row per retirement and nothing else; the audit rows there.
+}
+
+/// Before COMMIT: the leases once more, in full; exactly one UPDATE and one
+/// audit row per retirement and nothing else; this apply's audit rows there.
+fn verify_before_commit(
+    t: &Txn,
+    fence: &leases::Fence,
+    changes_before: u64,
+    audit: &AuditContext,
+    report: &Report,
+) -> std::result::Result<(), Abort> {
     fence
-        .recheck_fully(lease_conn, ctx.leases)?
-        .map_err(|now| fence_moved(&fence, &now))?;
-    let written = tx.total_changes() - changes_before;
+        .recheck_fully(t.lease_conn, t.ctx.leases)?
+        .map_err(|now| fence_moved(fence, &now))?;
+    let written = t.tx.total_changes() - changes_before;
     let expected = 2 * report.retired.len() as u64;
     if written != expected {
         return Err(Abort::Fail(format!(
@@ -888,7 +931,7 @@ fn inside(
              (one retirement and one audit row per worker); nothing was retired"
         )));
     }
-    let audited = crate::store::audit::count_for(tx, &audit.apply_id)?;
+    let audited = crate::store::audit::count_for(t.tx, &audit.apply_id)?;
     if audited != report.retired.len() {
         return Err(Abort::Fail(format!(
             "{audited} audit rows were found for {} retirements; nothing was retired",

@@ -61,6 +61,101 @@ pub fn create_or_migrate(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
+/// One audit row: the retirement, the tokens it was decided under, and who,
+/// with what, from where.
+#[derive(Debug, Clone)]
+pub struct AuditRow<'a> {
+    /// The retired worker.
+    pub worker_identity: &'a str,
+    /// When.
+    pub retired_at: &'a str,
+    /// The operator's profile.
+    pub retired_by: &'a str,
+    /// The reason code (`eligible`).
+    pub retirement_reason: &'a str,
+    /// The plan's registry token.
+    pub registry_fingerprint: &'a str,
+    /// The plan's candidate token.
+    pub candidate_fingerprint: &'a str,
+    /// The policy set's fingerprint.
+    pub policy_fingerprint: &'a str,
+    /// The lease token at the write.
+    pub external_state_fingerprint: &'a str,
+    /// The row's evidence, as JSON.
+    pub evidence: &'a str,
+    /// This apply's id (one per transaction).
+    pub apply_id: &'a str,
+    /// sha256 of the profiles.json that allowed it.
+    pub profiles_sha256: &'a str,
+    /// The operating-system user.
+    pub os_uid: i64,
+    /// This host, when known.
+    pub host_id: Option<&'a str>,
+    /// fleet-retire's version.
+    pub program_version: &'a str,
+    /// The policy set, for a person.
+    pub policy_source: &'a str,
+    /// The repository binding required.
+    pub canonical_repository: Option<&'a str>,
+    /// The lease store's path.
+    pub lease_store: &'a str,
+    /// The digest of every active lease column at the write.
+    pub lease_digest: &'a str,
+    /// Rows whose heartbeat alone moved since the plan.
+    pub heartbeats_tolerated: i64,
+}
+
+impl AuditRow<'_> {
+    /// The values in [`COLUMNS`] order.
+    fn values(&self) -> Vec<rusqlite::types::Value> {
+        use rusqlite::types::Value as S;
+        let text = |t: &str| S::Text(t.to_string());
+        vec![
+            text(self.worker_identity),
+            text(self.retired_at),
+            text(self.retired_by),
+            text(self.retirement_reason),
+            text(self.registry_fingerprint),
+            text(self.candidate_fingerprint),
+            text(self.policy_fingerprint),
+            text(self.external_state_fingerprint),
+            text(self.evidence),
+            text(self.apply_id),
+            text(self.profiles_sha256),
+            S::Integer(self.os_uid),
+            self.host_id.map_or(S::Null, text),
+            text(self.program_version),
+            text(self.policy_source),
+            self.canonical_repository.map_or(S::Null, text),
+            text(self.lease_store),
+            text(self.lease_digest),
+            S::Integer(self.heartbeats_tolerated),
+        ]
+    }
+}
+
+/// Write one audit row.
+pub fn insert(conn: &Connection, row: &AuditRow) -> rusqlite::Result<()> {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "INSERT INTO {TABLE} ({}) VALUES ({})",
+            COLUMNS
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", "),
+            (1..=COLUMNS.len())
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    });
+    conn.prepare_cached(sql)?
+        .execute(rusqlite::params_from_iter(row.values()))
+        .map(|_| ())
+}
+
 /// How many audit rows carry this apply's id.
 pub fn count_for(conn: &Connection, apply_id: &str) -> rusqlite::Result<usize> {
     conn.query_row(
@@ -69,4 +164,39 @@ pub fn count_for(conn: &Connection, apply_id: &str) -> rusqlite::Result<usize> {
         |r| r.get::<_, i64>(0),
     )
     .map(|n| n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_has_a_value_for_every_column() {
+        let row = AuditRow {
+            worker_identity: "w",
+            retired_at: "t",
+            retired_by: "p",
+            retirement_reason: "eligible",
+            registry_fingerprint: "r",
+            candidate_fingerprint: "c",
+            policy_fingerprint: "f",
+            external_state_fingerprint: "e",
+            evidence: "{}",
+            apply_id: "a",
+            profiles_sha256: "s",
+            os_uid: 0,
+            host_id: None,
+            program_version: "v",
+            policy_source: "built-in",
+            canonical_repository: Some("o/r"),
+            lease_store: "l",
+            lease_digest: "d",
+            heartbeats_tolerated: 0,
+        };
+        assert_eq!(row.values().len(), COLUMNS.len());
+        let conn = Connection::open_in_memory().unwrap();
+        create_or_migrate(&conn).unwrap();
+        insert(&conn, &row).unwrap();
+        assert_eq!(count_for(&conn, "a").unwrap(), 1);
+    }
 }

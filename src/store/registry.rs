@@ -92,3 +92,70 @@ pub fn create_or_migrate_locked(conn: &Connection, path: &Path) -> Result<()> {
         }
     }
 }
+
+/// Columns the guarded UPDATE asserts unchanged (NULL-safe `IS`): what a
+/// retirement was decided on. A heartbeat, a restart, a new generation or
+/// a move to another host or pid namespace since the read makes the UPDATE
+/// match nothing.
+pub const GUARD: &[Col] = &[
+    Col::Status,
+    Col::LastHeartbeatAt,
+    Col::GenerationId,
+    Col::SessionId,
+    Col::FencingEpoch,
+    Col::Pid,
+    Col::HostId,
+    Col::BootId,
+    Col::ProcessStartTime,
+    Col::PidNamespace,
+];
+
+/// A value as SQLite stores it.
+pub fn sql_value(v: &crate::value::Value) -> rusqlite::types::Value {
+    use crate::value::Value;
+    use rusqlite::types::Value as S;
+    match v {
+        Value::Null => S::Null,
+        Value::Int(i) => S::Integer(*i),
+        Value::Real(f) => S::Real(*f),
+        Value::Text(t) => S::Text(t.to_string()),
+        Value::Bool(b) => S::Integer(*b as i64),
+        Value::Blob(b) => S::Blob(b.to_vec()),
+    }
+}
+
+/// Retire `row` as it was read: set it `retired`, but only where its
+/// identity and every [`GUARD`] column still hold the values read. Returns
+/// the rows changed: 1, or 0 when the registration changed meanwhile (more
+/// than 1 is the caller's to refuse).
+pub fn retire_guarded(
+    conn: &Connection,
+    row: &crate::row::Row,
+    retired_at: &str,
+    retired_by: &str,
+    reason: &str,
+) -> rusqlite::Result<usize> {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        let guard = GUARD
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("\"{}\" IS ?{}", c.name(), i + 5))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        format!(
+            "UPDATE {TABLE} SET status = 'retired', retired_at = ?1, retired_by = ?2, \
+             retirement_reason = ?3 WHERE worker_identity IS ?4 AND {guard}"
+        )
+    });
+    use rusqlite::types::Value as S;
+    let mut params = vec![
+        S::Text(retired_at.to_string()),
+        S::Text(retired_by.to_string()),
+        S::Text(reason.to_string()),
+        sql_value(row.get(Col::WorkerIdentity)),
+    ];
+    params.extend(GUARD.iter().map(|c| sql_value(row.get(*c))));
+    conn.prepare_cached(sql)?
+        .execute(rusqlite::params_from_iter(params))
+}
