@@ -412,33 +412,16 @@ pub fn load(path: &Path) -> Result<Case> {
             format!("{now_text:?} is not a strict UTC stamp (YYYY-MM-DDTHH:MM:SSZ)"),
         )
     })?;
-    let context = case
-        .context
-        .ok_or_else(|| ctx.err("context", "missing; add it (see docs/fixtures.md)"))?;
-    let host = HostFacts {
-        host_id: context.host_id,
-        boot_id: context.boot_id,
-        // Absent: the run is in the initial namespace, where every pid is
-        // visible, so rows without the column are judged as before.
-        pid_namespace: context
-            .pid_namespace
-            .unwrap_or_else(|| Some(crate::evidence::probe::INITIAL_PID_NAMESPACE.to_string())),
-        // A fixture gives its start times.
-        start_time_probe_available: true,
-    };
-    let canonical_repository = context.canonical_repository;
+    let (host, canonical_repository) = run_context(
+        case.context
+            .ok_or_else(|| ctx.err("context", "missing; add it (see docs/fixtures.md)"))?,
+    );
     let probe = given_probe(
         &ctx,
         case.processes
             .ok_or_else(|| ctx.err("processes", "missing; add it (see docs/fixtures.md)"))?,
     )?;
-    let rows = case
-        .rows
-        .ok_or_else(|| ctx.err("rows", "missing; add it (see docs/fixtures.md)"))?
-        .iter()
-        .enumerate()
-        .map(|(i, r)| Row::from_json(r).map_err(|e| ctx.err(&format!("rows[{i}]"), e)))
-        .collect::<Result<Vec<_>>>()?;
+    let rows = each(&ctx, case.rows, "rows", Row::from_json)?;
     if let Some(spec) = case.snapshot {
         let (manifest, expected_revision, expect) = spec.checked(&ctx)?;
         return Ok(Case::Snapshot(Box::new(SnapshotCase {
@@ -452,13 +435,7 @@ pub fn load(path: &Path) -> Result<Case> {
             expect,
         })));
     }
-    let leases = case
-        .leases
-        .ok_or_else(|| ctx.err("leases", "missing; add it (see docs/fixtures.md)"))?
-        .iter()
-        .enumerate()
-        .map(|(i, l)| Lease::from_json(l).map_err(|e| ctx.err(&format!("leases[{i}]"), e)))
-        .collect::<Result<Vec<_>>>()?;
+    let leases = each(&ctx, case.leases, "leases", Lease::from_json)?;
     let exp = case
         .expect
         .ok_or_else(|| ctx.err("expect", "missing; add it (see docs/fixtures.md)"))?;
@@ -485,6 +462,36 @@ pub fn load(path: &Path) -> Result<Case> {
             preserved: exp.preserved,
         },
     })))
+}
+
+/// The run's facts as a case gives them: this host's ids, the pid
+/// namespace (absent: the initial one, where every pid is visible, so rows
+/// without the column are judged as before; `null`: unreadable), and the
+/// canonical repository. A fixture gives its start times.
+fn run_context(context: UncheckedContext) -> (HostFacts, Option<String>) {
+    let host = HostFacts {
+        host_id: context.host_id,
+        boot_id: context.boot_id,
+        pid_namespace: context
+            .pid_namespace
+            .unwrap_or_else(|| Some(crate::evidence::probe::INITIAL_PID_NAMESPACE.to_string())),
+        start_time_probe_available: true,
+    };
+    (host, context.canonical_repository)
+}
+
+/// Every element of a required list, converted, an error naming its index.
+fn each<T>(
+    ctx: &Ctx,
+    list: Option<Vec<Map<String, Json>>>,
+    field: &str,
+    convert: impl Fn(&Map<String, Json>) -> std::result::Result<T, String>,
+) -> Result<Vec<T>> {
+    list.ok_or_else(|| ctx.err(field, "missing; add it (see docs/fixtures.md)"))?
+        .iter()
+        .enumerate()
+        .map(|(i, x)| convert(x).map_err(|e| ctx.err(&format!("{field}[{i}]"), e)))
+        .collect()
 }
 
 /// The given probe answers. Keys are pid text matched exactly against the

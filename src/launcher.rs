@@ -66,43 +66,9 @@ pub struct LaunchRequest {
 
 /// Build the `mcpServers` document for one launch.
 pub fn launch(req: &LaunchRequest) -> Result<Json> {
-    let missing: Vec<&str> = NAMESPACES
-        .iter()
-        .copied()
-        .filter(|ns| req.profiles.get(*ns).is_none_or(|p| p.trim().is_empty()))
-        .collect();
-    if !missing.is_empty() {
-        return Err(Error::Input(format!(
-            "a launch needs a profile for every namespace; missing: {}. Pass --profiles {}",
-            missing.join(", "),
-            NAMESPACES
-                .iter()
-                .map(|n| format!("{n}=PROFILE"))
-                .collect::<Vec<_>>()
-                .join(",")
-        )));
-    }
+    check_profiles(req)?;
     let client = normalize_client_name(req.client.as_deref());
-    let instance = match &req.instance {
-        Some(given) => {
-            let a = assess_instance_identity(Some(given), None);
-            if !a.trusted {
-                return Err(Error::Refused(format!(
-                    "refusing to propagate {given:?}: it is not a launcher-minted inst-... id \
-                     ({}); omit --instance to mint a fresh one",
-                    a.provenance
-                )));
-            }
-            a.client_instance_id.unwrap_or_default()
-        }
-        None => {
-            let nonce = match &req.nonce {
-                Some(n) => n.clone(),
-                None => random_hex(16)?,
-            };
-            generate_client_instance_id(Some(client), req.now, &nonce)
-        }
-    };
+    let instance = instance_id(req, client)?;
     let session = match req
         .session
         .as_deref()
@@ -119,25 +85,7 @@ pub fn launch(req: &LaunchRequest) -> Result<Json> {
         .filter(|s| !s.is_empty());
     let mut servers = Map::new();
     for ns in NAMESPACES {
-        let mut env = Map::new();
-        env.insert(env::PROFILE.into(), json!(req.profiles[*ns]));
-        env.insert(env::NAMESPACE.into(), json!(ns));
-        env.insert(env::CLIENT_MANAGED.into(), json!("1"));
-        env.insert(env::CLIENT.into(), json!(client));
-        env.insert(env::CLIENT_INSTANCE.into(), json!(instance));
-        env.insert(env::INSTANCE_PROVENANCE.into(), json!(LAUNCHER_PROVENANCE));
-        if let Some(c) = &req.config {
-            env.insert(env::CONFIG.into(), json!(c));
-        }
-        if let Some(f) = fleet_run {
-            env.insert(env::FLEET_RUN_ID.into(), json!(f));
-        }
-        env.insert(env::CLIENT_SESSION.into(), json!(session));
-        for (k, v) in &req.extra_env {
-            if !PROTECTED_KEYS.contains(&k.as_str()) {
-                env.insert(k.clone(), json!(v));
-            }
-        }
+        let env = server_env(req, ns, client, &instance, &session, fleet_run);
         servers.insert(
             format!("gitea-{ns}"),
             json!({"command": req.command, "args": req.args, "env": env}),
@@ -160,6 +108,80 @@ pub fn launch(req: &LaunchRequest) -> Result<Json> {
         "shared_instance_id_across_namespaces": true,
         "namespace_count": NAMESPACES.len(),
     }))
+}
+
+/// Every namespace needs a profile.
+fn check_profiles(req: &LaunchRequest) -> Result<()> {
+    let missing: Vec<&str> = NAMESPACES
+        .iter()
+        .copied()
+        .filter(|ns| req.profiles.get(*ns).is_none_or(|p| p.trim().is_empty()))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Input(format!(
+        "a launch needs a profile for every namespace; missing: {}. Pass --profiles {}",
+        missing.join(", "),
+        NAMESPACES
+            .iter()
+            .map(|n| format!("{n}=PROFILE"))
+            .collect::<Vec<_>>()
+            .join(",")
+    )))
+}
+
+/// The launch's instance id: a given one only when it is launcher-minted
+/// (never re-blessing a legacy id), otherwise a fresh one.
+fn instance_id(req: &LaunchRequest, client: &str) -> Result<String> {
+    if let Some(given) = &req.instance {
+        let a = assess_instance_identity(Some(given), None);
+        if !a.trusted {
+            return Err(Error::Refused(format!(
+                "refusing to propagate {given:?}: it is not a launcher-minted inst-... id \
+                 ({}); omit --instance to mint a fresh one",
+                a.provenance
+            )));
+        }
+        return Ok(a.client_instance_id.unwrap_or_default());
+    }
+    let nonce = match &req.nonce {
+        Some(n) => n.clone(),
+        None => random_hex(16)?,
+    };
+    Ok(generate_client_instance_id(Some(client), req.now, &nonce))
+}
+
+/// One server's environment: the identity keys the launcher alone sets,
+/// then the caller's extra keys, which can never override them.
+fn server_env(
+    req: &LaunchRequest,
+    ns: &str,
+    client: &str,
+    instance: &str,
+    session: &str,
+    fleet_run: Option<&str>,
+) -> Map<String, Json> {
+    let mut env = Map::new();
+    env.insert(env::PROFILE.into(), json!(req.profiles[ns]));
+    env.insert(env::NAMESPACE.into(), json!(ns));
+    env.insert(env::CLIENT_MANAGED.into(), json!("1"));
+    env.insert(env::CLIENT.into(), json!(client));
+    env.insert(env::CLIENT_INSTANCE.into(), json!(instance));
+    env.insert(env::INSTANCE_PROVENANCE.into(), json!(LAUNCHER_PROVENANCE));
+    if let Some(c) = &req.config {
+        env.insert(env::CONFIG.into(), json!(c));
+    }
+    if let Some(f) = fleet_run {
+        env.insert(env::FLEET_RUN_ID.into(), json!(f));
+    }
+    env.insert(env::CLIENT_SESSION.into(), json!(session));
+    for (k, v) in &req.extra_env {
+        if !PROTECTED_KEYS.contains(&k.as_str()) {
+            env.insert(k.clone(), json!(v));
+        }
+    }
+    env
 }
 
 #[cfg(test)]

@@ -125,30 +125,45 @@ pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
 pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> Vec<Observation> {
     let mut out: Vec<Observation> =
         crate::pool::par_map(rows, |row| observe_row(row, facts, probe));
+    let counts = identity_row_counts(rows);
+    let contested = contested_slot_rows(rows, &out);
+    let shared = shared_evidence(rows, &out);
+    for (obs, count) in out.iter_mut().zip(counts) {
+        obs.identity_row_count = count;
+    }
+    for i in contested {
+        out[i].instance_slot_contested = true;
+    }
+    for (i, evidence) in shared {
+        out[i].shared_identity_evidence = evidence;
+    }
+    out
+}
 
-    // Cross-row facts.
-    let mut identity_counts: HashMap<Cow<str>, usize> = HashMap::with_capacity(rows.len());
+/// Per row, how many rows carry its (non-empty) identity.
+fn identity_row_counts(rows: &[Row]) -> Vec<usize> {
+    let mut counts: HashMap<Cow<str>, usize> = HashMap::with_capacity(rows.len());
     for row in rows {
         let id = row.get(Col::WorkerIdentity).canon_cow();
         if !id.is_empty() {
-            *identity_counts.entry(id).or_default() += 1;
+            *counts.entry(id).or_default() += 1;
         }
     }
-
-    // Identity evidence held by a live or unprobeable row, with how many
-    // such rows hold it: a row never "shares" evidence with itself alone.
-    let mut ambiguous: HashMap<(&'static str, Cow<str>), usize> = HashMap::new();
-    let mut is_ambiguous = vec![false; rows.len()];
-    for (i, (row, obs)) in rows.iter().zip(&out).enumerate() {
-        let unresolved = obs.pid.alive.is_none() || obs.liveness.heartbeat_fresh.is_none();
-        if obs.live || (status_text(row) == "active" && unresolved) {
-            is_ambiguous[i] = true;
-            for key in conflict_keys(row, &obs.process_identity) {
-                *ambiguous.entry(key).or_default() += 1;
+    rows.iter()
+        .map(|row| {
+            let id = row.get(Col::WorkerIdentity).canon_cow();
+            if id.is_empty() {
+                0
+            } else {
+                counts.get(&id).copied().unwrap_or(0)
             }
-        }
-    }
+        })
+        .collect()
+}
 
+/// The active rows of every (instance, namespace) slot claimed by more
+/// than one active row, when one of them is live or its pid unknown.
+fn contested_slot_rows(rows: &[Row], obs: &[Observation]) -> Vec<usize> {
     let mut slots: HashMap<(Cow<str>, Cow<str>), Vec<usize>> = HashMap::new();
     for (i, row) in rows.iter().enumerate() {
         if status_text(row) != "active" {
@@ -160,21 +175,40 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
             slots.entry((instance, namespace)).or_default().push(i);
         }
     }
-    let mut contested_rows = Vec::new();
+    let mut contested = Vec::new();
     for members in slots.values().filter(|m| m.len() > 1) {
-        let contested = members
+        if members
             .iter()
-            .any(|&i| out[i].live || out[i].pid.alive.is_none());
-        if contested {
-            contested_rows.extend(members.iter().copied());
+            .any(|&i| obs[i].live || obs[i].pid.alive.is_none())
+        {
+            contested.extend(members.iter().copied());
         }
     }
+    contested
+}
 
-    let mut shared_by_row: Vec<(usize, Vec<String>)> = Vec::new();
-    for (i, (row, obs)) in rows.iter().zip(out.iter()).enumerate() {
-        if ambiguous.is_empty() {
-            break;
+/// Per row, the identity evidence (session, generation, process, pid) it
+/// shares with a live or unprobeable row other than itself, as sorted
+/// `name=value` texts; rows that share nothing are left out.
+fn shared_evidence(rows: &[Row], out: &[Observation]) -> Vec<(usize, Vec<String>)> {
+    // Evidence held by a live or unprobeable row, with how many such rows
+    // hold it: a row never "shares" evidence with itself alone.
+    let mut ambiguous: HashMap<(&'static str, Cow<str>), usize> = HashMap::new();
+    let mut is_ambiguous = vec![false; rows.len()];
+    for (i, (row, obs)) in rows.iter().zip(out).enumerate() {
+        let unresolved = obs.pid.alive.is_none() || obs.liveness.heartbeat_fresh.is_none();
+        if obs.live || (status_text(row) == "active" && unresolved) {
+            is_ambiguous[i] = true;
+            for key in conflict_keys(row, &obs.process_identity) {
+                *ambiguous.entry(key).or_default() += 1;
+            }
         }
+    }
+    let mut shared_by_row = Vec::new();
+    if ambiguous.is_empty() {
+        return shared_by_row;
+    }
+    for (i, (row, obs)) in rows.iter().zip(out).enumerate() {
         let own = usize::from(is_ambiguous[i]);
         let mut shared: Vec<String> = conflict_keys(row, &obs.process_identity)
             .into_iter()
@@ -186,30 +220,7 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
             shared_by_row.push((i, shared));
         }
     }
-    let counts: Vec<usize> = rows
-        .iter()
-        .map(|row| {
-            let id = row.get(Col::WorkerIdentity).canon_cow();
-            if id.is_empty() {
-                0
-            } else {
-                identity_counts.get(&id).copied().unwrap_or(0)
-            }
-        })
-        .collect();
-    drop(ambiguous);
-    drop(slots);
-    drop(identity_counts);
-    for (obs, count) in out.iter_mut().zip(counts) {
-        obs.identity_row_count = count;
-    }
-    for i in contested_rows {
-        out[i].instance_slot_contested = true;
-    }
-    for (i, shared) in shared_by_row {
-        out[i].shared_identity_evidence = shared;
-    }
-    out
+    shared_by_row
 }
 
 fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observation {

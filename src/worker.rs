@@ -70,6 +70,27 @@ fn nonblank(v: Option<&String>) -> Option<String> {
 /// Register a worker; returns the row written, as JSON.
 pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Json> {
     let conn = open(path)?;
+    let row = registration_row(reg, proc_root)?;
+    let identity = row["worker_identity"].as_str().unwrap_or_default();
+    let existing = crate::store::registry::status_of(&conn, identity).map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot read",
+    ))?;
+    if let Some(status) = existing {
+        return Err(Error::Input(format!(
+            "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
+        )));
+    }
+    crate::store::registry::insert(&conn, row.as_object().expect("row is an object"))
+        .map_err(Error::sqlite(Store::Registry, path, "cannot register"))?;
+    Ok(row)
+}
+
+/// The row a registration writes: identity from the launcher's environment
+/// as found, this host's facts as observed (NULL when unknown), and the
+/// registered process's start time.
+fn registration_row(reg: &Registration, proc_root: &Path) -> Result<Json> {
     let now = crate::time::format_ts(crate::time::now());
     let instance = nonblank(reg.env.get(env::CLIENT_INSTANCE));
     let sealed =
@@ -86,7 +107,7 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
     };
     let generation =
         nonblank(reg.env.get(env::GENERATION_ID)).unwrap_or(format!("gen-{}", random_hex(8)?));
-    let row = json!({
+    Ok(json!({
         "worker_identity": identity,
         "client_name": nonblank(reg.env.get(env::CLIENT)),
         "client_instance_id": instance,
@@ -111,49 +132,7 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
         "boot_id": host.boot_id,
         "process_start_time": start,
         "pid_namespace": host.pid_namespace,
-    });
-    let existing: Option<String> = conn
-        .query_row(
-            &format!("SELECT status FROM {TABLE} WHERE worker_identity = ?1"),
-            [&identity],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(Error::sqlite(Store::Registry, path, "cannot read"))?;
-    if let Some(status) = existing {
-        return Err(Error::Input(format!(
-            "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
-        )));
-    }
-    let obj = row.as_object().expect("row is an object");
-    let names: Vec<&String> = obj.keys().collect();
-    let values: Vec<rusqlite::types::Value> = obj
-        .values()
-        .map(|v| match v {
-            Json::Null => rusqlite::types::Value::Null,
-            Json::String(s) => rusqlite::types::Value::Text(s.clone()),
-            Json::Number(n) if n.is_i64() => {
-                rusqlite::types::Value::Integer(n.as_i64().unwrap_or(0))
-            }
-            Json::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap_or(0.0)),
-            other => rusqlite::types::Value::Text(other.to_string()),
-        })
-        .collect();
-    let sql = format!(
-        "INSERT INTO {TABLE} ({}) VALUES ({})",
-        names
-            .iter()
-            .map(|n| format!("\"{n}\""))
-            .collect::<Vec<_>>()
-            .join(", "),
-        (1..=names.len())
-            .map(|i| format!("?{i}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    conn.execute(&sql, rusqlite::params_from_iter(values))
-        .map_err(Error::sqlite(Store::Registry, path, "cannot register"))?;
-    Ok(row)
+    }))
 }
 
 /// Who is writing a registration, and how that is known.

@@ -278,92 +278,10 @@ fn read_pipelined(
     path: &Path,
     sql_err: impl Fn(rusqlite::Error) -> Error,
 ) -> Result<Vec<Row>> {
-    let width = present.len();
     let (to_convert, batches) = std::sync::mpsc::sync_channel::<RawBatch>(4);
     std::thread::scope(|scope| {
-        let converter = scope.spawn(move || -> Result<Vec<Row>> {
-            let mut rows = Vec::new();
-            let mut interners: Vec<Interner> =
-                present.iter().map(|_| Interner::default()).collect();
-            for batch in batches {
-                for (n, raw) in batch.values.chunks_exact(width).enumerate() {
-                    let mut row = Row::default();
-                    for (i, (col, v)) in present.iter().zip(raw).enumerate() {
-                        let value = match v {
-                            RawValue::Null => Value::Null,
-                            RawValue::Int(x) => Value::Int(*x),
-                            RawValue::Real(x) => Value::Real(*x),
-                            RawValue::Text(r) => match std::str::from_utf8(&batch.bytes[r.clone()])
-                            {
-                                Ok(t) => Value::Text(interners[i].intern(t)),
-                                Err(_) => {
-                                    return Err(registry_error(
-                                        path,
-                                        format!(
-                                            "row {}: column `{}`: text is not valid UTF-8",
-                                            batch.first_row + n + 1,
-                                            col.name()
-                                        ),
-                                    ))
-                                }
-                            },
-                            RawValue::Blob(r) => Value::Blob(batch.bytes[r.clone()].into()),
-                        };
-                        row.set(*col, value);
-                    }
-                    rows.push(row);
-                }
-            }
-            Ok(rows)
-        });
-        let stepped = (|| -> Result<()> {
-            let mut cursor = stmt.query([]).map_err(&sql_err)?;
-            let mut batch = RawBatch {
-                first_row: 0,
-                values: Vec::with_capacity(BATCH_ROWS * width),
-                bytes: Vec::new(),
-            };
-            let mut count = 0usize;
-            while let Some(r) = cursor.next().map_err(&sql_err)? {
-                for i in 0..width {
-                    let v = match r.get_ref(i).map_err(&sql_err)? {
-                        ValueRef::Null => RawValue::Null,
-                        ValueRef::Integer(x) => RawValue::Int(x),
-                        ValueRef::Real(x) => RawValue::Real(x),
-                        ValueRef::Text(t) => {
-                            let at = batch.bytes.len();
-                            batch.bytes.extend_from_slice(t);
-                            RawValue::Text(at..batch.bytes.len())
-                        }
-                        ValueRef::Blob(b) => {
-                            let at = batch.bytes.len();
-                            batch.bytes.extend_from_slice(b);
-                            RawValue::Blob(at..batch.bytes.len())
-                        }
-                    };
-                    batch.values.push(v);
-                }
-                count += 1;
-                if batch.values.len() == BATCH_ROWS * width {
-                    let full = std::mem::replace(
-                        &mut batch,
-                        RawBatch {
-                            first_row: count,
-                            values: Vec::with_capacity(BATCH_ROWS * width),
-                            bytes: Vec::new(),
-                        },
-                    );
-                    if to_convert.send(full).is_err() {
-                        // The converter stopped on an error: it reports it.
-                        return Ok(());
-                    }
-                }
-            }
-            if !batch.values.is_empty() {
-                let _ = to_convert.send(batch);
-            }
-            Ok(())
-        })();
+        let converter = scope.spawn(move || convert_batches(batches, present, path));
+        let stepped = step_rows(stmt, present.len(), &sql_err, &to_convert);
         drop(to_convert);
         let converted = converter
             .join()
@@ -371,6 +289,104 @@ fn read_pipelined(
         stepped?;
         converted
     })
+}
+
+/// SQLite's side: step the statement, copying each row's values into
+/// batches of raw bytes, and hand every full batch on.
+fn step_rows(
+    stmt: &mut rusqlite::Statement<'_>,
+    width: usize,
+    sql_err: &impl Fn(rusqlite::Error) -> Error,
+    to_convert: &std::sync::mpsc::SyncSender<RawBatch>,
+) -> Result<()> {
+    let fresh = |first_row| RawBatch {
+        first_row,
+        values: Vec::with_capacity(BATCH_ROWS * width),
+        bytes: Vec::new(),
+    };
+    let mut cursor = stmt.query([]).map_err(sql_err)?;
+    let mut batch = fresh(0);
+    let mut count = 0usize;
+    while let Some(r) = cursor.next().map_err(sql_err)? {
+        for i in 0..width {
+            let raw = r.get_ref(i).map_err(sql_err)?;
+            batch.push(raw);
+        }
+        count += 1;
+        if batch.values.len() == BATCH_ROWS * width {
+            let full = std::mem::replace(&mut batch, fresh(count));
+            if to_convert.send(full).is_err() {
+                // The converter stopped on an error: it reports it.
+                return Ok(());
+            }
+        }
+    }
+    if !batch.values.is_empty() {
+        let _ = to_convert.send(batch);
+    }
+    Ok(())
+}
+
+/// The converter's side: raw batches into rows, text interned per column.
+fn convert_batches(
+    batches: std::sync::mpsc::Receiver<RawBatch>,
+    present: &[Col],
+    path: &Path,
+) -> Result<Vec<Row>> {
+    let width = present.len();
+    let mut rows = Vec::new();
+    let mut interners: Vec<Interner> = present.iter().map(|_| Interner::default()).collect();
+    for batch in batches {
+        for (n, raw) in batch.values.chunks_exact(width).enumerate() {
+            let mut row = Row::default();
+            for (i, (col, v)) in present.iter().zip(raw).enumerate() {
+                let value = match v {
+                    RawValue::Null => Value::Null,
+                    RawValue::Int(x) => Value::Int(*x),
+                    RawValue::Real(x) => Value::Real(*x),
+                    RawValue::Text(r) => match std::str::from_utf8(&batch.bytes[r.clone()]) {
+                        Ok(t) => Value::Text(interners[i].intern(t)),
+                        Err(_) => {
+                            return Err(registry_error(
+                                path,
+                                format!(
+                                    "row {}: column `{}`: text is not valid UTF-8",
+                                    batch.first_row + n + 1,
+                                    col.name()
+                                ),
+                            ))
+                        }
+                    },
+                    RawValue::Blob(r) => Value::Blob(batch.bytes[r.clone()].into()),
+                };
+                row.set(*col, value);
+            }
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+impl RawBatch {
+    /// Append one value as SQLite gave it, copying text and blobs.
+    fn push(&mut self, v: ValueRef<'_>) {
+        let raw = match v {
+            ValueRef::Null => RawValue::Null,
+            ValueRef::Integer(x) => RawValue::Int(x),
+            ValueRef::Real(x) => RawValue::Real(x),
+            ValueRef::Text(t) => {
+                let at = self.bytes.len();
+                self.bytes.extend_from_slice(t);
+                RawValue::Text(at..self.bytes.len())
+            }
+            ValueRef::Blob(b) => {
+                let at = self.bytes.len();
+                self.bytes.extend_from_slice(b);
+                RawValue::Blob(at..self.bytes.len())
+            }
+        };
+        self.values.push(raw);
+    }
 }
 
 /// Open read-only and read every registration.

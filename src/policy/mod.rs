@@ -124,83 +124,13 @@ impl Policies {
     /// Load from `(file name, text)` pairs: the schema and the policy files.
     pub fn from_texts(files: &[(String, String)], origin: String) -> Result<Policies> {
         let fingerprint = fingerprint_of(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
-
-        let (schema_name, schema_text) = files
-            .iter()
-            .find(|(n, _)| n == SCHEMA_FILE)
-            .ok_or_else(|| policy_error(vec![format!("{SCHEMA_FILE}: missing")]))?;
-        let (schema, warnings) = Schema::from_cedarschema_str(schema_text)
-            .map_err(|e| policy_error(vec![describe(&e, schema_name, schema_text)]))?;
-        let warnings: Vec<String> = warnings
-            .map(|w| describe(&w, schema_name, schema_text))
-            .collect();
-        if !warnings.is_empty() {
-            return Err(policy_error(warnings));
-        }
-
-        let mut problems = Vec::new();
-        let mut set = PolicySet::new();
-        let mut rules = HashMap::new();
-        let mut texts: HashMap<PolicyId, (String, String)> = HashMap::new();
-        for (name, text) in files.iter().filter(|(n, _)| n != SCHEMA_FILE) {
-            let parsed = match PolicySet::from_str(text) {
-                Ok(p) => p,
-                Err(e) => {
-                    problems.push(describe(&e, name, text));
-                    continue;
-                }
-            };
-            let mut policies: Vec<(usize, &Policy)> = parsed
-                .policies()
-                .map(|p| (policy_line(p, text), p))
-                .collect();
-            policies.sort_by_key(|(line, _)| *line);
-            for (line, policy) in policies {
-                match rule_of(policy, name, line) {
-                    Ok(rule) => {
-                        let id = PolicyId::new(&rule.id);
-                        if let Some(prev) = rules.get(&id) {
-                            let prev: &Rule = prev;
-                            problems.push(format!(
-                                "{name}:{line}: @id(\"{}\") is already used at {}:{}; ids must be unique",
-                                rule.id, prev.file, prev.line
-                            ));
-                            continue;
-                        }
-                        if let Err(e) = set.add(policy.new_id(id.clone())) {
-                            problems.push(format!("{name}:{line}: {e}"));
-                            continue;
-                        }
-                        texts.insert(id.clone(), (name.clone(), text.clone()));
-                        rules.insert(id, rule);
-                    }
-                    Err(msg) => problems.push(format!("{name}:{line}: {msg}")),
-                }
-            }
-        }
-        if !problems.is_empty() {
-            return Err(policy_error(problems));
-        }
-
-        let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
-        for e in result.validation_errors() {
-            let (file, text) = texts.get(e.policy_id()).cloned().unwrap_or_default();
-            problems.push(describe(e, &file, &text));
-        }
-        for w in result.validation_warnings() {
-            let (file, text) = texts.get(w.policy_id()).cloned().unwrap_or_default();
-            problems.push(format!(
-                "{} (warnings are errors here)",
-                describe(w, &file, &text)
-            ));
-        }
-        if !problems.is_empty() {
-            return Err(policy_error(problems));
-        }
+        let schema = load_schema(files)?;
+        let parsed = parse_policies(files)?;
+        validate(&schema, &parsed)?;
         Ok(Policies {
             schema,
-            set,
-            rules,
+            set: parsed.set,
+            rules: parsed.rules,
             fingerprint,
             origin,
         })
@@ -227,6 +157,103 @@ impl Policies {
         let mut rules: Vec<&Rule> = self.rules.values().collect();
         rules.sort_by(|a, b| (a.order, &a.file, a.line).cmp(&(b.order, &b.file, b.line)));
         rules
+    }
+}
+
+/// The schema, parsed; a warning rejects it as an error would.
+fn load_schema(files: &[(String, String)]) -> Result<Schema> {
+    let (schema_name, schema_text) = files
+        .iter()
+        .find(|(n, _)| n == SCHEMA_FILE)
+        .ok_or_else(|| policy_error(vec![format!("{SCHEMA_FILE}: missing")]))?;
+    let (schema, warnings) = Schema::from_cedarschema_str(schema_text)
+        .map_err(|e| policy_error(vec![describe(&e, schema_name, schema_text)]))?;
+    let warnings: Vec<String> = warnings
+        .map(|w| describe(&w, schema_name, schema_text))
+        .collect();
+    if !warnings.is_empty() {
+        return Err(policy_error(warnings));
+    }
+    Ok(schema)
+}
+
+/// The policy files, parsed: every policy with its rule (id, reason,
+/// order), and which file holds it.
+struct Parsed {
+    set: PolicySet,
+    rules: HashMap<PolicyId, Rule>,
+    texts: HashMap<PolicyId, (String, String)>,
+}
+
+fn parse_policies(files: &[(String, String)]) -> Result<Parsed> {
+    let mut problems = Vec::new();
+    let mut out = Parsed {
+        set: PolicySet::new(),
+        rules: HashMap::new(),
+        texts: HashMap::new(),
+    };
+    for (name, text) in files.iter().filter(|(n, _)| n != SCHEMA_FILE) {
+        let parsed = match PolicySet::from_str(text) {
+            Ok(p) => p,
+            Err(e) => {
+                problems.push(describe(&e, name, text));
+                continue;
+            }
+        };
+        let mut policies: Vec<(usize, &Policy)> = parsed
+            .policies()
+            .map(|p| (policy_line(p, text), p))
+            .collect();
+        policies.sort_by_key(|(line, _)| *line);
+        for (line, policy) in policies {
+            let rule = match rule_of(policy, name, line) {
+                Ok(rule) => rule,
+                Err(msg) => {
+                    problems.push(format!("{name}:{line}: {msg}"));
+                    continue;
+                }
+            };
+            let id = PolicyId::new(&rule.id);
+            if let Some(prev) = out.rules.get(&id) {
+                problems.push(format!(
+                    "{name}:{line}: @id(\"{}\") is already used at {}:{}; ids must be unique",
+                    rule.id, prev.file, prev.line
+                ));
+                continue;
+            }
+            if let Err(e) = out.set.add(policy.new_id(id.clone())) {
+                problems.push(format!("{name}:{line}: {e}"));
+                continue;
+            }
+            out.texts.insert(id.clone(), (name.clone(), text.clone()));
+            out.rules.insert(id, rule);
+        }
+    }
+    if !problems.is_empty() {
+        return Err(policy_error(problems));
+    }
+    Ok(out)
+}
+
+/// Strict validation against the schema; warnings are errors here.
+fn validate(schema: &Schema, parsed: &Parsed) -> Result<()> {
+    let mut problems = Vec::new();
+    let result = Validator::new(schema.clone()).validate(&parsed.set, ValidationMode::Strict);
+    for e in result.validation_errors() {
+        let (file, text) = parsed.texts.get(e.policy_id()).cloned().unwrap_or_default();
+        problems.push(describe(e, &file, &text));
+    }
+    for w in result.validation_warnings() {
+        let (file, text) = parsed.texts.get(w.policy_id()).cloned().unwrap_or_default();
+        problems.push(format!(
+            "{} (warnings are errors here)",
+            describe(w, &file, &text)
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(policy_error(problems))
     }
 }
 

@@ -163,109 +163,113 @@ pub(super) fn instance_findings(
     by_instance: &BTreeMap<String, Vec<&Json>>,
     f: &mut Findings,
 ) -> Vec<Json> {
-    let mut instances = Vec::new();
-    for (iid, workers) in by_instance {
-        let one = Some(vec![iid.clone()]);
-        let client_types: BTreeSet<String> = ids(workers, "client_type");
-        let trusted = workers
-            .iter()
-            .all(|w| w["instance_identity_trusted"] == true);
-        let dup_ns = namespace_duplicates(workers);
-        if !dup_ns.is_empty() {
-            let dups: Vec<&Json> = workers
-                .iter()
-                .copied()
-                .filter(|w| truthy_text(&w["namespace"]).is_some_and(|n| dup_ns.contains(&n)))
-                .collect();
-            f.add(
-                FindingClass::DuplicateNamespaceWorker,
-                &dups,
-                one.clone(),
-                format!(
-                    "instance {iid:?} has more than one live worker for namespace(s) {dup_ns:?}"
-                ),
-            );
-        }
-        if client_types.len() > 1 {
-            f.add(FindingClass::InstanceIdCollision, workers, one.clone(), format!("client_instance_id {iid:?} is live under several client types {client_types:?}"));
-        }
-        if !trusted {
-            f.add(FindingClass::LegacyIncompleteIdentity, workers, one.clone(), format!("instance {iid:?} lacks a launcher-minted instance identity; relaunch it through `fleet-retire launch`"));
-        }
-        let unknown: Vec<&Json> = workers
-            .iter()
-            .copied()
-            .filter(|w| w["client_type"] == UNKNOWN_CLIENT)
-            .collect();
-        if !unknown.is_empty() {
-            f.add(
-                FindingClass::UnknownClient,
-                &unknown,
-                one.clone(),
-                format!("instance {iid:?} has worker(s) with an unknown client type"),
-            );
-        }
-        let foreign: Vec<&Json> = workers
-            .iter()
-            .copied()
-            .filter(|w| w["foreign_repository"] == true)
-            .collect();
-        if !foreign.is_empty() {
-            f.add(
-                FindingClass::ForeignRepository,
-                &foreign,
-                one.clone(),
-                format!("instance {iid:?} has workers bound to another repository"),
-            );
-        }
-        let old: Vec<&Json> = workers
+    by_instance
+        .iter()
+        .map(|(iid, workers)| one_instance(iid, workers, f))
+        .collect()
+}
+
+/// Findings about some of an instance's workers: the class, which workers,
+/// and what to say.
+type WorkerCheck = (FindingClass, fn(&Json) -> bool, &'static str);
+
+const WORKER_CHECKS: &[WorkerCheck] = &[
+    (
+        FindingClass::UnknownClient,
+        |w| w["client_type"] == UNKNOWN_CLIENT,
+        "has worker(s) with an unknown client type",
+    ),
+    (
+        FindingClass::ForeignRepository,
+        |w| w["foreign_repository"] == true,
+        "has workers bound to another repository",
+    ),
+    (
+        FindingClass::OldRevision,
+        |w| w["old_revision"] == true,
+        "has workers on an old revision",
+    ),
+    (
+        FindingClass::OrphanedUnowned,
+        |w| w["ownership_state"] == "orphaned",
+        "has live workers without a session",
+    ),
+];
+
+fn one_instance(iid: &str, workers: &[&Json], f: &mut Findings) -> Json {
+    let one = Some(vec![iid.to_string()]);
+    let client_types: BTreeSet<String> = ids(workers, "client_type");
+    let trusted = workers
+        .iter()
+        .all(|w| w["instance_identity_trusted"] == true);
+    let dup_ns = namespace_duplicates(workers);
+    if !dup_ns.is_empty() {
+        let dups: Vec<&Json> = workers
             .iter()
             .copied()
-            .filter(|w| w["old_revision"] == true)
+            .filter(|w| truthy_text(&w["namespace"]).is_some_and(|n| dup_ns.contains(&n)))
             .collect();
-        if !old.is_empty() {
-            f.add(
-                FindingClass::OldRevision,
-                &old,
-                one.clone(),
-                format!("instance {iid:?} has workers on an old revision"),
-            );
-        }
-        let orphans: Vec<&Json> = workers
-            .iter()
-            .copied()
-            .filter(|w| w["ownership_state"] == "orphaned")
-            .collect();
-        if !orphans.is_empty() {
-            f.add(
-                FindingClass::OrphanedUnowned,
-                &orphans,
-                one.clone(),
-                format!("instance {iid:?} has live workers without a session"),
-            );
-        }
-        let mut ns_counts = Map::new();
-        for w in workers.iter() {
-            if let Some(ns) = truthy_text(&w["namespace"]) {
-                let n = ns_counts.get(&ns).and_then(Json::as_u64).unwrap_or(0) + 1;
-                ns_counts.insert(ns, json!(n));
-            }
-        }
-        instances.push(json!({
-            "client_instance_id": iid,
-            "client_types": client_types,
-            "client_type": if client_types.len() == 1 { client_types.iter().next().cloned() } else { None },
-            "fleet_run_ids": ids(workers, "fleet_run_id"),
-            "worker_count": workers.len(),
-            "namespaces": ids(workers, "namespace"),
-            "namespace_counts": ns_counts,
-            "duplicate_namespaces": dup_ns,
-            "trusted_instance_identity": trusted,
-            "workers": workers,
-            "mutation_safe": workers.iter().all(|w| w["mutation_safe"] == true) && dup_ns.is_empty() && trusted,
-        }));
+        f.add(
+            FindingClass::DuplicateNamespaceWorker,
+            &dups,
+            one.clone(),
+            format!("instance {iid:?} has more than one live worker for namespace(s) {dup_ns:?}"),
+        );
     }
-    instances
+    if client_types.len() > 1 {
+        f.add(
+            FindingClass::InstanceIdCollision,
+            workers,
+            one.clone(),
+            format!(
+                "client_instance_id {iid:?} is live under several client types {client_types:?}"
+            ),
+        );
+    }
+    if !trusted {
+        f.add(
+            FindingClass::LegacyIncompleteIdentity,
+            workers,
+            one.clone(),
+            format!(
+                "instance {iid:?} lacks a launcher-minted instance identity; relaunch it \
+                 through `fleet-retire launch`"
+            ),
+        );
+    }
+    for (class, applies, says) in WORKER_CHECKS {
+        let hit: Vec<&Json> = workers.iter().copied().filter(|w| applies(w)).collect();
+        if !hit.is_empty() {
+            f.add(
+                *class,
+                &hit,
+                one.clone(),
+                format!("instance {iid:?} {says}"),
+            );
+        }
+    }
+    let mut ns_counts = Map::new();
+    for w in workers {
+        if let Some(ns) = truthy_text(&w["namespace"]) {
+            let n = ns_counts.get(&ns).and_then(Json::as_u64).unwrap_or(0) + 1;
+            ns_counts.insert(ns, json!(n));
+        }
+    }
+    let mutation_safe =
+        workers.iter().all(|w| w["mutation_safe"] == true) && dup_ns.is_empty() && trusted;
+    json!({
+        "client_instance_id": iid,
+        "client_types": client_types,
+        "client_type": if client_types.len() == 1 { client_types.iter().next().cloned() } else { None },
+        "fleet_run_ids": ids(workers, "fleet_run_id"),
+        "worker_count": workers.len(),
+        "namespaces": ids(workers, "namespace"),
+        "namespace_counts": ns_counts,
+        "duplicate_namespaces": dup_ns,
+        "trusted_instance_identity": trusted,
+        "workers": workers,
+        "mutation_safe": mutation_safe,
+    })
 }
 
 /// Live workers without an instance id.

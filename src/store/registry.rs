@@ -159,3 +159,44 @@ pub fn retire_guarded(
     conn.prepare_cached(sql)?
         .execute(rusqlite::params_from_iter(params))
 }
+
+/// The status of the row with this identity, if there is one.
+pub fn status_of(conn: &Connection, identity: &str) -> rusqlite::Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    conn.query_row(
+        &format!("SELECT status FROM {TABLE} WHERE worker_identity = ?1"),
+        [identity],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// Insert a new registration, given as column → JSON value (JSON types
+/// standing for SQLite storage classes: an integer, a real, text, NULL).
+pub fn insert(
+    conn: &Connection,
+    row: &serde_json::Map<String, serde_json::Value>,
+) -> rusqlite::Result<usize> {
+    use rusqlite::types::Value as S;
+    use serde_json::Value as Json;
+    let names: Vec<String> = row.keys().map(|n| format!("\"{n}\"")).collect();
+    let values: Vec<S> = row
+        .values()
+        .map(|v| match v {
+            Json::Null => S::Null,
+            Json::String(s) => S::Text(s.clone()),
+            Json::Number(n) if n.is_i64() => S::Integer(n.as_i64().unwrap_or(0)),
+            Json::Number(n) => S::Real(n.as_f64().unwrap_or(0.0)),
+            other => S::Text(other.to_string()),
+        })
+        .collect();
+    let marks: Vec<String> = (1..=names.len()).map(|i| format!("?{i}")).collect();
+    conn.execute(
+        &format!(
+            "INSERT INTO {TABLE} ({}) VALUES ({})",
+            names.join(", "),
+            marks.join(", ")
+        ),
+        rusqlite::params_from_iter(values),
+    )
+}
