@@ -1,7 +1,7 @@
 //! Apply: retire exactly what a plan approved, inside one `BEGIN IMMEDIATE`
 //! transaction, or nothing at all.
 //!
-//! The order of refusals is semantics §10, step for step. Inside the lock the
+//! The order of refusals is docs/semantics.md §10, step for step. Inside the lock the
 //! plan is re-derived from what is read there with the same `plan` function,
 //! and each write sits behind its own liveness re-probe, external-state fence
 //! and guarded `UPDATE`. Any error rolls the whole transaction back. Rows are
@@ -9,8 +9,8 @@
 
 use crate::capability::{check, Profiles};
 use crate::error::{Error, Result};
-use crate::evidence::leases::{self, Protections};
-use crate::evidence::probe::{HostFacts, ProcessProbe};
+use crate::evidence::leases;
+use crate::evidence::probe::ProcessProbe;
 use crate::evidence::registry::{read_rows, TABLE};
 use crate::observe::RunFacts;
 use crate::plan::{plan, Rejudge};
@@ -629,8 +629,7 @@ fn inside(
     report.external_state_fingerprint = Some(fence.token.clone());
     let rows = read_rows(t.tx, t.ctx.registry)?;
     let by_identity = refuse_if_all_retired(t.req, &rows)?;
-    let host = HostFacts::observe(t.ctx.proc_root);
-    let fresh = replan(t, rows, &host, &active_leases, report)?;
+    let fresh = replan(t, rows, &active_leases, report)?;
     let targets = select_targets(t.req, &fresh, &by_identity, report)?;
     if let Some(hook) = hooks.before_first_write.as_mut() {
         hook();
@@ -638,7 +637,7 @@ fn inside(
     let audit = AuditContext {
         apply_id: crate::evidence::random_hex(16)?,
         os_uid: i64::from(nix::unistd::getuid().as_raw()),
-        host_id: host.host_id.clone(),
+        host_id: fresh.facts.host.host_id.clone(),
         policy_source: t.ctx.policies.source_label(),
         lease_store: t.ctx.leases.display().to_string(),
         retired_at: crate::time::format_ts(crate::time::now()),
@@ -716,17 +715,15 @@ fn refuse_if_all_retired(
 fn replan(
     t: &Txn,
     rows: Vec<crate::row::Row>,
-    host: &HostFacts,
     active_leases: &[leases::Lease],
     report: &mut Report,
 ) -> std::result::Result<crate::plan::Plan, Abort> {
     let req = t.req;
-    let facts = RunFacts {
-        now: crate::time::now(),
-        host: host.clone(),
-        canonical_repository: req.canonical_repository.clone(),
-        protections: Protections::from_leases(active_leases),
-    };
+    let facts = RunFacts::of_this_host(
+        t.ctx.proc_root,
+        req.canonical_repository.clone(),
+        active_leases,
+    );
     let fresh = plan(rows, facts, t.ctx.probe, t.ctx.policies)?;
     if fresh.registry_fingerprint != req.registry_fingerprint {
         let moved = |why: String| {

@@ -1,4 +1,4 @@
-//! Capabilities (semantics §7): who may snapshot, plan and apply, decided by
+//! Capabilities (docs/semantics.md §7): who may snapshot, plan and apply, decided by
 //! `policies/capabilities.cedar` over the operator's `profiles.json` entry.
 //!
 //! Rust only reads the entry as written (never normalising case, trimming or

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-/// Exit codes (design.md "Command line").
+/// Exit codes (README.md, "Exit codes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitCode {
     /// Done.

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 /// The registry-token field list, in contract order. `instance_id_source`,
 /// `token_fingerprint`, the revisions and the `retired_*` columns are
-/// deliberately absent (seed-pitfalls 6).
+/// deliberately absent (docs/semantics.md, pitfall 6).
 pub const FINGERPRINT_FIELDS: &[Col] = &[
     Col::WorkerIdentity,
     Col::ClientName,

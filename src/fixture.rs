@@ -1,4 +1,4 @@
-//! Policy regression fixtures (semantics §9): one JSON file per case, with
+//! Policy regression fixtures (docs/semantics.md §9): one JSON file per case, with
 //! process probes given rather than taken, so a case means the same on every
 //! machine.
 

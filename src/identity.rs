@@ -1,4 +1,4 @@
-//! Client names and launch-instance identity (semantics §4, seed
+//! Client names and launch-instance identity (docs/semantics.md §4, seed
 //! `assess_instance_identity`).
 //!
 //! Used for evidence and the snapshot. The retirement policy judges trust

@@ -1,4 +1,4 @@
-//! Liveness (semantics §2), shared by the plan and the snapshot.
+//! Liveness (docs/semantics.md §2), shared by the plan and the snapshot.
 //!
 //! A dead pid withdraws liveness; a live pid never grants it. A heartbeat
 //! stamped in the future counts as fresh.

@@ -1,6 +1,6 @@
 //! Observations: what Rust measures about each row before Cedar judges it.
 //!
-//! Per row: the pid probe, liveness (semantics §2), the snapshot's ownership
+//! Per row: the pid probe, liveness (docs/semantics.md §2), the snapshot's ownership
 //! classification, instance-identity trust (for evidence). Across rows: how
 //! many rows carry the same identity, which identity evidence is held by a
 //! live or unprobeable worker, and which (instance, namespace) slots are
@@ -27,6 +27,26 @@ pub struct RunFacts {
     pub canonical_repository: Option<String>,
     /// What the active leases protect.
     pub protections: Protections,
+}
+
+impl RunFacts {
+    /// The facts of a run on this host now: the clock, this host's fencing
+    /// facts read under `proc_root`, and what the given active leases
+    /// protect. Plan, explain, serve, the demo and apply's re-plan under
+    /// the lock all take them here, so they cannot disagree on what a run
+    /// knows.
+    pub fn of_this_host(
+        proc_root: &std::path::Path,
+        canonical_repository: Option<String>,
+        leases: &[crate::evidence::leases::Lease],
+    ) -> RunFacts {
+        RunFacts {
+            now: crate::time::now(),
+            host: HostFacts::observe(proc_root),
+            canonical_repository,
+            protections: Protections::from_leases(leases),
+        }
+    }
 }
 
 /// What was measured about one row.
@@ -110,7 +130,7 @@ pub fn ownership_state(row: &Row, live: bool, historical: bool, trusted: bool) -
 
 /// Binding present and, when a canonical repository is given, different
 /// from it. The row side is whitespace-stripped, both sides lose trailing
-/// `/` (seed-pitfalls 8: the canonical side is not whitespace-stripped).
+/// `/` (docs/semantics.md, pitfall 8: the canonical side is not whitespace-stripped).
 pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
     let binding = row.get(Col::RepositoryBinding).stripped();
     match canonical {

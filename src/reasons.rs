@@ -1,5 +1,5 @@
 //! Every reason code the program reports, with a one-line description.
-//! The strings are the seed's, exactly (semantics §8).
+//! The strings are the seed's, exactly (docs/semantics.md §8).
 
 macro_rules! reasons {
     ($($variant:ident => $code:literal, $plan:literal, $desc:literal;)*) => {

@@ -1,4 +1,4 @@
-//! The registry row model (semantics §5): the columns the program knows, in
+//! The registry row model (docs/semantics.md §5): the columns the program knows, in
 //! one place, and a row as the values read for them.
 
 use crate::value::Value;

@@ -1,4 +1,4 @@
-//! Strict RFC 3339 stamps (semantics §1), held as microseconds since the
+//! Strict RFC 3339 stamps (docs/semantics.md §1), held as microseconds since the
 //! Unix epoch in UTC.
 //!
 //! Parsing never guesses: anything outside the one accepted shape is

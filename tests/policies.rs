@@ -98,7 +98,7 @@ fn eligibility_forbids(p: &Policies) -> Vec<(String, Reason)> {
 }
 
 /// Policies whose every firing is accompanied by an earlier one with the
-/// same code (seed-pitfalls 5): removing them cannot change a verdict, only
+/// same code (docs/semantics.md, pitfall 5): removing them cannot change a verdict, only
 /// the list of determining policies.
 const SHADOWED: &[&str] = &[
     "proof-same-boot-pid-reused",
@@ -237,7 +237,7 @@ fn judge_edited(
 
 #[test]
 fn ambiguous_ownership_is_refused_by_its_own_policy() {
-    // Unreachable through plan (seed-pitfalls 5), so the entity is edited:
+    // Unreachable through plan (docs/semantics.md, pitfall 5), so the entity is edited:
     // an otherwise eligible row whose ownership is not exactly "stale".
     let p = Policies::load(&PolicySource::Embedded).unwrap();
     assert!(

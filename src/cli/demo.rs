@@ -10,12 +10,10 @@
 use crate::apply::{apply, Context, Hooks, Request};
 use crate::cli::Cli;
 use crate::error::{Error, ExitCode, Result};
-use crate::evidence::leases::{self, Protections};
-use crate::evidence::probe::{HostFacts, SystemProbe};
+use crate::evidence::probe::SystemProbe;
 use crate::evidence::registry;
 use crate::launcher::{launch, LaunchRequest, NAMESPACES};
-use crate::observe::RunFacts;
-use crate::plan::{plan, Plan};
+use crate::plan::Plan;
 use crate::policy::Policies;
 use crate::worker::{heartbeat, register, Registration};
 use clap::Args;
@@ -322,15 +320,11 @@ impl<'p> Demo<'p> {
     /// Step 4: the dry run.
     fn plan(&mut self) -> Result<Plan> {
         self.say("\n== 4. Plan (dry run, decided by policies/retirement.cedar)")?;
-        let planned = plan(
-            registry::load(&self.registry)?,
-            RunFacts {
-                now: crate::time::now(),
-                host: HostFacts::observe(Path::new("/proc")),
-                canonical_repository: Some(REPO.into()),
-                protections: Protections::from_leases(&leases::load(&self.leases)?),
-            },
-            &self.probe,
+        let planned = crate::plan::plan_from_files(
+            &self.registry,
+            &self.leases,
+            Path::new("/proc"),
+            REPO.into(),
             self.policies,
         )?;
         let table = crate::report::plan_table(&planned, &self.policies.source_label(), None);

@@ -1,4 +1,4 @@
-//! The control-plane lease store (semantics §6).
+//! The control-plane lease store (docs/semantics.md §6).
 //!
 //! Only rows whose `status` is exactly `active` count, whatever their
 //! `expires_at` says. A store that is named but missing, unreadable, or

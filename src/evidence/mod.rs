@@ -1,7 +1,15 @@
-//! Evidence: the only code that touches the world (registry file, lease
-//! store, process table, host identity, clock). Every source is behind a
-//! parameter (a path, a `/proc` root) so tests use real files, and every
-//! probe answers "unknown" rather than guessing.
+//! Evidence: what a run reads from the world to judge — the registry and
+//! lease store as stored, the process table, this host's identity, the
+//! kernel's randomness. Every source is behind a parameter (a path, a
+//! `/proc` root) so tests use real files, and every probe answers "unknown"
+//! rather than guessing.
+//!
+//! Not everything that touches the world is here, and that is deliberate:
+//! the statements that write the tables live beside their definitions in
+//! `crate::store`, called only by `crate::worker` (a worker's own row) and
+//! `crate::apply` (the guarded transaction); operator files (`profiles.json`,
+//! saved plans, fixtures) are read strictly by `crate::jsonfile`; the clock
+//! is `crate::time::now`.
 
 pub mod leases;
 pub mod probe;

@@ -1,4 +1,4 @@
-//! Process and host probes (semantics §3).
+//! Process and host probes (docs/semantics.md §3).
 //!
 //! `pid_alive` is `kill(pid, 0)`: success or `EPERM` → alive, `ESRCH` → dead,
 //! anything else → unknown. Only a positive SQLite/JSON integer is a pid;
@@ -59,7 +59,7 @@ impl ProcessProbe for SystemProbe {
     }
 }
 
-/// `kill(pid, 0)` as semantics §3 reads it.
+/// `kill(pid, 0)` as docs/semantics.md §3 reads it.
 pub fn pid_alive(pid: i64) -> Option<bool> {
     use nix::errno::Errno;
     let Ok(raw) = i32::try_from(pid) else {

@@ -1,4 +1,4 @@
-//! Reading the worker registry (semantics §5).
+//! Reading the worker registry (docs/semantics.md §5).
 //!
 //! Planning opens the file read-only and never alters it: a registry from
 //! before the fencing or `retired_*` columns simply reads those columns as

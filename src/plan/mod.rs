@@ -538,12 +538,7 @@ pub fn plan_from_files(
 ) -> Result<Plan> {
     let rows = crate::evidence::registry::load(registry)?;
     let lease_rows = crate::evidence::leases::load(leases)?;
-    let facts = RunFacts {
-        now: crate::time::now(),
-        host: crate::evidence::probe::HostFacts::observe(proc_root),
-        canonical_repository: Some(canonical_repository),
-        protections: crate::evidence::leases::Protections::from_leases(&lease_rows),
-    };
+    let facts = RunFacts::of_this_host(proc_root, Some(canonical_repository), &lease_rows);
     plan(
         rows,
         facts,

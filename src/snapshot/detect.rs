@@ -73,8 +73,7 @@ pub(super) fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {
         .collect()
 }
 
-/// Identities shared among live workers: worker, session (semantics §11 of
-/// docs/semantics.md), generation, process, pid and fencing token.
+/// Identities shared among live workers: worker, session (docs/semantics.md §11), generation, process, pid and fencing token.
 pub(super) fn live_collisions(live: &[&Json], f: &mut Findings) {
     let live = live.to_vec();
     for (wid, group) in groups(&live, |r| key_text(&r["worker_identity"])) {

@@ -1,8 +1,10 @@
 //! The fleet snapshot (seed `mcp_fleet_snapshot`): live, stale and
 //! historical workers, instances keyed by `client_instance_id`, and every
-//! finding class of the seed, with one deliberate difference (semantics
-//! §11): a session shared by live workers is a collision only when they
-//! belong to more than one instance or duplicate a namespace within one.
+//! finding class of the seed, with two deliberate differences
+//! (docs/semantics.md §11 and §14): a session shared by live workers is a
+//! collision only when they belong to more than one instance or duplicate a
+//! namespace within one, and a stale row is a blocker by name as well as by
+//! effect.
 //!
 //! Observational: it reads rows and probes, and writes nothing.
 

@@ -1,4 +1,4 @@
-//! The control-plane lease store's table (semantics §6 of docs/semantics.md):
+//! The control-plane lease store's table (docs/semantics.md §6):
 //! its name, the columns a store must have, and one lease row as read. The
 //! store is read only; `create_sql` is for tests, benchmarks and the demo,
 //! which build stores of their own.
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 /// The lease table.
 pub const TABLE: &str = "workflow_leases";
 
-/// The columns a lease store must have (semantics §6). A store that lacks
+/// The columns a lease store must have (docs/semantics.md §6). A store that lacks
 /// one is refused: a missing `status` or `owner_pid` would otherwise read as
 /// "protects nothing".
 pub const COLUMNS: &[&str] = &[

@@ -1,6 +1,7 @@
-//! The worker registry's table, `worker_registrations` (semantics §5 of
-//! docs/semantics.md): its SQL types, the statement that creates it, and
-//! the migration that adds the columns an older registry lacks. The column
+//! The worker registry's table, `worker_registrations` (docs/semantics.md
+//! §5): its SQL types, the statement that creates it, the migration that
+//! adds the columns an older registry lacks, and the statements that write
+//! it. The column
 //! list itself is `crate::row::Col`, which every reader and writer shares.
 
 use crate::error::{Error, Result, Store};

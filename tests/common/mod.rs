@@ -25,7 +25,7 @@ pub fn text(out: &Output) -> String {
     )
 }
 
-/// Every column of the registry schema (semantics §5).
+/// Every column of the registry schema (docs/semantics.md §5).
 pub const COLUMNS: &[(&str, &str)] = &[
     ("worker_identity", "TEXT PRIMARY KEY"),
     ("client_name", "TEXT"),

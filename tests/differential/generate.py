@@ -5,7 +5,7 @@ Usage: generate.py SEED_DIR OUT_DIR RANDOM_SEED COUNT
 SEED_DIR holds the seed's mcp_fleet_retirement.py and mcp_fleet_snapshot.py
 (../shared/seed); they are imported from there, never copied into this
 repository. mcp_worker_identity.py beside this script is our reading of
-semantics.md sections 1-3 for the module the seed imports but does not ship.
+docs/semantics.md sections 1-3 for the module the seed imports but does not ship.
 Each case becomes a fixture whose expectations come from the seed, which
 `fleet-retire test` then checks.
 """

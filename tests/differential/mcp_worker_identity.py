@@ -1,5 +1,5 @@
 """The parts of the seed's mcp_worker_identity that its planner calls, as
-semantics.md sections 1-4 settle them: strict stamps, the canonical TTL,
+docs/semantics.md sections 1-4 settle them: strict stamps, the canonical TTL,
 liveness, client names. Used only by the differential test.
 """
 import re
