@@ -10,7 +10,7 @@ use crate::policy::Policies;
 use cedar_policy::{
     Authorizer, Entities, Entity, EntityId, EntityTypeName, EntityUid, RestrictedExpression,
 };
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -317,49 +317,49 @@ pub struct CapabilityCase {
     pub requests: Vec<(String, String, bool)>,
 }
 
-/// Parse the capability form of a fixture.
-pub fn parse_case(path: &Path, name: String, top: &Map<String, Json>) -> Result<CapabilityCase> {
-    let err = |field: &str, message: String| Error::Fixture {
-        path: path.to_path_buf(),
-        message: format!("field `{field}`: {message}"),
-    };
-    let profiles = Profiles::from_json(top.get("profiles").unwrap_or(&Json::Null))
-        .map_err(|e| err("profiles", e))?;
-    let list = top
-        .get("requests")
-        .and_then(Json::as_array)
-        .ok_or_else(|| {
-            err(
-                "requests",
-                "expected an array of {profile, operation, expect}".into(),
-            )
+/// One request of a capability case, as a fixture writes it.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseRequest {
+    /// The profile asking.
+    pub profile: String,
+    /// `snapshot`, `plan` or `apply`.
+    pub operation: String,
+    /// What Cedar must answer.
+    pub expect: Expected,
+}
+
+/// A capability case's expected answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Expected {
+    /// Allowed.
+    Allow,
+    /// Denied.
+    Deny,
+}
+
+/// Check the capability form of a fixture: its profiles document and its
+/// requests, as serde read them.
+pub fn parse_case(
+    path: &Path,
+    name: String,
+    profiles: Option<&Json>,
+    requests: Vec<CaseRequest>,
+) -> Result<CapabilityCase> {
+    let profiles =
+        Profiles::from_json(profiles.unwrap_or(&Json::Null)).map_err(|e| Error::Fixture {
+            path: path.to_path_buf(),
+            message: format!("field `profiles`: {e}"),
         })?;
-    let mut requests = Vec::new();
-    for (i, r) in list.iter().enumerate() {
-        let field = format!("requests[{i}]");
-        let get = |k: &str| {
-            r.get(k)
-                .and_then(Json::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| err(&format!("{field}.{k}"), "required string".into()))
-        };
-        let expect = match get("expect")?.as_str() {
-            "allow" => true,
-            "deny" => false,
-            other => {
-                return Err(err(
-                    &format!("{field}.expect"),
-                    format!("{other:?}: use \"allow\" or \"deny\""),
-                ))
-            }
-        };
-        requests.push((get("profile")?, get("operation")?, expect));
-    }
     Ok(CapabilityCase {
         name,
         path: path.to_path_buf(),
         profiles,
-        requests,
+        requests: requests
+            .into_iter()
+            .map(|r| (r.profile, r.operation, r.expect == Expected::Allow))
+            .collect(),
     })
 }
 

@@ -120,11 +120,9 @@ struct UncheckedCase {
     leases: Option<Vec<Map<String, Json>>>,
     expect: Option<UncheckedExpect>,
     snapshot: Option<UncheckedSnapshot>,
-    // A capability case: `capability::parse_case` checks these two from the
-    // document itself.
-    #[allow(dead_code)]
+    // A capability case: a profiles document and the requests to judge.
     profiles: Option<Json>,
-    requests: Option<Json>,
+    requests: Option<Vec<crate::capability::CaseRequest>>,
 }
 
 /// Present-and-null apart from absent: `Some(None)` is an explicit null.
@@ -379,10 +377,9 @@ pub fn load(path: &Path) -> Result<Case> {
         message,
     };
     let (doc, _) = crate::jsonfile::read_json(path).map_err(fixture_err)?;
-    let top = match &doc {
-        Json::Object(m) => m.clone(),
-        other => return Err(ctx.err("(top level)", format!("expected an object, found {other}"))),
-    };
+    if !doc.is_object() {
+        return Err(ctx.err("(top level)", format!("expected an object, found {doc}")));
+    }
     let case: UncheckedCase = crate::jsonfile::typed(doc)
         .map_err(|e| fixture_err(format!("{e} (see docs/fixtures.md)")))?;
     let name = match &case.name {
@@ -394,8 +391,9 @@ pub fn load(path: &Path) -> Result<Case> {
             ))
         }
     };
-    if case.requests.is_some() {
-        return crate::capability::parse_case(path, name, &top).map(Case::Capability);
+    if let Some(requests) = case.requests {
+        return crate::capability::parse_case(path, name, case.profiles.as_ref(), requests)
+            .map(Case::Capability);
     }
     let now_text = match &case.now {
         Some(Json::String(s)) => s.clone(),

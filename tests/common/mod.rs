@@ -119,20 +119,7 @@ pub fn leases(path: &Path, leases: &[Value]) {
     conn.execute_batch(&fleet_retire::store::leases::create_sql())
         .unwrap();
     for l in leases {
-        let names = [
-            "lease_id",
-            "role",
-            "target",
-            "status",
-            "session_id",
-            "owner_session_id",
-            "owner_pid",
-            "session_pid",
-            "generation",
-            "owner_worker_identity",
-            "acquired_at",
-            "expires_at",
-        ];
+        let names = fleet_retire::store::leases::COLUMNS;
         let values: Vec<rusqlite::types::Value> = names
             .iter()
             .map(|n| sql_value(l.get(*n).unwrap_or(&Value::Null)))
