@@ -5,7 +5,10 @@
 
 use crate::plan::{Entry, Plan};
 use crate::policy::engine::Engine;
-use crate::policy::entities::{retire_action, run_entity, run_uid, worker_entity, worker_uid};
+use crate::policy::entities::{
+    hold_evidence_action, occupy_slot_action, retire_action, run_entity, run_uid, worker_attrs,
+    worker_entity, worker_uid,
+};
 use crate::policy::{Policies, ELIGIBILITY_FILE};
 use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
 use cedar_policy_core::extensions::Extensions;
@@ -17,7 +20,7 @@ pub fn explain_entry(plan: &Plan, entry: &Entry, policies: &Policies) -> Json {
     let entities = Entities::from_entities(
         [
             run_entity(&plan.facts),
-            worker_entity(entry.index, row, plan.observation(entry)),
+            worker_entity(entry.index, row, plan.observation(entry), plan.facts.now),
         ],
         None::<&NoEntitiesSchema>,
         TCComputation::AssumeAlreadyComputed,
@@ -36,7 +39,7 @@ pub fn explain_entry(plan: &Plan, entry: &Entry, policies: &Policies) -> Json {
                 .into_iter()
                 .filter_map(|(id, result)| {
                     let rule = policies.rules.get(&id)?;
-                    if rule.file != ELIGIBILITY_FILE {
+                    if rule.file != ELIGIBILITY_FILE || !about_retire(policies, &id) {
                         return None;
                     }
                     let effect = if rule.effect == cedar_policy::Effect::Permit {
@@ -74,8 +77,53 @@ pub fn explain_entry(plan: &Plan, entry: &Entry, policies: &Policies) -> Json {
         "reason_code": entry.reason().code(),
         "reason_codes": entry.reason_codes().iter().map(|r| r.code()).collect::<Vec<_>>(),
         "policies": verdicts,
+        "first_stage": first_stage(plan, entry.index, policies),
         "evidence": plan.evidence(entry),
     })
+}
+
+/// Whether a policy can apply to the retire action (the first-stage
+/// permits are shown on their own).
+fn about_retire(policies: &Policies, id: &cedar_policy::PolicyId) -> bool {
+    match policies.set.policy(id).map(|p| p.action_constraint()) {
+        Some(cedar_policy::ActionConstraint::Eq(a)) => a.id().unescaped() == "retire",
+        Some(cedar_policy::ActionConstraint::In(list)) => {
+            list.iter().any(|a| a.id().unescaped() == "retire")
+        }
+        _ => true,
+    }
+}
+
+/// Cedar's first-stage answers for the row and every row that bears on it
+/// (sharing identity evidence or its slot): what its
+/// shared_identity_evidence and slot counts were collected from.
+fn first_stage(plan: &Plan, index: usize, policies: &Policies) -> Json {
+    let engine = Engine::new(policies);
+    let run = run_entity(&plan.facts);
+    let answer = |i: usize| -> Json {
+        let row = &plan.rows[i];
+        let attrs = worker_attrs(row, &plan.observations[i], plan.facts.now);
+        let one = |action: &cedar_policy_core::ast::EntityUID| -> Json {
+            let v =
+                crate::plan::judge_entity(&engine, policies, &run, &run_uid(), action, i, &attrs);
+            if !v.errors.is_empty() {
+                json!("errored (counts as yes)")
+            } else {
+                json!(v.allowed)
+            }
+        };
+        json!({
+            "worker_identity": row.get(crate::row::Col::WorkerIdentity).to_json(),
+            "row": i + 1,
+            "hold_identity_evidence": one(&hold_evidence_action()),
+            "occupy_instance_slot": one(&occupy_slot_action()),
+        })
+    };
+    let peers: Vec<Json> = crate::observe::peers_of(&plan.rows, &plan.observations, index)
+        .into_iter()
+        .map(answer)
+        .collect();
+    json!({ "row": answer(index), "peers": peers })
 }
 
 /// Human rendering of one explanation.
@@ -107,6 +155,23 @@ pub fn render(e: &Json) -> String {
             mark,
             p["policy_id"].as_str().unwrap_or(""),
             p["reason"].as_str().unwrap_or("")
+        );
+    }
+    let stage = &e["first_stage"];
+    for (label, r) in std::iter::once(("this row", &stage["row"])).chain(
+        stage["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| ("peer", p)),
+    ) {
+        let _ = writeln!(
+            out,
+            "  first stage, {label} {} (row {}): holds identity evidence: {}; occupies its slot: {}",
+            crate::text::esc(&r["worker_identity"].to_string()),
+            r["row"],
+            r["hold_identity_evidence"],
+            r["occupy_instance_slot"]
         );
     }
     let _ = writeln!(out, "  evidence: {}", e["evidence"]);

@@ -69,7 +69,7 @@ fn plan_tests(case: &PlanCase, policies: &Policies) -> Result<Vec<Json>> {
             },
             "entities": entities_json(vec![
                 Entity::from(run_entity(&plan.facts)),
-                Entity::from(worker_entity(entry.index, row, plan.observation(entry))),
+                Entity::from(worker_entity(entry.index, row, plan.observation(entry), plan.facts.now)),
             ])?,
             "decision": decision,
             "reason": reason,

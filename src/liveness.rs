@@ -112,6 +112,85 @@ pub fn canonical_ttl(v: &Value) -> f64 {
     }
 }
 
+/// A stored TTL as Cedar reads it (`policies/schema.cedarschema`): whether
+/// it is a number at all, its sign, and its value in whole microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtlMeasure {
+    /// An integer, a real, or text that is wholly an ASCII decimal number,
+    /// and finite (docs/semantics.md §2); never a boolean.
+    pub number: bool,
+    /// The number's sign: -1, 0 or 1 (0 when not a number).
+    pub sign: i64,
+    /// The largest whole number of microseconds `a` for which an age of
+    /// `a` microseconds, in seconds as Python computes it, is at most the
+    /// TTL: so `age_us <= us` answers exactly what `age <= ttl` answers for
+    /// every age. Saturates at the ends of the 64-bit range; 0 when not a
+    /// number.
+    pub us: i64,
+}
+
+/// Measure a stored TTL; the rules that turn it into the TTL a row is
+/// judged by (the 900-second default, "greater than zero") are Cedar's.
+pub fn measure_ttl(v: &Value) -> TtlMeasure {
+    let candidate = match v {
+        Value::Int(i) => Some(*i as f64),
+        Value::Real(f) => Some(*f),
+        Value::Text(s) if is_decimal_number(s) => s.parse::<f64>().ok(),
+        _ => None,
+    };
+    match candidate.filter(|t| t.is_finite()) {
+        None => TtlMeasure {
+            number: false,
+            sign: 0,
+            us: 0,
+        },
+        Some(t) => TtlMeasure {
+            number: true,
+            sign: if t > 0.0 {
+                1
+            } else if t < 0.0 {
+                -1
+            } else {
+                0
+            },
+            us: seconds_to_age_bound(t),
+        },
+    }
+}
+
+/// The largest `a` with `micros_to_seconds(a) <= t` (`t` finite),
+/// saturating: every age below `i64::MIN` or above `i64::MAX` is out of any
+/// stamp's reach anyway.
+fn seconds_to_age_bound(t: f64) -> i64 {
+    let scaled = t * 1e6;
+    if scaled >= i64::MAX as f64 {
+        return i64::MAX;
+    }
+    if scaled <= i64::MIN as f64 {
+        return i64::MIN;
+    }
+    // The guess is within a few microseconds; walk to the exact bound
+    // (micros_to_seconds is monotonic).
+    let mut a = scaled.floor() as i64;
+    while a > i64::MIN && micros_to_seconds(a) > t {
+        a -= 1;
+    }
+    while a < i64::MAX && micros_to_seconds(a + 1) <= t {
+        a += 1;
+    }
+    a
+}
+
+/// Microseconds from the row's `last_heartbeat_at` to `now` (negative for a
+/// stamp in the future), or `None` when the stamp is not strict RFC 3339
+/// text (docs/semantics.md §1).
+pub fn heartbeat_age_us(row: &Row, now: Micros) -> Option<i64> {
+    row.get(Col::LastHeartbeatAt)
+        .as_text()
+        .and_then(parse_ts)
+        .map(|t| now.saturating_sub(t))
+}
+
 /// Classify one row at `now` given its pid probe.
 pub fn assess(row: &Row, now: Micros, pid_alive: Option<bool>) -> Liveness {
     let ttl = canonical_ttl(row.get(Col::HeartbeatTtlSeconds));
@@ -162,6 +241,64 @@ mod tests {
         assert_eq!(canonical_ttl(&Value::Int(0)), 900.0);
         assert_eq!(canonical_ttl(&Value::Real(f64::INFINITY)), 900.0);
         assert_eq!(canonical_ttl(&Value::Null), 900.0);
+    }
+
+    /// The microsecond measurement answers `age <= ttl` exactly as the
+    /// seconds do, for every TTL the fixtures hold and ages on either side
+    /// of each bound; the rule "a number above zero, else 900" applied to
+    /// the measurement gives the canonical TTL's answers.
+    #[test]
+    fn ttl_in_microseconds_keeps_every_comparison() {
+        let ttls = [
+            Value::Int(900),
+            Value::Real(900.0),
+            Value::Int(60),
+            Value::Real(120.5),
+            Value::Real(0.25),
+            Value::Real(1e-5),
+            Value::Real(5e-7),
+            Value::Real(63921009599.99999),
+            Value::Real(63921009599.99998),
+            Value::Real(1e23),
+            Value::Real(-0.0),
+            Value::Int(0),
+            Value::Int(-5),
+            Value::Text("1e3".into()),
+            Value::Text("1800.5".into()),
+            Value::Text("-30".into()),
+            Value::Text("abc".into()),
+            Value::Bool(true),
+            Value::Null,
+        ];
+        for v in &ttls {
+            let m = measure_ttl(v);
+            let canonical = canonical_ttl(v);
+            // What the policies say: the row's TTL when a number above
+            // zero, else 900 seconds.
+            let judged = if m.number && m.sign > 0 {
+                m.us
+            } else {
+                900_000_000
+            };
+            let bound = seconds_to_age_bound(canonical);
+            for a in [
+                bound.saturating_sub(2),
+                bound.saturating_sub(1),
+                bound,
+                bound.saturating_add(1),
+                bound.saturating_add(2),
+                0,
+                -1,
+                1,
+                899_999_999,
+                900_000_000,
+                900_000_001,
+            ] {
+                let seconds = micros_to_seconds(a) <= canonical;
+                let micros = a < 0 || a <= judged;
+                assert_eq!(seconds, micros, "{v:?} at {a} us");
+            }
+        }
     }
 
     #[test]

@@ -70,13 +70,26 @@ pub struct Observation {
     pub process_identity: Value,
     /// Rows carrying this row's (non-empty) canonical identity.
     pub identity_row_count: usize,
-    /// This row's identity evidence also held by a live or unprobeable row.
-    pub shared_identity_evidence: Vec<String>,
-    /// Another active claimant of this row's (instance, namespace) slot
-    /// exists while one of them may be live.
-    pub instance_slot_contested: bool,
+    /// What other rows hold, collected from Cedar's first-stage answers
+    /// (filled by the plan; empty until then).
+    pub peers: PeerFacts,
     /// Which lease protections match this row ("field=value").
     pub protected_hits: Vec<String>,
+}
+
+/// Facts about other rows, aggregated over Cedar's answers to the first
+/// stage actions (`hold_identity_evidence`, `occupy_instance_slot`): counts
+/// and sets, never a judgment of their own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerFacts {
+    /// This row's identity evidence (`name=value`, sorted) that another row
+    /// Cedar judged to hold identity evidence also holds.
+    pub shared_identity_evidence: Vec<String>,
+    /// Active rows claiming this row's (instance, namespace) slot, this one
+    /// included; 0 when this row is not active or the slot is unnamed.
+    pub slot_active_claimants: usize,
+    /// Of those, the ones Cedar judged to occupy the slot.
+    pub slot_occupants: usize,
 }
 
 fn status_text(row: &Row) -> String {
@@ -145,17 +158,8 @@ pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
 pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> Vec<Observation> {
     let mut out: Vec<Observation> =
         crate::pool::par_map(rows, |row| observe_row(row, facts, probe));
-    let counts = identity_row_counts(rows);
-    let contested = contested_slot_rows(rows, &out);
-    let shared = shared_evidence(rows, &out);
-    for (obs, count) in out.iter_mut().zip(counts) {
+    for (obs, count) in out.iter_mut().zip(identity_row_counts(rows)) {
         obs.identity_row_count = count;
-    }
-    for i in contested {
-        out[i].instance_slot_contested = true;
-    }
-    for (i, evidence) in shared {
-        out[i].shared_identity_evidence = evidence;
     }
     out
 }
@@ -181,9 +185,47 @@ fn identity_row_counts(rows: &[Row]) -> Vec<usize> {
         .collect()
 }
 
-/// The active rows of every (instance, namespace) slot claimed by more
-/// than one active row, when one of them is live or its pid unknown.
-fn contested_slot_rows(rows: &[Row], obs: &[Observation]) -> Vec<usize> {
+/// Collect Cedar's first-stage answers: `holds[i]` is whether row `i`
+/// holds its identity evidence, `occupies[i]` whether it occupies its
+/// slot. Counting only: which rows those are is Cedar's decision.
+pub fn peer_facts(
+    rows: &[Row],
+    observations: &[Observation],
+    holds: &[bool],
+    occupies: &[bool],
+) -> Vec<PeerFacts> {
+    let mut out = vec![PeerFacts::default(); rows.len()];
+    slot_counts(rows, occupies, &mut out);
+    shared_evidence(rows, observations, holds, &mut out);
+    out
+}
+
+/// The other rows that bear on row `index` through the first stage: those
+/// holding any of its identity evidence values, and the other active
+/// claimants of its slot (for `explain`).
+pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec<usize> {
+    let keys = conflict_keys(&rows[index], &observations[index].process_identity);
+    let slot = |r: &Row| {
+        (status_text(r) == "active").then(|| {
+            (
+                r.get(Col::ClientInstanceId).canon(),
+                r.get(Col::Namespace).canon(),
+            )
+        })
+    };
+    let mine = slot(&rows[index]).filter(|(i, n)| !i.is_empty() && !n.is_empty());
+    (0..rows.len())
+        .filter(|&j| j != index)
+        .filter(|&j| {
+            let theirs = conflict_keys(&rows[j], &observations[j].process_identity);
+            theirs.iter().any(|k| keys.contains(k)) || (mine.is_some() && slot(&rows[j]) == mine)
+        })
+        .collect()
+}
+
+/// Per (instance, namespace) slot, the active claimants and, of them, the
+/// occupants.
+fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
     let mut slots: HashMap<(Cow<str>, Cow<str>), Vec<usize>> = HashMap::new();
     for (i, row) in rows.iter().enumerate() {
         if status_text(row) != "active" {
@@ -195,52 +237,41 @@ fn contested_slot_rows(rows: &[Row], obs: &[Observation]) -> Vec<usize> {
             slots.entry((instance, namespace)).or_default().push(i);
         }
     }
-    let mut contested = Vec::new();
-    for members in slots.values().filter(|m| m.len() > 1) {
-        if members
-            .iter()
-            .any(|&i| obs[i].live || obs[i].pid.alive.is_none())
-        {
-            contested.extend(members.iter().copied());
+    for members in slots.values() {
+        let occupants = members.iter().filter(|&&i| occupies[i]).count();
+        for &i in members {
+            out[i].slot_active_claimants = members.len();
+            out[i].slot_occupants = occupants;
         }
     }
-    contested
 }
 
-/// Per row, the identity evidence (session, generation, process, pid) it
-/// shares with a live or unprobeable row other than itself, as sorted
-/// `name=value` texts; rows that share nothing are left out.
-fn shared_evidence(rows: &[Row], out: &[Observation]) -> Vec<(usize, Vec<String>)> {
-    // Evidence held by a live or unprobeable row, with how many such rows
-    // hold it: a row never "shares" evidence with itself alone.
-    let mut ambiguous: HashMap<(&'static str, Cow<str>), usize> = HashMap::new();
-    let mut is_ambiguous = vec![false; rows.len()];
-    for (i, (row, obs)) in rows.iter().zip(out).enumerate() {
-        let unresolved = obs.pid.alive.is_none() || obs.liveness.heartbeat_fresh.is_none();
-        if obs.live || (status_text(row) == "active" && unresolved) {
-            is_ambiguous[i] = true;
-            for key in conflict_keys(row, &obs.process_identity) {
-                *ambiguous.entry(key).or_default() += 1;
+/// Per row, the identity evidence it shares with another row that holds
+/// evidence: a row never "shares" evidence with itself alone.
+fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut [PeerFacts]) {
+    let mut holders: HashMap<(&'static str, Cow<str>), usize> = HashMap::new();
+    for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
+        if holds[i] {
+            for key in conflict_keys(row, &o.process_identity) {
+                *holders.entry(key).or_default() += 1;
             }
         }
     }
-    let mut shared_by_row = Vec::new();
-    if ambiguous.is_empty() {
-        return shared_by_row;
+    if holders.is_empty() {
+        return;
     }
-    for (i, (row, obs)) in rows.iter().zip(out).enumerate() {
-        let own = usize::from(is_ambiguous[i]);
-        let mut shared: Vec<String> = conflict_keys(row, &obs.process_identity)
+    for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
+        let own = usize::from(holds[i]);
+        let mut shared: Vec<String> = conflict_keys(row, &o.process_identity)
             .into_iter()
-            .filter(|k| ambiguous.get(k).is_some_and(|n| *n > own))
+            .filter(|k| holders.get(k).is_some_and(|n| *n > own))
             .map(|(name, value)| format!("{name}={value}"))
             .collect();
         if !shared.is_empty() {
             shared.sort();
-            shared_by_row.push((i, shared));
+            out[i].shared_identity_evidence = shared;
         }
     }
-    shared_by_row
 }
 
 fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observation {
@@ -277,8 +308,7 @@ fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observa
         process_identity: process_identity(row),
         identity,
         identity_row_count: 0,
-        shared_identity_evidence: Vec::new(),
-        instance_slot_contested: false,
+        peers: PeerFacts::default(),
         protected_hits,
     }
 }

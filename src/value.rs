@@ -141,7 +141,9 @@ impl Value {
     pub fn is_blank(&self) -> bool {
         match self {
             Value::Null => true,
-            Value::Text(s) => py_strip(s).is_empty(),
+            // Blank means every character is Python white space: a first
+            // character that is not settles it without scanning the rest.
+            Value::Text(s) => s.chars().next().is_none_or(is_py_space) && py_strip(s).is_empty(),
             _ => false,
         }
     }

@@ -199,8 +199,32 @@ fn describe(cex: &cedar_policy_symcc::Env) -> String {
     format!("request: {}\nentities: {entities}", cex.request)
 }
 
-/// Run every proof; returns one result per obligation.
-pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Vec<Proof>> {
+/// What deleting one eligibility forbid would do.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ForbidRole {
+    /// The forbid's `@id`.
+    pub forbid: String,
+    /// Its reason code.
+    pub reason: String,
+    /// The set without it decides every retire request alike: it only
+    /// names a reason code (other forbids already keep every row it keeps).
+    pub shadowed: bool,
+    /// When it is not shadowed: a request the set without it allows.
+    pub counterexample: Option<String>,
+}
+
+/// Everything `policy verify` establishes.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Verification {
+    /// One result per proof obligation; every one must hold.
+    pub proofs: Vec<Proof>,
+    /// Per eligibility forbid: does it decide anything on its own (then a
+    /// property must guard it), or is it shadowed (proved).
+    pub forbids: Vec<ForbidRole>,
+}
+
+/// Run every proof, and find which forbids are shadowed.
+pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verification> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -262,6 +286,47 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Vec<Proof>
                 });
             }
         }
-        Ok(proofs)
+
+        // 3. Each forbid: does the set without it allow more?
+        let mut forbids = Vec::new();
+        let retire = envs
+            .iter()
+            .find(|e| e.action().id().unescaped() == "retire");
+        if let Some(env) = retire {
+            let whole = CompiledPolicySet::compile(&eligibility, env, schema).map_err(sym_err)?;
+            let mut rules: Vec<&crate::policy::Rule> = policies
+                .rules
+                .values()
+                .filter(|r| r.file == ELIGIBILITY_FILE && r.reason.is_some())
+                .collect();
+            rules.sort_by(|a, b| (a.order, &a.id).cmp(&(b.order, &b.id)));
+            for rule in rules {
+                let mut without = PolicySet::new();
+                for p in eligibility
+                    .policies()
+                    .filter(|p| p.id().as_ref() != rule.id)
+                {
+                    without
+                        .add(p.clone())
+                        .map_err(|e| Error::Policy(e.to_string()))?;
+                }
+                let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
+                let cex = compiler
+                    .check_implies_with_counterexample_opt(&less, &whole)
+                    .await
+                    .map_err(sym_err)?;
+                forbids.push(ForbidRole {
+                    forbid: rule.id.clone(),
+                    reason: rule
+                        .reason
+                        .map(|r| r.code())
+                        .unwrap_or_default()
+                        .to_string(),
+                    shadowed: cex.is_none(),
+                    counterexample: cex.as_ref().map(describe),
+                });
+            }
+        }
+        Ok(Verification { proofs, forbids })
     })
 }

@@ -485,7 +485,7 @@ fn verifying_a_folder_proves_the_built_in_properties_too() {
     assert_eq!(out.status.code(), Some(3), "{all}");
     assert!(all.contains("FAILED retire-only-dead-pids"), "{all}");
     assert!(
-        all.contains("FAILED retire-only-in-the-rows-own-pid-namespace"),
+        all.contains("FAILED retire-never-across-pid-namespaces"),
         "{all}"
     );
     assert!(

@@ -152,15 +152,16 @@ fn list(cli: &Cli) -> Result<ExitCode> {
 fn verify(cli: &Cli) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     let properties = crate::verify::load_properties(cli.policies.as_deref(), &policies, true)?;
-    let proofs = crate::verify::verify(&policies, &properties)?;
+    let verification = crate::verify::verify(&policies, &properties)?;
+    let proofs = &verification.proofs;
     let failed = proofs.iter().filter(|p| !p.holds).count();
     match cli.format {
         Format::Json => crate::outln!(
             "{}",
-            serde_json::to_string_pretty(&proofs).expect("proofs serialise")
+            serde_json::to_string_pretty(&verification).expect("proofs serialise")
         )?,
         Format::Human => {
-            for p in &proofs {
+            for p in proofs {
                 crate::outln!(
                     "{} {} [{}]",
                     if p.holds { "PROVED" } else { "FAILED" },
@@ -172,6 +173,24 @@ fn verify(cli: &Cli) -> Result<ExitCode> {
                     for line in c.lines() {
                         crate::outln!("    {line}")?;
                     }
+                }
+            }
+            // Not obligations: which forbids decide on their own (a property
+            // above must then catch their deletion) and which are shadowed.
+            for f in &verification.forbids {
+                if f.shadowed {
+                    crate::outln!(
+                        "SHADOWED {} ({}): proved: the set without it decides every retire \
+                         request alike; it only names a reason code",
+                        f.forbid,
+                        f.reason
+                    )?;
+                } else {
+                    crate::outln!(
+                        "DECIDES {} ({}): without it some row would be retired",
+                        f.forbid,
+                        f.reason
+                    )?;
                 }
             }
             crate::outln!("{} proved, {failed} failed", proofs.len() - failed)?;

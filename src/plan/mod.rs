@@ -13,8 +13,8 @@ use crate::fingerprint::plan_tokens;
 use crate::observe::{observe_all, Observation, RunFacts};
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
-    check_schema, entity, retire_action, run_attrs, run_entity, run_uid, worker_attrs,
-    worker_entity, worker_uid, Attr,
+    check_schema, entity, hold_evidence_action, occupy_slot_action, retire_action, run_attrs,
+    run_entity, run_uid, worker_attrs, worker_attrs_where, worker_entity, worker_uid, Attr,
 };
 use crate::policy::eval::Verdict;
 use crate::policy::memo::Abstraction;
@@ -84,48 +84,137 @@ pub struct Plan {
     pub facts: RunFacts,
 }
 
-/// Ask Cedar about every row. Rows in the same situation (see
-/// `policy::memo`) share one evaluation; the work is split over the cores.
+/// Ask Cedar about every row, in two stages. First each row on its own:
+/// does it hold its identity evidence, does it occupy its instance slot
+/// (an evaluation error counts as yes: fail closed). Rust collects those
+/// answers into each row's peer facts. Then retire, with them. Rows in the
+/// same situation (see `policy::memo`) share one evaluation per stage; the
+/// work is split over the cores.
 fn judge_all(
     rows: &[Row],
-    observations: &[Observation],
+    observations: &mut [Observation],
     facts: &RunFacts,
     policies: &Policies,
+    memo: bool,
 ) -> Vec<Arc<Verdict>> {
     let run_attrs = run_attrs(facts);
-    let run = entity(run_uid(), &run_attrs);
-    let abstraction = Abstraction::new(policies, &run_attrs);
-    if let Some(why) = abstraction.disabled() {
+    let abstraction = if memo {
+        Abstraction::new(policies, &run_attrs)
+    } else {
+        Abstraction::off("asked to evaluate every row on its own")
+    };
+    if let Some(why) = abstraction.disabled().filter(|_| memo) {
         tracing::warn!("every row is evaluated on its own: {why}");
     }
-    let engine = Engine::new(policies);
-    let (principal, action) = (run_uid(), retire_action());
-    let judge_one = |i: usize, attrs: &[(&'static str, Attr<'_>)]| -> Verdict {
-        judge_entity(&engine, policies, &run, &principal, &action, i, attrs)
+    let judge = Judge {
+        run: entity(run_uid(), &run_attrs),
+        engine: Engine::new(policies),
+        policies,
+        now: facts.now,
     };
-    let indices: Vec<usize> = (0..rows.len()).collect();
-    let (abstraction, judge_one) = (&abstraction, &judge_one);
-    par_chunks(&indices, |chunk| {
-        let mut memo: HashMap<String, Arc<Verdict>> = HashMap::new();
-        let mut key = String::with_capacity(512);
-        let verdicts: Vec<Arc<Verdict>> = chunk
-            .iter()
-            .map(|&i| {
-                let attrs = worker_attrs(&rows[i], &observations[i]);
-                if !abstraction.key(&attrs, &mut key) {
-                    return Arc::new(judge_one(i, &attrs));
+    let first = [hold_evidence_action(), occupy_slot_action()];
+    let stage1_key = abstraction.clone().for_actions(
+        policies,
+        &["hold_identity_evidence", "occupy_instance_slot"],
+    );
+    let stage1 = judge.rows(rows, observations, &first, &stage1_key);
+    let yes = |v: &Verdict| v.allowed || !v.errors.is_empty();
+    let holds: Vec<bool> = stage1.iter().map(|v| yes(&v[0])).collect();
+    let occupies: Vec<bool> = stage1.iter().map(|v| yes(&v[1])).collect();
+    drop(stage1);
+    let started = std::time::Instant::now();
+    let peers = crate::observe::peer_facts(rows, observations, &holds, &occupies);
+    tracing::debug!(elapsed = ?started.elapsed(), "first-stage answers collected");
+    for (obs, p) in observations.iter_mut().zip(peers) {
+        obs.peers = p;
+    }
+    let retire_key = abstraction.for_actions(policies, &["retire"]);
+    judge
+        .rows(rows, observations, &[retire_action()], &retire_key)
+        .into_iter()
+        .map(|mut v| v.swap_remove(0))
+        .collect()
+}
+
+/// What judging a row needs, built once per run.
+struct Judge<'p> {
+    run: cedar_policy_core::ast::Entity,
+    engine: Engine,
+    policies: &'p Policies,
+    now: crate::time::Micros,
+}
+
+impl Judge<'_> {
+    /// For every row, Cedar's verdict on each of `actions`.
+    fn rows(
+        &self,
+        rows: &[Row],
+        observations: &[Observation],
+        actions: &[cedar_policy_core::ast::EntityUID],
+        abstraction: &Abstraction,
+    ) -> Vec<Vec<Arc<Verdict>>> {
+        let principal = run_uid();
+        let judge_one = |i: usize, attrs: &[(&'static str, Attr<'_>)]| -> Vec<Arc<Verdict>> {
+            actions
+                .iter()
+                .map(|action| {
+                    Arc::new(judge_entity(
+                        &self.engine,
+                        self.policies,
+                        &self.run,
+                        &principal,
+                        action,
+                        i,
+                        attrs,
+                    ))
+                })
+                .collect()
+        };
+        let mask = abstraction.attr_mask();
+        let attrs_of = |i: usize| worker_attrs_where(&rows[i], &observations[i], self.now, mask);
+        if abstraction.disabled().is_some() {
+            let indices: Vec<usize> = (0..rows.len()).collect();
+            return par_map(&indices, |&i| judge_one(i, &attrs_of(i)));
+        }
+        // 1. Group the rows by situation, each core its share of the rows.
+        let indices: Vec<usize> = (0..rows.len()).collect();
+        let groups: Vec<(String, Vec<usize>)> = par_chunks(&indices, |chunk| {
+            let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
+            let mut key = String::with_capacity(512);
+            for &i in chunk {
+                abstraction.key(&attrs_of(i), &mut key);
+                match by_key.get_mut(key.as_str()) {
+                    Some(members) => members.push(i),
+                    None => {
+                        by_key.insert(key.clone(), vec![i]);
+                    }
                 }
-                if let Some(v) = memo.get(key.as_str()) {
-                    return v.clone();
-                }
-                let v = Arc::new(judge_one(i, &attrs));
-                memo.insert(key.clone(), v.clone());
-                v
-            })
-            .collect();
-        tracing::debug!(rows = chunk.len(), evaluations = memo.len(), "rows judged");
-        verdicts
-    })
+            }
+            by_key.into_iter().collect()
+        });
+        // 2. One group per situation across the cores.
+        let mut merged: HashMap<String, Vec<usize>> = HashMap::with_capacity(groups.len());
+        for (key, members) in groups {
+            merged.entry(key).or_default().extend(members);
+        }
+        let situations: Vec<Vec<usize>> = merged.into_values().collect();
+        // 3. Judge one row of each situation, on every core.
+        let verdicts = par_map(&situations, |members| {
+            judge_one(members[0], &attrs_of(members[0]))
+        });
+        tracing::debug!(
+            rows = rows.len(),
+            evaluations = situations.len(),
+            "rows judged"
+        );
+        let mut out: Vec<Vec<Arc<Verdict>>> = vec![Vec::new(); rows.len()];
+        for (members, verdict) in situations.iter().zip(verdicts) {
+            for &i in members {
+                out[i] = verdict.clone();
+            }
+        }
+        out
+    }
 }
 
 /// Ask Cedar about one worker entity (row `index` with `attrs`) next to the
@@ -176,7 +265,7 @@ impl<'a> Rejudge<'a> {
             policies,
             engine: Engine::new(policies),
             run: entity(run_uid(), &attrs),
-            abstraction: Abstraction::new(policies, &attrs),
+            abstraction: Abstraction::new(policies, &attrs).for_actions(policies, &["retire"]),
             memo: Default::default(),
         }
     }
@@ -187,9 +276,10 @@ impl<'a> Rejudge<'a> {
         let row = &self.plan.rows[entry.index];
         let mut obs = self.plan.observation(entry).clone();
         obs.pid = crate::evidence::probe::observe_pid(row.get(Col::Pid), probe);
-        obs.liveness = crate::liveness::assess(row, crate::time::now(), obs.pid.alive);
+        let now = crate::time::now();
+        obs.liveness = crate::liveness::assess(row, now, obs.pid.alive);
         obs.live = obs.liveness.live && !obs.historical;
-        let attrs = worker_attrs(row, &obs);
+        let attrs = worker_attrs(row, &obs, now);
         let judge = || {
             Arc::new(judge_entity(
                 &self.engine,
@@ -221,18 +311,31 @@ pub fn plan(
     probe: &dyn ProcessProbe,
     policies: &Policies,
 ) -> Result<Plan> {
+    plan_with(rows, facts, probe, policies, true)
+}
+
+/// Judge every row, sharing evaluations between rows in the same situation
+/// (`memo`, see `policy::memo`) or evaluating each on its own: the two must
+/// agree, and a test holds them to it.
+pub fn plan_with(
+    rows: Vec<Row>,
+    facts: RunFacts,
+    probe: &dyn ProcessProbe,
+    policies: &Policies,
+    memo: bool,
+) -> Result<Plan> {
     let started = std::time::Instant::now();
-    let observations = observe_all(&rows, &facts, probe);
+    let mut observations = observe_all(&rows, &facts, probe);
     tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "observed");
     let run = run_entity(&facts);
     // The builder and the schema must agree; check the shapes once per run.
     let mut sample = vec![run.clone()];
     if let (Some(row), Some(obs)) = (rows.first(), observations.first()) {
-        sample.push(worker_entity(0, row, obs));
+        sample.push(worker_entity(0, row, obs, facts.now));
     }
     check_schema(sample, &policies.schema)?;
 
-    let verdicts = judge_all(&rows, &observations, &facts, policies);
+    let verdicts = judge_all(&rows, &mut observations, &facts, policies, memo);
     tracing::debug!(elapsed = ?started.elapsed(), "judged");
 
     let entries: Vec<Entry> = verdicts
@@ -310,8 +413,12 @@ impl Plan {
             instance_id_provenance: obs.identity.provenance,
             instance_identity_trusted: obs.identity.trusted,
             identity_row_count: obs.identity_row_count,
-            shared_identity_evidence: &obs.shared_identity_evidence,
-            instance_slot_contested: obs.instance_slot_contested,
+            shared_identity_evidence: &obs.peers.shared_identity_evidence,
+            instance_slot_contested: entry
+                .verdict
+                .forbids
+                .iter()
+                .any(|r| r.reason == Some(Reason::InstanceConflict)),
             protected_by_active_leases: &obs.protected_hits,
         }
     }

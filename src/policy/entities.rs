@@ -40,6 +40,25 @@ pub fn retire_action() -> EntityUID {
     uid("FleetRetire::Action", "retire")
 }
 
+/// The first-stage actions: does a row hold its identity evidence, does it
+/// occupy its instance slot (judged before retire; see `observe::peer_facts`).
+pub fn hold_evidence_action() -> EntityUID {
+    uid("FleetRetire::Action", "hold_identity_evidence")
+}
+
+/// See [`hold_evidence_action`].
+pub fn occupy_slot_action() -> EntityUID {
+    uid("FleetRetire::Action", "occupy_instance_slot")
+}
+
+/// Worker attributes computed from first-stage answers: no first-stage
+/// policy may read them (`Policies::load` refuses one that does).
+pub const AGGREGATE_ATTRIBUTES: &[&str] = &[
+    "shared_identity_evidence",
+    "slot_active_claimants",
+    "slot_occupants",
+];
+
 /// The uid of the worker entity for row `index`.
 pub fn worker_uid(index: usize) -> EntityUID {
     cedar_policy::EntityUid::from_type_name_and_id(
@@ -149,83 +168,150 @@ pub fn run_attrs(facts: &RunFacts) -> Vec<(&'static str, Attr<'_>)> {
     ]
 }
 
-/// The worker entity for one row.
-pub fn worker_entity(index: usize, row: &Row, obs: &Observation) -> ast::Entity {
-    entity(worker_uid(index), &worker_attrs(row, obs))
+/// The worker entity for one row at the run's clock `now`.
+pub fn worker_entity(
+    index: usize,
+    row: &Row,
+    obs: &Observation,
+    now: crate::time::Micros,
+) -> ast::Entity {
+    entity(worker_uid(index), &worker_attrs(row, obs, now))
 }
 
-/// A worker's attributes, in schema order.
-pub fn worker_attrs<'a>(row: &'a Row, obs: &'a Observation) -> Vec<(&'static str, Attr<'a>)> {
-    let blank = COLUMNS
-        .iter()
-        .filter(|c| row.get(**c).is_blank())
-        .map(|c| c.name());
-    let heartbeat = match obs.liveness.heartbeat_fresh {
-        Some(true) => "fresh",
-        Some(false) => "expired",
-        None => "unparsable",
+/// The worker attributes, in schema order (`worker_attrs` lists them so).
+pub const WORKER_ATTRIBUTES: &[&str] = &[
+    "worker_identity",
+    "identity_row_count",
+    "status",
+    "blank_fields",
+    "heartbeat_parsed",
+    "heartbeat_age_us",
+    "ttl_number",
+    "ttl_sign",
+    "ttl_us",
+    "pid_probe",
+    "live_start_time",
+    "host_id",
+    "boot_id",
+    "process_start_time",
+    "pid_namespace",
+    "repository_binding_key",
+    "repository_binding",
+    "client_instance_id",
+    "instance_id_source",
+    "session_id",
+    "pid",
+    "shared_identity_evidence",
+    "slot_active_claimants",
+    "slot_occupants",
+];
+
+/// Which worker attributes to build: bit `i` is `WORKER_ATTRIBUTES[i]`.
+/// A stage whose policies read few attributes builds only those: the rest
+/// cannot change its verdict (see `policy::memo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttrMask(u64);
+
+impl AttrMask {
+    /// Every attribute (what the schema check and `explain` use).
+    pub const ALL: AttrMask = AttrMask(u64::MAX);
+
+    /// The attributes whose names `keep` accepts.
+    pub fn of(keep: impl Fn(&str) -> bool) -> AttrMask {
+        AttrMask(
+            WORKER_ATTRIBUTES
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| keep(n))
+                .fold(0, |m, (i, _)| m | (1 << i)),
+        )
+    }
+
+    fn has(self, i: usize) -> bool {
+        self.0 & (1 << i) != 0
+    }
+}
+
+/// A worker's attributes, in schema order: measurements of the row, and
+/// the aggregates of `obs.peers` (zero and empty before the first stage).
+pub fn worker_attrs<'a>(
+    row: &'a Row,
+    obs: &'a Observation,
+    now: crate::time::Micros,
+) -> Vec<(&'static str, Attr<'a>)> {
+    worker_attrs_where(row, obs, now, AttrMask::ALL)
+}
+
+/// [`worker_attrs`], building only the attributes in `mask`.
+pub fn worker_attrs_where<'a>(
+    row: &'a Row,
+    obs: &'a Observation,
+    now: crate::time::Micros,
+    mask: AttrMask,
+) -> Vec<(&'static str, Attr<'a>)> {
+    // Each measured once, and only when an attribute in the mask needs it.
+    let age_cell = std::cell::OnceCell::new();
+    let age = || *age_cell.get_or_init(|| crate::liveness::heartbeat_age_us(row, now));
+    let ttl_cell = std::cell::OnceCell::new();
+    let ttl = || {
+        *ttl_cell.get_or_init(|| crate::liveness::measure_ttl(row.get(Col::HeartbeatTtlSeconds)))
     };
-    let pid_probe = match obs.pid.alive {
-        Some(true) => "alive",
-        Some(false) => "dead",
-        None => "unknown",
+    // Positions 15 and 16: repository_binding_key and repository_binding.
+    let binding: Option<String> = (mask.has(15) || mask.has(16))
+        .then(|| row.get(Col::RepositoryBinding).stripped_cow().into_owned());
+    let binding_text = || binding.as_deref().unwrap_or("");
+    let mut out = Vec::with_capacity(WORKER_ATTRIBUTES.len());
+    let mut at = 0usize;
+    let mut add = |value: &dyn Fn() -> Attr<'a>| {
+        if mask.has(at) {
+            out.push((WORKER_ATTRIBUTES[at], value()));
+        }
+        at += 1;
     };
-    let binding = match row.get(Col::RepositoryBinding).stripped_cow() {
-        Cow::Borrowed(b) => b.to_string(),
-        Cow::Owned(b) => b,
-    };
-    vec![
-        (
-            "worker_identity",
-            s(row.get(Col::WorkerIdentity).canon_cow()),
-        ),
-        (
-            "identity_row_count",
-            Attr::Long(obs.identity_row_count as i64),
-        ),
-        ("status", s(row.get(Col::Status).or_empty_str())),
-        ("blank_fields", set(blank)),
-        ("heartbeat", s(heartbeat)),
-        ("pid_probe", s(pid_probe)),
-        (
-            "live_start_time",
-            s(obs.pid.start_time.as_deref().unwrap_or("")),
-        ),
-        ("host_id", s(row.get(Col::HostId).stripped_cow())),
-        ("boot_id", s(row.get(Col::BootId).stripped_cow())),
-        (
-            "process_start_time",
-            s(row.get(Col::ProcessStartTime).stripped_cow()),
-        ),
-        (
-            "pid_namespace",
-            s(row.get(Col::PidNamespace).stripped_cow()),
-        ),
-        ("ownership_state", s(obs.ownership_state)),
-        (
-            "repository_binding_key",
-            s(binding.trim_end_matches('/').to_string()),
-        ),
-        ("repository_binding", s(binding)),
-        (
-            "client_instance_id",
-            s(row.get(Col::ClientInstanceId).stripped_cow()),
-        ),
-        (
-            "instance_id_source",
-            s(row.get(Col::InstanceIdSource).as_text().unwrap_or("")),
-        ),
-        ("session_id", s(row.get(Col::SessionId).canon_cow())),
-        ("pid", s(row.get(Col::Pid).canon_cow())),
-        (
-            "shared_identity_evidence",
-            set(obs.shared_identity_evidence.iter().map(String::as_str)),
-        ),
-        (
-            "instance_slot_contested",
-            Attr::Bool(obs.instance_slot_contested),
-        ),
-    ]
+    add(&|| s(row.get(Col::WorkerIdentity).canon_cow()));
+    add(&|| Attr::Long(obs.identity_row_count as i64));
+    add(&|| s(row.get(Col::Status).or_empty_cow()));
+    add(&|| {
+        set(COLUMNS
+            .iter()
+            .filter(|c| row.get(**c).is_blank())
+            .map(|c| c.name()))
+    });
+    add(&|| Attr::Bool(age().is_some()));
+    add(&|| Attr::Long(age().unwrap_or(0)));
+    add(&|| Attr::Bool(ttl().number));
+    add(&|| Attr::Long(ttl().sign));
+    add(&|| Attr::Long(ttl().us));
+    add(&|| {
+        s(match obs.pid.alive {
+            Some(true) => "alive",
+            Some(false) => "dead",
+            None => "unknown",
+        })
+    });
+    add(&|| s(obs.pid.start_time.as_deref().unwrap_or("")));
+    add(&|| s(row.get(Col::HostId).stripped_cow()));
+    add(&|| s(row.get(Col::BootId).stripped_cow()));
+    add(&|| s(row.get(Col::ProcessStartTime).stripped_cow()));
+    add(&|| s(row.get(Col::PidNamespace).stripped_cow()));
+    add(&|| s(binding_text().trim_end_matches('/').to_string()));
+    add(&|| s(binding_text().to_string()));
+    add(&|| s(row.get(Col::ClientInstanceId).stripped_cow()));
+    add(&|| s(row.get(Col::InstanceIdSource).as_text().unwrap_or("")));
+    add(&|| s(row.get(Col::SessionId).canon_cow()));
+    add(&|| s(row.get(Col::Pid).canon_cow()));
+    add(&|| {
+        set(obs
+            .peers
+            .shared_identity_evidence
+            .iter()
+            .map(String::as_str))
+    });
+    add(&|| Attr::Long(obs.peers.slot_active_claimants as i64));
+    add(&|| Attr::Long(obs.peers.slot_occupants as i64));
+    debug_assert_eq!(at, WORKER_ATTRIBUTES.len());
+    debug_assert_eq!(WORKER_ATTRIBUTES[15], "repository_binding_key");
+    out
 }
 
 /// Check entities against the schema through Cedar's public API.

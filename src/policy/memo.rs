@@ -7,28 +7,55 @@
 //! written in a policy, and `like` patterns. A row's *situation key* keeps
 //! every string that equals a policy literal or a value of the run entity,
 //! and replaces every other string by a placeholder numbered by its first
-//! occurrence in the row, tagged with the `like` patterns it matches. Two
-//! rows with the same key are related by a renaming of strings that
-//! preserves all of those observations, so Cedar's verdict for one is its
-//! verdict for the other. Longs and booleans are kept exactly.
+//! occurrence in the row, tagged with the `like` patterns it matches.
+//! Booleans are kept exactly.
 //!
-//! The argument needs the policies to observe strings only in those ways
-//! and to read the resource only through its attributes. A policy set that
-//! does anything else (an extension function, tags, the resource's own id)
-//! turns the memo off, and every row is evaluated on its own.
+//! Longs (a heartbeat's age in microseconds differs on every row) are kept
+//! only as far as comparisons can tell them apart. Without arithmetic,
+//! Cedar observes a Long only by comparing it (`<`, `<=`, `>`, `>=`, `==`,
+//! `!=`, membership) with another Long: another attribute of the row, a
+//! value of the run entity, or a literal of a policy (an `if … then … else`
+//! only chooses which of those is compared). The key writes each Long as
+//! its place among the policies' literals and the run's Longs (equal to
+//! the i-th, or strictly between two neighbours) and, when between, its
+//! rank among the row's own Longs in the same gap (ties equal). Two rows with the same places and ranks
+//! are related by an order-preserving map that fixes every literal and run
+//! value, so every comparison answers alike.
+//!
+//! Together: two rows with the same key are related by a renaming of
+//! strings and an order-preserving map of Longs that preserve everything
+//! the policies can observe, so Cedar's verdict for one is its verdict for
+//! the other. The argument needs the policies to observe strings and Longs
+//! only in those ways and to read the resource only through its attributes.
+//! A policy set that does anything else (arithmetic on Longs, an extension
+//! function, tags, the resource's own id) turns the memo off, and every row
+//! is evaluated on its own.
+//!
+//! For one action the key keeps only the attributes that a policy which
+//! can apply to it reads: the others cannot change its verdict. The first
+//! stage's actions read a handful, so their rows share a few situations.
 
 use crate::policy::entities::Attr;
 use crate::policy::Policies;
-use cedar_policy_core::ast::{self, BinaryOp, ExprKind, Literal, Pattern, Var};
+use cedar_policy_core::ast::{self, BinaryOp, ExprKind, Literal, Pattern, UnaryOp, Var};
 use smol_str::SmolStr;
 use std::collections::HashSet;
-use std::fmt::Write;
 
-/// What the policy set can observe about strings.
+/// What the policy set can observe about strings and Longs.
+#[derive(Clone)]
 pub struct Abstraction {
     literals: HashSet<SmolStr>,
+    /// Long literals of the policies and Longs of the run, sorted, distinct.
+    longs: Vec<i64>,
     patterns: Vec<Pattern>,
     disabled: Option<String>,
+    /// When set, the only worker attributes the applicable policies read;
+    /// the others cannot change a verdict and are left out of the key.
+    reads: Option<HashSet<SmolStr>>,
+    /// `reads` as a mask over the attribute list's positions (the entity
+    /// builder always lists the same names in the same order), made at the
+    /// first key.
+    mask: std::sync::OnceLock<Vec<(&'static str, bool)>>,
 }
 
 impl Abstraction {
@@ -37,15 +64,17 @@ impl Abstraction {
     pub fn new(policies: &Policies, run_attrs: &[(&'static str, Attr<'_>)]) -> Abstraction {
         let set: &ast::PolicySet = policies.set.as_ref();
         let mut literals: HashSet<SmolStr> = HashSet::new();
+        let mut longs: Vec<i64> = Vec::new();
         for (_, attr) in run_attrs {
             match attr {
+                Attr::Long(n) => longs.push(*n),
                 Attr::Str(t) => {
                     literals.insert(SmolStr::from(t.as_ref()));
                 }
                 Attr::Set(items) => {
                     literals.extend(items.iter().map(|t| SmolStr::from(t.as_ref())))
                 }
-                Attr::Bool(_) | Attr::Long(_) => {}
+                Attr::Bool(_) => {}
             }
         }
         let mut patterns = Vec::new();
@@ -58,6 +87,25 @@ impl Abstraction {
                 match e.expr_kind() {
                     ExprKind::Lit(Literal::String(s)) => {
                         literals.insert(s.clone());
+                    }
+                    ExprKind::Lit(Literal::Long(n)) => longs.push(*n),
+                    // `-5` may reach us as a negation of the literal 5.
+                    ExprKind::UnaryApp {
+                        op: UnaryOp::Neg,
+                        arg,
+                    } => match arg.expr_kind() {
+                        ExprKind::Lit(Literal::Long(n)) => {
+                            longs.push(n.checked_neg().unwrap_or(i64::MIN))
+                        }
+                        _ => {
+                            disabled = Some(format!("policy {} negates a Long", policy.id()));
+                        }
+                    },
+                    ExprKind::BinaryApp {
+                        op: BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul,
+                        ..
+                    } => {
+                        disabled = Some(format!("policy {} does arithmetic on Longs", policy.id()));
                     }
                     ExprKind::Lit(Literal::EntityUID(uid))
                         if uid.entity_type().to_string() == "FleetRetire::Worker" =>
@@ -100,10 +148,70 @@ impl Abstraction {
                 ));
             }
         }
+        longs.sort_unstable();
+        longs.dedup();
         Abstraction {
             literals,
+            longs,
             patterns,
             disabled,
+            reads: None,
+            mask: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The same abstraction for requests of these actions only: the key
+    /// keeps just the worker attributes that a policy which can apply to
+    /// one of them reads. A policy scoped to another action is false at its
+    /// scope (Cedar's `&&` stops there) and reads nothing.
+    pub fn for_actions(mut self, policies: &Policies, actions: &[&str]) -> Abstraction {
+        use cedar_policy::ActionConstraint;
+        let mut reads = HashSet::new();
+        for policy in policies.set.policies() {
+            let applies = match policy.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(a) => actions.contains(&a.id().unescaped()),
+                ActionConstraint::In(list) => {
+                    list.iter().any(|a| actions.contains(&a.id().unescaped()))
+                }
+            };
+            if !applies {
+                continue;
+            }
+            let ast: &ast::Policy = policy.as_ref();
+            for e in ast.condition().subexpressions() {
+                if let ExprKind::GetAttr { expr, attr } | ExprKind::HasAttr { expr, attr } =
+                    e.expr_kind()
+                {
+                    if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource)) {
+                        reads.insert(attr.clone());
+                    }
+                }
+            }
+        }
+        self.reads = Some(reads);
+        self.mask = std::sync::OnceLock::new();
+        self
+    }
+
+    /// The worker attributes a key (and an evaluation) needs built.
+    pub fn attr_mask(&self) -> crate::policy::entities::AttrMask {
+        crate::policy::entities::AttrMask::of(|n| self.read(n))
+    }
+
+    fn read(&self, name: &str) -> bool {
+        self.reads.as_ref().is_none_or(|r| r.contains(name))
+    }
+
+    /// An abstraction that shares nothing: every row is evaluated alone.
+    pub fn off(why: &str) -> Abstraction {
+        Abstraction {
+            literals: HashSet::default(),
+            longs: Vec::new(),
+            patterns: Vec::new(),
+            disabled: Some(why.to_string()),
+            reads: None,
+            mask: std::sync::OnceLock::new(),
         }
     }
 
@@ -120,14 +228,63 @@ impl Abstraction {
             return false;
         }
         let mut placeholders: Vec<&str> = Vec::new();
-        for (name, value) in attrs {
+        let mask = self
+            .mask
+            .get_or_init(|| attrs.iter().map(|(n, _)| (*n, self.read(n))).collect());
+        let same_shape = mask.len() == attrs.len()
+            && mask
+                .iter()
+                .zip(attrs)
+                .all(|((m, _), (n, _))| std::ptr::eq(*m, *n) || m == n);
+        let keep = |i: usize, name: &str| {
+            if same_shape {
+                mask[i].1
+            } else {
+                self.read(name)
+            }
+        };
+        // The row's Longs (a handful), without a heap allocation.
+        let mut longs_buf = [0i64; 16];
+        let mut longs_len = 0;
+        for (i, (name, v)) in attrs.iter().enumerate() {
+            if let Attr::Long(n) = v {
+                if keep(i, name) && longs_len < longs_buf.len() {
+                    longs_buf[longs_len] = *n;
+                    longs_len += 1;
+                }
+            }
+        }
+        let row_longs = &mut longs_buf[..longs_len];
+        row_longs.sort_unstable();
+        let row_longs: &[i64] = row_longs;
+        for (name, value) in attrs
+            .iter()
+            .enumerate()
+            .filter(|(i, (name, _))| keep(*i, name))
+            .map(|(_, a)| a)
+        {
             out.push_str(name);
             out.push('=');
             match value {
                 Attr::Bool(b) => out.push(if *b { 'T' } else { 'F' }),
-                Attr::Long(n) => {
-                    let _ = write!(out, "L{n}");
-                }
+                Attr::Long(n) => match self.longs.binary_search(n) {
+                    Ok(i) => {
+                        out.push('E');
+                        push_num(out, i);
+                    }
+                    Err(i) => {
+                        // Strictly between literals i-1 and i: only its order
+                        // against the row's other Longs in that gap matters.
+                        let rank = row_longs
+                            .iter()
+                            .filter(|m| *m < n && self.longs.binary_search(m) == Err(i))
+                            .count();
+                        out.push('B');
+                        push_num(out, i);
+                        out.push('r');
+                        push_num(out, rank);
+                    }
+                },
                 Attr::Str(t) => self.encode(t, &mut placeholders, out),
                 Attr::Set(items) => {
                     out.push('[');
@@ -145,19 +302,42 @@ impl Abstraction {
 
     fn encode<'v>(&self, s: &'v str, placeholders: &mut Vec<&'v str>, out: &mut String) {
         if self.literals.contains(s) {
-            let _ = write!(out, "S{}:{s}", s.len());
+            out.push('S');
+            push_num(out, s.len());
+            out.push(':');
+            out.push_str(s);
             return;
         }
-        let k = match placeholders.iter().position(|p| *p == s) {
-            Some(k) => k,
-            None => {
-                placeholders.push(s);
-                placeholders.len() - 1
-            }
-        };
-        let _ = write!(out, "P{k}/");
+        out.push('P');
+        if let Some(k) = placeholders.iter().position(|p| *p == s) {
+            // The same string again: its patterns were written at its first
+            // occurrence.
+            push_num(out, k);
+            return;
+        }
+        placeholders.push(s);
+        push_num(out, placeholders.len() - 1);
+        out.push('/');
         for p in &self.patterns {
             out.push(if p.wildcard_match(s) { '1' } else { '0' });
         }
+    }
+}
+
+/// Decimal digits of `n`, without the formatting machinery (a key is built
+/// for every row).
+fn push_num(out: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for d in &digits[at..] {
+        out.push(char::from(*d));
     }
 }

@@ -250,11 +250,55 @@ fn validate(schema: &Schema, parsed: &Parsed) -> Result<()> {
             describe(w, &file, &text)
         ));
     }
+    problems.extend(first_stage_reads_aggregates(parsed));
     if problems.is_empty() {
         Ok(())
     } else {
         Err(policy_error(problems))
     }
+}
+
+/// A policy that can apply to a first-stage action must not read what is
+/// aggregated from first-stage answers: at that stage those attributes are
+/// still empty, so such a policy would judge on nothing.
+fn first_stage_reads_aggregates(parsed: &Parsed) -> Vec<String> {
+    use cedar_policy::ActionConstraint;
+    use cedar_policy_core::ast::{ExprKind, Var};
+    let first_stage = |uid: &cedar_policy::EntityUid| {
+        ["hold_identity_evidence", "occupy_instance_slot"].contains(&uid.id().unescaped())
+    };
+    let mut problems = Vec::new();
+    for policy in parsed.set.policies() {
+        let applies = match policy.action_constraint() {
+            ActionConstraint::Any => true,
+            ActionConstraint::Eq(uid) => first_stage(&uid),
+            ActionConstraint::In(uids) => uids.iter().any(first_stage),
+        };
+        if !applies {
+            continue;
+        }
+        let ast: &cedar_policy_core::ast::Policy = policy.as_ref();
+        let condition = ast.condition();
+        for e in condition.subexpressions() {
+            if let ExprKind::GetAttr { expr, attr } | ExprKind::HasAttr { expr, attr } =
+                e.expr_kind()
+            {
+                if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource))
+                    && entities::AGGREGATE_ATTRIBUTES.contains(&attr.as_str())
+                {
+                    let (file, _) = parsed.texts.get(policy.id()).cloned().unwrap_or_default();
+                    problems.push(format!(
+                        "{file}: policy {} can apply to a first-stage action \
+                         (hold_identity_evidence, occupy_instance_slot) and reads \
+                         resource.{attr}, which is collected from those actions' answers; \
+                         limit it to action == FleetRetire::Action::\"retire\"",
+                        policy.id()
+                    ));
+                }
+            }
+        }
+    }
+    problems
 }
 
 /// sha256 over `(file name, text)` pairs, sorted by name, as `sha256:<hex>`.
