@@ -97,16 +97,21 @@ pub fn micros_to_seconds(us: i64) -> f64 {
     best
 }
 
-/// The canonical TTL: the row's when it is a finite number above zero
-/// (integer, real, or wholly-decimal text; never a boolean), else 900.
-pub fn canonical_ttl(v: &Value) -> f64 {
-    let candidate = match v {
+/// A stored TTL as a number: an integer, a real, or wholly-decimal ASCII
+/// text; never a boolean (docs/semantics.md §2).
+fn stored_number(v: &Value) -> Option<f64> {
+    match v {
         Value::Int(i) => Some(*i as f64),
         Value::Real(f) => Some(*f),
         Value::Text(s) if is_decimal_number(s) => s.parse::<f64>().ok(),
         _ => None,
-    };
-    match candidate {
+    }
+}
+
+/// The canonical TTL: the row's when it is a finite number above zero
+/// (integer, real, or wholly-decimal text; never a boolean), else 900.
+pub fn canonical_ttl(v: &Value) -> f64 {
+    match stored_number(v) {
         Some(t) if t.is_finite() && t > 0.0 => t,
         _ => DEFAULT_TTL_SECONDS,
     }
@@ -132,13 +137,7 @@ pub struct TtlMeasure {
 /// Measure a stored TTL; the rules that turn it into the TTL a row is
 /// judged by (the 900-second default, "greater than zero") are Cedar's.
 pub fn measure_ttl(v: &Value) -> TtlMeasure {
-    let candidate = match v {
-        Value::Int(i) => Some(*i as f64),
-        Value::Real(f) => Some(*f),
-        Value::Text(s) if is_decimal_number(s) => s.parse::<f64>().ok(),
-        _ => None,
-    };
-    match candidate.filter(|t| t.is_finite()) {
+    match stored_number(v).filter(|t| t.is_finite()) {
         None => TtlMeasure {
             number: false,
             sign: 0,

@@ -416,6 +416,20 @@ fn cvc5_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Whether cvc5 is here to prove with. CI installs it: there a missing
+/// solver must not pass as a skip.
+fn proofs_can_run() -> bool {
+    if cvc5_available() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "cvc5 is required under CI=true; .ci/run installs it"
+    );
+    eprintln!("skipped: cvc5 is not installed (Debian package cvc5; .ci/run installs it)");
+    false
+}
+
 fn copy_policies(dir: &Path) {
     std::fs::create_dir_all(dir.join("properties")).unwrap();
     for f in [
@@ -438,13 +452,7 @@ fn fleet_retire(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn verify_proves_our_policies_and_catches_a_deleted_forbid() {
-    if !cvc5_available() {
-        // CI installs cvc5: there a missing solver must not pass as a skip.
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "cvc5 is required under CI=true; .ci/run installs it"
-        );
-        eprintln!("skipped: cvc5 is not installed (Debian package cvc5; .ci/run installs it)");
+    if !proofs_can_run() {
         return;
     }
     let out = fleet_retire(&["policy", "verify"]);
@@ -591,12 +599,7 @@ fn policy_list_matches_the_reason_codes_the_program_knows() {
 /// decision, so every proof still holds without it.
 #[test]
 fn deleting_any_forbid_fails_a_proof_or_is_proved_shadowed() {
-    if !cvc5_available() {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "cvc5 is required under CI=true; .ci/run installs it"
-        );
-        eprintln!("skipped: cvc5 is not installed (Debian package cvc5; .ci/run installs it)");
+    if !proofs_can_run() {
         return;
     }
     let verify = |dir: Option<&Path>| -> (Option<i32>, serde_json::Value) {
