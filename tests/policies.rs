@@ -430,6 +430,22 @@ fn proofs_can_run() -> bool {
     false
 }
 
+/// A copy of the built-in policy folder without the policy `id` (its
+/// block of retirement.cedar, comments included).
+fn copy_without(id: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_policies(dir.path());
+    let path = dir.path().join("retirement.cedar");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = text
+        .split("\n\n")
+        .filter(|b| !b.contains(&format!("@id(\"{id}\")")))
+        .collect();
+    assert_eq!(kept.len() + 1, text.split("\n\n").count(), "{id} removed");
+    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    dir
+}
+
 fn copy_policies(dir: &Path) {
     std::fs::create_dir_all(dir.join("properties")).unwrap();
     for f in [
@@ -470,15 +486,7 @@ fn verify_proves_our_policies_and_catches_a_deleted_forbid() {
 
     // Weaken: delete the pid-alive forbid. A row from an earlier boot whose
     // pid now runs, with an expired heartbeat, would be retired.
-    let dir = tempfile::tempdir().unwrap();
-    copy_policies(dir.path());
-    let path = dir.path().join("retirement.cedar");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let kept: Vec<&str> = text
-        .split("\n\n")
-        .filter(|b| !b.contains("@id(\"pid-alive\")"))
-        .collect();
-    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    let dir = copy_without("pid-alive");
     let out = fleet_retire(&[
         "--policies",
         dir.path().to_str().unwrap(),
@@ -628,16 +636,7 @@ fn deleting_any_forbid_fails_a_proof_or_is_proved_shadowed() {
     let (mut guarded, mut shadowed) = (0, 0);
     for f in forbids {
         let id = f["forbid"].as_str().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        copy_policies(dir.path());
-        let path = dir.path().join("retirement.cedar");
-        let text = std::fs::read_to_string(&path).unwrap();
-        let kept: Vec<&str> = text
-            .split("\n\n")
-            .filter(|b| !b.contains(&format!("@id(\"{id}\")")))
-            .collect();
-        assert_eq!(kept.len() + 1, text.split("\n\n").count(), "{id} removed");
-        std::fs::write(&path, kept.join("\n\n")).unwrap();
+        let dir = copy_without(id);
         let (code, doc) = verify(Some(dir.path()));
         let failed: Vec<&str> = doc["proofs"]
             .as_array()
