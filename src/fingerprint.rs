@@ -172,24 +172,71 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Both tokens of a plan, computed once:
-/// `(registry_fingerprint, candidate_fingerprint)`.
-pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool) -> (String, String) {
-    let all: Vec<&Row> = rows.iter().collect();
-    let candidates: Vec<&Row> = rows
+/// `(registry_fingerprint, candidate_fingerprint)`. The candidates' sorted
+/// order is the registry's with the others left out, so the rows are sorted
+/// once and each is serialized once, feeding the registry digest and, when
+/// it is a candidate, the candidate digest. Serialization runs on every
+/// core a window of chunks at a time (memory stays at a few chunks, not a
+/// second copy of the registry); hashing follows in order.
+pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool + Sync) -> (String, String) {
+    let order = sorted_by_serialization(rows.iter().collect());
+    // Registry positions in sorted order (the rows are a slice, so a row's
+    // index is its offset from the first).
+    let index_of = |r: &Row| (r as *const Row as usize - rows.as_ptr() as usize) / size_of::<Row>();
+    let sorted: Vec<(usize, bool)> = order
         .iter()
-        .enumerate()
-        .filter(|(i, _)| is_candidate(*i))
-        .map(|(_, r)| r)
+        .map(|r| {
+            let i = index_of(r);
+            (i, is_candidate(i))
+        })
         .collect();
-    // The two digests are independent; hash them side by side.
-    std::thread::scope(|scope| {
-        let registry = scope.spawn(|| digest_rows("registryfp-v1", all, "registryfp"));
-        let candidate = digest_rows("candidatefp-v1", candidates, "candidatefp");
-        (
-            registry.join().expect("fingerprint thread panicked"),
-            candidate,
-        )
-    })
+    drop(order);
+    let candidates = sorted.iter().filter(|(_, c)| *c).count();
+    let start = |version: &str, count: usize| {
+        let mut h = Sha256::new();
+        h.update(version.as_bytes());
+        h.update(RECORD.to_string().as_bytes());
+        h.update(count.to_string().as_bytes());
+        h
+    };
+    let mut registry = start("registryfp-v1", sorted.len());
+    let mut candidate = start("candidatefp-v1", candidates);
+    const CHUNK: usize = 2048;
+    let chunks: Vec<&[(usize, bool)]> = sorted.chunks(CHUNK).collect();
+    crate::pool::par_map_ordered(
+        &chunks,
+        |chunk| serialize_chunk(rows, chunk),
+        |(text, runs)| {
+            registry.update(text.as_bytes());
+            for run in runs {
+                candidate.update(&text.as_bytes()[run]);
+            }
+        },
+    );
+    let finish = |h: Sha256, prefix: &str| format!("{prefix}-{}", &hex(&h.finalize())[..32]);
+    (
+        finish(registry, "registryfp"),
+        finish(candidate, "candidatefp"),
+    )
+}
+
+/// The units (record separator, then the serialization) of `chunk`'s rows
+/// in order, and the byte ranges of the runs of candidate units among them.
+fn serialize_chunk(rows: &[Row], chunk: &[(usize, bool)]) -> (String, Vec<std::ops::Range<usize>>) {
+    let mut text = String::with_capacity(chunk.len() * 700);
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for &(i, is_candidate) in chunk {
+        let at = text.len();
+        text.push(RECORD);
+        serialize_row_into(&rows[i], &mut text);
+        if is_candidate {
+            match runs.last_mut() {
+                Some(run) if run.end == at => run.end = text.len(),
+                _ => runs.push(at..text.len()),
+            }
+        }
+    }
+    (text, runs)
 }
 
 /// Token over every registry row; order-independent, time-independent.

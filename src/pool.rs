@@ -31,6 +31,48 @@ pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sy
     })
 }
 
+/// Map `f` over `items` on every core and hand the results to `consume`
+/// in order, as they come: worker `w` maps items `w`, `w + n`, … and waits
+/// while its last result is unconsumed, so at most about two results per
+/// core exist at once (for streams too large to hold mapped in full).
+pub fn par_map_ordered<T: Sync, U: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> U + Sync,
+    mut consume: impl FnMut(U),
+) {
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 8)
+        .min(items.len());
+    if workers <= 1 {
+        items.iter().map(&f).for_each(consume);
+        return;
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let receivers: Vec<std::sync::mpsc::Receiver<U>> = (0..workers)
+            .map(|w| {
+                let (send, receive) = std::sync::mpsc::sync_channel(1);
+                scope.spawn(move || {
+                    for item in items.iter().skip(w).step_by(workers) {
+                        if send.send(f(item)).is_err() {
+                            return;
+                        }
+                    }
+                });
+                receive
+            })
+            .collect();
+        for i in 0..items.len() {
+            let result = receivers[i % workers]
+                .recv()
+                .expect("worker thread panicked");
+            consume(result);
+        }
+    });
+}
+
 /// A plan of a large registry allocates and frees hundreds of megabytes,
 /// much of it on the pool's threads. glibc keeps freed memory in per-thread
 /// arenas, where the next thread's allocations may not reuse it: a server

@@ -24,6 +24,7 @@ use crate::reasons::Reason;
 use crate::row::{Col, Row};
 use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
 use cedar_policy_core::extensions::Extensions;
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, HashMap};
@@ -179,7 +180,7 @@ impl Judge<'_> {
         // 1. Group the rows by situation, each core its share of the rows.
         let indices: Vec<usize> = (0..rows.len()).collect();
         let groups: Vec<(String, Vec<usize>)> = par_chunks(&indices, |chunk| {
-            let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
+            let mut by_key: FxHashMap<String, Vec<usize>> = FxHashMap::default();
             let mut key = String::with_capacity(512);
             for &i in chunk {
                 abstraction.key(&attrs_of(i), &mut key);
@@ -193,7 +194,8 @@ impl Judge<'_> {
             by_key.into_iter().collect()
         });
         // 2. One group per situation across the cores.
-        let mut merged: HashMap<String, Vec<usize>> = HashMap::with_capacity(groups.len());
+        let mut merged: FxHashMap<String, Vec<usize>> =
+            FxHashMap::with_capacity_and_hasher(groups.len(), Default::default());
         for (key, members) in groups {
             merged.entry(key).or_default().extend(members);
         }
@@ -536,6 +538,57 @@ impl Plan {
         }
     }
 
+    /// Each distinct verdict's members of an entry (`reason_code` through
+    /// `policy_ids`, as `EntryJson` writes them), rendered once: rows in the
+    /// same situation share their verdict, so a large plan has a few
+    /// thousand of these for its hundred thousand rows.
+    fn verdict_fragments(&self) -> FxHashMap<usize, Vec<u8>> {
+        let mut out: FxHashMap<usize, Vec<u8>> = FxHashMap::default();
+        for entry in &self.entries {
+            out.entry(Arc::as_ptr(&entry.verdict) as usize)
+                .or_insert_with(|| {
+                    let mut json = serde_json::to_vec(&self.entry_json(entry))
+                        .expect("plan entries serialise");
+                    // `{"worker_identity":…,` + fragment + `,"evidence":{…}}`: keep
+                    // the fragment by rendering the entry with both ends known.
+                    let head = serde_json::to_vec(&self.rows[entry.index].get(Col::WorkerIdentity))
+                        .expect("values serialise");
+                    let tail =
+                        serde_json::to_vec(&self.evidence(entry)).expect("evidence serialises");
+                    let start = b"{\"worker_identity\":".len() + head.len() + 1;
+                    let end = json.len() - b",\"evidence\":".len() - tail.len() - 1;
+                    json.truncate(end);
+                    json.drain(..start);
+                    json
+                });
+        }
+        out
+    }
+
+    /// `chunk`'s entries as the lines of a list (`first`: the list's first
+    /// chunk, which starts without a comma), byte for byte what serialising
+    /// `entry_json` gives.
+    fn render_entries(
+        &self,
+        chunk: &[&Entry],
+        first: bool,
+        verdicts: &FxHashMap<usize, Vec<u8>>,
+    ) -> Vec<u8> {
+        let mut out = Vec::with_capacity(chunk.len() * 1536);
+        for (n, entry) in chunk.iter().enumerate() {
+            out.extend_from_slice(if first && n == 0 { b"\n" } else { b",\n" });
+            out.extend_from_slice(b"{\"worker_identity\":");
+            serde_json::to_writer(&mut out, self.rows[entry.index].get(Col::WorkerIdentity))
+                .expect("values serialise");
+            out.push(b',');
+            out.extend_from_slice(&verdicts[&(Arc::as_ptr(&entry.verdict) as usize)]);
+            out.extend_from_slice(b",\"evidence\":");
+            serde_json::to_writer(&mut out, &self.evidence(entry)).expect("evidence serialises");
+            out.push(b'}');
+        }
+        out
+    }
+
     fn write_json_with(
         &self,
         w: &mut dyn Write,
@@ -547,26 +600,32 @@ impl Plan {
                 writeln!(w, "{}: {},", Json::String(k), v)?;
             }
         }
+        let verdicts = self.verdict_fragments();
         for (key, candidates) in [("candidates", true), ("preserved", false)] {
             write!(w, "\"{key}\": [")?;
-            let mut first = true;
             let selected: Vec<&Entry> = self
                 .entries
                 .iter()
                 .filter(|e| e.is_candidate() == candidates)
                 .collect();
-            // Render a batch on every core, then write it in order; only one
-            // batch of text is held at a time.
-            for batch in selected.chunks(8192) {
-                let rendered: Vec<Vec<u8>> = par_map(batch, |e| {
-                    serde_json::to_vec(&self.entry_json(e)).expect("plan entries serialise")
-                });
-                for text in rendered {
-                    w.write_all(if first { b"\n" } else { b",\n" })?;
-                    first = false;
-                    w.write_all(&text)?;
-                }
-            }
+            // Render chunks on every core and write them in order as they
+            // come; only a few chunks of text exist at a time.
+            let chunks: Vec<(bool, &[&Entry])> = selected
+                .chunks(2048)
+                .enumerate()
+                .map(|(n, c)| (n == 0, c))
+                .collect();
+            let mut written = Ok(());
+            crate::pool::par_map_ordered(
+                &chunks,
+                |(first, chunk)| self.render_entries(chunk, *first, &verdicts),
+                |text| {
+                    if written.is_ok() {
+                        written = w.write_all(&text);
+                    }
+                },
+            );
+            written?;
             w.write_all(if key == "candidates" || extra.is_some() {
                 b"\n],\n"
             } else {

@@ -232,6 +232,18 @@ impl AttrMask {
     }
 }
 
+/// Every column, sorted by name: `blank_fields` lists names in this order,
+/// already sorted and distinct as a Cedar set's items are kept.
+fn columns_by_name() -> &'static [Col] {
+    static SORTED: std::sync::OnceLock<Vec<Col>> = std::sync::OnceLock::new();
+    SORTED.get_or_init(|| {
+        let mut cols = COLUMNS.to_vec();
+        cols.sort_by_key(|c| c.name());
+        cols.dedup_by_key(|c| c.name());
+        cols
+    })
+}
+
 /// A worker's attributes, in schema order: measurements of the row, and
 /// the aggregates of `obs.peers` (zero and empty before the first stage).
 pub fn worker_attrs<'a>(
@@ -256,10 +268,19 @@ pub fn worker_attrs_where<'a>(
     let ttl = || {
         *ttl_cell.get_or_init(|| crate::liveness::measure_ttl(row.get(Col::HeartbeatTtlSeconds)))
     };
-    // Positions 15 and 16: repository_binding_key and repository_binding.
-    let binding: Option<String> = (mask.has(15) || mask.has(16))
-        .then(|| row.get(Col::RepositoryBinding).stripped_cow().into_owned());
-    let binding_text = || binding.as_deref().unwrap_or("");
+    // Positions 15 and 16: repository_binding_key and repository_binding,
+    // borrowed from the row unless stripping had to render a non-text value.
+    let binding: Cow<'a, str> = if mask.has(15) || mask.has(16) {
+        row.get(Col::RepositoryBinding).stripped_cow()
+    } else {
+        Cow::Borrowed("")
+    };
+    let binding_part = |part: fn(&str) -> &str| -> Attr<'a> {
+        match &binding {
+            Cow::Borrowed(b) => s(part(b)),
+            Cow::Owned(b) => s(part(b).to_string()),
+        }
+    };
     let mut out = Vec::with_capacity(WORKER_ATTRIBUTES.len());
     let mut at = 0usize;
     let mut add = |value: &dyn Fn() -> Attr<'a>| {
@@ -272,10 +293,13 @@ pub fn worker_attrs_where<'a>(
     add(&|| Attr::Long(obs.identity_row_count as i64));
     add(&|| s(row.get(Col::Status).or_empty_cow()));
     add(&|| {
-        set(COLUMNS
-            .iter()
-            .filter(|c| row.get(**c).is_blank())
-            .map(|c| c.name()))
+        Attr::Set(
+            columns_by_name()
+                .iter()
+                .filter(|c| row.get(**c).is_blank())
+                .map(|c| Cow::Borrowed(c.name()))
+                .collect(),
+        )
     });
     add(&|| Attr::Bool(age().is_some()));
     add(&|| Attr::Long(age().unwrap_or(0)));
@@ -294,8 +318,8 @@ pub fn worker_attrs_where<'a>(
     add(&|| s(row.get(Col::BootId).stripped_cow()));
     add(&|| s(row.get(Col::ProcessStartTime).stripped_cow()));
     add(&|| s(row.get(Col::PidNamespace).stripped_cow()));
-    add(&|| s(binding_text().trim_end_matches('/').to_string()));
-    add(&|| s(binding_text().to_string()));
+    add(&|| binding_part(|b| b.trim_end_matches('/')));
+    add(&|| binding_part(|b| b));
     add(&|| s(row.get(Col::ClientInstanceId).stripped_cow()));
     add(&|| s(row.get(Col::InstanceIdSource).as_text().unwrap_or("")));
     add(&|| s(row.get(Col::SessionId).canon_cow()));

@@ -8,7 +8,10 @@
 //! every string that equals a policy literal or a value of the run entity,
 //! and replaces every other string by a placeholder numbered by its first
 //! occurrence in the row, tagged with the `like` patterns it matches.
-//! Booleans are kept exactly.
+//! A `like` whose subject is `resource.A` can only ever see the string in
+//! attribute `A`, so its bit is written at every occurrence in `A` and
+//! nowhere else; a `like` on anything else is tested at every string's
+//! first occurrence. Booleans are kept exactly.
 //!
 //! Longs (a heartbeat's age in microseconds differs on every row) are kept
 //! only as far as comparisons can tell them apart. Without arithmetic,
@@ -37,9 +40,11 @@
 
 use crate::policy::entities::Attr;
 use crate::policy::Policies;
-use cedar_policy_core::ast::{self, BinaryOp, ExprKind, Literal, Pattern, UnaryOp, Var};
+use cedar_policy_core::ast::{
+    self, BinaryOp, ExprKind, Literal, Pattern, PatternElem, UnaryOp, Var,
+};
+use rustc_hash::FxHashSet as HashSet;
 use smol_str::SmolStr;
-use std::collections::HashSet;
 
 /// What the policy set can observe about strings and Longs.
 #[derive(Clone)]
@@ -47,7 +52,9 @@ pub struct Abstraction {
     literals: HashSet<SmolStr>,
     /// Long literals of the policies and Longs of the run, sorted, distinct.
     longs: Vec<i64>,
-    patterns: Vec<Pattern>,
+    /// Each `like` pattern with the one worker attribute it is applied to
+    /// (`None`: its subject is something else, so it is tested everywhere).
+    patterns: Vec<(Glob, Option<SmolStr>)>,
     disabled: Option<String>,
     /// When set, the only worker attributes the applicable policies read;
     /// the others cannot change a verdict and are left out of the key.
@@ -63,7 +70,7 @@ impl Abstraction {
     /// entity (equal for every row, so kept verbatim).
     pub fn new(policies: &Policies, run_attrs: &[(&'static str, Attr<'_>)]) -> Abstraction {
         let set: &ast::PolicySet = policies.set.as_ref();
-        let mut literals: HashSet<SmolStr> = HashSet::new();
+        let mut literals: HashSet<SmolStr> = HashSet::default();
         let mut longs: Vec<i64> = Vec::new();
         for (_, attr) in run_attrs {
             match attr {
@@ -112,7 +119,17 @@ impl Abstraction {
                     {
                         disabled = Some(format!("policy {} names a worker entity", policy.id()));
                     }
-                    ExprKind::Like { pattern, .. } => patterns.push(pattern.clone()),
+                    ExprKind::Like { pattern, expr } => {
+                        let subject = match expr.expr_kind() {
+                            ExprKind::GetAttr { expr, attr }
+                                if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource)) =>
+                            {
+                                Some(attr.clone())
+                            }
+                            _ => None,
+                        };
+                        patterns.push((Glob::of(pattern), subject));
+                    }
                     ExprKind::ExtensionFunctionApp { fn_name, .. } => {
                         disabled = Some(format!("policy {} calls {fn_name}", policy.id()));
                     }
@@ -166,7 +183,7 @@ impl Abstraction {
     /// scope (Cedar's `&&` stops there) and reads nothing.
     pub fn for_actions(mut self, policies: &Policies, actions: &[&str]) -> Abstraction {
         use cedar_policy::ActionConstraint;
-        let mut reads = HashSet::new();
+        let mut reads = HashSet::default();
         for policy in policies.set.policies() {
             let applies = match policy.action_constraint() {
                 ActionConstraint::Any => true,
@@ -227,7 +244,7 @@ impl Abstraction {
         if self.disabled.is_some() {
             return false;
         }
-        let mut placeholders: Vec<&str> = Vec::new();
+        let mut placeholders: Vec<&str> = Vec::with_capacity(attrs.len() + 8);
         let mask = self
             .mask
             .get_or_init(|| attrs.iter().map(|(n, _)| (*n, self.read(n))).collect());
@@ -257,14 +274,20 @@ impl Abstraction {
         let row_longs = &mut longs_buf[..longs_len];
         row_longs.sort_unstable();
         let row_longs: &[i64] = row_longs;
+        out.push(if same_shape { '#' } else { '@' });
         for (name, value) in attrs
             .iter()
             .enumerate()
             .filter(|(i, (name, _))| keep(*i, name))
             .map(|(_, a)| a)
         {
-            out.push_str(name);
-            out.push('=');
+            // A key of the usual shape names each attribute by its place;
+            // any other spells the names out ('#' and '@' keep the two
+            // kinds apart).
+            if !same_shape {
+                out.push_str(name);
+                out.push('=');
+            }
             match value {
                 Attr::Bool(b) => out.push(if *b { 'T' } else { 'F' }),
                 Attr::Long(n) => match self.longs.binary_search(n) {
@@ -285,11 +308,11 @@ impl Abstraction {
                         push_num(out, rank);
                     }
                 },
-                Attr::Str(t) => self.encode(t, &mut placeholders, out),
+                Attr::Str(t) => self.encode(name, t, &mut placeholders, out),
                 Attr::Set(items) => {
                     out.push('[');
                     for t in items {
-                        self.encode(t, &mut placeholders, out);
+                        self.encode(name, t, &mut placeholders, out);
                         out.push(',');
                     }
                     out.push(']');
@@ -300,7 +323,13 @@ impl Abstraction {
         true
     }
 
-    fn encode<'v>(&self, s: &'v str, placeholders: &mut Vec<&'v str>, out: &mut String) {
+    fn encode<'v>(
+        &self,
+        attribute: &str,
+        s: &'v str,
+        placeholders: &mut Vec<&'v str>,
+        out: &mut String,
+    ) {
         if self.literals.contains(s) {
             out.push('S');
             push_num(out, s.len());
@@ -309,18 +338,80 @@ impl Abstraction {
             return;
         }
         out.push('P');
-        if let Some(k) = placeholders.iter().position(|p| *p == s) {
-            // The same string again: its patterns were written at its first
-            // occurrence.
-            push_num(out, k);
-            return;
-        }
-        placeholders.push(s);
-        push_num(out, placeholders.len() - 1);
+        let first = match placeholders.iter().position(|p| *p == s) {
+            Some(k) => {
+                push_num(out, k);
+                false
+            }
+            None => {
+                placeholders.push(s);
+                push_num(out, placeholders.len() - 1);
+                true
+            }
+        };
+        // A pattern aimed at this attribute is written at every occurrence
+        // here; one aimed at no particular attribute, at the string's first
+        // occurrence (the bit is a function of the string).
         out.push('/');
-        for p in &self.patterns {
-            out.push(if p.wildcard_match(s) { '1' } else { '0' });
+        for (p, subject) in &self.patterns {
+            let applies = match subject {
+                Some(a) => a.as_str() == attribute,
+                None => first,
+            };
+            if applies {
+                out.push(if p.matches(s) { '1' } else { '0' });
+            }
         }
+    }
+}
+
+/// A Cedar `like` pattern as its literal pieces between wildcards, matched
+/// without allocating (Cedar's own matcher copies the text into a vector of
+/// chars; the key tests one string per row). A test holds it to Cedar's.
+#[derive(Clone, Debug)]
+struct Glob {
+    /// The text between wildcards, in order; `pieces.len()` is one more
+    /// than the number of wildcards (consecutive wildcards give empty
+    /// pieces, which match anywhere).
+    pieces: Vec<String>,
+}
+
+impl Glob {
+    fn of(pattern: &Pattern) -> Glob {
+        let mut pieces = vec![String::new()];
+        for e in pattern.iter() {
+            match e {
+                PatternElem::Char(c) => pieces.last_mut().expect("never empty").push(*c),
+                PatternElem::Wildcard => pieces.push(String::new()),
+            }
+        }
+        Glob { pieces }
+    }
+
+    /// Whether `text` matches: the first piece is a prefix, the last a
+    /// suffix after it, and the middle pieces occur in order between them
+    /// (taking each at its leftmost place leaves the most room for the
+    /// rest). UTF-8 is self-synchronising, so byte-wise substring search
+    /// finds exactly the char-wise matches.
+    fn matches(&self, text: &str) -> bool {
+        let (first, rest) = self.pieces.split_first().expect("never empty");
+        let Some((last, middle)) = rest.split_last() else {
+            return text == first;
+        };
+        if text.len() < first.len() + last.len()
+            || !text.starts_with(first.as_str())
+            || !text.ends_with(last.as_str())
+        {
+            return false;
+        }
+        let mut between = &text[first.len()..text.len() - last.len()];
+        for piece in middle {
+            match between.find(piece.as_str()) {
+                Some(at) => between = &between[at + piece.len()..],
+                None => return false,
+            }
+        }
+        true
     }
 }
 
@@ -339,5 +430,54 @@ fn push_num(out: &mut String, mut n: usize) {
     }
     for d in &digits[at..] {
         out.push(char::from(*d));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key's matcher answers as Cedar's on every pattern and text over
+    /// a small alphabet (wildcards, repeats, multi-byte chars, the empty
+    /// string), all lengths up to four.
+    #[test]
+    fn glob_matches_exactly_what_cedar_matches() {
+        let alphabet = ['a', 'b', 'é', '*'];
+        let mut strings = vec![String::new()];
+        let mut frontier = vec![String::new()];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for s in &frontier {
+                for c in alphabet {
+                    let mut t = s.clone();
+                    t.push(c);
+                    next.push(t);
+                }
+            }
+            strings.extend(next.iter().cloned());
+            frontier = next;
+        }
+        let mut checked = 0;
+        for p in &strings {
+            // In a pattern, '*' is the wildcard; in a text, a plain char.
+            let elems: Vec<PatternElem> = p
+                .chars()
+                .map(|c| match c {
+                    '*' => PatternElem::Wildcard,
+                    c => PatternElem::Char(c),
+                })
+                .collect();
+            let pattern = Pattern::from(elems);
+            let glob = Glob::of(&pattern);
+            for t in &strings {
+                assert_eq!(
+                    glob.matches(t),
+                    pattern.wildcard_match(t),
+                    "pattern {p:?} text {t:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 100_000);
     }
 }
