@@ -63,14 +63,30 @@ pub fn serialize_row(row: &Row) -> String {
 
 /// [`serialize_row`], appended to `out`.
 pub fn serialize_row_into(row: &Row, out: &mut String) {
-    for (i, col) in FINGERPRINT_FIELDS.iter().enumerate() {
-        if i > 0 {
-            out.push(UNIT);
-        }
-        out.push_str(col.name());
-        out.push('=');
+    for (col, label) in FINGERPRINT_FIELDS.iter().zip(field_labels()) {
+        out.push_str(label);
         row.get(*col).write_canon(out);
     }
+}
+
+/// What precedes each field's value: `name=`, after a unit separator for
+/// all but the first.
+fn field_labels() -> &'static [String] {
+    static LABELS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    LABELS.get_or_init(|| {
+        FINGERPRINT_FIELDS
+            .iter()
+            .enumerate()
+            .map(|(i, col)| {
+                let sep = if i > 0 {
+                    UNIT.to_string()
+                } else {
+                    String::new()
+                };
+                format!("{sep}{}=", col.name())
+            })
+            .collect()
+    })
 }
 
 /// Rows in the order of their serializations, without writing them all

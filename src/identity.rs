@@ -82,8 +82,13 @@ pub fn assess_instance_identity(raw: Option<&str>, source: Option<&str>) -> Inst
             trusted: false,
         };
     }
-    let lowered = text.to_lowercase();
-    let legacy = LEGACY_PREFIXES.iter().any(|p| lowered.starts_with(p))
+    // `text.to_lowercase().starts_with(p)`, without building the lowered
+    // copy (the prefix is compared with the lowered chars as they come).
+    let lowered_starts_with = |prefix: &str| {
+        let mut lowered = text.chars().flat_map(char::to_lowercase);
+        prefix.chars().all(|c| lowered.next() == Some(c))
+    };
+    let legacy = LEGACY_PREFIXES.iter().any(|p| lowered_starts_with(p))
         || source == Some("pid_fallback")
         || !text.starts_with(TRUSTED_INSTANCE_PREFIX)
         || text.len() <= TRUSTED_INSTANCE_PREFIX.len();
@@ -109,6 +114,17 @@ mod tests {
         assert_eq!(normalize_client_name(Some("")), "unknown");
         assert_eq!(normalize_client_name(Some("vim")), "unknown");
         assert_eq!(normalize_client_name(None), "unknown");
+    }
+
+    /// Legacy prefixes are found whatever their case.
+    #[test]
+    fn legacy_prefixes_are_matched_on_the_lowered_text() {
+        assert!(!assess_instance_identity(Some("PID-7"), None).trusted);
+        assert!(!assess_instance_identity(Some("Legacy-x"), None).trusted);
+        assert_eq!(
+            assess_instance_identity(Some("Proc-inst-x"), None).provenance,
+            "legacy_incomplete"
+        );
     }
 
     #[test]

@@ -166,20 +166,21 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
 
 /// Per row, how many rows carry its (non-empty) identity.
 fn identity_row_counts(rows: &[Row]) -> Vec<usize> {
-    let mut counts: HashMap<Cow<str>, usize> = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let id = row.get(Col::WorkerIdentity).canon_cow();
-        if !id.is_empty() {
-            *counts.entry(id).or_default() += 1;
-        }
+    let ids: Vec<Cow<str>> = rows
+        .iter()
+        .map(|row| row.get(Col::WorkerIdentity).canon_cow())
+        .collect();
+    let mut counts: rustc_hash::FxHashMap<&str, usize> =
+        rustc_hash::FxHashMap::with_capacity_and_hasher(rows.len(), Default::default());
+    for id in ids.iter().filter(|id| !id.is_empty()) {
+        *counts.entry(id.as_ref()).or_default() += 1;
     }
-    rows.iter()
-        .map(|row| {
-            let id = row.get(Col::WorkerIdentity).canon_cow();
+    ids.iter()
+        .map(|id| {
             if id.is_empty() {
                 0
             } else {
-                counts.get(&id).copied().unwrap_or(0)
+                counts.get(id.as_ref()).copied().unwrap_or(0)
             }
         })
         .collect()
@@ -286,16 +287,16 @@ fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observa
     let ownership = ownership_state(row, live, historical, identity.trusted);
     let p = &facts.protections;
     let mut protected_hits = Vec::new();
-    let id = row.get(Col::WorkerIdentity).canon();
-    if !id.is_empty() && p.worker_identities.contains(&id) {
+    let id = row.get(Col::WorkerIdentity).canon_cow();
+    if !id.is_empty() && p.worker_identities.contains(id.as_ref()) {
         protected_hits.push(format!("worker_identity={id}"));
     }
-    let session = row.get(Col::SessionId).canon();
-    if p.session_ids.contains(&session) {
+    let session = row.get(Col::SessionId).canon_cow();
+    if p.session_ids.contains(session.as_ref()) {
         protected_hits.push(format!("session_id={session}"));
     }
-    let pid_text = row.get(Col::Pid).canon();
-    if p.pids.contains(&pid_text) {
+    let pid_text = row.get(Col::Pid).canon_cow();
+    if p.pids.contains(pid_text.as_ref()) {
         protected_hits.push(format!("pid={pid_text}"));
     }
     Observation {

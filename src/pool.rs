@@ -24,10 +24,17 @@ pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sy
             .chunks(per)
             .map(|chunk| scope.spawn(move || f(chunk)))
             .collect();
-        handles
+        let parts: Vec<Vec<U>> = handles
             .into_iter()
-            .flat_map(|h| h.join().expect("worker thread panicked"))
-            .collect()
+            .map(|h| h.join().expect("worker thread panicked"))
+            .collect();
+        // One allocation of the final size, not a doubling series of
+        // copies of a large result.
+        let mut out = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+        for part in parts {
+            out.extend(part);
+        }
+        out
     })
 }
 

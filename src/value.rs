@@ -68,12 +68,9 @@ impl Value {
     /// Append the canonical text to `out` (no intermediate allocation for
     /// the common storage classes).
     pub fn write_canon(&self, out: &mut String) {
-        use std::fmt::Write;
         match self {
             Value::Null => {}
-            Value::Int(i) => {
-                let _ = write!(out, "{i}");
-            }
+            Value::Int(i) => out.push_str(itoa::Buffer::new().format(*i)),
             Value::Text(s) => out.push_str(s),
             other => out.push_str(&other.canon()),
         }

@@ -59,6 +59,7 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
         };
         write(out).map_err(Error::io(out, "cannot write the plan"))?;
     }
+    let started = std::time::Instant::now();
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     let written = match cli.format {
@@ -77,6 +78,7 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
         ),
     };
     written.and_then(|_| w.flush()).map_err(Error::Output)?;
+    tracing::debug!(elapsed = ?started.elapsed(), "plan written");
     // The process ends next: returning a large registry's rows to the
     // allocator one by one would only add time.
     std::mem::forget(plan);

@@ -64,6 +64,29 @@ impl Entry {
     }
 }
 
+/// Where a plan's time went, and how often Cedar was asked: measurements
+/// for benchmarks and `--log` debugging, never part of the plan document.
+#[derive(Debug, Clone, Default)]
+pub struct PlanStats {
+    /// Reading the registry and the lease store (when the plan read them).
+    pub read: std::time::Duration,
+    /// Probing and measuring every row.
+    pub observe: std::time::Duration,
+    /// The first stage (`hold_identity_evidence`, `occupy_instance_slot`).
+    pub first_stage: std::time::Duration,
+    /// Collecting the first stage's answers into each row's peer facts.
+    pub peers: std::time::Duration,
+    /// The retire stage.
+    pub retire_stage: std::time::Duration,
+    /// The registry and candidate tokens.
+    pub tokens: std::time::Duration,
+    /// Cedar evaluations in the first stage (one per situation; each asks
+    /// both first-stage actions).
+    pub first_stage_evaluations: usize,
+    /// Cedar evaluations in the retire stage.
+    pub retire_evaluations: usize,
+}
+
 /// A complete plan.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -83,6 +106,8 @@ pub struct Plan {
     pub policy_fingerprint: String,
     /// What the run was told and observed.
     pub facts: RunFacts,
+    /// Where the time went.
+    pub stats: PlanStats,
 }
 
 /// Ask Cedar about every row, in two stages. First each row on its own:
@@ -97,6 +122,7 @@ fn judge_all(
     facts: &RunFacts,
     policies: &Policies,
     memo: bool,
+    stats: &mut PlanStats,
 ) -> Vec<Arc<Verdict>> {
     let run_attrs = run_attrs(facts);
     let abstraction = if memo {
@@ -118,23 +144,26 @@ fn judge_all(
         policies,
         &["hold_identity_evidence", "occupy_instance_slot"],
     );
-    let stage1 = judge.rows(rows, observations, &first, &stage1_key);
+    let started = std::time::Instant::now();
+    let (stage1, evaluations) = judge.rows(rows, observations, &first, &stage1_key);
+    stats.first_stage = started.elapsed();
+    stats.first_stage_evaluations = evaluations;
     let yes = |v: &Verdict| v.allowed || !v.errors.is_empty();
     let holds: Vec<bool> = stage1.iter().map(|v| yes(&v[0])).collect();
     let occupies: Vec<bool> = stage1.iter().map(|v| yes(&v[1])).collect();
     drop(stage1);
     let started = std::time::Instant::now();
     let peers = crate::observe::peer_facts(rows, observations, &holds, &occupies);
-    tracing::debug!(elapsed = ?started.elapsed(), "first-stage answers collected");
     for (obs, p) in observations.iter_mut().zip(peers) {
         obs.peers = p;
     }
+    stats.peers = started.elapsed();
     let retire_key = abstraction.for_actions(policies, &["retire"]);
-    judge
-        .rows(rows, observations, &[retire_action()], &retire_key)
-        .into_iter()
-        .map(|mut v| v.swap_remove(0))
-        .collect()
+    let started = std::time::Instant::now();
+    let (verdicts, evaluations) = judge.rows(rows, observations, &[retire_action()], &retire_key);
+    stats.retire_stage = started.elapsed();
+    stats.retire_evaluations = evaluations;
+    verdicts.into_iter().map(|mut v| v.swap_remove(0)).collect()
 }
 
 /// What judging a row needs, built once per run.
@@ -146,14 +175,15 @@ struct Judge<'p> {
 }
 
 impl Judge<'_> {
-    /// For every row, Cedar's verdict on each of `actions`.
+    /// For every row, Cedar's verdict on each of `actions`, and how many
+    /// evaluations that took.
     fn rows(
         &self,
         rows: &[Row],
         observations: &[Observation],
         actions: &[cedar_policy_core::ast::EntityUID],
         abstraction: &Abstraction,
-    ) -> Vec<Vec<Arc<Verdict>>> {
+    ) -> (Vec<Vec<Arc<Verdict>>>, usize) {
         let principal = run_uid();
         let judge_one = |i: usize, attrs: &[(&'static str, Attr<'_>)]| -> Vec<Arc<Verdict>> {
             actions
@@ -175,7 +205,10 @@ impl Judge<'_> {
         let attrs_of = |i: usize| worker_attrs_where(&rows[i], &observations[i], self.now, mask);
         if abstraction.disabled().is_some() {
             let indices: Vec<usize> = (0..rows.len()).collect();
-            return par_map(&indices, |&i| judge_one(i, &attrs_of(i)));
+            return (
+                par_map(&indices, |&i| judge_one(i, &attrs_of(i))),
+                rows.len(),
+            );
         }
         // 1. Group the rows by situation, each core its share of the rows.
         let indices: Vec<usize> = (0..rows.len()).collect();
@@ -204,18 +237,13 @@ impl Judge<'_> {
         let verdicts = par_map(&situations, |members| {
             judge_one(members[0], &attrs_of(members[0]))
         });
-        tracing::debug!(
-            rows = rows.len(),
-            evaluations = situations.len(),
-            "rows judged"
-        );
         let mut out: Vec<Vec<Arc<Verdict>>> = vec![Vec::new(); rows.len()];
         for (members, verdict) in situations.iter().zip(verdicts) {
             for &i in members {
                 out[i] = verdict.clone();
             }
         }
-        out
+        (out, situations.len())
     }
 }
 
@@ -326,9 +354,10 @@ pub fn plan_with(
     policies: &Policies,
     memo: bool,
 ) -> Result<Plan> {
+    let mut stats = PlanStats::default();
     let started = std::time::Instant::now();
     let mut observations = observe_all(&rows, &facts, probe);
-    tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "observed");
+    stats.observe = started.elapsed();
     let run = run_entity(&facts);
     // The builder and the schema must agree; check the shapes once per run.
     let mut sample = vec![run.clone()];
@@ -337,16 +366,17 @@ pub fn plan_with(
     }
     check_schema(sample, &policies.schema)?;
 
-    let verdicts = judge_all(&rows, &mut observations, &facts, policies, memo);
-    tracing::debug!(elapsed = ?started.elapsed(), "judged");
+    let verdicts = judge_all(&rows, &mut observations, &facts, policies, memo, &mut stats);
 
     let entries: Vec<Entry> = verdicts
         .into_iter()
         .enumerate()
         .map(|(index, verdict)| Entry { index, verdict })
         .collect();
+    let started = std::time::Instant::now();
     let (registry, candidate) = plan_tokens(&rows, |i| entries[i].is_candidate());
-    tracing::debug!(elapsed = ?started.elapsed(), "fingerprinted");
+    stats.tokens = started.elapsed();
+    tracing::debug!(rows = rows.len(), ?stats, "planned");
     Ok(Plan {
         rows,
         observations,
@@ -355,6 +385,7 @@ pub fn plan_with(
         candidate_fingerprint: candidate,
         policy_fingerprint: policies.fingerprint.clone(),
         facts,
+        stats,
     })
 }
 
@@ -702,13 +733,17 @@ pub fn plan_from_files(
     canonical_repository: String,
     policies: &Policies,
 ) -> Result<Plan> {
+    let started = std::time::Instant::now();
     let rows = crate::evidence::registry::load(registry)?;
     let lease_rows = crate::evidence::leases::load(leases)?;
+    let read = started.elapsed();
     let facts = RunFacts::of_this_host(proc_root, Some(canonical_repository), &lease_rows);
-    plan(
+    let mut plan = plan(
         rows,
         facts,
         &crate::evidence::probe::SystemProbe::new(proc_root),
         policies,
-    )
+    )?;
+    plan.stats.read = read;
+    Ok(plan)
 }
