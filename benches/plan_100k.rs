@@ -1,10 +1,22 @@
-//! Benchmark: plan a generated 100,000-row registry read from SQLite, end to
-//! end (open, read, probe, observe, build entities, evaluate every row with
-//! Cedar, tokens, render JSON). Target on the 2-core CI machine: median
-//! under 1.0 s, peak memory under 300 MB.
+//! Benchmark: plan a registry read from SQLite, end to end in this process
+//! (open, read, probe, observe, both Cedar stages, tokens, render the JSON
+//! plan to a sink), for several registries:
 //!
-//! Run with `cargo bench --bench plan_100k`. Set PLAN_BENCH_ROWS to change
-//! the size, PLAN_BENCH_RUNS the number of timed runs.
+//! * `realistic`: `../shared/bench/gen_registry.py` (a long-running fleet's
+//!   history: mostly historical rows, shuffled, random pids probed for
+//!   real), when that generator is here;
+//! * `generated`: this file's own generator (stale, released, live-looking
+//!   and foreign-host rows over 20,000 instances, 50 active leases);
+//! * the quadratic traps, 10,000 rows each beside a 10,000-row `generated`
+//!   baseline: every row sharing one session, one pid, one identity, and
+//!   10,000 active leases. Their time per row should match the baseline's.
+//!
+//! Every case prints the median wall time, the phase split of its median
+//! run, the Cedar evaluations and the peak RSS (reset per case).
+//!
+//! Run with `cargo bench --bench plan_100k`. PLAN_BENCH_ROWS sets the size
+//! of the first two cases (default 100,000), PLAN_BENCH_RUNS the timed runs
+//! (default 5), PLAN_BENCH_CASES a comma-separated subset of case names.
 
 use fleet_retire::evidence::leases::{self, Protections};
 use fleet_retire::evidence::probe::{HostFacts, SystemProbe};
@@ -16,13 +28,34 @@ use rusqlite::{params, Connection};
 use std::path::Path;
 use std::time::Instant;
 
+/// What a generated registry stresses.
+#[derive(Clone, Copy, PartialEq)]
+enum Trap {
+    None,
+    OneSession,
+    OnePid,
+    OneIdentity,
+    ManyLeases,
+}
+
 fn generate(
     dir: &Path,
     rows: usize,
     host: &str,
     boot: &str,
+    trap: Trap,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
     let reg = dir.join("registry.sqlite");
+    if trap == Trap::OneIdentity {
+        // A registry from before identities were unique: the trap needs
+        // many rows with one identity.
+        Connection::open(&reg)
+            .unwrap()
+            .execute_batch(
+                &fleet_retire::store::registry::create_sql().replace("TEXT PRIMARY KEY", "TEXT"),
+            )
+            .unwrap();
+    }
     // The registry schema as a worker creates it.
     let conn = fleet_retire::worker::open(&reg).unwrap();
     let tx = conn.unchecked_transaction().unwrap();
@@ -49,11 +82,25 @@ fn generate(
                 "2026-01-01T00:10:00Z"
             };
             let row_host = if i % 13 == 0 { "elsewhere" } else { host };
-            let pid = 4_000_000 + (i as i64 % 190_000);
+            let pid = if trap == Trap::OnePid {
+                4_000_001
+            } else {
+                4_000_000 + (i as i64 % 190_000)
+            };
+            let identity = if trap == Trap::OneIdentity {
+                "w-author-shared".to_string()
+            } else {
+                format!("w-{ns}-{i:06}")
+            };
+            let session = if trap == Trap::OneSession {
+                "sess-shared".to_string()
+            } else {
+                format!("sess-{:08}", i / 5)
+            };
             stmt.execute(params![
-                format!("w-{ns}-{i:06}"),
+                identity,
                 format!("inst-codex-20260101T000000Z-{:012x}", i / 5),
-                format!("sess-{:08}", i / 5),
+                session,
                 format!("gen-{i:08}"),
                 ns,
                 format!("{ns}-prgs"),
@@ -72,7 +119,8 @@ fn generate(
     let lc = Connection::open(&leases).unwrap();
     lc.execute_batch(&fleet_retire::store::leases::create_sql())
         .unwrap();
-    for i in 0..50 {
+    let leases_count = if trap == Trap::ManyLeases { rows } else { 50 };
+    for i in 0..leases_count {
         lc.execute(
             "INSERT INTO workflow_leases VALUES (?1, 'author', 'issue', 'active', ?2, NULL, NULL, NULL, NULL, ?3, NULL, NULL)",
             params![format!("l-{i}"), format!("sess-{:08}", i * 37), format!("w-author-{:06}", i * 101)],
@@ -93,19 +141,105 @@ fn peak_rss_mb() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Start a new peak-RSS measurement (Linux: writing 5 to clear_refs resets
+/// VmHWM to the current RSS).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One timed run's phases, in seconds.
+struct Run {
+    total: f64,
+    read: f64,
+    write: f64,
+    stats: fleet_retire::plan::PlanStats,
+    candidates: usize,
+}
+
+fn plan_once(reg: &Path, lease_path: &Path, policies: &Policies) -> Run {
+    let start = Instant::now();
+    let registry_rows = registry::load(reg).unwrap();
+    let lease_rows = leases::load(lease_path).unwrap();
+    let read = start.elapsed().as_secs_f64();
+    let facts = RunFacts {
+        now: fleet_retire::time::now(),
+        host: HostFacts::observe(Path::new("/proc")),
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        protections: Protections::from_leases(&lease_rows),
+    };
+    let p = plan(registry_rows, facts, &SystemProbe::new("/proc"), policies).unwrap();
+    let written = Instant::now();
+    let mut sink = std::io::BufWriter::new(std::io::sink());
+    p.write_json(&mut sink).unwrap();
+    let write = written.elapsed().as_secs_f64();
+    let candidates = p.candidates().count();
+    let stats = p.stats.clone();
+    drop(p);
+    fleet_retire::pool::give_back_memory();
+    Run {
+        total: start.elapsed().as_secs_f64(),
+        read,
+        write,
+        stats,
+        candidates,
+    }
+}
+
+fn bench_case(name: &str, rows: usize, reg: &Path, lease_path: &Path, policies: &Policies) -> f64 {
+    let runs = env_usize("PLAN_BENCH_RUNS", 5).max(1);
+    reset_peak_rss();
+    let mut done: Vec<Run> = (0..runs)
+        .map(|_| plan_once(reg, lease_path, policies))
+        .collect();
+    done.sort_by(|a, b| a.total.partial_cmp(&b.total).unwrap());
+    let m = &done[done.len() / 2];
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let s = &m.stats;
+    println!(
+        "plan_100k {name}: rows={rows} runs={runs} candidates={} median={:.3}s min={:.3}s max={:.3}s \
+         ({:.2} us/row) peak_rss={:.0}MB",
+        m.candidates,
+        m.total,
+        done[0].total,
+        done[done.len() - 1].total,
+        m.total * 1e6 / rows as f64,
+        peak_rss_mb(),
+    );
+    println!(
+        "  phases (ms): read {:.0}, observe {:.0}, first stage {:.0}, peers {:.0}, retire stage {:.0}, \
+         tokens {:.0}, write {:.0}; Cedar evaluations: first stage {}, retire {}",
+        m.read * 1e3,
+        ms(s.observe),
+        ms(s.first_stage),
+        ms(s.peers),
+        ms(s.retire_stage),
+        ms(s.tokens),
+        m.write * 1e3,
+        s.first_stage_evaluations,
+        s.retire_evaluations,
+    );
+    m.total * 1e6 / rows as f64
+}
+
 fn main() {
-    let rows: usize = std::env::var("PLAN_BENCH_ROWS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000);
-    let runs: usize = std::env::var("PLAN_BENCH_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+    let rows = env_usize("PLAN_BENCH_ROWS", 100_000);
+    let wanted = std::env::var("PLAN_BENCH_CASES").ok();
+    let wants = |name: &str| {
+        wanted
+            .as_deref()
+            .is_none_or(|w| w.split(',').any(|c| c.trim() == name))
+    };
     let tmp = tempfile::tempdir().unwrap();
     // PLAN_BENCH_DIR keeps the generated stores for profiling.
     let keep = std::env::var_os("PLAN_BENCH_DIR").map(std::path::PathBuf::from);
-    let dir_path = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    let root = keep.clone().unwrap_or_else(|| tmp.path().to_path_buf());
     let facts_host = HostFacts::observe(Path::new("/proc"));
     let host = facts_host
         .host_id
@@ -115,35 +249,62 @@ fn main() {
         .boot_id
         .clone()
         .unwrap_or_else(|| "bench-boot".into());
-    let (reg, lease_path) = generate(&dir_path, rows, &host, &boot);
     let policies = Policies::load(&PolicySource::Embedded).unwrap();
-    let base_rss = peak_rss_mb();
+    let case_dir = |name: &str| {
+        let d = root.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
 
-    let mut times = Vec::new();
-    let mut candidates = 0;
-    for _ in 0..runs {
-        let start = Instant::now();
-        let registry_rows = registry::load(&reg).unwrap();
-        let lease_rows = leases::load(&lease_path).unwrap();
-        let facts = RunFacts {
-            now: fleet_retire::time::now(),
-            host: HostFacts::observe(Path::new("/proc")),
-            canonical_repository: Some("prgs/gitea-tools".into()),
-            protections: Protections::from_leases(&lease_rows),
-        };
-        let p = plan(registry_rows, facts, &SystemProbe::new("/proc"), &policies).unwrap();
-        let mut sink = std::io::BufWriter::new(std::io::sink());
-        p.write_json(&mut sink).unwrap();
-        candidates = p.candidates().count();
-        times.push(start.elapsed().as_secs_f64());
+    if wants("realistic") {
+        let generator =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/gen_registry.py");
+        if generator.is_file() {
+            let dir = case_dir("realistic");
+            let ok = std::process::Command::new("python3")
+                .arg(&generator)
+                .args(["--rows", &rows.to_string(), "--out"])
+                .arg(&dir)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "{} failed", generator.display());
+            bench_case(
+                "realistic",
+                rows,
+                &dir.join("registry.sqlite"),
+                &dir.join("leases.sqlite"),
+                &policies,
+            );
+        } else {
+            println!(
+                "plan_100k realistic: skipped ({} is not here)",
+                generator.display()
+            );
+        }
     }
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let median = times[times.len() / 2];
-    println!(
-        "plan_100k: rows={rows} runs={runs} candidates={candidates} median={median:.3}s min={:.3}s max={:.3}s peak_rss={:.0}MB (before planning {:.0}MB)",
-        times[0],
-        times[times.len() - 1],
-        peak_rss_mb(),
-        base_rss
-    );
+    if wants("generated") {
+        let (reg, lp) = generate(&case_dir("generated"), rows, &host, &boot, Trap::None);
+        bench_case("generated", rows, &reg, &lp, &policies);
+    }
+    let traps = [
+        ("generated-10k", Trap::None),
+        ("one-session", Trap::OneSession),
+        ("one-pid", Trap::OnePid),
+        ("one-identity", Trap::OneIdentity),
+        ("10k-leases", Trap::ManyLeases),
+    ];
+    let mut baseline = None;
+    for (name, trap) in traps {
+        if !wants(name) && !wants("traps") {
+            continue;
+        }
+        let (reg, lp) = generate(&case_dir(name), 10_000, &host, &boot, trap);
+        let per_row = bench_case(name, 10_000, &reg, &lp, &policies);
+        match baseline {
+            None if trap == Trap::None => baseline = Some(per_row),
+            Some(b) => println!("  {:.1}x the baseline's time per row", per_row / b),
+            None => {}
+        }
+    }
 }

@@ -9,6 +9,9 @@
 //! * `apply` of the first 10,000 candidates (`--workers @FILE`) on a fresh
 //!   copy of the registry, with the write lock's hold time from its report.
 //!
+//! The plan cases also print their last run's phase split and Cedar
+//! evaluation counts (the plan's debug log).
+//!
 //! Run with `cargo bench --bench realistic`. REALISTIC_ROWS sets the size
 //! (default 100,000; 1,000,000 takes about a minute to generate),
 //! REALISTIC_RUNS the number of runs (default 3). Rows whose heartbeat is
@@ -226,8 +229,19 @@ fn main() {
     for (name, args) in &cases {
         let mut times = Vec::new();
         let mut peaks = Vec::new();
+        let log = fleet.path("plan.log");
         for _ in 0..runs {
-            let (t, peak, ok) = measure(Command::new(BIN).args(args).stdout(null()));
+            // The plan logs its phase split and Cedar evaluation counts.
+            let (t, peak, ok) = measure(
+                Command::new(BIN)
+                    .args(args)
+                    .env(
+                        "FLEET_RETIRE_LOG",
+                        "fleet_retire::plan=debug,fleet_retire::cli::plan=debug",
+                    )
+                    .stdout(null())
+                    .stderr(std::fs::File::create(&log).unwrap()),
+            );
             assert!(ok, "{name} failed");
             times.push(t);
             peaks.push(peak);
@@ -241,6 +255,12 @@ fn main() {
                 .map(|t| format!("{:.2}", t.as_secs_f64()))
                 .collect::<Vec<_>>()
         );
+        // The last run's phases, without the log's timestamps.
+        for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
+            if let Some(at) = line.find("fleet_retire::") {
+                println!("  {}", &line[at..]);
+            }
+        }
     }
     let mut times = Vec::new();
     let mut peaks = Vec::new();

@@ -87,6 +87,27 @@ pub struct PlanStats {
     pub retire_evaluations: usize,
 }
 
+impl std::fmt::Display for PlanStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        if !self.read.is_zero() {
+            write!(f, "read {:.1} ms, ", ms(self.read))?;
+        }
+        write!(
+            f,
+            "observe {:.1} ms, first stage {:.1} ms ({} evaluations), peers {:.1} ms, \
+             retire stage {:.1} ms ({} evaluations), tokens {:.1} ms",
+            ms(self.observe),
+            ms(self.first_stage),
+            self.first_stage_evaluations,
+            ms(self.peers),
+            ms(self.retire_stage),
+            self.retire_evaluations,
+            ms(self.tokens)
+        )
+    }
+}
+
 /// A complete plan.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -376,7 +397,7 @@ pub fn plan_with(
     let started = std::time::Instant::now();
     let (registry, candidate) = plan_tokens(&rows, |i| entries[i].is_candidate());
     stats.tokens = started.elapsed();
-    tracing::debug!(rows = rows.len(), ?stats, "planned");
+    tracing::debug!(rows = rows.len(), "planned: {stats}");
     Ok(Plan {
         rows,
         observations,
@@ -737,6 +758,7 @@ pub fn plan_from_files(
     let rows = crate::evidence::registry::load(registry)?;
     let lease_rows = crate::evidence::leases::load(leases)?;
     let read = started.elapsed();
+    tracing::debug!(rows = rows.len(), leases = lease_rows.len(), elapsed = ?read, "read");
     let facts = RunFacts::of_this_host(proc_root, Some(canonical_repository), &lease_rows);
     let mut plan = plan(
         rows,
