@@ -9,6 +9,9 @@
 //! * `apply` of the first 10,000 candidates (`--workers @FILE`) on a fresh
 //!   copy of the registry, with the write lock's hold time from its report.
 //!
+//! After the plan cases it times the seed's own Python planner on the same
+//! registry (`tests/differential/time_seed.py`) and prints the ratio.
+//!
 //! The plan cases also print their last run's phase split and Cedar
 //! evaluation counts (the plan's debug log).
 //!
@@ -167,6 +170,46 @@ fn plan_for_apply(fleet: &Fleet) -> (Vec<String>, usize) {
     (args, count)
 }
 
+/// The seed's own planner on the same registry, end to end (read, probe,
+/// plan, render JSON; `tests/differential/time_seed.py`), once, against
+/// `ours`, the median of `plan --format json`.
+fn python_reference(fleet: &Fleet, ours: f64) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("tests/differential/time_seed.py"))
+        .arg(root.join("../shared/seed"))
+        .arg(fleet.path("registry.sqlite"))
+        .arg(fleet.path("leases.sqlite"))
+        .arg("prgs/gitea-tools")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let line = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let seconds = line
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("seconds="))
+                .and_then(|v| v.parse::<f64>().ok());
+            match seconds {
+                Some(py) => println!(
+                    "python reference (the seed's planner, same rows): {py:.3} s; \
+                     plan --format json is {:.1}x faster",
+                    py / ours
+                ),
+                None => println!("python reference: unreadable output {line:?}"),
+            }
+        }
+        Ok(o) => println!(
+            "python reference: skipped ({})",
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("failed")
+        ),
+        Err(e) => println!("python reference: skipped (python3: {e})"),
+    }
+}
+
 fn main() {
     let generator = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/gen_registry.py");
     if !generator.is_file() {
@@ -226,6 +269,7 @@ fn main() {
             [vec!["plan".into()], fleet.store_args()].concat(),
         ),
     ];
+    let mut plan_json_median = None;
     for (name, args) in &cases {
         let mut times = Vec::new();
         let mut peaks = Vec::new();
@@ -255,12 +299,18 @@ fn main() {
                 .map(|t| format!("{:.2}", t.as_secs_f64()))
                 .collect::<Vec<_>>()
         );
+        if *name == "plan --format json" {
+            plan_json_median = Some(median(times.clone()).as_secs_f64());
+        }
         // The last run's phases, without the log's timestamps.
         for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
             if let Some(at) = line.find("fleet_retire::") {
                 println!("  {}", &line[at..]);
             }
         }
+    }
+    if let Some(ours) = plan_json_median {
+        python_reference(&fleet, ours);
     }
     let mut times = Vec::new();
     let mut peaks = Vec::new();
