@@ -797,6 +797,60 @@ fn memo_on_and_memo_off_agree_on_every_fixture_and_random_registries() {
     );
 }
 
+/// The same on a realistic 10,000-row registry (`../shared/bench/
+/// gen_registry.py`: a long-running fleet's history bound to this machine),
+/// its pids probed for real once and those answers given to both runs.
+#[test]
+fn memo_on_and_memo_off_agree_on_a_realistic_registry() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let generator = root.join("../shared/bench/gen_registry.py");
+    if !generator.is_file() {
+        eprintln!("skipped: {} is not here", generator.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ok = std::process::Command::new("python3")
+        .arg(&generator)
+        .args(["--rows", "10000", "--out"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "{} failed", generator.display());
+    let rows = fleet_retire::evidence::registry::load(&dir.path().join("registry.sqlite")).unwrap();
+    let leases = fleet_retire::evidence::leases::load(&dir.path().join("leases.sqlite")).unwrap();
+    use fleet_retire::evidence::probe::{GivenProbe, ProcessProbe, SystemProbe};
+    let system = SystemProbe::new("/proc");
+    let mut probe = GivenProbe::default();
+    for row in &rows {
+        if let fleet_retire::value::Value::Int(pid) = row.get(fleet_retire::row::Col::Pid) {
+            probe.processes.insert(*pid, system.observe(*pid));
+        }
+    }
+    let case = PlanCase {
+        name: "realistic".into(),
+        now: fleet_retire::time::now(),
+        host: fleet_retire::evidence::probe::HostFacts::observe(Path::new("/proc")),
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        probe,
+        rows,
+        leases,
+        expect: Default::default(),
+    };
+    let p = Policies::load(&PolicySource::Embedded).unwrap();
+    let (on, off) = verdicts_both_ways(&case, &p);
+    assert_eq!(on.len(), 10_000);
+    let differ = on.iter().zip(&off).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        differ, 0,
+        "{differ} of 10,000 rows judged otherwise without the memo"
+    );
+    let mut kinds = on;
+    kinds.sort();
+    kinds.dedup();
+    assert!(kinds.len() > 10, "only {} distinct verdicts", kinds.len());
+}
+
 /// Cedar has no named expressions, so the heartbeat rule ("fresh") is
 /// written out in each policy that needs it; every copy must be the same
 /// rule, or a reviewer reading one would be misled about the others.
