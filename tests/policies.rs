@@ -889,3 +889,82 @@ fn every_copy_of_the_fresh_heartbeat_rule_is_the_same() {
         .count();
     assert_eq!(uses, 5, "a sixth comparison of the heartbeat age");
 }
+
+/// The plan's fast evidence renderer writes exactly what serde's derived
+/// serializer writes: on every fixture's rows, and on rows whose texts
+/// need escaping and whose numbers are reals, negative, huge or not finite.
+#[test]
+fn fast_rendering_equals_serde_on_every_fixture_and_awkward_values() {
+    use fleet_retire::row::{Col, COLUMNS};
+    use fleet_retire::value::Value as V;
+    let p = Policies::load(&PolicySource::Embedded).unwrap();
+    let mut all = cases();
+    let (_, template) = all[0].clone();
+    let awkward = [
+        V::Text("quote \" backslash \\ newline \n tab \t bell \u{7} end".into()),
+        V::Text("é ü 中文 \u{1f600} \u{2028}".into()),
+        V::Text("".into()),
+        V::Real(0.25),
+        V::Real(-1e300),
+        V::Real(f64::NAN),
+        V::Real(f64::INFINITY),
+        V::Int(i64::MIN),
+        V::Bool(true),
+        V::Blob(vec![0, 159, 34, 92].into()),
+        V::Null,
+    ];
+    let mut case = template;
+    case.rows.clear();
+    for (i, v) in awkward.iter().enumerate() {
+        for col in COLUMNS {
+            let mut r = fleet_retire::row::Row::default();
+            for c in COLUMNS {
+                r.set(*c, V::Text(format!("x-{i}").into()));
+            }
+            r.set(*col, v.clone());
+            if *col != Col::WorkerIdentity {
+                r.set(
+                    Col::WorkerIdentity,
+                    V::Text(format!("w-{i}-{}", col.name()).into()),
+                );
+            }
+            case.rows.push(r);
+        }
+    }
+    all.push((PathBuf::from("awkward"), case));
+    let mut rendered = 0;
+    for (file, case) in &all {
+        let plan = case.plan(&p).unwrap();
+        for entry in &plan.entries {
+            let evidence = plan.evidence(entry);
+            let mut fast = Vec::new();
+            fleet_retire::plan::render::evidence(&mut fast, &evidence);
+            let serde = serde_json::to_vec(&evidence).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&fast),
+                String::from_utf8_lossy(&serde),
+                "{}",
+                file.display()
+            );
+            rendered += 1;
+        }
+        // The entries, glued from a verdict's pre-rendered members and the
+        // fast evidence, are serde's entries line for line.
+        let mut doc = Vec::new();
+        plan.write_json(&mut doc).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&doc).unwrap();
+        let text = String::from_utf8(doc).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("{\"worker_identity\""))
+            .map(|l| l.trim_end_matches(','))
+            .collect();
+        let expected: Vec<String> = plan
+            .candidates()
+            .chain(plan.preserved())
+            .map(|e| serde_json::to_string(&plan.entry_json(e)).unwrap())
+            .collect();
+        assert_eq!(lines, expected, "{}", file.display());
+    }
+    assert!(rendered > 400, "{rendered}");
+}

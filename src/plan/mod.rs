@@ -6,6 +6,7 @@
 
 pub mod head;
 pub mod planned;
+pub mod render;
 
 use crate::error::Result;
 use crate::evidence::probe::ProcessProbe;
@@ -630,12 +631,11 @@ impl Plan {
         for (n, entry) in chunk.iter().enumerate() {
             out.extend_from_slice(if first && n == 0 { b"\n" } else { b",\n" });
             out.extend_from_slice(b"{\"worker_identity\":");
-            serde_json::to_writer(&mut out, self.rows[entry.index].get(Col::WorkerIdentity))
-                .expect("values serialise");
+            render::value(&mut out, self.rows[entry.index].get(Col::WorkerIdentity));
             out.push(b',');
             out.extend_from_slice(&verdicts[&(Arc::as_ptr(&entry.verdict) as usize)]);
             out.extend_from_slice(b",\"evidence\":");
-            serde_json::to_writer(&mut out, &self.evidence(entry)).expect("evidence serialises");
+            render::evidence(&mut out, &self.evidence(entry));
             out.push(b'}');
         }
         out

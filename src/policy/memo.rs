@@ -415,21 +415,13 @@ impl Glob {
     }
 }
 
-/// Decimal digits of `n`, without the formatting machinery (a key is built
-/// for every row).
-fn push_num(out: &mut String, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for d in &digits[at..] {
-        out.push(char::from(*d));
+/// Decimal digits of `n` (a key is built for every row; most numbers here
+/// are single digits).
+fn push_num(out: &mut String, n: usize) {
+    if n < 10 {
+        out.push(char::from(b'0' + n as u8));
+    } else {
+        out.push_str(itoa::Buffer::new().format(n));
     }
 }
 
