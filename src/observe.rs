@@ -14,7 +14,6 @@ use crate::row::{Col, Row};
 use crate::time::Micros;
 use crate::value::Value;
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 /// Everything a run was told or observed about its surroundings.
 #[derive(Debug, Clone)]
@@ -227,7 +226,7 @@ pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec
 /// Per (instance, namespace) slot, the active claimants and, of them, the
 /// occupants.
 fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
-    let mut slots: HashMap<(Cow<str>, Cow<str>), Vec<usize>> = HashMap::new();
+    let mut slots: rustc_hash::FxHashMap<(Cow<str>, Cow<str>), Vec<usize>> = Default::default();
     for (i, row) in rows.iter().enumerate() {
         if status_text(row) != "active" {
             continue;
@@ -250,7 +249,7 @@ fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
 /// Per row, the identity evidence it shares with another row that holds
 /// evidence: a row never "shares" evidence with itself alone.
 fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut [PeerFacts]) {
-    let mut holders: HashMap<(&'static str, Cow<str>), usize> = HashMap::new();
+    let mut holders: rustc_hash::FxHashMap<(&'static str, Cow<str>), usize> = Default::default();
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
         if holds[i] {
             for key in conflict_keys(row, &o.process_identity) {
