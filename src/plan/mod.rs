@@ -480,43 +480,9 @@ impl Plan {
 
     /// One candidate or preserved entry as JSON.
     pub fn entry_json<'a>(&'a self, entry: &'a Entry) -> EntryJson<'a> {
-        let (reason_codes, detail, policy_ids) = if entry.is_candidate() {
-            (
-                None,
-                "no eligibility policy forbids retirement: dead pid, expired heartbeat, proven \
-                 identity and host, canonical binding, no active ownership"
-                    .to_string(),
-                None,
-            )
-        } else {
-            let codes: Vec<&'static str> = entry.reason_codes().iter().map(|r| r.code()).collect();
-            let detail = match entry.verdict.forbids.first() {
-                Some(rule) if entry.verdict.errors.is_empty() => {
-                    format!("{} [policy {}]", rule.description, rule.id)
-                }
-                _ => format!(
-                    "policy evaluation failed; the row is kept: {}",
-                    if entry.verdict.errors.is_empty() {
-                        "denied with no determining policy".to_string()
-                    } else {
-                        entry.verdict.errors.join("; ")
-                    }
-                ),
-            };
-            let ids: Vec<&'a str> = entry
-                .verdict
-                .forbids
-                .iter()
-                .map(|r| r.id.as_str())
-                .collect();
-            (Some(codes), detail, Some(ids))
-        };
         EntryJson {
             worker_identity: self.rows[entry.index].get(Col::WorkerIdentity),
-            reason_code: entry.reason().code(),
-            reason_codes,
-            detail,
-            policy_ids,
+            verdict: verdict_json(entry),
             evidence: self.evidence(entry),
         }
     }
@@ -600,18 +566,11 @@ impl Plan {
         for entry in &self.entries {
             out.entry(Arc::as_ptr(&entry.verdict) as usize)
                 .or_insert_with(|| {
-                    let mut json = serde_json::to_vec(&self.entry_json(entry))
-                        .expect("plan entries serialise");
-                    // `{"worker_identity":…,` + fragment + `,"evidence":{…}}`: keep
-                    // the fragment by rendering the entry with both ends known.
-                    let head = serde_json::to_vec(&self.rows[entry.index].get(Col::WorkerIdentity))
-                        .expect("values serialise");
-                    let tail =
-                        serde_json::to_vec(&self.evidence(entry)).expect("evidence serialises");
-                    let start = b"{\"worker_identity\":".len() + head.len() + 1;
-                    let end = json.len() - b",\"evidence\":".len() - tail.len() - 1;
-                    json.truncate(end);
-                    json.drain(..start);
+                    // `{…}` without its braces: members to splice into an entry.
+                    let mut json =
+                        serde_json::to_vec(&verdict_json(entry)).expect("verdicts serialise");
+                    json.pop();
+                    json.remove(0);
                     json
                 });
         }
@@ -691,16 +650,64 @@ impl Plan {
     }
 }
 
-/// One entry of a plan's `candidates` or `preserved` list.
+/// What an entry says of its verdict: the same for every row that shares
+/// the verdict (rows in one situation), so a plan renders it once per verdict.
+fn verdict_json(entry: &Entry) -> VerdictJson<'_> {
+    if entry.is_candidate() {
+        return VerdictJson {
+            reason_code: entry.reason().code(),
+            reason_codes: None,
+            detail: "no eligibility policy forbids retirement: dead pid, expired heartbeat, \
+                     proven identity and host, canonical binding, no active ownership"
+                .to_string(),
+            policy_ids: None,
+        };
+    }
+    let detail = match entry.verdict.forbids.first() {
+        Some(rule) if entry.verdict.errors.is_empty() => {
+            format!("{} [policy {}]", rule.description, rule.id)
+        }
+        _ => format!(
+            "policy evaluation failed; the row is kept: {}",
+            if entry.verdict.errors.is_empty() {
+                "denied with no determining policy".to_string()
+            } else {
+                entry.verdict.errors.join("; ")
+            }
+        ),
+    };
+    VerdictJson {
+        reason_code: entry.reason().code(),
+        reason_codes: Some(entry.reason_codes().iter().map(|r| r.code()).collect()),
+        detail,
+        policy_ids: Some(
+            entry
+                .verdict
+                .forbids
+                .iter()
+                .map(|r| r.id.as_str())
+                .collect(),
+        ),
+    }
+}
+
+/// The verdict's members of an entry.
 #[derive(Debug, Serialize)]
-pub struct EntryJson<'a> {
-    worker_identity: &'a crate::value::Value,
+pub struct VerdictJson<'a> {
     reason_code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason_codes: Option<Vec<&'static str>>,
     detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     policy_ids: Option<Vec<&'a str>>,
+}
+
+/// One entry of a plan's `candidates` or `preserved` list.
+#[derive(Debug, Serialize)]
+pub struct EntryJson<'a> {
+    worker_identity: &'a crate::value::Value,
+    #[serde(flatten)]
+    verdict: VerdictJson<'a>,
     evidence: Evidence<'a>,
 }
 
