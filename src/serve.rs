@@ -665,6 +665,34 @@ pub fn run(binding: Binding, life: Lifecycle) -> Result<ExitCode> {
         transport: Some("stdio".into()),
         env: std::env::vars().collect(),
     };
+    // The handlers are in place before the row is written: a SIGTERM or
+    // SIGINT that arrives during or just after registration is held for the
+    // serve loop, which releases the row, instead of killing the process with
+    // its row left active.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
+    let signals = {
+        let _inside = runtime.enter();
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(Error::Internal {
+                    doing: "cannot install the SIGTERM and SIGINT handlers".into(),
+                    source: Box::new(e),
+                })
+            }
+        }
+    };
     // A fleet's workers heartbeat into the same registry; SQLite's busy
     // handler is not fair, so a registration can lose the lock to them past
     // its timeout. Only that is retried, for up to a minute.
@@ -685,20 +713,13 @@ pub fn run(binding: Binding, life: Lifecycle) -> Result<ExitCode> {
     };
     let identity = row["worker_identity"].as_str().unwrap_or("").to_string();
     tracing::info!("registered as worker {identity}");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Internal {
-            doing: "cannot start the async runtime".into(),
-            source: Box::new(e),
-        })?;
     let server = FleetServer::new(binding);
     let stop = runtime.block_on(serve_until_stopped(
         server,
         registry.clone(),
         identity.clone(),
         life,
+        signals,
     ));
     // A read of stdin may still be pending on a blocking thread; it cannot be
     // cancelled, so the runtime is let go rather than waited for.
@@ -721,18 +742,8 @@ async fn serve_until_stopped(
     registry: PathBuf,
     identity: String,
     life: Lifecycle,
+    (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
 ) -> Stop {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (mut term, mut int) = match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(t), Ok(i)) => (t, i),
-        _ => {
-            tracing::error!("cannot install signal handlers");
-            return Stop::Signal;
-        }
-    };
     let lost = Arc::new(tokio::sync::Notify::new());
     let beat = tokio::spawn(heartbeat_loop(
         registry,

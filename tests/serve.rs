@@ -265,3 +265,53 @@ fn sigterm_and_sigint_release_the_servers_row() {
         assert_eq!(status(&conn).as_deref(), Some("released"), "{signal}");
     }
 }
+
+/// The attack on the shutdown path: a supervisor sends SIGTERM while the
+/// server is still registering (here it waits on a write lock we hold). The
+/// signal must not kill it with its row left `active`; it registers, sees the
+/// held signal and releases the row.
+#[test]
+fn a_signal_during_registration_still_releases_the_row() {
+    let stores = Stores::new(&[]);
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let mut server = heartbeating_server(&stores, 92);
+    // Registration has begun once the server holds the registry open.
+    let registry = std::fs::canonicalize(&stores.registry).unwrap();
+    let fds = format!("/proc/{}/fd", server.id());
+    let started = Instant::now();
+    while !std::fs::read_dir(&fds)
+        .map(|d| {
+            d.flatten()
+                .any(|e| std::fs::read_link(e.path()).ok() == Some(registry.clone()))
+        })
+        .unwrap_or(false)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the server never opened the registry"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "the server died of the signal while registering"
+    );
+    conn.execute_batch("COMMIT").unwrap();
+    let exit = server.0.wait().unwrap();
+    assert!(exit.success(), "{exit}");
+    let status: String = conn
+        .query_row(
+            "SELECT status FROM worker_registrations WHERE worker_identity = 'w-live-92'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(status, "released");
+}
