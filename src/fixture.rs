@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 /// What a plan case expects; absent members are not checked.
 #[derive(Debug, Clone, Default)]
@@ -58,6 +59,30 @@ pub enum Case {
     Capability(crate::capability::CapabilityCase),
     /// A snapshot case (`rows` / `snapshot`).
     Snapshot(Box<SnapshotCase>),
+    /// A Cedar-level case (`request` / `entities`): one request over given
+    /// entities, as `policy diff` prints its counterexamples.
+    Entity(Box<EntityCase>),
+}
+
+/// One request over entities given as Cedar's entity JSON: the level at
+/// which `policy diff` finds its counterexamples (a Worker's measured
+/// attributes, not the registry row behind them).
+#[derive(Debug, Clone)]
+pub struct EntityCase {
+    /// The case's name.
+    pub name: String,
+    /// The request's principal.
+    pub principal: cedar_policy::EntityUid,
+    /// The request's action.
+    pub action: cedar_policy::EntityUid,
+    /// The request's resource.
+    pub resource: cedar_policy::EntityUid,
+    /// The entities, in Cedar's entity JSON format.
+    pub entities: Json,
+    /// `expect.decision`: true for allow.
+    pub allow: Option<bool>,
+    /// `expect.reasons`: the reason codes of a deny, in order.
+    pub reasons: Option<Vec<String>>,
 }
 
 /// One finding as a snapshot case expects it: its class, the workers it
@@ -123,6 +148,25 @@ struct UncheckedCase {
     // A capability case: a profiles document and the requests to judge.
     profiles: Option<Json>,
     requests: Option<Vec<crate::capability::CaseRequest>>,
+    // A Cedar-level case: one request over given entities.
+    request: Option<UncheckedRequest>,
+    entities: Option<Json>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedRequest {
+    principal: UncheckedUid,
+    action: UncheckedUid,
+    resource: UncheckedUid,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UncheckedUid {
+    #[serde(rename = "type")]
+    type_name: String,
+    id: String,
 }
 
 /// Present-and-null apart from absent: `Some(None)` is an explicit null.
@@ -161,6 +205,9 @@ struct UncheckedExpect {
     candidate_fingerprint: Option<String>,
     candidates: Option<Vec<String>>,
     preserved: Option<BTreeMap<String, String>>,
+    // Cedar-level cases only.
+    decision: Option<String>,
+    reasons: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -395,6 +442,9 @@ pub fn load(path: &Path) -> Result<Case> {
         return crate::capability::parse_case(path, name, case.profiles.as_ref(), requests)
             .map(Case::Capability);
     }
+    if let Some(request) = case.request {
+        return entity_case(&ctx, name, request, case.entities, case.expect).map(Case::Entity);
+    }
     let now_text = match &case.now {
         Some(Json::String(s)) => s.clone(),
         _ => {
@@ -437,6 +487,13 @@ pub fn load(path: &Path) -> Result<Case> {
     let exp = case
         .expect
         .ok_or_else(|| ctx.err("expect", "missing; add it (see docs/fixtures.md)"))?;
+    if exp.decision.is_some() || exp.reasons.is_some() {
+        return Err(ctx.err(
+            "expect.decision",
+            "belongs to a Cedar-level case (one with `request` and `entities`); a plan case \
+             expects `candidates` and `preserved`",
+        ));
+    }
     for (worker, code) in exp.preserved.iter().flatten() {
         if crate::reasons::Reason::from_code(code).is_none() {
             return Err(ctx.err(
@@ -460,6 +517,134 @@ pub fn load(path: &Path) -> Result<Case> {
             preserved: exp.preserved,
         },
     })))
+}
+
+fn entity_case(
+    ctx: &Ctx,
+    name: String,
+    request: UncheckedRequest,
+    entities: Option<Json>,
+    expect: Option<UncheckedExpect>,
+) -> Result<Box<EntityCase>> {
+    let uid = |field: &str, u: UncheckedUid| -> Result<cedar_policy::EntityUid> {
+        let type_name = cedar_policy::EntityTypeName::from_str(&u.type_name).map_err(|e| {
+            ctx.err(
+                field,
+                format!("{:?} is not an entity type name: {e}", u.type_name),
+            )
+        })?;
+        Ok(cedar_policy::EntityUid::from_type_name_and_id(
+            type_name,
+            cedar_policy::EntityId::new(&u.id),
+        ))
+    };
+    let entities = match entities {
+        Some(e @ Json::Array(_)) => e,
+        Some(other) => {
+            return Err(ctx.err(
+                "entities",
+                format!("must be a list of Cedar entities, not {other}"),
+            ))
+        }
+        None => {
+            return Err(ctx.err(
+                "entities",
+                "missing; a case with `request` gives the entities as Cedar entity JSON",
+            ))
+        }
+    };
+    let exp = expect.ok_or_else(|| {
+        ctx.err(
+            "expect",
+            "missing; add {\"decision\": \"allow\"} or {\"decision\": \"deny\"}",
+        )
+    })?;
+    if exp.candidates.is_some()
+        || exp.preserved.is_some()
+        || exp.registry_fingerprint.is_some()
+        || exp.candidate_fingerprint.is_some()
+    {
+        return Err(ctx.err(
+            "expect",
+            "a Cedar-level case expects only `decision` and `reasons`",
+        ));
+    }
+    let allow = match exp.decision.as_deref() {
+        None => None,
+        Some("allow") => Some(true),
+        Some("deny") => Some(false),
+        Some(other) => {
+            return Err(ctx.err(
+                "expect.decision",
+                format!("{other:?} is neither \"allow\" nor \"deny\""),
+            ))
+        }
+    };
+    for code in exp.reasons.iter().flatten() {
+        if crate::reasons::Reason::from_code(code).is_none() {
+            return Err(ctx.err(
+                "expect.reasons",
+                format!("{code:?} is not a known reason code (see docs/reason-codes.md)"),
+            ));
+        }
+    }
+    Ok(Box::new(EntityCase {
+        name,
+        principal: uid("request.principal", request.principal)?,
+        action: uid("request.action", request.action)?,
+        resource: uid("request.resource", request.resource)?,
+        entities,
+        allow,
+        reasons: exp.reasons,
+    }))
+}
+
+impl EntityCase {
+    /// Cedar's verdict on the case's request under `policies`; entities
+    /// that do not conform to the schema are an error naming the file.
+    pub fn verdict(
+        &self,
+        policies: &Policies,
+        path: &Path,
+    ) -> Result<crate::policy::eval::Verdict> {
+        let entities =
+            cedar_policy::Entities::from_json_value(self.entities.clone(), Some(&policies.schema))
+                .map_err(|e| Error::Fixture {
+                    path: path.to_path_buf(),
+                    message: format!("field `entities`: {e}"),
+                })?;
+        Ok(crate::policy::eval::judge(
+            policies,
+            &cedar_policy::Authorizer::new(),
+            &entities,
+            &self.principal,
+            &self.action,
+            &self.resource,
+        ))
+    }
+
+    /// Compare Cedar's verdict with the expectations; one line per difference.
+    pub fn differences(&self, policies: &Policies, path: &Path) -> Result<Vec<String>> {
+        let verdict = self.verdict(policies, path)?;
+        let word = |allow: bool| if allow { "allow" } else { "deny" };
+        let mut diffs = Vec::new();
+        if let Some(want) = self.allow {
+            if want != verdict.allowed {
+                diffs.push(format!(
+                    "decision: want {}, got {}",
+                    word(want),
+                    word(verdict.allowed)
+                ));
+            }
+        }
+        if let Some(want) = &self.reasons {
+            let got: Vec<&str> = verdict.reason_codes().iter().map(|r| r.code()).collect();
+            if *want != got {
+                diffs.push(format!("reasons: want {want:?}, got {got:?}"));
+            }
+        }
+        Ok(diffs)
+    }
 }
 
 /// The run's facts as a case gives them: this host's ids, the pid

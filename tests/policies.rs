@@ -70,7 +70,7 @@ fn cases() -> Vec<(PathBuf, PlanCase)> {
         .into_iter()
         .filter_map(|f| match load(&f).unwrap() {
             Case::Plan(c) => Some((f, *c)),
-            Case::Capability(_) | Case::Snapshot(_) => None,
+            Case::Capability(_) | Case::Snapshot(_) | Case::Entity(_) => None,
         })
         .collect()
 }

@@ -38,7 +38,9 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitCode> {
     let plan = match &args.fixture {
         Some(path) => match crate::fixture::load(path)? {
             crate::fixture::Case::Plan(c) => c.plan(&policies)?,
-            crate::fixture::Case::Capability(_) | crate::fixture::Case::Snapshot(_) => {
+            crate::fixture::Case::Capability(_)
+            | crate::fixture::Case::Snapshot(_)
+            | crate::fixture::Case::Entity(_) => {
                 return Err(Error::Input(format!(
                     "{}: explain reads plan fixtures (rows and expect); this one is not",
                     path.display()

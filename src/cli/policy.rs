@@ -1,4 +1,4 @@
-//! `fleet-retire policy validate | list | verify`: tools for the people who
+//! `fleet-retire policy validate | list | verify | diff`: tools for the people who
 //! read and edit the policies.
 
 use crate::cli::{Cli, Format};
@@ -29,6 +29,29 @@ pub enum PolicyCommand {
     List,
     /// Prove the properties in policies/properties/ for all requests and entities (needs cvc5).
     Verify,
+    /// What a policy change does: proved per action (tightened, loosened,
+    /// equivalent, both) with a counterexample fixture case for each
+    /// difference, what each policy contributes, and, with --fixtures,
+    /// every fixture verdict that moves. Exit 0 when nothing loosened, 2
+    /// when something did (needs cvc5).
+    ///
+    /// OLD and NEW each name a policy folder (schema.cedarschema,
+    /// retirement.cedar, capabilities.cedar) or, when no such folder
+    /// exists, a git revision of this repository read with `git show`:
+    /// `HEAD~1` reads `HEAD~1:policies/`, `main:path/to/policies` reads
+    /// that folder. Example: `fleet-retire policy diff main policies`.
+    Diff {
+        /// The policies before the change.
+        old: String,
+        /// The policies after the change.
+        new: String,
+        /// Fixture files or folders to run under both sets.
+        #[arg(long, num_args = 1.., value_name = "PATH")]
+        fixtures: Vec<std::path::PathBuf>,
+        /// Write each counterexample case into DIR as a fixture file.
+        #[arg(long, value_name = "DIR")]
+        save_counterexamples: Option<std::path::PathBuf>,
+    },
 }
 
 /// The text of every policy file in use: (name, text, path if on disk).
@@ -203,11 +226,165 @@ fn verify(cli: &Cli) -> Result<ExitCode> {
     })
 }
 
+fn diff(
+    cli: &Cli,
+    old: &str,
+    new: &str,
+    fixtures: &[std::path::PathBuf],
+    save: Option<&std::path::Path>,
+) -> Result<ExitCode> {
+    let (old_set, new_set) = (crate::diff::load_named(old)?, crate::diff::load_named(new)?);
+    let proved = crate::diff::diff(&old_set, &new_set)?;
+    let files = if fixtures.is_empty() {
+        Vec::new()
+    } else {
+        crate::fixture::collect(fixtures)?
+    };
+    let observed = crate::diff::observe_fixtures(&old_set, &new_set, &files)?;
+    let mut saved = Vec::new();
+    if let Some(dir) = save {
+        std::fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create the folder"))?;
+        for a in &proved.actions {
+            for (n, c) in a.counterexamples.iter().enumerate() {
+                let path = dir.join(format!("{}-{}-{n}.json", a.action, c.direction));
+                let text = serde_json::to_string_pretty(&c.case).expect("a case serialises");
+                std::fs::write(&path, format!("{text}\n"))
+                    .map_err(Error::io(&path, "cannot write the counterexample"))?;
+                saved.push(path);
+            }
+        }
+    }
+    let loosened = proved.overall().loosens() || observed.iter().any(|o| o.loosens);
+    match cli.format {
+        Format::Json => crate::outln!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "overall": proved.overall().word(),
+                "loosened": loosened,
+                "proved": proved,
+                "observed": observed,
+                "fixtures_run": files.len(),
+                "saved": saved,
+            }))
+            .expect("a diff serialises")
+        )?,
+        Format::Human => {
+            let esc = |s: &str| crate::text::esc(s).into_owned();
+            crate::outln!("OLD {} ({})", esc(&proved.old), proved.old_fingerprint)?;
+            crate::outln!("NEW {} ({})", esc(&proved.new), proved.new_fingerprint)?;
+            if proved.schema_changed {
+                crate::outln!("the schema changed; both sets were compared under NEW's")?;
+            }
+            crate::outln!("\nproved, for every request and entity store the schema allows:")?;
+            for a in &proved.actions {
+                let how = match (a.allows_more, a.allows_fewer) {
+                    (false, false) => "decides every request alike",
+                    (true, false) => "allows more requests",
+                    (false, true) => "allows fewer requests",
+                    (true, true) => "allows some requests more and some fewer",
+                };
+                let note = if crate::diff::MAY_BE_LIVE_ACTIONS.contains(&a.action.as_str())
+                    && a.allows_fewer
+                {
+                    " (fewer rows count as may-be-live, so rows sharing their evidence or slot lose that protection)"
+                } else {
+                    ""
+                };
+                crate::outln!(
+                    "  {:<24} {:<10} NEW {how}{note}",
+                    a.action,
+                    a.change.word().to_uppercase()
+                )?;
+                for c in &a.counterexamples {
+                    crate::outln!(
+                        "    counterexample ({}): OLD {}, NEW {}; as a fixture case:",
+                        c.direction,
+                        if c.old_allows { "allows" } else { "refuses" },
+                        if c.new_allows { "allows" } else { "refuses" }
+                    )?;
+                    let text = serde_json::to_string_pretty(&c.case).expect("a case serialises");
+                    for line in text.lines() {
+                        crate::outln!("      {}", esc(line))?;
+                    }
+                }
+            }
+            crate::outln!("\npolicies of NEW:")?;
+            for p in &proved.policies {
+                let mut notes = Vec::new();
+                if p.status != "unchanged" {
+                    notes.push(p.status.to_string());
+                }
+                if p.never_matches {
+                    notes.push("NEVER MATCHES (proved)".into());
+                }
+                if p.redundant && !p.never_matches && p.status != "removed" {
+                    notes.push(if p.effect == "forbid" && p.reason.is_some() {
+                        "shadowed: decides nothing the others do not (it only names a reason code)"
+                            .to_string()
+                    } else {
+                        "redundant: the set without it decides every request alike".to_string()
+                    });
+                }
+                if notes.is_empty() {
+                    continue;
+                }
+                crate::outln!("  {:<7} {:<40} {}", p.effect, esc(&p.id), notes.join("; "))?;
+            }
+            if !files.is_empty() {
+                crate::outln!(
+                    "\nobserved on {} fixture file(s): {} verdict(s) moved",
+                    files.len(),
+                    observed.len()
+                )?;
+                let mut counts: std::collections::BTreeMap<(String, String), usize> =
+                    Default::default();
+                for o in &observed {
+                    *counts.entry((o.old.clone(), o.new.clone())).or_default() += 1;
+                    crate::outln!(
+                        "  {} {} {}: {} -> {}",
+                        if o.loosens { "LOOSENS" } else { "tightens" },
+                        esc(&o.case),
+                        esc(&o.subject),
+                        o.old,
+                        o.new
+                    )?;
+                }
+                for ((a, b), n) in counts {
+                    crate::outln!("  {n} x {a} -> {b}")?;
+                }
+            }
+            for p in &saved {
+                crate::outln!("saved {}", p.display())?;
+            }
+            crate::outln!(
+                "\n{}: {}",
+                proved.overall().word().to_uppercase(),
+                if loosened {
+                    "NEW lets through something OLD stopped (exit 2)"
+                } else {
+                    "nothing loosened"
+                }
+            )?;
+        }
+    }
+    Ok(if loosened {
+        ExitCode::Refused
+    } else {
+        ExitCode::Ok
+    })
+}
+
 /// Run `policy`.
 pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
     match &args.command {
         PolicyCommand::Validate { fix_format } => validate(cli, *fix_format),
         PolicyCommand::List => list(cli),
         PolicyCommand::Verify => verify(cli),
+        PolicyCommand::Diff {
+            old,
+            new,
+            fixtures,
+            save_counterexamples,
+        } => diff(cli, old, new, fixtures, save_counterexamples.as_deref()),
     }
 }

@@ -31,6 +31,7 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
             }
             Case::Capability(c) => (c.name.clone(), c.differences(&policies)?),
             Case::Snapshot(c) => (c.name.clone(), c.differences()),
+            Case::Entity(c) => (c.name.clone(), c.differences(&policies, file)?),
         };
         if diffs.is_empty() {
             passed += 1;

@@ -87,6 +87,8 @@ pub struct Policies {
     pub fingerprint: String,
     /// Where the policies came from (`embedded` or a folder).
     pub origin: String,
+    /// The schema file's text, as read.
+    pub schema_text: String,
 }
 
 /// Where to read policies from.
@@ -133,6 +135,11 @@ impl Policies {
             rules: parsed.rules,
             fingerprint,
             origin,
+            schema_text: files
+                .iter()
+                .find(|(n, _)| n == SCHEMA_FILE)
+                .map(|(_, t)| t.clone())
+                .unwrap_or_default(),
         })
     }
 

@@ -1,0 +1,535 @@
+//! `policy diff`: what a change of the policy files does, proved for every
+//! request and entity store the schema allows (Cedar's symbolic compiler
+//! and cvc5), and observed on fixtures.
+//!
+//! Per action, two implications are checked: every request NEW allows, OLD
+//! allows (NEW is no more permissive), and the converse. Whether "more
+//! permissive" is the dangerous direction depends on the action:
+//!
+//! * `retire`, `snapshot`, `plan`, `apply`: allowing more is a loosening
+//!   (a row retired, an operator granted, that OLD refused);
+//! * `hold_identity_evidence`, `occupy_instance_slot`: allowing *fewer* is
+//!   the loosening. These first-stage answers say a row may be live; a row
+//!   that no longer counts as may-be-live stops protecting the rows that
+//!   share its evidence or its slot, so they can be retired.
+//!
+//! Every direction that fails comes with a counterexample, written as a
+//! Cedar-level fixture case (`request` + `entities`, docs/fixtures.md)
+//! that expects OLD's decision: saved and run with NEW's policies, it
+//! fails until the change is reverted or the case is flipped on purpose.
+
+use crate::error::{Error, Result};
+use crate::policy::{Policies, PolicySource, POLICY_FILES, SCHEMA_FILE};
+use cedar_policy::{ActionConstraint, Effect, Policy, PolicySet, RequestEnv};
+use cedar_policy_symcc::solver::LocalSolver;
+use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicy, CompiledPolicySet};
+use serde_json::{json, Value as Json};
+use std::path::{Path, PathBuf};
+
+/// The first-stage actions, where allowing fewer requests is the loosening.
+pub const MAY_BE_LIVE_ACTIONS: &[&str] = &["hold_identity_evidence", "occupy_instance_slot"];
+
+/// The order actions are reported in: retirement first, then what decides
+/// its peers, then the operator's capabilities.
+const ACTION_ORDER: &[&str] = &[
+    "retire",
+    "hold_identity_evidence",
+    "occupy_instance_slot",
+    "snapshot",
+    "plan",
+    "apply",
+];
+
+/// How an action's decisions moved from OLD to NEW, in safety terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// Every request is decided alike.
+    Equivalent,
+    /// NEW refuses something OLD allowed (or, for a may-be-live action,
+    /// counts more rows as may-be-live), and loosens nothing.
+    Tightened,
+    /// NEW allows something OLD refused (or, for a may-be-live action,
+    /// counts fewer rows as may-be-live), and tightens nothing.
+    Loosened,
+    /// Some of each.
+    Both,
+}
+
+impl Change {
+    /// The word printed and used in JSON.
+    pub fn word(self) -> &'static str {
+        match self {
+            Change::Equivalent => "equivalent",
+            Change::Tightened => "tightened",
+            Change::Loosened => "loosened",
+            Change::Both => "both",
+        }
+    }
+
+    /// Whether the change lets something through that OLD stopped.
+    pub fn loosens(self) -> bool {
+        matches!(self, Change::Loosened | Change::Both)
+    }
+
+    fn of(loosened: bool, tightened: bool) -> Change {
+        match (loosened, tightened) {
+            (false, false) => Change::Equivalent,
+            (false, true) => Change::Tightened,
+            (true, false) => Change::Loosened,
+            (true, true) => Change::Both,
+        }
+    }
+}
+
+/// One request on which OLD and NEW decide differently.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Counterexample {
+    /// `loosening` or `tightening`.
+    pub direction: &'static str,
+    /// OLD allows the request.
+    pub old_allows: bool,
+    /// NEW allows the request.
+    pub new_allows: bool,
+    /// The request and entities as a fixture case, ready to save.
+    pub case: Json,
+}
+
+/// One action's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ActionDiff {
+    /// The action's id (`retire`, `apply`, ...).
+    pub action: String,
+    /// Principal, action and resource types.
+    pub request_env: String,
+    /// NEW allows some request OLD refuses.
+    pub allows_more: bool,
+    /// NEW refuses some request OLD allows.
+    pub allows_fewer: bool,
+    /// What that means for safety.
+    pub change: Change,
+    /// One request per direction that moved.
+    pub counterexamples: Vec<Counterexample>,
+}
+
+/// What is known about one policy of NEW.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PolicyNote {
+    /// `@id`.
+    pub id: String,
+    /// `permit` or `forbid`.
+    pub effect: &'static str,
+    /// Its reason code (forbids of retirement.cedar).
+    pub reason: Option<String>,
+    /// `added`, `removed`, `changed` or `unchanged` against OLD (by `@id`
+    /// and the policy's text).
+    pub status: &'static str,
+    /// Proved: it matches no request at all of any action it names.
+    pub never_matches: bool,
+    /// Proved: the set without it decides every request alike (other
+    /// policies already decide everything it decides; a forbid may still
+    /// name a reason code).
+    pub redundant: bool,
+}
+
+/// Everything `policy diff` establishes by proof.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PolicyDiff {
+    /// Where OLD came from.
+    pub old: String,
+    /// Where NEW came from.
+    pub new: String,
+    /// OLD's and NEW's fingerprints.
+    pub old_fingerprint: String,
+    /// NEW's fingerprint.
+    pub new_fingerprint: String,
+    /// The schema text differs (both sets were compared under NEW's).
+    pub schema_changed: bool,
+    /// Per action.
+    pub actions: Vec<ActionDiff>,
+    /// Per policy of NEW, then the policies OLD had and NEW dropped.
+    pub policies: Vec<PolicyNote>,
+}
+
+impl PolicyDiff {
+    /// The change over all actions.
+    pub fn overall(&self) -> Change {
+        let loosened = self.actions.iter().any(|a| a.change.loosens());
+        let tightened = self
+            .actions
+            .iter()
+            .any(|a| matches!(a.change, Change::Tightened | Change::Both));
+        Change::of(loosened, tightened)
+    }
+}
+
+/// Load a policy set named on the command line: an existing folder, or a
+/// git revision (`REV` reads `REV:policies/`, `REV:PATH` reads that folder
+/// of the revision), read with `git show` in the current directory's
+/// repository.
+pub fn load_named(arg: &str) -> Result<Policies> {
+    let path = Path::new(arg);
+    if path.is_dir() {
+        return Policies::load(&PolicySource::Dir(path.to_path_buf()));
+    }
+    let (rev, dir) = match arg.split_once(':') {
+        Some((rev, dir)) => (rev, dir.trim_end_matches('/')),
+        None => (arg, "policies"),
+    };
+    let mut files = Vec::new();
+    for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
+        let spec = if dir.is_empty() {
+            format!("{rev}:{name}")
+        } else {
+            format!("{rev}:{dir}/{name}")
+        };
+        let out = std::process::Command::new("git")
+            .args(["show", &spec])
+            .output()
+            .map_err(|e| {
+                Error::Input(format!(
+                    "{arg:?} is not a folder, and git could not be run to read it as a revision ({e})"
+                ))
+            })?;
+        if !out.status.success() {
+            return Err(Error::Input(format!(
+                "{arg:?} is neither a policy folder nor a git revision holding {dir}/{name}: \
+                 `git show {spec}` said: {}. Name a folder with {SCHEMA_FILE} and {}, or a \
+                 revision such as HEAD~1 (its policies/) or main:policies",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                POLICY_FILES.join(", ")
+            )));
+        }
+        let text = String::from_utf8(out.stdout)
+            .map_err(|_| Error::Input(format!("`git show {spec}`: the file is not valid UTF-8")))?;
+        files.push((name.to_string(), text));
+    }
+    Policies::from_texts(&files, format!("git {rev}:{dir}"))
+}
+
+fn sym_err(e: impl std::fmt::Display) -> Error {
+    Error::Input(format!(
+        "the symbolic check failed to run: {e}. `policy diff` needs the cvc5 solver: \
+         install the Debian package cvc5, or set CVC5 to its path"
+    ))
+}
+
+fn applies(policy: &Policy, env: &RequestEnv) -> bool {
+    match policy.action_constraint() {
+        ActionConstraint::Any => true,
+        ActionConstraint::Eq(a) => &a == env.action(),
+        ActionConstraint::In(list) => list.contains(env.action()),
+    }
+}
+
+fn uid_json(uid: &cedar_policy::EntityUid) -> Json {
+    json!({"type": uid.type_name().to_string(), "id": uid.id().unescaped()})
+}
+
+/// A counterexample as a Cedar-level fixture case that expects OLD's
+/// decision.
+fn case_of(
+    env: &cedar_policy_symcc::Env,
+    action: &str,
+    old_allows: bool,
+    new_allows: bool,
+) -> Result<Json> {
+    let word = |a: bool| if a { "allows" } else { "refuses" };
+    let req = &env.request;
+    let (Some(principal), Some(action_uid), Some(resource)) =
+        (req.principal(), req.action(), req.resource())
+    else {
+        return Err(Error::Internal {
+            doing: "the solver's counterexample has an unknown request variable".into(),
+            source: "incomplete request".into(),
+        });
+    };
+    let mut entities = env.entities.to_json_value().map_err(|e| Error::Internal {
+        doing: "writing the counterexample's entities".into(),
+        source: Box::new(e),
+    })?;
+    // The schema declares the actions; only the principal and resource
+    // entities say anything about this request.
+    if let Json::Array(list) = &mut entities {
+        list.retain(|e| e["uid"]["type"] != "FleetRetire::Action");
+    }
+    Ok(json!({
+        "name": format!("policy diff: OLD {} and NEW {} this {action} request", word(old_allows), word(new_allows)),
+        "description": format!(
+            "Found by `fleet-retire policy diff`. It expects OLD's decision ({}): with NEW's \
+             policies it fails. If the change is intended, flip expect.decision.",
+            if old_allows { "allow" } else { "deny" }
+        ),
+        "request": {
+            "principal": uid_json(principal),
+            "action": uid_json(action_uid),
+            "resource": uid_json(resource),
+        },
+        "entities": entities,
+        "expect": {"decision": if old_allows { "allow" } else { "deny" }},
+    }))
+}
+
+/// Prove how NEW's decisions differ from OLD's, action by action, and what
+/// each policy of NEW contributes. Both sets are compiled under NEW's
+/// schema; an OLD set that does not type-check under it is an error.
+pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
+    runtime.block_on(async {
+        let solver = LocalSolver::cvc5().map_err(sym_err)?;
+        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+        let schema = &new.schema;
+        let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
+        envs.sort_by_key(|e| {
+            let a = e.action().id().unescaped().to_string();
+            (
+                ACTION_ORDER
+                    .iter()
+                    .position(|x| *x == a)
+                    .unwrap_or(usize::MAX),
+                a,
+            )
+        });
+        let mut actions = Vec::new();
+        for env in &envs {
+            let action = env.action().id().unescaped().to_string();
+            let n = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
+            let o = CompiledPolicySet::compile(&old.set, env, schema).map_err(|e| {
+                Error::Policy(format!(
+                    "OLD's policies do not type-check under NEW's schema for {action} ({e}); \
+                     policy diff compares both sets under one schema"
+                ))
+            })?;
+            // NEW allows ⇒ OLD allows; a counterexample: NEW allows, OLD refuses.
+            let more = compiler
+                .check_implies_with_counterexample_opt(&n, &o)
+                .await
+                .map_err(sym_err)?;
+            let fewer = compiler
+                .check_implies_with_counterexample_opt(&o, &n)
+                .await
+                .map_err(sym_err)?;
+            let reversed = MAY_BE_LIVE_ACTIONS.contains(&action.as_str());
+            let (loosened, tightened) = if reversed {
+                (fewer.is_some(), more.is_some())
+            } else {
+                (more.is_some(), fewer.is_some())
+            };
+            let mut counterexamples = Vec::new();
+            if let Some(cex) = &more {
+                counterexamples.push(Counterexample {
+                    direction: if reversed { "tightening" } else { "loosening" },
+                    old_allows: false,
+                    new_allows: true,
+                    case: case_of(cex, &action, false, true)?,
+                });
+            }
+            if let Some(cex) = &fewer {
+                counterexamples.push(Counterexample {
+                    direction: if reversed { "loosening" } else { "tightening" },
+                    old_allows: true,
+                    new_allows: false,
+                    case: case_of(cex, &action, true, false)?,
+                });
+            }
+            actions.push(ActionDiff {
+                request_env: format!("{} {} {}", env.principal(), env.action(), env.resource()),
+                action,
+                allows_more: more.is_some(),
+                allows_fewer: fewer.is_some(),
+                change: Change::of(loosened, tightened),
+                counterexamples,
+            });
+        }
+
+        let mut policies = Vec::new();
+        let mut ordered: Vec<&crate::policy::Rule> = new.ordered_rules();
+        ordered.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        for rule in ordered {
+            let id = cedar_policy::PolicyId::new(&rule.id);
+            let policy = new.set.policy(&id).expect("every rule is in the set");
+            let status = match old.set.policy(&id) {
+                None => "added",
+                Some(p) if p.to_string() == policy.to_string() => "unchanged",
+                Some(_) => "changed",
+            };
+            let mut without = PolicySet::new();
+            for p in new.set.policies().filter(|p| p.id() != &id) {
+                without
+                    .add(p.clone())
+                    .map_err(|e| Error::Policy(e.to_string()))?;
+            }
+            let (mut never, mut redundant) = (true, true);
+            for env in envs.iter().filter(|e| applies(policy, e)) {
+                let compiled = CompiledPolicy::compile(policy, env, schema).map_err(sym_err)?;
+                if !compiler
+                    .check_never_matches_opt(&compiled)
+                    .await
+                    .map_err(sym_err)?
+                {
+                    never = false;
+                }
+                let whole = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
+                let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
+                if !compiler
+                    .check_equivalent_opt(&whole, &less)
+                    .await
+                    .map_err(sym_err)?
+                {
+                    redundant = false;
+                }
+            }
+            policies.push(PolicyNote {
+                id: rule.id.clone(),
+                effect: if rule.effect == Effect::Permit {
+                    "permit"
+                } else {
+                    "forbid"
+                },
+                reason: rule.reason.map(|r| r.code().to_string()),
+                status,
+                never_matches: never,
+                redundant,
+            });
+        }
+        let mut dropped: Vec<&crate::policy::Rule> = old
+            .rules
+            .values()
+            .filter(|r| new.rules.keys().all(|k| k.as_ref() != r.id))
+            .collect();
+        dropped.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        for rule in dropped {
+            policies.push(PolicyNote {
+                id: rule.id.clone(),
+                effect: if rule.effect == Effect::Permit {
+                    "permit"
+                } else {
+                    "forbid"
+                },
+                reason: rule.reason.map(|r| r.code().to_string()),
+                status: "removed",
+                never_matches: false,
+                redundant: false,
+            });
+        }
+        Ok(PolicyDiff {
+            old: old.origin.clone(),
+            new: new.origin.clone(),
+            old_fingerprint: old.fingerprint.clone(),
+            new_fingerprint: new.fingerprint.clone(),
+            schema_changed: old.schema_text != new.schema_text,
+            actions,
+            policies,
+        })
+    })
+}
+
+/// One row or request whose decision differs between OLD and NEW.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Observed {
+    /// The fixture file.
+    pub file: PathBuf,
+    /// The case's name.
+    pub case: String,
+    /// The worker identity, or `profile operation` for a capability case,
+    /// or the request's action for a Cedar-level case.
+    pub subject: String,
+    /// OLD's verdict: `candidate` / a reason code / `allow` / `deny`.
+    pub old: String,
+    /// NEW's verdict.
+    pub new: String,
+    /// NEW lets through what OLD stopped.
+    pub loosens: bool,
+}
+
+/// Run every fixture under both sets, and list every verdict that moved.
+pub fn observe_fixtures(
+    old: &Policies,
+    new: &Policies,
+    files: &[PathBuf],
+) -> Result<Vec<Observed>> {
+    use crate::fixture::Case;
+    let mut out = Vec::new();
+    for file in files {
+        match crate::fixture::load(file)? {
+            Case::Plan(c) => {
+                let (a, b) = (c.plan(old)?, c.plan(new)?);
+                let verdicts = |p: &crate::plan::Plan| -> Vec<(String, String)> {
+                    p.entries
+                        .iter()
+                        .map(|e| {
+                            let v = if e.is_candidate() {
+                                "candidate".to_string()
+                            } else {
+                                e.reason().code().to_string()
+                            };
+                            (p.identity(e), v)
+                        })
+                        .collect()
+                };
+                for ((who, before), (_, after)) in verdicts(&a).into_iter().zip(verdicts(&b)) {
+                    if before != after {
+                        out.push(Observed {
+                            file: file.clone(),
+                            case: c.name.clone(),
+                            subject: who,
+                            loosens: after == "candidate",
+                            old: before,
+                            new: after,
+                        });
+                    }
+                }
+            }
+            Case::Capability(c) => {
+                for (profile, operation, _) in &c.requests {
+                    if !crate::capability::OPERATIONS.contains(&operation.as_str()) {
+                        continue;
+                    }
+                    let ask = |p: &Policies| {
+                        crate::capability::check(p, &c.profiles, profile, operation)
+                            .map(|d| d.allowed)
+                    };
+                    let (before, after) = (ask(old)?, ask(new)?);
+                    if before != after {
+                        out.push(Observed {
+                            file: file.clone(),
+                            case: c.name.clone(),
+                            subject: format!("{profile} {operation}"),
+                            old: word(before),
+                            new: word(after),
+                            loosens: after,
+                        });
+                    }
+                }
+            }
+            Case::Entity(c) => {
+                let (before, after) =
+                    (c.verdict(old, file)?.allowed, c.verdict(new, file)?.allowed);
+                if before != after {
+                    let action = c.action.id().unescaped().to_string();
+                    let reversed = MAY_BE_LIVE_ACTIONS.contains(&action.as_str());
+                    out.push(Observed {
+                        file: file.clone(),
+                        case: c.name.clone(),
+                        subject: action,
+                        old: word(before),
+                        new: word(after),
+                        loosens: after != reversed,
+                    });
+                }
+            }
+            Case::Snapshot(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+fn word(allow: bool) -> String {
+    if allow { "allow" } else { "deny" }.to_string()
+}

@@ -1,0 +1,234 @@
+//! `policy diff` on real policy folders: a loosened forbid, a tightened
+//! one, a reordering, a first-stage change in the dangerous direction, and
+//! a git revision; each counterexample saved as a fixture and run.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cvc5_available() -> bool {
+    std::process::Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A copy of the built-in policies with `edit` applied to retirement.cedar.
+fn edited(edit: impl Fn(&str) -> String) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ] {
+        std::fs::copy(root().join("policies").join(f), dir.path().join(f)).unwrap();
+    }
+    let path = dir.path().join("retirement.cedar");
+    let before = std::fs::read_to_string(&path).unwrap();
+    let after = edit(&before);
+    assert_ne!(before, after, "the edit changed nothing");
+    std::fs::write(&path, after).unwrap();
+    dir
+}
+
+/// `policy diff OLD NEW --format json` (plus `extra`): exit code and report.
+fn diff(old: &str, new: &Path, extra: &[&str]) -> (i32, Value) {
+    let out = bin()
+        .current_dir(root())
+        .args(["--format", "json", "policy", "diff", old])
+        .arg(new)
+        .args(extra)
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    (out.status.code().unwrap(), report)
+}
+
+fn change_of<'a>(report: &'a Value, action: &str) -> &'a Value {
+    report["proved"]["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == action)
+        .unwrap_or_else(|| panic!("no {action} in {report}"))
+}
+
+const DEFAULT_TTL: &str = "       900000000)))";
+
+#[test]
+fn a_loosened_forbid_is_loosened_with_a_counterexample_that_new_retires_and_old_keeps() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    // The 900-second default TTL shortened to 600: rows between 600 and 900
+    // seconds stale become retirable.
+    let new = edited(|t| t.replace(DEFAULT_TTL, "       600000000)))"));
+    let saved = tempfile::tempdir().unwrap();
+    let (code, report) = diff(
+        "policies",
+        new.path(),
+        &[
+            "--fixtures",
+            "fixtures/plan",
+            "--save-counterexamples",
+            saved.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 2, "{report}");
+    assert_eq!(report["overall"], "loosened");
+    let retire = change_of(&report, "retire");
+    assert_eq!(retire["change"], "loosened", "{retire}");
+    for action in ["hold_identity_evidence", "occupy_instance_slot", "apply"] {
+        assert_eq!(change_of(&report, action)["change"], "equivalent");
+    }
+    let notes = report["proved"]["policies"].as_array().unwrap();
+    assert!(notes
+        .iter()
+        .any(|p| p["id"] == "heartbeat-not-expired" && p["status"] == "changed"));
+    // Observed on our fixtures: only candidates gained, from heartbeat_not_expired.
+    let observed = report["observed"].as_array().unwrap();
+    assert!(!observed.is_empty());
+    assert!(observed.iter().all(|o| o["old"] == "heartbeat_not_expired"
+        && o["new"] == "candidate"
+        && o["loosens"] == true));
+
+    // The counterexample, saved: OLD keeps the row (PASS), NEW retires it.
+    let case = saved.path().join("retire-loosening-0.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&case).unwrap()).unwrap();
+    assert_eq!(doc["expect"]["decision"], "deny");
+    let worker = doc["entities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["uid"]["type"] == "FleetRetire::Worker")
+        .unwrap();
+    let age = worker["attrs"]["heartbeat_age_us"].as_i64().unwrap();
+    assert!(
+        (600_000_001..=900_000_000).contains(&age),
+        "the counterexample's heartbeat age {age} µs is not in the loosened band"
+    );
+    let old = bin().arg("test").arg(&case).output().unwrap();
+    assert!(old.status.success(), "{}", text(&old));
+    let with_new = bin()
+        .arg("--policies")
+        .arg(new.path())
+        .arg("test")
+        .arg(&case)
+        .output()
+        .unwrap();
+    assert_eq!(with_new.status.code(), Some(1), "{}", text(&with_new));
+    assert!(text(&with_new).contains("decision: want deny, got allow"));
+}
+
+#[test]
+fn a_tightened_forbid_is_tightened_and_exits_zero() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    let new = edited(|t| t.replace(DEFAULT_TTL, "       1200000000)))"));
+    let (code, report) = diff("policies", new.path(), &["--fixtures", "fixtures/plan"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["overall"], "tightened");
+    let retire = change_of(&report, "retire");
+    assert_eq!(retire["change"], "tightened");
+    assert_eq!(retire["allows_more"], false);
+    let cex = &retire["counterexamples"][0];
+    assert_eq!(cex["direction"], "tightening");
+    assert_eq!(cex["case"]["expect"]["decision"], "allow");
+}
+
+#[test]
+fn a_reordering_is_equivalent() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    // Move the heartbeat forbid's block to the end of the file.
+    let new = edited(|t| {
+        let start = t.find("@id(\"heartbeat-not-expired\")").unwrap();
+        let end = start + t[start..].find("\n};\n").unwrap() + 4;
+        format!("{}{}\n{}", &t[..start], &t[end..], &t[start..end])
+    });
+    let (code, report) = diff("policies", new.path(), &["--fixtures", "fixtures/plan"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["overall"], "equivalent");
+    for a in report["proved"]["actions"].as_array().unwrap() {
+        assert_eq!(a["change"], "equivalent", "{a}");
+        assert!(a["counterexamples"].as_array().unwrap().is_empty());
+    }
+    assert!(report["observed"].as_array().unwrap().is_empty());
+    assert!(report["proved"]["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["status"] == "unchanged"));
+}
+
+/// For a first-stage action the dangerous direction is the other one: a
+/// row that no longer counts as holding its identity evidence stops
+/// protecting the rows that share it.
+#[test]
+fn fewer_rows_holding_identity_evidence_is_a_loosening() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    // An active row whose pid cannot be probed no longer holds its evidence.
+    let new = edited(|t| {
+        t.replacen(
+            "   resource.pid_probe == \"unknown\" ||\n   !resource.heartbeat_parsed)\n};",
+            "   !resource.heartbeat_parsed)\n};",
+            1,
+        )
+    });
+    let (code, report) = diff("policies", new.path(), &["--fixtures", "fixtures/plan"]);
+    let hold = change_of(&report, "hold_identity_evidence");
+    assert_eq!(hold["allows_more"], false, "{hold}");
+    assert_eq!(hold["allows_fewer"], true, "{hold}");
+    assert_eq!(hold["change"], "loosened");
+    assert_eq!(hold["counterexamples"][0]["direction"], "loosening");
+    assert_eq!(change_of(&report, "retire")["change"], "equivalent");
+    assert_eq!(report["overall"], "loosened");
+    assert_eq!(code, 2);
+    // Our fixture of a pid shared with an unprobeable worker shows it.
+    assert!(
+        report["observed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["loosens"] == true && o["new"] == "candidate"),
+        "{}",
+        report["observed"]
+    );
+}
+
+#[test]
+fn a_git_revision_reads_its_policies_folder() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    if !root().join(".git").exists() {
+        eprintln!("skipped: not a git checkout");
+        return;
+    }
+    let (code, report) = diff("HEAD", Path::new("HEAD:policies"), &[]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["overall"], "equivalent");
+    assert_eq!(report["proved"]["old"], "git HEAD:policies");
+    let out = bin()
+        .current_dir(root())
+        .args(["policy", "diff", "no-such-revision-xyz", "policies"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("neither a policy folder nor a git revision"),
+        "{}",
+        text(&out)
+    );
+}
