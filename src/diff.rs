@@ -460,31 +460,7 @@ pub fn observe_fixtures(
         match crate::fixture::load(file)? {
             Case::Plan(c) => {
                 let (a, b) = (c.plan(old)?, c.plan(new)?);
-                let verdicts = |p: &crate::plan::Plan| -> Vec<(String, String)> {
-                    p.entries
-                        .iter()
-                        .map(|e| {
-                            let v = if e.is_candidate() {
-                                "candidate".to_string()
-                            } else {
-                                e.reason().code().to_string()
-                            };
-                            (p.identity(e), v)
-                        })
-                        .collect()
-                };
-                for ((who, before), (_, after)) in verdicts(&a).into_iter().zip(verdicts(&b)) {
-                    if before != after {
-                        out.push(Observed {
-                            file: file.clone(),
-                            case: c.name.clone(),
-                            subject: who,
-                            loosens: after == "candidate",
-                            old: before,
-                            new: after,
-                        });
-                    }
-                }
+                out.extend(compare_plans(&a, &b, file, &c.name));
             }
             Case::Capability(c) => {
                 for (profile, operation, _) in &c.requests {
@@ -528,6 +504,58 @@ pub fn observe_fixtures(
         }
     }
     Ok(out)
+}
+
+/// Every row whose verdict differs between two plans of the same rows.
+pub fn compare_plans(
+    a: &crate::plan::Plan,
+    b: &crate::plan::Plan,
+    file: &Path,
+    case: &str,
+) -> Vec<Observed> {
+    let verdict = |e: &crate::plan::Entry| {
+        if e.is_candidate() {
+            "candidate".to_string()
+        } else {
+            e.reason().code().to_string()
+        }
+    };
+    a.entries
+        .iter()
+        .zip(&b.entries)
+        .filter_map(|(x, y)| {
+            let (before, after) = (verdict(x), verdict(y));
+            (before != after).then(|| Observed {
+                file: file.to_path_buf(),
+                case: case.to_string(),
+                subject: a.identity(x),
+                loosens: after == "candidate",
+                old: before,
+                new: after,
+            })
+        })
+        .collect()
+}
+
+/// Plan a real registry under both sets, on one reading of the rows and
+/// one set of probe answers, and list every verdict that moved.
+pub fn observe_registry(
+    old: &Policies,
+    new: &Policies,
+    registry: &Path,
+    leases: &Path,
+    proc_root: &Path,
+    canonical_repository: String,
+) -> Result<(usize, Vec<Observed>)> {
+    let rows = crate::evidence::registry::load(registry)?;
+    let lease_rows = crate::evidence::leases::load(leases)?;
+    let facts =
+        crate::observe::RunFacts::of_this_host(proc_root, Some(canonical_repository), &lease_rows);
+    let system = crate::evidence::probe::SystemProbe::new(proc_root);
+    let recording = crate::evidence::probe::RecordingProbe::new(&system);
+    let a = crate::plan::plan(rows.clone(), facts.clone(), &recording, old)?;
+    let b = crate::plan::plan(rows, facts, &recording.given(), new)?;
+    Ok((a.entries.len(), compare_plans(&a, &b, registry, "registry")))
 }
 
 fn word(allow: bool) -> String {

@@ -232,3 +232,41 @@ fn a_git_revision_reads_its_policies_folder() {
         text(&out)
     );
 }
+
+/// The registry flags: one reading of a real registry, real probes, judged
+/// under both sets.
+#[test]
+fn a_registry_shows_the_rows_whose_verdict_moves() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    let (pid, start) = dead_process();
+    let now = fleet_retire::time::now();
+    let stamp = |ago_s: i64| fleet_retire::time::format_ts(now - ago_s * 1_000_000);
+    // A TTL that is not a number falls back to the default, 900 s; 700 s
+    // without a heartbeat is fresh under OLD and stale under NEW's 600 s.
+    let mut between = stale_row("w-between", pid, &start);
+    between["heartbeat_ttl_seconds"] = "abc".into();
+    between["last_heartbeat_at"] = stamp(700).into();
+    let stores = Stores::new(&[between]);
+    let new = edited(|t| t.replace(DEFAULT_TTL, "       600000000)))"));
+    let (code, report) = diff(
+        "policies",
+        new.path(),
+        &[
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--canonical-repository",
+            "prgs/gitea-tools",
+        ],
+    );
+    assert_eq!(code, 2, "{report}");
+    assert_eq!(report["registry_rows"], 1);
+    let observed = report["observed"].as_array().unwrap();
+    assert_eq!(observed.len(), 1, "{report}");
+    assert_eq!(observed[0]["subject"], "w-between");
+    assert_eq!(observed[0]["old"], "heartbeat_not_expired");
+    assert_eq!(observed[0]["new"], "candidate");
+}

@@ -51,6 +51,19 @@ pub enum PolicyCommand {
         /// Write each counterexample case into DIR as a fixture file.
         #[arg(long, value_name = "DIR")]
         save_counterexamples: Option<std::path::PathBuf>,
+        /// Also plan this worker registry under both sets (one reading,
+        /// one set of probe answers) and list every verdict that moves.
+        #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH", requires_all = ["leases", "canonical_repository"])]
+        registry: Option<std::path::PathBuf>,
+        /// The lease store, with --registry.
+        #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+        leases: Option<std::path::PathBuf>,
+        /// The expected repository binding, with --registry.
+        #[arg(long, value_name = "REPO", value_parser = crate::text::nonblank_repository)]
+        canonical_repository: Option<String>,
+        /// Root of the proc filesystem.
+        #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
+        proc_root: std::path::PathBuf,
     },
 }
 
@@ -232,6 +245,7 @@ fn diff(
     new: &str,
     fixtures: &[std::path::PathBuf],
     save: Option<&std::path::Path>,
+    world: Option<(&std::path::Path, &std::path::Path, &std::path::Path, String)>,
 ) -> Result<ExitCode> {
     let (old_set, new_set) = (crate::diff::load_named(old)?, crate::diff::load_named(new)?);
     let proved = crate::diff::diff(&old_set, &new_set)?;
@@ -240,7 +254,15 @@ fn diff(
     } else {
         crate::fixture::collect(fixtures)?
     };
-    let observed = crate::diff::observe_fixtures(&old_set, &new_set, &files)?;
+    let mut observed = crate::diff::observe_fixtures(&old_set, &new_set, &files)?;
+    let mut registry_rows = None;
+    if let Some((registry, leases, proc_root, canonical)) = world {
+        let (n, moved) = crate::diff::observe_registry(
+            &old_set, &new_set, registry, leases, proc_root, canonical,
+        )?;
+        registry_rows = Some((registry.display().to_string(), n));
+        observed.extend(moved);
+    }
     let mut saved = Vec::new();
     if let Some(dir) = save {
         std::fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create the folder"))?;
@@ -264,6 +286,7 @@ fn diff(
                 "proved": proved,
                 "observed": observed,
                 "fixtures_run": files.len(),
+                "registry_rows": registry_rows.as_ref().map(|(_, n)| n),
                 "saved": saved,
             }))
             .expect("a diff serialises")
@@ -330,16 +353,33 @@ fn diff(
                 }
                 crate::outln!("  {:<7} {:<40} {}", p.effect, esc(&p.id), notes.join("; "))?;
             }
-            if !files.is_empty() {
+            if !files.is_empty() || registry_rows.is_some() {
+                let mut on = Vec::new();
+                if !files.is_empty() {
+                    on.push(format!("{} fixture file(s)", files.len()));
+                }
+                if let Some((path, n)) = &registry_rows {
+                    on.push(format!("{n} row(s) of {}", esc(path)));
+                }
                 crate::outln!(
-                    "\nobserved on {} fixture file(s): {} verdict(s) moved",
-                    files.len(),
+                    "\nobserved on {}: {} verdict(s) moved",
+                    on.join(" and "),
                     observed.len()
                 )?;
                 let mut counts: std::collections::BTreeMap<(String, String), usize> =
                     Default::default();
-                for o in &observed {
+                const SHOWN: usize = 50;
+                for (n, o) in observed.iter().enumerate() {
                     *counts.entry((o.old.clone(), o.new.clone())).or_default() += 1;
+                    if n == SHOWN {
+                        crate::outln!(
+                            "  ... {} more (--format json lists every one)",
+                            observed.len() - SHOWN
+                        )?;
+                    }
+                    if n >= SHOWN {
+                        continue;
+                    }
                     crate::outln!(
                         "  {} {} {}: {} -> {}",
                         if o.loosens { "LOOSENS" } else { "tightens" },
@@ -385,6 +425,25 @@ pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
             new,
             fixtures,
             save_counterexamples,
-        } => diff(cli, old, new, fixtures, save_counterexamples.as_deref()),
+            registry,
+            leases,
+            canonical_repository,
+            proc_root,
+        } => {
+            let world = match (registry, leases, canonical_repository) {
+                (Some(r), Some(l), Some(c)) => {
+                    Some((r.as_path(), l.as_path(), proc_root.as_path(), c.clone()))
+                }
+                _ => None,
+            };
+            diff(
+                cli,
+                old,
+                new,
+                fixtures,
+                save_counterexamples.as_deref(),
+                world,
+            )
+        }
     }
 }

@@ -158,6 +158,44 @@ impl ProcessProbe for GivenProbe {
     }
 }
 
+/// A probe that remembers every answer it gave, so the same answers can be
+/// given again (`policy diff` judges one registry under two policy sets on
+/// one set of probes; `fixture capture` writes them into the case).
+pub struct RecordingProbe<'a> {
+    inner: &'a dyn ProcessProbe,
+    seen: std::sync::Mutex<HashMap<i64, PidObservation>>,
+}
+
+impl<'a> RecordingProbe<'a> {
+    /// Record what `inner` answers.
+    pub fn new(inner: &'a dyn ProcessProbe) -> Self {
+        RecordingProbe {
+            inner,
+            seen: Default::default(),
+        }
+    }
+
+    /// The answers given so far, as a probe that gives them again.
+    pub fn given(&self) -> GivenProbe {
+        GivenProbe {
+            processes: self.seen.lock().map(|m| m.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+impl ProcessProbe for RecordingProbe<'_> {
+    fn observe(&self, pid: i64) -> PidObservation {
+        if let Some(known) = self.seen.lock().ok().and_then(|m| m.get(&pid).cloned()) {
+            return known;
+        }
+        let answer = self.inner.observe(pid);
+        if let Ok(mut m) = self.seen.lock() {
+            m.insert(pid, answer.clone());
+        }
+        answer
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
