@@ -213,6 +213,26 @@ pub struct Decision {
     pub explanation: String,
 }
 
+/// The entities and the principal, action and resource of the request
+/// "may `profile` do `operation`?".
+pub fn request_parts(
+    policies: &Policies,
+    profiles: &Profiles,
+    profile: &str,
+    operation: &str,
+) -> Result<(Entities, EntityUid, EntityUid, EntityUid)> {
+    let operator = operator_entity(profile, profiles.profiles.get(profile))?;
+    let registry = Entity::new_no_attrs(uid("FleetRetire::Registry", "registry"), HashSet::new());
+    let entities = Entities::from_entities([operator, registry], Some(&policies.schema))
+        .map_err(|e| Error::Policy(format!("operator entity does not fit the schema: {e}")))?;
+    Ok((
+        entities,
+        uid("FleetRetire::Operator", profile),
+        uid("FleetRetire::Action", operation),
+        uid("FleetRetire::Registry", "registry"),
+    ))
+}
+
 /// Ask the capability policies.
 pub fn check(
     policies: &Policies,
@@ -221,10 +241,8 @@ pub fn check(
     operation: &str,
 ) -> Result<Decision> {
     let entry = profiles.profiles.get(profile);
-    let operator = operator_entity(profile, entry)?;
-    let registry = Entity::new_no_attrs(uid("FleetRetire::Registry", "registry"), HashSet::new());
-    let entities = Entities::from_entities([operator, registry], Some(&policies.schema))
-        .map_err(|e| Error::Policy(format!("operator entity does not fit the schema: {e}")))?;
+    let (entities, principal, action, resource) =
+        request_parts(policies, profiles, profile, operation)?;
     if !OPERATIONS.contains(&operation) {
         return Ok(Decision {
             allowed: false,
@@ -235,9 +253,9 @@ pub fn check(
         policies,
         &Authorizer::new(),
         &entities,
-        &uid("FleetRetire::Operator", profile),
-        &uid("FleetRetire::Action", operation),
-        &uid("FleetRetire::Registry", "registry"),
+        &principal,
+        &action,
+        &resource,
     );
     if verdict.allowed {
         return Ok(Decision {

@@ -8,6 +8,7 @@
 pub mod apply;
 pub mod capability;
 pub mod cli;
+pub mod coverage;
 pub mod diff;
 pub mod error;
 pub mod evidence;

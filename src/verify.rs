@@ -288,45 +288,150 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
         }
 
         // 3. Each forbid: does the set without it allow more?
-        let mut forbids = Vec::new();
-        let retire = envs
-            .iter()
-            .find(|e| e.action().id().unescaped() == "retire");
-        if let Some(env) = retire {
-            let whole = CompiledPolicySet::compile(&eligibility, env, schema).map_err(sym_err)?;
-            let mut rules: Vec<&crate::policy::Rule> = policies
-                .rules
-                .values()
-                .filter(|r| r.file == ELIGIBILITY_FILE && r.reason.is_some())
-                .collect();
-            rules.sort_by(|a, b| (a.order, &a.id).cmp(&(b.order, &b.id)));
-            for rule in rules {
-                let mut without = PolicySet::new();
-                for p in eligibility
-                    .policies()
-                    .filter(|p| p.id().as_ref() != rule.id)
-                {
-                    without
-                        .add(p.clone())
-                        .map_err(|e| Error::Policy(e.to_string()))?;
-                }
-                let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
-                let cex = compiler
-                    .check_implies_with_counterexample_opt(&less, &whole)
-                    .await
-                    .map_err(sym_err)?;
-                forbids.push(ForbidRole {
-                    forbid: rule.id.clone(),
-                    reason: rule
-                        .reason
-                        .map(|r| r.code())
-                        .unwrap_or_default()
-                        .to_string(),
-                    shadowed: cex.is_none(),
-                    counterexample: cex.as_ref().map(describe),
-                });
-            }
-        }
+        let forbids = forbid_roles_with(&mut compiler, policies).await?;
         Ok(Verification { proofs, forbids })
+    })
+}
+
+async fn forbid_roles_with(
+    compiler: &mut CedarSymCompiler<LocalSolver>,
+    policies: &Policies,
+) -> Result<Vec<ForbidRole>> {
+    let schema = &policies.schema;
+    let envs: Vec<RequestEnv> = schema.request_envs().collect();
+    let eligibility = subset(policies, ELIGIBILITY_FILE)?;
+    let mut forbids = Vec::new();
+    let retire = envs
+        .iter()
+        .find(|e| e.action().id().unescaped() == "retire");
+    if let Some(env) = retire {
+        let whole = CompiledPolicySet::compile(&eligibility, env, schema).map_err(sym_err)?;
+        let mut rules: Vec<&crate::policy::Rule> = policies
+            .rules
+            .values()
+            .filter(|r| r.file == ELIGIBILITY_FILE && r.reason.is_some())
+            .collect();
+        rules.sort_by(|a, b| (a.order, &a.id).cmp(&(b.order, &b.id)));
+        for rule in rules {
+            let mut without = PolicySet::new();
+            for p in eligibility
+                .policies()
+                .filter(|p| p.id().as_ref() != rule.id)
+            {
+                without
+                    .add(p.clone())
+                    .map_err(|e| Error::Policy(e.to_string()))?;
+            }
+            let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
+            let cex = compiler
+                .check_implies_with_counterexample_opt(&less, &whole)
+                .await
+                .map_err(sym_err)?;
+            forbids.push(ForbidRole {
+                forbid: rule.id.clone(),
+                reason: rule
+                    .reason
+                    .map(|r| r.code())
+                    .unwrap_or_default()
+                    .to_string(),
+                shadowed: cex.is_none(),
+                counterexample: cex.as_ref().map(describe),
+            });
+        }
+    }
+    Ok(forbids)
+}
+
+/// Which eligibility forbids are shadowed (the set without one decides
+/// every retire request alike), by forbid id; needs cvc5.
+pub fn shadowed_forbids(policies: &Policies) -> Result<std::collections::BTreeMap<String, bool>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
+    runtime.block_on(async {
+        let solver = LocalSolver::cvc5().map_err(sym_err)?;
+        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+        Ok(forbid_roles_with(&mut compiler, policies)
+            .await?
+            .into_iter()
+            .map(|f| (f.forbid, f.shadowed))
+            .collect())
+    })
+}
+
+/// The same policy with the effect `permit`: its condition as an allow, so
+/// that "this forbid matches" can be compared by policy-set implication.
+fn as_permit(policy: &Policy) -> Result<Policy> {
+    let mut json = policy
+        .to_json()
+        .map_err(|e| Error::Policy(format!("{}: {e}", policy.id())))?;
+    json["effect"] = serde_json::Value::from("permit");
+    Policy::from_json(Some(policy.id().clone()), json)
+        .map_err(|e| Error::Policy(format!("{}: {e}", policy.id())))
+}
+
+/// Per forbid, whether it can never be the deciding one: proved that for
+/// every request it matches, a forbid of lower `@order` (same file) also
+/// matches. Such a forbid only ever adds a reason code after the primary
+/// one, so no case can show it deciding. Needs cvc5.
+pub fn never_primary_forbids(
+    policies: &Policies,
+) -> Result<std::collections::BTreeMap<String, bool>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
+    runtime.block_on(async {
+        let solver = LocalSolver::cvc5().map_err(sym_err)?;
+        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+        let schema = &policies.schema;
+        let envs: Vec<RequestEnv> = schema.request_envs().collect();
+        let forbids: Vec<&crate::policy::Rule> = policies
+            .ordered_rules()
+            .into_iter()
+            .filter(|r| r.effect == cedar_policy::Effect::Forbid)
+            .collect();
+        let policy = |r: &crate::policy::Rule| {
+            policies
+                .set
+                .policy(&cedar_policy::PolicyId::new(&r.id))
+                .expect("every rule is in the set")
+                .clone()
+        };
+        let mut out = std::collections::BTreeMap::new();
+        for rule in &forbids {
+            let p = policy(rule);
+            let mut alone = PolicySet::new();
+            alone
+                .add(as_permit(&p)?)
+                .map_err(|e| Error::Policy(e.to_string()))?;
+            let mut earlier = PolicySet::new();
+            for q in forbids
+                .iter()
+                .filter(|q| q.file == rule.file && (q.order, &q.id) < (rule.order, &rule.id))
+            {
+                earlier
+                    .add(as_permit(&policy(q))?)
+                    .map_err(|e| Error::Policy(e.to_string()))?;
+            }
+            let mut never = true;
+            for env in envs.iter().filter(|e| applies(&p, e)) {
+                let a = CompiledPolicySet::compile(&alone, env, schema).map_err(sym_err)?;
+                let b = CompiledPolicySet::compile(&earlier, env, schema).map_err(sym_err)?;
+                if !compiler.check_implies_opt(&a, &b).await.map_err(sym_err)? {
+                    never = false;
+                    break;
+                }
+            }
+            out.insert(rule.id.clone(), never);
+        }
+        Ok(out)
     })
 }

@@ -246,3 +246,132 @@ fn a_malformed_fixture_names_its_file_and_member() {
         assert!(err.contains(want), "{file}: want {want:?} in {err}");
     }
 }
+
+/// `test --coverage` against what the fixtures say by hand: per case, the
+/// forbids it reports deciding carry exactly the primary reason codes the
+/// case expects of its preserved rows, and the retire permit decides
+/// exactly the cases that expect a candidate.
+#[test]
+fn coverage_of_our_fixtures_matches_what_they_expect() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = bin()
+        .current_dir(root)
+        .args([
+            "--format",
+            "json",
+            "test",
+            "fixtures/plan",
+            "fixtures/capabilities",
+            "--coverage",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let policies = report["coverage"]["policies"].as_array().unwrap();
+    let mut want: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for file in collect(&[root.join("fixtures/plan")]).unwrap() {
+        let Case::Plan(case) = load(&file).unwrap() else {
+            continue;
+        };
+        let label = format!(
+            "{} ({})",
+            case.name,
+            file.strip_prefix(root).unwrap().display()
+        );
+        let codes = want.entry(label).or_default();
+        codes.extend(
+            case.expect
+                .preserved
+                .iter()
+                .flatten()
+                .map(|(_, c)| c.clone()),
+        );
+        if case
+            .expect
+            .candidates
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
+        {
+            codes.insert("candidate".into());
+        }
+    }
+    let mut got: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = want
+        .keys()
+        .map(|k| (k.clone(), Default::default()))
+        .collect();
+    for p in policies {
+        let code = if p["id"] == "retire-when-nothing-forbids" {
+            "candidate".to_string()
+        } else if p["file"] == "retirement.cedar" && p["effect"] == "forbid" {
+            p["reason"].as_str().unwrap().to_string()
+        } else {
+            continue;
+        };
+        for case in p["decided"].as_array().unwrap() {
+            if let Some(codes) = got.get_mut(case.as_str().unwrap()) {
+                codes.insert(code.clone());
+            }
+        }
+    }
+    assert_eq!(got, want);
+    // Capability cases: the malformed-entry forbid decides the malformed case.
+    let malformed = policies
+        .iter()
+        .find(|p| p["id"] == "unknown-or-malformed-profile")
+        .unwrap();
+    assert!(malformed["decided"][0]
+        .as_str()
+        .unwrap()
+        .contains("malformed-entries.json"));
+}
+
+/// With the solver: our fixtures reach 100 %, the forbids that never
+/// decide are exactly the ones proved never to, and --min-coverage fails a
+/// run that falls short.
+#[test]
+fn our_fixtures_reach_full_coverage_and_min_coverage_gates() {
+    if skip_unless(
+        std::process::Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "cvc5",
+    ) {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = |paths: &[&str], min: &str| {
+        bin()
+            .current_dir(root)
+            .args(["--format", "json", "test"])
+            .args(paths)
+            .args(["--coverage", "--min-coverage", min])
+            .output()
+            .unwrap()
+    };
+    let out = run(&["fixtures/plan", "fixtures/capabilities"], "100");
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["coverage"]["forbids_deciding_percent"], 100.0);
+    for p in report["coverage"]["policies"].as_array().unwrap() {
+        if p["effect"] != "forbid" {
+            continue;
+        }
+        let decides = !p["decided"].as_array().unwrap().is_empty();
+        assert_eq!(
+            p["never_primary"] == true,
+            !decides,
+            "a forbid that never decides must be proved never to, and only such: {p}"
+        );
+    }
+    // One fixture alone covers little: the gate fails with exit 1.
+    let out = run(&["fixtures/plan/pid-alive.json"], "90");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("below --min-coverage 90"),
+        "{}",
+        text(&out)
+    );
+}
