@@ -418,12 +418,21 @@ impl Ctx<'_> {
 /// Parse one fixture file: serde reads it as [`UncheckedCase`], then each
 /// member is checked, and every error names the file and the member.
 pub fn load(path: &Path) -> Result<Case> {
-    let ctx = Ctx { path };
     let fixture_err = |message: String| Error::Fixture {
         path: path.to_path_buf(),
         message,
     };
     let (doc, _) = crate::jsonfile::read_json(path).map_err(fixture_err)?;
+    parse(path, doc)
+}
+
+/// Check a fixture document already read (`path` names it in errors).
+pub fn parse(path: &Path, doc: Json) -> Result<Case> {
+    let ctx = Ctx { path };
+    let fixture_err = |message: String| Error::Fixture {
+        path: path.to_path_buf(),
+        message,
+    };
     if !doc.is_object() {
         return Err(ctx.err("(top level)", format!("expected an object, found {doc}")));
     }

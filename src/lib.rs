@@ -7,6 +7,7 @@
 
 pub mod apply;
 pub mod capability;
+pub mod capture;
 pub mod cli;
 pub mod coverage;
 pub mod diff;

@@ -107,7 +107,7 @@ pub fn process_identity(row: &Row) -> Value {
     }
 }
 
-fn conflict_keys<'a>(
+pub(crate) fn conflict_keys<'a>(
     row: &'a Row,
     process_identity: &'a Value,
 ) -> Vec<(&'static str, Cow<'a, str>)> {
@@ -161,6 +161,24 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
         obs.identity_row_count = count;
     }
     out
+}
+
+/// Which of `protections` match `row` ("field=value").
+pub fn protection_hits(row: &Row, p: &Protections) -> Vec<String> {
+    let mut hits = Vec::new();
+    let id = row.get(Col::WorkerIdentity).canon_cow();
+    if !id.is_empty() && p.worker_identities.contains(id.as_ref()) {
+        hits.push(format!("worker_identity={id}"));
+    }
+    let session = row.get(Col::SessionId).canon_cow();
+    if p.session_ids.contains(session.as_ref()) {
+        hits.push(format!("session_id={session}"));
+    }
+    let pid_text = row.get(Col::Pid).canon_cow();
+    if p.pids.contains(pid_text.as_ref()) {
+        hits.push(format!("pid={pid_text}"));
+    }
+    hits
 }
 
 /// Per row, how many rows carry its (non-empty) identity.
@@ -284,20 +302,7 @@ fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observa
         row.get(Col::InstanceIdSource).as_text(),
     );
     let ownership = ownership_state(row, live, historical, identity.trusted);
-    let p = &facts.protections;
-    let mut protected_hits = Vec::new();
-    let id = row.get(Col::WorkerIdentity).canon_cow();
-    if !id.is_empty() && p.worker_identities.contains(id.as_ref()) {
-        protected_hits.push(format!("worker_identity={id}"));
-    }
-    let session = row.get(Col::SessionId).canon_cow();
-    if p.session_ids.contains(session.as_ref()) {
-        protected_hits.push(format!("session_id={session}"));
-    }
-    let pid_text = row.get(Col::Pid).canon_cow();
-    if p.pids.contains(pid_text.as_ref()) {
-        protected_hits.push(format!("pid={pid_text}"));
-    }
+    let protected_hits = protection_hits(row, &facts.protections);
     Observation {
         pid,
         liveness,

@@ -375,3 +375,159 @@ fn our_fixtures_reach_full_coverage_and_min_coverage_gates() {
         text(&out)
     );
 }
+
+/// A copy of the built-in policy folder without the policy `id`.
+fn policies_without(id: &str) -> tempfile::TempDir {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ] {
+        std::fs::copy(root.join("policies").join(f), dir.path().join(f)).unwrap();
+    }
+    let path = dir.path().join("retirement.cedar");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find(&format!("@id(\"{id}\")")).unwrap();
+    let end = start + text[start..].find("\n};\n").unwrap() + 4;
+    std::fs::write(&path, format!("{}{}", &text[..start], &text[end..])).unwrap();
+    dir
+}
+
+/// The acceptance of `fixture capture`: a real registry with real
+/// processes (a live worker and dead ones) and a real lease store. The
+/// captured case holds the rows that bear on the chosen ones, the probe
+/// answers and the lease, hides the secrets, passes at once, and fails once
+/// the deciding policy is deleted.
+#[test]
+fn a_captured_case_passes_and_fails_once_its_deciding_policy_is_gone() {
+    let sleeper = KillOnDrop(spawn_sleeper());
+    let live_pid = sleeper.id() as i64;
+    let live_start = start_time(sleeper.id());
+    let now = fleet_retire::time::format_ts(fleet_retire::time::now());
+    let mut live = stale_row("w-live", live_pid, &live_start);
+    live["session_id"] = json!("sess-shared");
+    live["last_heartbeat_at"] = json!(now);
+    live["token_fingerprint"] = json!("tok-SECRET-live");
+    let (dead_pid, dead_start) = dead_process();
+    let mut dead = stale_row("w-dead", dead_pid, &dead_start);
+    dead["session_id"] = json!("sess-shared");
+    dead["token_fingerprint"] = json!("tok-SECRET-dead");
+    let mut leased = stale_row("w-leased", dead_pid, &dead_start);
+    leased["pid"] = json!(dead_pid + 100_000);
+    leased["remote"] = json!("https://bot:hunter2@git.example/prgs");
+    let mut unrelated = stale_row("w-unrelated", dead_pid + 200_000, &dead_start);
+    unrelated["client_instance_id"] = json!("inst-codex-20260730T100000Z-0000000000ff");
+    let stores = Stores::new(&[live, dead, leased, unrelated]);
+    std::fs::remove_file(&stores.leases).unwrap();
+    leases(
+        &stores.leases,
+        &[
+            json!({"lease_id": "l-1", "role": "author", "target": "pr-1", "status": "active",
+                   "owner_worker_identity": "w-leased"}),
+            json!({"lease_id": "l-2", "role": "author", "target": "pr-2", "status": "active",
+                   "owner_worker_identity": "w-elsewhere"}),
+        ],
+    );
+    let out_path = stores.dir.path().join("captured.json");
+    let out = bin()
+        .args([
+            "fixture",
+            "capture",
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--canonical-repository",
+            "prgs/gitea-tools",
+            "--profiles",
+            stores.profiles.to_str().unwrap(),
+            "--profile",
+            "controller-prgs",
+            "--worker",
+            "w-dead",
+            "--worker",
+            "w-leased",
+            "--out",
+            out_path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("replaced"), "{}", text(&out));
+    let written = std::fs::read_to_string(&out_path).unwrap();
+    assert!(
+        !written.contains("SECRET") && !written.contains("hunter2"),
+        "{written}"
+    );
+    let case: Value = serde_json::from_str(&written).unwrap();
+    let ids: Vec<&str> = case["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["worker_identity"].as_str().unwrap())
+        .collect();
+    // The session peer comes along (and the slot's other claimants); the
+    // row of another instance does not.
+    assert_eq!(ids, ["w-live", "w-dead", "w-leased"]);
+    assert_eq!(case["leases"].as_array().unwrap().len(), 1);
+    assert_eq!(case["leases"][0]["lease_id"], "l-1");
+    assert_eq!(
+        case["processes"][live_pid.to_string()],
+        json!({"alive": true, "start_time": live_start})
+    );
+    assert_eq!(case["processes"][dead_pid.to_string()]["alive"], false);
+    assert_eq!(
+        case["expect"]["preserved"]["w-dead"],
+        "conflicting_identity_evidence"
+    );
+    assert_eq!(
+        case["expect"]["preserved"]["w-leased"],
+        "protected_active_workflow_owner"
+    );
+    assert_eq!(case["expect"]["preserved"]["w-live"], "worker_live");
+
+    // Passes at once, even after the sleeper is gone: the probes are given.
+    drop(sleeper);
+    let pass = bin().arg("test").arg(&out_path).output().unwrap();
+    assert!(pass.status.success(), "{}", text(&pass));
+    // Without the deciding policy the dead row would be retired.
+    let without = policies_without("identity-evidence-shared");
+    let fail = bin()
+        .arg("--policies")
+        .arg(without.path())
+        .arg("test")
+        .arg(&out_path)
+        .output()
+        .unwrap();
+    assert_eq!(fail.status.code(), Some(1), "{}", text(&fail));
+    assert!(
+        text(&fail).contains("\"w-dead\": want conflicting_identity_evidence"),
+        "{}",
+        text(&fail)
+    );
+
+    // A selection that matches nothing is an error that says so.
+    let none = bin()
+        .args([
+            "fixture",
+            "capture",
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--canonical-repository",
+            "prgs/gitea-tools",
+            "--profiles",
+            stores.profiles.to_str().unwrap(),
+            "--profile",
+            "controller-prgs",
+            "--worker",
+            "w-nobody",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(1));
+    assert!(text(&none).contains("no row of"), "{}", text(&none));
+}

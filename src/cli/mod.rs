@@ -3,6 +3,7 @@
 pub mod apply;
 pub mod demo;
 pub mod explain;
+pub mod fixture;
 pub mod grants;
 pub mod launch;
 pub mod plan;
@@ -71,6 +72,8 @@ pub enum Command {
     Policy(policy::PolicyArgs),
     /// Run policy regression fixtures (files or folders of JSON cases).
     Test(test::TestArgs),
+    /// Make fixtures: capture rows of a real registry as a case.
+    Fixture(fixture::FixtureArgs),
 }
 
 /// Where the registry and lease store are.
@@ -150,6 +153,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Plan(args) => plan::run(&cli, args),
         Command::Apply(args) => apply::run(&cli, args),
         Command::Test(args) => test::run(&cli, args),
+        Command::Fixture(args) => fixture::run(&cli, args),
         Command::Snapshot(args) => snapshot::run(&cli, args),
         Command::Launch(args) => launch::run(&cli, args),
         Command::Serve(args) => serve::run(&cli, args),

@@ -1,0 +1,420 @@
+//! `fixture capture`: turn rows of a real registry into a fixture case
+//! (docs/fixtures.md) that reproduces today's verdict on them.
+//!
+//! The case holds each chosen row and every row that bears on its verdict:
+//! rows with the same worker identity, rows sharing any identity evidence
+//! value (session, generation, process identity, pid), and the other
+//! active claimants of its (instance, namespace) slot. The first-stage
+//! answers a peer contributes are judged on the peer alone, so these rows
+//! are enough to reproduce the chosen rows' verdicts. It also holds the
+//! active leases that protect any captured row, the probe answers observed
+//! now for every captured pid, this host's facts and the planning clock.
+//!
+//! Secrets are replaced by stable placeholders (`token_fingerprint`, and the
+//! credentials of any URL with a user part); the capture reports what it
+//! replaced. Before the case is handed out it is planned on its own, and
+//! every chosen row must get the verdict it has in the registry: a capture
+//! that cannot reproduce its rows is refused rather than written.
+
+use crate::error::{Error, Result};
+use crate::evidence::leases::Protections;
+use crate::evidence::probe::{RecordingProbe, SystemProbe};
+use crate::observe::{conflict_keys, RunFacts};
+use crate::plan::{Entry, Plan};
+use crate::policy::Policies;
+use crate::row::{Col, COLUMNS};
+use crate::value::Value;
+use serde_json::{json, Map, Value as Json};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+/// Which rows to capture.
+#[derive(Debug, Clone)]
+pub enum Selection {
+    /// These worker identities (canonical text, exact).
+    Workers(Vec<String>),
+    /// Every preserved row whose primary reason is this code.
+    PreservedBy(String),
+    /// Every candidate.
+    Candidates,
+}
+
+/// A captured case and what was done to make it.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    /// The fixture document.
+    pub case: Json,
+    /// The chosen rows' identities.
+    pub chosen: Vec<String>,
+    /// How many rows the case holds.
+    pub rows: usize,
+    /// How many values were replaced by placeholders, by column.
+    pub redacted: BTreeMap<String, usize>,
+}
+
+fn verdict_of(entry: &Entry) -> String {
+    if entry.is_candidate() {
+        "candidate".into()
+    } else {
+        entry.reason().code().into()
+    }
+}
+
+/// Read the registry and leases, probe this host, plan, and capture the
+/// selected rows as a fixture case.
+pub fn capture_from_files(
+    registry: &Path,
+    leases: &Path,
+    proc_root: &Path,
+    canonical_repository: String,
+    policies: &Policies,
+    selection: &Selection,
+) -> Result<Captured> {
+    let rows = crate::evidence::registry::load(registry)?;
+    let lease_rows = crate::evidence::leases::load(leases)?;
+    let facts = RunFacts::of_this_host(proc_root, Some(canonical_repository), &lease_rows);
+    let system = SystemProbe::new(proc_root);
+    let recording = RecordingProbe::new(&system);
+    let plan = crate::plan::plan(rows, facts, &recording, policies)?;
+    capture(
+        &plan,
+        &lease_rows,
+        &recording,
+        policies,
+        selection,
+        registry,
+    )
+}
+
+/// Capture from a plan made with `probe` (whose answers go into the case).
+pub fn capture(
+    plan: &Plan,
+    leases: &[crate::evidence::leases::Lease],
+    probe: &RecordingProbe<'_>,
+    policies: &Policies,
+    selection: &Selection,
+    source: &Path,
+) -> Result<Captured> {
+    let chosen: Vec<usize> = match selection {
+        Selection::Workers(ids) => {
+            let mut out = Vec::new();
+            for id in ids {
+                let found: Vec<usize> = plan
+                    .entries
+                    .iter()
+                    .filter(|e| plan.identity(e) == *id)
+                    .map(|e| e.index)
+                    .collect();
+                if found.is_empty() {
+                    return Err(Error::Input(format!(
+                        "no row of {} has worker_identity {:?}; `fleet-retire plan --all` lists them",
+                        source.display(),
+                        crate::text::esc(id)
+                    )));
+                }
+                out.extend(found);
+            }
+            out
+        }
+        Selection::PreservedBy(code) => {
+            if crate::reasons::Reason::from_code(code).is_none() {
+                return Err(Error::Input(format!(
+                    "{code:?} is not a reason code (docs/reason-codes.md lists them)"
+                )));
+            }
+            plan.preserved()
+                .filter(|e| e.reason().code() == code)
+                .map(|e| e.index)
+                .collect()
+        }
+        Selection::Candidates => plan.candidates().map(|e| e.index).collect(),
+    };
+    if chosen.is_empty() {
+        return Err(Error::Input(format!(
+            "no row of {} matches the selection; nothing to capture",
+            source.display()
+        )));
+    }
+    let included = bearing_rows(plan, &chosen);
+
+    // Leases: the active ones that protect a captured row.
+    let relevant: Vec<&crate::evidence::leases::Lease> = leases
+        .iter()
+        .filter(|l| l.is_active())
+        .filter(|l| {
+            let p = Protections::from_leases([*l]);
+            included
+                .iter()
+                .any(|&i| !crate::observe::protection_hits(&plan.rows[i], &p).is_empty())
+        })
+        .collect();
+
+    let mut redactor = Redactor::default();
+    let rows_json: Vec<Json> = included
+        .iter()
+        .map(|&i| {
+            let row = &plan.rows[i];
+            let mut obj = Map::new();
+            for col in COLUMNS {
+                let v = row.get(*col);
+                obj.insert(col.name().to_string(), redactor.value(col.name(), v));
+            }
+            Json::Object(obj)
+        })
+        .collect();
+    let leases_json: Vec<Json> = relevant
+        .iter()
+        .map(|l| {
+            Json::Object(
+                l.fields()
+                    .map(|(k, v)| (k.to_string(), redactor.value(k, v)))
+                    .collect(),
+            )
+        })
+        .collect();
+    let answers = probe.given();
+    let mut processes = BTreeMap::new();
+    for &i in &included {
+        if let Value::Int(pid) = plan.rows[i].get(Col::Pid) {
+            if *pid > 0 {
+                let seen = answers.processes.get(pid).cloned().unwrap_or_default();
+                processes.insert(
+                    pid.to_string(),
+                    json!({"alive": seen.alive, "start_time": seen.start_time}),
+                );
+            }
+        }
+    }
+    let host = &plan.facts.host;
+    let mut context = json!({
+        "host_id": host.host_id,
+        "boot_id": host.boot_id,
+        "canonical_repository": plan.facts.canonical_repository,
+    });
+    context["pid_namespace"] = json!(host.pid_namespace);
+    let names: Vec<String> = chosen
+        .iter()
+        .map(|&i| plan.rows[i].get(Col::WorkerIdentity).canon())
+        .collect();
+    let verdicts: Vec<String> = chosen
+        .iter()
+        .map(|&i| verdict_of(&plan.entries[i]))
+        .collect();
+    let headline = match selection {
+        Selection::Workers(_) if chosen.len() == 1 => format!(
+            "captured: {} is {}",
+            crate::text::esc(&names[0]),
+            if verdicts[0] == "candidate" {
+                "a candidate".to_string()
+            } else {
+                format!("preserved by {}", verdicts[0])
+            }
+        ),
+        Selection::Workers(_) => format!("captured: {} chosen rows", chosen.len()),
+        Selection::PreservedBy(code) => {
+            format!("captured: {} row(s) preserved by {code}", chosen.len())
+        }
+        Selection::Candidates => format!("captured: {} candidate(s)", chosen.len()),
+    };
+    let redacted_note = if redactor.counts.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " Secrets were replaced by placeholders ({}).",
+            redactor
+                .counts
+                .iter()
+                .map(|(k, n)| format!("{k}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let mut case = json!({
+        "name": headline,
+        "description": format!(
+            "EDIT ME: say what this case shows. Captured by `fleet-retire fixture capture` from {} \
+             at {} under policies {}: the chosen rows ({}), every row bearing on their verdict, \
+             the active leases protecting any of them, and the probe answers seen then.{}",
+            source.display(),
+            crate::time::format_ts(plan.facts.now),
+            policies.fingerprint,
+            if names.len() > 10 {
+                format!("{} and {} more", names[..10].join(", "), names.len() - 10)
+            } else {
+                names.join(", ")
+            },
+            redacted_note
+        ),
+        "now": crate::time::format_ts(plan.facts.now),
+        "context": context,
+        "processes": processes,
+        "rows": rows_json,
+        "leases": leases_json,
+        "expect": {},
+    });
+
+    // Plan the case on its own: its verdicts become `expect`, and the
+    // chosen rows must come out as they did in the registry.
+    let label = Path::new("<captured case>");
+    let crate::fixture::Case::Plan(parsed) = crate::fixture::parse(label, case.clone())? else {
+        unreachable!("a case with rows and expect is a plan case")
+    };
+    let replay = parsed.plan(policies)?;
+    for (k, &i) in chosen.iter().enumerate() {
+        let at = included
+            .iter()
+            .position(|&j| j == i)
+            .expect("chosen rows are included");
+        let got = verdict_of(&replay.entries[at]);
+        if got != verdicts[k] {
+            return Err(Error::Internal {
+                doing: format!(
+                    "capturing {}: the captured rows judge it {got}, the registry {}; the capture \
+                     is refused rather than written wrong (please report this)",
+                    crate::text::esc(&names[k]),
+                    verdicts[k]
+                ),
+                source: "capture does not reproduce its verdict".into(),
+            });
+        }
+    }
+    case["expect"] = json!({
+        "candidates": replay.candidates().map(|e| replay.identity(e)).collect::<Vec<_>>(),
+        "preserved": replay
+            .preserved()
+            .map(|e| (replay.identity(e), e.reason().code().to_string()))
+            .collect::<BTreeMap<_, _>>(),
+    });
+    Ok(Captured {
+        case,
+        chosen: names,
+        rows: included.len(),
+        redacted: redactor.counts,
+    })
+}
+
+/// The chosen rows and every row bearing on their verdicts, in registry
+/// order.
+fn bearing_rows(plan: &Plan, chosen: &[usize]) -> Vec<usize> {
+    let rows = &plan.rows;
+    let mut by_key: HashMap<(&'static str, String), Vec<usize>> = HashMap::new();
+    let mut by_identity: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut by_slot: HashMap<(String, String), Vec<usize>> = HashMap::new();
+    let slot = |i: usize| {
+        let r = &rows[i];
+        let active = r.get(Col::Status).or_empty_str() == "active";
+        let instance = r.get(Col::ClientInstanceId).canon();
+        let namespace = r.get(Col::Namespace).canon();
+        (active && !instance.is_empty() && !namespace.is_empty()).then_some((instance, namespace))
+    };
+    for (i, row) in rows.iter().enumerate() {
+        for (name, text) in conflict_keys(row, &plan.observations[i].process_identity) {
+            by_key.entry((name, text.into_owned())).or_default().push(i);
+        }
+        let id = row.get(Col::WorkerIdentity).canon();
+        if !id.is_empty() {
+            by_identity.entry(id).or_default().push(i);
+        }
+        if let Some(s) = slot(i) {
+            by_slot.entry(s).or_default().push(i);
+        }
+    }
+    let mut out: BTreeSet<usize> = chosen.iter().copied().collect();
+    for &i in chosen {
+        let row = &rows[i];
+        for (name, text) in conflict_keys(row, &plan.observations[i].process_identity) {
+            out.extend(by_key.get(&(name, text.into_owned())).into_iter().flatten());
+        }
+        let id = row.get(Col::WorkerIdentity).canon();
+        out.extend(by_identity.get(&id).into_iter().flatten());
+        if let Some(s) = slot(i) {
+            out.extend(by_slot.get(&s).into_iter().flatten());
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Replaces secrets by placeholders, the same value by the same one.
+#[derive(Default)]
+struct Redactor {
+    seen: HashMap<String, String>,
+    counts: BTreeMap<String, usize>,
+}
+
+/// Columns whose every non-blank value is a secret.
+const SECRET_COLUMNS: &[&str] = &["token_fingerprint"];
+
+impl Redactor {
+    fn value(&mut self, column: &str, v: &Value) -> Json {
+        let secret_column = SECRET_COLUMNS.contains(&column)
+            || ["token", "secret", "password", "credential"]
+                .iter()
+                .any(|w| column.contains(w));
+        match v {
+            Value::Text(t) if secret_column && !v.is_blank() => {
+                Json::String(self.placeholder(column, t))
+            }
+            Value::Text(t) => match url_without_credentials(t) {
+                Some(clean) => {
+                    *self.counts.entry(column.to_string()).or_default() += 1;
+                    Json::String(clean)
+                }
+                None => v.to_json(),
+            },
+            _ => v.to_json(),
+        }
+    }
+
+    fn placeholder(&mut self, column: &str, secret: &str) -> String {
+        *self.counts.entry(column.to_string()).or_default() += 1;
+        let n = self.seen.len() + 1;
+        self.seen
+            .entry(secret.to_string())
+            .or_insert_with(|| format!("redacted-{column}-{n}"))
+            .clone()
+    }
+}
+
+/// `scheme://user:pass@host/...` with the user part replaced, or `None`
+/// when the text holds no credentials.
+fn url_without_credentials(text: &str) -> Option<String> {
+    let scheme_end = text.find("://")? + 3;
+    let rest = &text[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let at = rest[..authority_end].rfind('@')?;
+    Some(format!(
+        "{}redacted@{}",
+        &text[..scheme_end],
+        &rest[at + 1..]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_urls_are_replaced() {
+        assert_eq!(
+            url_without_credentials("https://bot:s3cret@git.example/prgs/x").as_deref(),
+            Some("https://redacted@git.example/prgs/x")
+        );
+        assert_eq!(url_without_credentials("https://git.example/a@b"), None);
+        assert_eq!(url_without_credentials("prgs"), None);
+    }
+
+    #[test]
+    fn the_same_secret_gets_the_same_placeholder() {
+        let mut r = Redactor::default();
+        let a = r.value("token_fingerprint", &Value::Text("tok-1".into()));
+        let b = r.value("token_fingerprint", &Value::Text("tok-2".into()));
+        let c = r.value("token_fingerprint", &Value::Text("tok-1".into()));
+        assert_eq!(a, c);
+        assert_ne!(a, b);
+        assert_eq!(
+            r.value("token_fingerprint", &Value::Text(" ".into())),
+            json!(" ")
+        );
+        assert_eq!(r.counts["token_fingerprint"], 3);
+    }
+}

@@ -1,0 +1,97 @@
+//! `fleet-retire fixture capture`: a real registry's rows as a fixture case.
+
+use crate::capture::{capture_from_files, Selection};
+use crate::cli::{Cli, OperatorArgs, StoreArgs};
+use crate::error::{Error, ExitCode, Result};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+/// Arguments of `fixture`.
+#[derive(Debug, Args)]
+pub struct FixtureArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: FixtureCommand,
+}
+
+/// `fixture` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum FixtureCommand {
+    /// Write a fixture case holding the chosen rows of a real registry,
+    /// every row bearing on their verdict, the leases protecting them, the
+    /// probe answers observed now and this host's facts, expecting today's
+    /// verdicts. `fleet-retire test` passes on it at once; after a policy
+    /// change it shows what moved. Secrets become placeholders.
+    Capture(CaptureArgs),
+}
+
+/// Arguments of `fixture capture`.
+#[derive(Debug, Args)]
+pub struct CaptureArgs {
+    /// Registry, leases, canonical repository (as for `plan`).
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Operator profile (capturing is planning: it needs the plan capability).
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+    /// The worker identity to capture (repeat for several).
+    #[arg(long = "worker", value_name = "ID", required_unless_present_any = ["all_preserved_by", "candidates"], conflicts_with_all = ["all_preserved_by", "candidates"])]
+    pub workers: Vec<String>,
+    /// Capture every row preserved with this primary reason code.
+    #[arg(long, value_name = "CODE", conflicts_with = "candidates")]
+    pub all_preserved_by: Option<String>,
+    /// Capture every candidate.
+    #[arg(long)]
+    pub candidates: bool,
+    /// Write the case here (standard output without it).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Run `fixture`.
+pub fn run(cli: &Cli, args: &FixtureArgs) -> Result<ExitCode> {
+    let FixtureCommand::Capture(args) = &args.command;
+    let policies = cli.load_policies()?;
+    args.operator.require(&policies, "plan")?;
+    let canonical = args.store.canonical_repository.clone().ok_or_else(|| {
+        Error::Input(
+            "fixture capture needs the expected repository binding: pass --canonical-repository OWNER/REPO"
+                .into(),
+        )
+    })?;
+    let selection = if let Some(code) = &args.all_preserved_by {
+        Selection::PreservedBy(code.clone())
+    } else if args.candidates {
+        Selection::Candidates
+    } else {
+        Selection::Workers(args.workers.clone())
+    };
+    let captured = capture_from_files(
+        &args.store.registry,
+        &args.store.leases,
+        &args.store.proc_root,
+        canonical,
+        &policies,
+        &selection,
+    )?;
+    let text = format!(
+        "{}\n",
+        serde_json::to_string_pretty(&captured.case).expect("a case serialises")
+    );
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, &text).map_err(Error::io(path, "cannot write the fixture"))?;
+            eprintln!(
+                "wrote {}: {} chosen row(s), {} row(s) in all; edit its name and description",
+                path.display(),
+                captured.chosen.len(),
+                captured.rows
+            );
+        }
+        None => crate::outln!("{}", text.trim_end())?,
+    }
+    for (column, n) in &captured.redacted {
+        eprintln!("replaced {n} secret value(s) of {column} with placeholders");
+    }
+    Ok(ExitCode::Ok)
+}
