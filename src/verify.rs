@@ -259,33 +259,7 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
         }
 
         // 2. Properties.
-        for prop in properties {
-            let subject = subset(policies, &prop.subject)?;
-            let mut prop_set = PolicySet::new();
-            prop_set
-                .add(prop.policy.clone())
-                .map_err(|e| Error::Policy(e.to_string()))?;
-            for env in envs.iter().filter(|e| applies(&prop.policy, e)) {
-                let s = CompiledPolicySet::compile(&subject, env, schema).map_err(sym_err)?;
-                let p = CompiledPolicySet::compile(&prop_set, env, schema).map_err(sym_err)?;
-                let (a, b) = if prop.proof == "subject_implies_property" {
-                    (&s, &p)
-                } else {
-                    (&p, &s)
-                };
-                let cex = compiler
-                    .check_implies_with_counterexample_opt(a, b)
-                    .await
-                    .map_err(sym_err)?;
-                proofs.push(Proof {
-                    id: prop.id.clone(),
-                    description: prop.description.clone(),
-                    request_env: env_text(env),
-                    holds: cex.is_none(),
-                    counterexample: cex.as_ref().map(describe),
-                });
-            }
-        }
+        proofs.extend(prove_with(&mut compiler, policies, properties).await?);
 
         // 3. Each forbid: does the set without it allow more?
         let forbids = forbid_roles_with(&mut compiler, policies).await?;
@@ -433,5 +407,60 @@ pub fn never_primary_forbids(
             out.insert(rule.id.clone(), never);
         }
         Ok(out)
+    })
+}
+
+async fn prove_with(
+    compiler: &mut CedarSymCompiler<LocalSolver>,
+    policies: &Policies,
+    properties: &[Property],
+) -> Result<Vec<Proof>> {
+    let schema = &policies.schema;
+    let envs: Vec<RequestEnv> = schema.request_envs().collect();
+    let mut proofs = Vec::new();
+    for prop in properties {
+        let subject = subset(policies, &prop.subject)?;
+        let mut prop_set = PolicySet::new();
+        prop_set
+            .add(prop.policy.clone())
+            .map_err(|e| Error::Policy(e.to_string()))?;
+        for env in envs.iter().filter(|e| applies(&prop.policy, e)) {
+            let s = CompiledPolicySet::compile(&subject, env, schema).map_err(sym_err)?;
+            let p = CompiledPolicySet::compile(&prop_set, env, schema).map_err(sym_err)?;
+            let (a, b) = if prop.proof == "subject_implies_property" {
+                (&s, &p)
+            } else {
+                (&p, &s)
+            };
+            let cex = compiler
+                .check_implies_with_counterexample_opt(a, b)
+                .await
+                .map_err(sym_err)?;
+            proofs.push(Proof {
+                id: prop.id.clone(),
+                description: prop.description.clone(),
+                request_env: env_text(env),
+                holds: cex.is_none(),
+                counterexample: cex.as_ref().map(describe),
+            });
+        }
+    }
+
+    Ok(proofs)
+}
+
+/// Prove only the given properties (no never-errors or shadowing checks).
+pub fn prove(policies: &Policies, properties: &[Property]) -> Result<Vec<Proof>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
+    runtime.block_on(async {
+        let solver = LocalSolver::cvc5().map_err(sym_err)?;
+        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+        prove_with(&mut compiler, policies, properties).await
     })
 }

@@ -98,8 +98,18 @@ fn explain_on_the_command_line() {
     assert!(text(&out).contains("nobody"));
 }
 
+fn cvc5_here() -> bool {
+    std::process::Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 #[test]
 fn grants_against_reports_an_added_retire_grant() {
+    if skip_unless(cvc5_here(), "cvc5") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let old = dir.path().join("old.json");
     let new = dir.path().join("new.json");
@@ -144,6 +154,106 @@ fn grants_against_reports_an_added_retire_grant() {
         text(&out).contains("+ GRANTS apply for controller-prgs"),
         "{}",
         text(&out)
+    );
+    assert!(
+        text(&out).contains("PROVED apply-only-controller-or-reconciler-with-retire [apply]"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// The statements an operator relies on are proved over the capability
+/// policies in use: a capabilities.cedar that lets any role apply fails
+/// the proof, with the counterexample, whatever profiles.json says.
+#[test]
+fn grants_against_proves_only_controllers_and_reconcilers_can_apply() {
+    if skip_unless(cvc5_here(), "cvc5") {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ] {
+        std::fs::copy(root.join("policies").join(f), policies.join(f)).unwrap();
+    }
+    let caps = policies.join("capabilities.cedar");
+    let text_before = std::fs::read_to_string(&caps).unwrap();
+    let weakened = text_before.replacen(
+        "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\") &&\n  [\"controller\", \"reconciler\"].contains(principal.role)",
+        "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\")",
+        1,
+    );
+    assert_ne!(weakened, text_before);
+    std::fs::write(&caps, weakened).unwrap();
+    let profiles = dir.path().join("profiles.json");
+    std::fs::write(
+        &profiles,
+        json!({"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]}}})
+            .to_string(),
+    )
+    .unwrap();
+    let out = run(&[
+        "--policies",
+        policies.to_str().unwrap(),
+        "--format",
+        "json",
+        "grants",
+        "--profiles",
+        profiles.to_str().unwrap(),
+        "--against",
+        profiles.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failed: Vec<&Value> = v["proofs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["holds"] == false)
+        .collect();
+    assert!(
+        failed.iter().any(
+            |p| p["id"] == "apply-only-controller-or-reconciler-with-retire"
+                && p["counterexample"].as_str().unwrap().contains("role")
+        ),
+        "{failed:?}"
+    );
+    // The same proof fails in policy verify.
+    let out = run(&["--policies", policies.to_str().unwrap(), "policy", "verify"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(text(&out).contains("FAILED apply-only-controller-or-reconciler-with-retire"));
+}
+
+/// A profile written twice reads one way to a person and another to a
+/// parser: grants (and everything else) refuses the file, naming the key.
+#[test]
+fn grants_flags_a_duplicated_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles.json");
+    std::fs::write(
+        &profiles,
+        r#"{"profiles": {
+  "controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]},
+  "controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}
+}}"#,
+    )
+    .unwrap();
+    let out = run(&["grants", "--profiles", profiles.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out);
+    assert!(
+        said.contains("duplicate key \"controller-prgs\" at $.profiles.controller-prgs")
+            && said.contains("line 3"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("PROFILE"),
+        "no table for a file the program refuses: {said}"
     );
 }
 

@@ -17,7 +17,11 @@ pub struct GrantsArgs {
     /// profiles.json.
     #[arg(long = "profiles", env = "GITEA_MCP_CONFIG", value_name = "PATH")]
     pub profiles: PathBuf,
-    /// An earlier profiles.json to compare with.
+    /// An earlier profiles.json to compare with. Also proves, with the
+    /// solver over capabilities.cedar, the statements an operator relies on
+    /// whatever either file says (policies/properties/capabilities.cedar):
+    /// only a controller or reconciler holding gitea.worker_registry.retire
+    /// can apply. Needs cvc5.
     #[arg(long, value_name = "OLD.json")]
     pub against: Option<PathBuf>,
 }
@@ -72,9 +76,24 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
         Some(old) => Some(changes(&grants(&policies, &Profiles::load(old)?)?, &now)),
         None => None,
     };
+    let proofs = match &args.against {
+        Some(_) => {
+            let properties: Vec<crate::verify::Property> =
+                crate::verify::load_properties(cli.policies.as_deref(), &policies, true)?
+                    .into_iter()
+                    .filter(|p| p.subject == "capabilities.cedar")
+                    .collect();
+            Some(crate::verify::prove(&policies, &properties)?)
+        }
+        None => None,
+    };
+    let failed = proofs.iter().flatten().filter(|p| !p.holds).count();
     match cli.format {
         Format::Json => {
             let mut doc = json!({"warnings": warnings, "grants": now});
+            if let Some(p) = &proofs {
+                doc["proofs"] = json!(p);
+            }
             if let Some(d) = &diff {
                 doc["changes"] = json!(d
                     .iter()
@@ -136,7 +155,40 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
                     }
                 }
             }
+            if let Some(proofs) = &proofs {
+                crate::outln!(
+                    "\nproved over {}, whatever profiles.json says:",
+                    if policies.is_builtin() {
+                        "the built-in capabilities.cedar".to_string()
+                    } else {
+                        format!("{}/capabilities.cedar", policies.origin)
+                    }
+                )?;
+                for p in proofs {
+                    crate::outln!(
+                        "  {} {} [{}]: {}",
+                        if p.holds { "PROVED" } else { "FAILED" },
+                        p.id,
+                        p.request_env
+                            .split_whitespace()
+                            .nth(1)
+                            .and_then(|a| a.rsplit("::").next())
+                            .unwrap_or("")
+                            .trim_matches('"'),
+                        p.description
+                    )?;
+                    if let Some(c) = &p.counterexample {
+                        for line in c.lines() {
+                            crate::outln!("      {}", crate::text::esc(line))?;
+                        }
+                    }
+                }
+            }
         }
     }
-    Ok(ExitCode::Ok)
+    Ok(if failed == 0 {
+        ExitCode::Ok
+    } else {
+        ExitCode::InvalidPolicy
+    })
 }
