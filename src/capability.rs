@@ -400,62 +400,24 @@ impl CapabilityCase {
     }
 }
 
-/// The script a letter belongs to, coarsely (enough to see a name that
-/// mixes Latin with Cyrillic or Greek look-alikes); `None` for digits,
-/// punctuation and other characters common to every script.
+/// The Unicode script of a letter, by its full name (`Latin`,
+/// `Cyrillic`, ...); `None` for characters every script shares (digits,
+/// punctuation) and for combining marks.
 fn script(c: char) -> Option<&'static str> {
-    if !c.is_alphabetic() {
-        return None;
+    use unicode_script::{Script, UnicodeScript};
+    match c.script() {
+        Script::Common | Script::Inherited | Script::Unknown => None,
+        s => Some(s.full_name()),
     }
-    Some(match c as u32 {
-        0x41..=0x5a | 0x61..=0x7a | 0xc0..=0x24f | 0x1e00..=0x1eff | 0xff21..=0xff5a => "Latin",
-        0x370..=0x3ff | 0x1f00..=0x1fff => "Greek",
-        0x400..=0x52f | 0x1c80..=0x1c8f | 0x2de0..=0x2dff | 0xa640..=0xa69f => "Cyrillic",
-        0x530..=0x58f => "Armenian",
-        0x10a0..=0x10ff => "Georgian",
-        0x13a0..=0x13ff => "Cherokee",
-        _ => "other",
-    })
 }
 
-/// A name reduced to what a person sees: lower case, full-width forms
-/// folded, and the Cyrillic and Greek letters that look like Latin ones
-/// replaced by them.
+/// A name reduced to what a person sees: the confusables skeleton of
+/// Unicode's UTS #39 (`о` Cyrillic, `ο` Greek and `o` Latin alike; `1` and
+/// `l`; full-width forms), with case folded, so two names with the same
+/// skeleton look alike in a table.
 fn skeleton(name: &str) -> String {
-    name.chars()
-        .flat_map(char::to_lowercase)
-        .map(|c| match c as u32 {
-            0xff01..=0xff5e => char::from_u32(c as u32 - 0xfee0).unwrap_or(c),
-            _ => c,
-        })
-        .map(|c| match c {
-            'а' | 'α' => 'a',
-            'в' | 'β' => 'b',
-            'с' | 'ϲ' => 'c',
-            'ԁ' => 'd',
-            'е' | 'ε' => 'e',
-            'һ' => 'h',
-            'і' | 'ι' | 'ı' => 'i',
-            'ј' => 'j',
-            'к' | 'κ' => 'k',
-            'ӏ' => 'l',
-            'м' => 'm',
-            'п' | 'η' => 'n',
-            'о' | 'ο' | 'σ' | '0' => 'o',
-            'р' | 'ρ' => 'p',
-            'ԛ' => 'q',
-            'ѕ' => 's',
-            'т' | 'τ' => 't',
-            'υ' | 'ս' => 'u',
-            'ν' | 'ѵ' => 'v',
-            'ԝ' | 'ω' => 'w',
-            'х' | 'χ' => 'x',
-            'у' | 'γ' => 'y',
-            'ᴢ' => 'z',
-            '1' => 'l',
-            other => other,
-        })
-        .collect()
+    let once: String = unicode_security::skeleton(name).collect();
+    unicode_security::skeleton(&once.to_lowercase()).collect()
 }
 
 /// What an operator should look at in `profiles.json` before trusting a
@@ -520,6 +482,20 @@ mod tests {
             w.iter().any(|l| l.contains("\"author-prgs\" is malformed")),
             "{w:?}"
         );
+        // Confusables beyond Cyrillic: a digit one for an l, a Greek
+        // omicron, full-width letters; each pairs with the real name.
+        for fake in [
+            "contro1ler-prgs",
+            "contr\u{3bf}ller-prgs",
+            "\u{ff43}ontroller-prgs",
+        ] {
+            let doc = serde_json::json!({"profiles": {
+                "controller-prgs": {"role": "controller", "allowed_operations": []},
+                fake: {"role": "controller", "allowed_operations": []},
+            }});
+            let w = warnings(&Profiles::from_json(&doc).unwrap());
+            assert!(w.iter().any(|l| l.contains("look alike")), "{fake}: {w:?}");
+        }
         let clean = serde_json::json!({"profiles": {
             "controller-prgs": {"role": "controller", "allowed_operations": []},
             "reconciler-prgs": {"role": "reconciler", "allowed_operations": []},

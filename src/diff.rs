@@ -126,6 +126,9 @@ pub struct PolicyNote {
     pub status: &'static str,
     /// Proved: it matches no request at all of any action it names.
     pub never_matches: bool,
+    /// Proved: it matches every request of every action it names (a forbid
+    /// that always matches refuses all of them).
+    pub always_matches: bool,
     /// Proved: the set without it decides every request alike (other
     /// policies already decide everything it decides; a forbid may still
     /// name a reason code).
@@ -365,7 +368,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
                     .add(p.clone())
                     .map_err(|e| Error::Policy(e.to_string()))?;
             }
-            let (mut never, mut redundant) = (true, true);
+            let (mut never, mut always, mut redundant) = (true, true, true);
             for env in envs.iter().filter(|e| applies(policy, e)) {
                 let compiled = CompiledPolicy::compile(policy, env, schema).map_err(sym_err)?;
                 if !compiler
@@ -374,6 +377,13 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
                     .map_err(sym_err)?
                 {
                     never = false;
+                }
+                if !compiler
+                    .check_always_matches_opt(&compiled)
+                    .await
+                    .map_err(sym_err)?
+                {
+                    always = false;
                 }
                 let whole = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
                 let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
@@ -395,6 +405,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
                 reason: rule.reason.map(|r| r.code().to_string()),
                 status,
                 never_matches: never,
+                always_matches: always,
                 redundant,
             });
         }
@@ -415,6 +426,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
                 reason: rule.reason.map(|r| r.code().to_string()),
                 status: "removed",
                 never_matches: false,
+                always_matches: false,
                 redundant: false,
             });
         }

@@ -340,6 +340,14 @@ fn diff(
                 if p.never_matches {
                     notes.push("NEVER MATCHES (proved)".into());
                 }
+                if p.always_matches {
+                    notes.push(if p.effect == "forbid" {
+                        "ALWAYS MATCHES (proved): it refuses every request of its actions"
+                            .to_string()
+                    } else {
+                        "ALWAYS MATCHES (proved)".to_string()
+                    });
+                }
                 if p.redundant && !p.never_matches && p.status != "removed" {
                     notes.push(if p.effect == "forbid" && p.reason.is_some() {
                         "shadowed: decides nothing the others do not (it only names a reason code)"
