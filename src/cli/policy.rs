@@ -389,7 +389,7 @@ fn diff(
                         continue;
                     }
                     crate::outln!(
-                        "  {} {} {}: {} -> {}",
+                        "  {} {} / {}: {} -> {}",
                         if o.loosens { "LOOSENS" } else { "tightens" },
                         esc(&o.case),
                         esc(&o.subject),
