@@ -270,3 +270,76 @@ fn a_registry_shows_the_rows_whose_verdict_moves() {
     assert_eq!(observed[0]["old"], "heartbeat_not_expired");
     assert_eq!(observed[0]["new"], "candidate");
 }
+
+/// A capability change: apply without the role check lets any role with
+/// the permission apply. The counterexample is an operator NEW grants and
+/// OLD refuses, and it runs as a fixture case.
+#[test]
+fn a_loosened_capability_names_the_operator_new_grants() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ] {
+        std::fs::copy(root().join("policies").join(f), dir.path().join(f)).unwrap();
+    }
+    let caps = dir.path().join("capabilities.cedar");
+    let before = std::fs::read_to_string(&caps).unwrap();
+    let after = before.replacen(
+        "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\") &&\n  [\"controller\", \"reconciler\"].contains(principal.role)",
+        "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\")",
+        1,
+    );
+    assert_ne!(before, after);
+    std::fs::write(&caps, after).unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let (code, report) = diff(
+        "policies",
+        dir.path(),
+        &[
+            "--fixtures",
+            "fixtures/capabilities",
+            "--save-counterexamples",
+            saved.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 2, "{report}");
+    let apply = change_of(&report, "apply");
+    assert_eq!(apply["change"], "loosened");
+    for action in ["retire", "snapshot", "plan"] {
+        assert_eq!(change_of(&report, action)["change"], "equivalent");
+    }
+    let case = &apply["counterexamples"][0]["case"];
+    let operator = case["entities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["uid"]["type"] == "FleetRetire::Operator")
+        .unwrap();
+    let role = operator["attrs"]["role"].as_str().unwrap();
+    assert!(
+        role != "controller" && role != "reconciler",
+        "the operator NEW grants holds another role: {operator}"
+    );
+    // The fixtures show it too: some author or similar gains apply.
+    assert!(report["observed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o["new"] == "allow" && o["loosens"] == true));
+    let file = saved.path().join("apply-loosening-0.json");
+    let old = bin().arg("test").arg(&file).output().unwrap();
+    assert!(old.status.success(), "{}", text(&old));
+    let new = bin()
+        .arg("--policies")
+        .arg(dir.path())
+        .arg("test")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(new.status.code(), Some(1), "{}", text(&new));
+}
