@@ -20,9 +20,9 @@
 
 use crate::error::{Error, Result};
 use crate::policy::{Policies, PolicySource, POLICY_FILES, SCHEMA_FILE};
+use crate::verify::sym_err;
 use cedar_policy::{ActionConstraint, Effect, Policy, PolicySet, RequestEnv};
-use cedar_policy_symcc::solver::LocalSolver;
-use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicy, CompiledPolicySet};
+use cedar_policy_symcc::{CompiledPolicy, CompiledPolicySet};
 use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
 
@@ -210,13 +210,6 @@ pub fn load_named(arg: &str) -> Result<Policies> {
     Policies::from_texts(&files, format!("git {rev}:{dir}"))
 }
 
-fn sym_err(e: impl std::fmt::Display) -> Error {
-    Error::Input(format!(
-        "the symbolic check failed to run: {e}. `policy diff` needs the cvc5 solver: \
-         install the Debian package cvc5, or set CVC5 to its path"
-    ))
-}
-
 fn applies(policy: &Policy, env: &RequestEnv) -> bool {
     match policy.action_constraint() {
         ActionConstraint::Any => true,
@@ -277,16 +270,7 @@ fn case_of(
 /// each policy of NEW contributes. Both sets are compiled under NEW's
 /// schema; an OLD set that does not type-check under it is an error.
 pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Internal {
-            doing: "cannot start the async runtime".into(),
-            source: Box::new(e),
-        })?;
-    runtime.block_on(async {
-        let solver = LocalSolver::cvc5().map_err(sym_err)?;
-        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+    crate::verify::with_solver(async |compiler| {
         let schema = &new.schema;
         let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
         envs.sort_by_key(|e| {

@@ -183,9 +183,29 @@ fn env_text(env: &RequestEnv) -> String {
     format!("{} {} {}", env.principal(), env.action(), env.resource())
 }
 
-fn sym_err(e: impl std::fmt::Display) -> Error {
+/// Run `work` with a symbolic compiler backed by cvc5, on a one-thread
+/// runtime (every proof of the program goes through here).
+pub fn with_solver<T>(
+    work: impl AsyncFnOnce(&mut CedarSymCompiler<LocalSolver>) -> Result<T>,
+) -> Result<T> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal {
+            doing: "cannot start the async runtime".into(),
+            source: Box::new(e),
+        })?;
+    runtime.block_on(async {
+        let solver = LocalSolver::cvc5().map_err(sym_err)?;
+        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+        work(&mut compiler).await
+    })
+}
+
+/// A failure of the solver itself, with what to install.
+pub fn sym_err(e: impl std::fmt::Display) -> Error {
     Error::Input(format!(
-        "the symbolic check failed to run: {e}. `policy verify` needs the cvc5 solver: \
+        "the symbolic check failed to run: {e}. The proofs need the cvc5 solver: \
          install the Debian package cvc5, or set CVC5 to its path"
     ))
 }
@@ -225,16 +245,7 @@ pub struct Verification {
 
 /// Run every proof, and find which forbids are shadowed.
 pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verification> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Internal {
-            doing: "cannot start the async runtime".into(),
-            source: Box::new(e),
-        })?;
-    runtime.block_on(async {
-        let solver = LocalSolver::cvc5().map_err(sym_err)?;
-        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+    with_solver(async |compiler| {
         let schema = &policies.schema;
         let mut proofs = Vec::new();
         let envs: Vec<RequestEnv> = schema.request_envs().collect();
@@ -259,10 +270,10 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
         }
 
         // 2. Properties.
-        proofs.extend(prove_with(&mut compiler, policies, properties).await?);
+        proofs.extend(prove_with(compiler, policies, properties).await?);
 
         // 3. Each forbid: does the set without it allow more?
-        let forbids = forbid_roles_with(&mut compiler, policies).await?;
+        let forbids = forbid_roles_with(compiler, policies).await?;
         Ok(Verification { proofs, forbids })
     })
 }
@@ -319,17 +330,8 @@ async fn forbid_roles_with(
 /// Which eligibility forbids are shadowed (the set without one decides
 /// every retire request alike), by forbid id; needs cvc5.
 pub fn shadowed_forbids(policies: &Policies) -> Result<std::collections::BTreeMap<String, bool>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Internal {
-            doing: "cannot start the async runtime".into(),
-            source: Box::new(e),
-        })?;
-    runtime.block_on(async {
-        let solver = LocalSolver::cvc5().map_err(sym_err)?;
-        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
-        Ok(forbid_roles_with(&mut compiler, policies)
+    with_solver(async |compiler| {
+        Ok(forbid_roles_with(compiler, policies)
             .await?
             .into_iter()
             .map(|f| (f.forbid, f.shadowed))
@@ -355,16 +357,7 @@ fn as_permit(policy: &Policy) -> Result<Policy> {
 pub fn never_primary_forbids(
     policies: &Policies,
 ) -> Result<std::collections::BTreeMap<String, bool>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Internal {
-            doing: "cannot start the async runtime".into(),
-            source: Box::new(e),
-        })?;
-    runtime.block_on(async {
-        let solver = LocalSolver::cvc5().map_err(sym_err)?;
-        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
+    with_solver(async |compiler| {
         let schema = &policies.schema;
         let envs: Vec<RequestEnv> = schema.request_envs().collect();
         let forbids: Vec<&crate::policy::Rule> = policies
@@ -451,16 +444,5 @@ async fn prove_with(
 
 /// Prove only the given properties (no never-errors or shadowing checks).
 pub fn prove(policies: &Policies, properties: &[Property]) -> Result<Vec<Proof>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Internal {
-            doing: "cannot start the async runtime".into(),
-            source: Box::new(e),
-        })?;
-    runtime.block_on(async {
-        let solver = LocalSolver::cvc5().map_err(sym_err)?;
-        let mut compiler = CedarSymCompiler::new(solver).map_err(sym_err)?;
-        prove_with(&mut compiler, policies, properties).await
-    })
+    with_solver(async |compiler| prove_with(compiler, policies, properties).await)
 }

@@ -24,7 +24,7 @@ const LAYERS: &[&[&str]] = &[
     &["explain", "launcher", "worker"],
     &["apply"],
     &["fixture", "verify", "report"],
-    &["export", "serve"],
+    &["export", "serve", "diff", "coverage", "capture"],
     &["cli"],
 ];
 
