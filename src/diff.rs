@@ -509,11 +509,17 @@ pub fn compare_plans(
     file: &Path,
     case: &str,
 ) -> Vec<Observed> {
+    // The primary reason, then any others: a change of a secondary reason
+    // code is a change too.
     let verdict = |e: &crate::plan::Entry| {
         if e.is_candidate() {
-            "candidate".to_string()
-        } else {
-            e.reason().code().to_string()
+            return "candidate".to_string();
+        }
+        let codes: Vec<&str> = e.reason_codes().iter().map(|r| r.code()).collect();
+        match codes.split_first() {
+            Some((first, [])) => first.to_string(),
+            Some((first, rest)) => format!("{first} (+{})", rest.join(", ")),
+            None => e.reason().code().to_string(),
         }
     };
     a.entries
@@ -525,7 +531,7 @@ pub fn compare_plans(
                 file: file.to_path_buf(),
                 case: case.to_string(),
                 subject: a.identity(x),
-                loosens: after == "candidate",
+                loosens: after == "candidate" && before != "candidate",
                 old: before,
                 new: after,
             })
