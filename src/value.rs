@@ -17,8 +17,8 @@ pub enum Value {
     Int(i64),
     /// SQLite REAL or a JSON number with a fraction or exponent.
     Real(f64),
-    /// SQLite TEXT or a JSON string (shared: registries repeat most texts).
-    Text(std::sync::Arc<str>),
+    /// SQLite TEXT or a JSON string.
+    Text(Text),
     /// A JSON boolean (SQLite has no boolean storage class).
     Bool(bool),
     /// SQLite BLOB.
@@ -190,6 +190,109 @@ impl Value {
             Value::Text(s) => Json::String(s.to_string()),
             Value::Blob(b) => Json::String(bytes_repr(b)),
         }
+    }
+}
+
+/// A text value: a slice of a shared buffer. The registry reader puts all
+/// the texts of a batch of rows into one buffer, so a large registry costs
+/// one allocation per batch rather than one per value; a text made on its
+/// own (`From<&str>`) has a buffer of its own. Sixteen bytes, like the
+/// `Arc<str>` it replaces.
+#[derive(Clone)]
+pub struct Text {
+    buf: std::sync::Arc<TextBuf>,
+    start: u32,
+    len: u32,
+}
+
+/// The buffer texts are sliced from.
+#[derive(Debug)]
+pub struct TextBuf(Box<str>);
+
+impl TextBuf {
+    /// A buffer holding `text`, to slice texts from with [`Text::slice`].
+    pub fn new(text: String) -> std::sync::Arc<TextBuf> {
+        std::sync::Arc::new(TextBuf(text.into_boxed_str()))
+    }
+}
+
+impl Text {
+    /// The text `buf[range]`; `None` when the range is not within the buffer
+    /// on character boundaries, or is 4 GiB or longer.
+    pub fn slice(buf: &std::sync::Arc<TextBuf>, range: std::ops::Range<usize>) -> Option<Text> {
+        buf.0.get(range.clone())?;
+        Some(Text {
+            buf: buf.clone(),
+            start: u32::try_from(range.start).ok()?,
+            len: u32::try_from(range.len()).ok()?,
+        })
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        let start = self.start as usize;
+        &self.buf.0[start..start + self.len as usize]
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Text {
+        Text::from(s.to_string())
+    }
+}
+
+impl From<String> for Text {
+    fn from(s: String) -> Text {
+        let len = s.len();
+        let buf = TextBuf::new(s);
+        // No input we read holds a single value of 4 GiB (SQLite's own limit
+        // is 1 GB; JSON inputs are bounded far below).
+        Text::slice(&buf, 0..len).expect("a text value shorter than 4 GiB")
+    }
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for Text {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::borrow::Borrow<str> for Text {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Text) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Text {}
+
+impl std::hash::Hash for Text {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h)
+    }
+}
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -749,3 +749,42 @@ fn workers_opening_an_old_registry_together_migrate_it_once() {
         );
     }
 }
+
+/// Text that is not UTF-8 stops the plan, naming the row and column. The
+/// reader checks a whole batch of texts at once, so the attack is two
+/// neighbouring texts that are each half of one character: together they
+/// are valid UTF-8, apart neither is.
+#[test]
+fn text_that_is_not_utf8_is_refused_even_when_neighbours_complete_it() {
+    let (pid, start) = dead_process();
+    let rows: Vec<Value> = (0..3)
+        .map(|i| stale_row(&format!("w-{i}"), pid, &start))
+        .collect();
+    for (sql, row, column) in [
+        // Row 2's role ends with the lead byte of "é", its profile starts
+        // with the continuation byte.
+        (
+            "UPDATE worker_registrations SET role = CAST(x'617574686f72c3' AS TEXT), \
+             profile = CAST(x'a9617574686f72' AS TEXT) WHERE worker_identity = 'w-1'",
+            2,
+            "role",
+        ),
+        (
+            "UPDATE worker_registrations SET host_id = CAST(x'ff' AS TEXT) WHERE worker_identity = 'w-2'",
+            3,
+            "host_id",
+        ),
+    ] {
+        let stores = Stores::new(&rows);
+        let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+        conn.execute(sql, []).unwrap();
+        drop(conn);
+        let out = bin().args(stores.plan_args("controller-prgs")).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let said = text(&out);
+        assert!(
+            said.contains(&format!("row {row}: column `{column}`: text is not valid UTF-8")),
+            "{said}"
+        );
+    }
+}

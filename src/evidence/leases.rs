@@ -236,11 +236,10 @@ fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
         .collect();
     let mut cursor = stmt.query([]).map_err(sql_err)?;
     let mut out = Vec::new();
-    let mut interner = crate::evidence::registry::Interner::default();
     while let Some(r) = cursor.next().map_err(sql_err)? {
         let mut fields = BTreeMap::new();
         for (i, name) in columns.iter().enumerate() {
-            let v = value_from_sql(r.get_ref(i).map_err(sql_err)?, &mut interner)
+            let v = value_from_sql(r.get_ref(i).map_err(sql_err)?)
                 .map_err(|e| lease_error(path, format!("column `{name}`: {e}")))?;
             fields.insert(name.clone(), v);
         }

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result, Store};
 use crate::row::{Col, Row, COLUMNS};
-use crate::value::Value;
+use crate::value::{Text, TextBuf, Value};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
@@ -105,105 +105,16 @@ pub fn recover_hot_journal(path: &Path, what: &str) -> std::result::Result<(), S
 /// How long a reader waits for a writer's lock.
 pub const READ_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Shares repeated texts of one column (statuses, hosts, repositories,
-/// namespaces) so a large registry holds each distinct text once. A column
-/// whose texts are mostly distinct (identities, timestamps) stops being
-/// looked up once it has shown [`INTERN_LIMIT`] distinct values: from then
-/// on each text is simply stored, which costs less than hashing it.
-#[derive(Debug, Default)]
-pub struct Interner {
-    /// The first few distinct texts, scanned in order: most columns never
-    /// have more (statuses, namespaces, hosts), and a scan that compares
-    /// lengths first beats hashing.
-    few: Vec<std::sync::Arc<str>>,
-    seen: std::collections::HashSet<std::sync::Arc<str>, FastHash>,
-    saturated: bool,
-}
-
-const FEW: usize = 12;
-
-const INTERN_LIMIT: usize = 4096;
-
-/// A small, fast, non-cryptographic hash for the interner (the keys are a
-/// registry's own texts; a collision costs a comparison, never a wrong
-/// answer).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FastHash;
-
-impl std::hash::BuildHasher for FastHash {
-    type Hasher = FastHasher;
-    fn build_hasher(&self) -> FastHasher {
-        FastHasher(0)
-    }
-}
-
-/// The hasher of [`FastHash`] (FxHash's mixing step, eight bytes at a time).
-#[derive(Debug)]
-pub struct FastHasher(u64);
-
-impl std::hash::Hasher for FastHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let word = u64::from_le_bytes(c.try_into().expect("eight bytes"));
-            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
-        }
-        let mut tail = [0u8; 8];
-        let rest = chunks.remainder();
-        tail[..rest.len()].copy_from_slice(rest);
-        self.0 =
-            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ bytes.len() as u64).wrapping_mul(K);
-    }
-}
-
-impl Interner {
-    /// The shared copy of `text`.
-    pub fn intern(&mut self, text: &str) -> std::sync::Arc<str> {
-        if self.saturated {
-            return text.into();
-        }
-        if let Some(shared) = self
-            .few
-            .iter()
-            .find(|f| f.len() == text.len() && f.as_bytes() == text.as_bytes())
-        {
-            return shared.clone();
-        }
-        if self.few.len() < FEW {
-            let shared: std::sync::Arc<str> = text.into();
-            self.few.push(shared.clone());
-            return shared;
-        }
-        if let Some(shared) = self.seen.get(text) {
-            return shared.clone();
-        }
-        let shared: std::sync::Arc<str> = text.into();
-        self.seen.insert(shared.clone());
-        if self.seen.len() >= INTERN_LIMIT {
-            self.saturated = true;
-            self.seen = Default::default();
-            self.few = Vec::new();
-        }
-        shared
-    }
-}
-
 /// Convert one SQLite value, keeping its storage class.
-pub fn value_from_sql(
-    v: ValueRef<'_>,
-    interner: &mut Interner,
-) -> std::result::Result<Value, String> {
+pub fn value_from_sql(v: ValueRef<'_>) -> std::result::Result<Value, String> {
     Ok(match v {
         ValueRef::Null => Value::Null,
         ValueRef::Integer(i) => Value::Int(i),
         ValueRef::Real(f) => Value::Real(f),
         ValueRef::Text(t) => Value::Text(
-            interner
-                .intern(std::str::from_utf8(t).map_err(|_| "text is not valid UTF-8".to_string())?),
+            std::str::from_utf8(t)
+                .map_err(|_| "text is not valid UTF-8".to_string())?
+                .into(),
         ),
         ValueRef::Blob(b) => Value::Blob(b.into()),
     })
@@ -259,12 +170,18 @@ enum RawValue {
     Blob(std::ops::Range<usize>),
 }
 
-/// Rows as SQLite gave them, copied out in bulk.
+/// Rows as SQLite gave them, copied out in bulk: every text of the batch
+/// in one buffer (which becomes the texts' shared buffer), blobs in another.
 struct RawBatch {
     first_row: usize,
     values: Vec<RawValue>,
-    bytes: Vec<u8>,
+    text: Vec<u8>,
+    blobs: Vec<u8>,
 }
+
+/// A batch's text buffer stops growing past this (the texts' offsets are
+/// 32-bit); the batch is handed on early instead.
+const BATCH_TEXT_LIMIT: usize = 1 << 30;
 
 const BATCH_ROWS: usize = 1024;
 
@@ -302,7 +219,8 @@ fn step_rows(
     let fresh = |first_row| RawBatch {
         first_row,
         values: Vec::with_capacity(BATCH_ROWS * width),
-        bytes: Vec::new(),
+        text: Vec::new(),
+        blobs: Vec::new(),
     };
     let mut cursor = stmt.query([]).map_err(sql_err)?;
     let mut batch = fresh(0);
@@ -313,7 +231,7 @@ fn step_rows(
             batch.push(raw);
         }
         count += 1;
-        if batch.values.len() == BATCH_ROWS * width {
+        if batch.values.len() == BATCH_ROWS * width || batch.text.len() > BATCH_TEXT_LIMIT {
             let full = std::mem::replace(&mut batch, fresh(count));
             if to_convert.send(full).is_err() {
                 // The converter stopped on an error: it reports it.
@@ -327,7 +245,9 @@ fn step_rows(
     Ok(())
 }
 
-/// The converter's side: raw batches into rows, text interned per column.
+/// The converter's side: raw batches into rows. A batch's texts are checked
+/// as UTF-8 in one pass and become one shared buffer that every text value
+/// of the batch slices.
 fn convert_batches(
     batches: std::sync::mpsc::Receiver<RawBatch>,
     present: &[Col],
@@ -335,29 +255,65 @@ fn convert_batches(
 ) -> Result<Vec<Row>> {
     let width = present.len();
     let mut rows = Vec::new();
-    let mut interners: Vec<Interner> = present.iter().map(|_| Interner::default()).collect();
     for batch in batches {
-        for (n, raw) in batch.values.chunks_exact(width).enumerate() {
+        let RawBatch {
+            first_row,
+            values,
+            text,
+            blobs,
+        } = batch;
+        let buf = match String::from_utf8(text) {
+            Ok(t) => TextBuf::new(t),
+            Err(e) => {
+                // Name the first value that is not UTF-8.
+                let bytes = e.into_bytes();
+                let (n, col) = values
+                    .chunks_exact(width)
+                    .enumerate()
+                    .find_map(|(n, raw)| {
+                        raw.iter().zip(present).find_map(|(v, col)| match v {
+                            RawValue::Text(r)
+                                if std::str::from_utf8(&bytes[r.clone()]).is_err() =>
+                            {
+                                Some((n, *col))
+                            }
+                            _ => None,
+                        })
+                    })
+                    .unwrap_or((0, Col::WorkerIdentity));
+                return Err(registry_error(
+                    path,
+                    format!(
+                        "row {}: column `{}`: text is not valid UTF-8",
+                        first_row + n + 1,
+                        col.name()
+                    ),
+                ));
+            }
+        };
+        for (n, raw) in values.chunks_exact(width).enumerate() {
             let mut row = Row::default();
-            for (i, (col, v)) in present.iter().zip(raw).enumerate() {
+            for (col, v) in present.iter().zip(raw) {
                 let value = match v {
                     RawValue::Null => Value::Null,
                     RawValue::Int(x) => Value::Int(*x),
                     RawValue::Real(x) => Value::Real(*x),
-                    RawValue::Text(r) => match std::str::from_utf8(&batch.bytes[r.clone()]) {
-                        Ok(t) => Value::Text(interners[i].intern(t)),
-                        Err(_) => {
+                    // Each text was valid on its own, so its bounds are
+                    // character boundaries of the whole.
+                    RawValue::Text(r) => match Text::slice(&buf, r.clone()) {
+                        Some(t) => Value::Text(t),
+                        None => {
                             return Err(registry_error(
                                 path,
                                 format!(
                                     "row {}: column `{}`: text is not valid UTF-8",
-                                    batch.first_row + n + 1,
+                                    first_row + n + 1,
                                     col.name()
                                 ),
                             ))
                         }
                     },
-                    RawValue::Blob(r) => Value::Blob(batch.bytes[r.clone()].into()),
+                    RawValue::Blob(r) => Value::Blob(blobs[r.clone()].into()),
                 };
                 row.set(*col, value);
             }
@@ -375,14 +331,14 @@ impl RawBatch {
             ValueRef::Integer(x) => RawValue::Int(x),
             ValueRef::Real(x) => RawValue::Real(x),
             ValueRef::Text(t) => {
-                let at = self.bytes.len();
-                self.bytes.extend_from_slice(t);
-                RawValue::Text(at..self.bytes.len())
+                let at = self.text.len();
+                self.text.extend_from_slice(t);
+                RawValue::Text(at..self.text.len())
             }
             ValueRef::Blob(b) => {
-                let at = self.bytes.len();
-                self.bytes.extend_from_slice(b);
-                RawValue::Blob(at..self.bytes.len())
+                let at = self.blobs.len();
+                self.blobs.extend_from_slice(b);
+                RawValue::Blob(at..self.blobs.len())
             }
         };
         self.values.push(raw);
