@@ -23,6 +23,12 @@ pub struct Liveness {
     pub heartbeat_ttl_seconds: f64,
     /// The pid probe's answer.
     pub pid_alive: Option<bool>,
+    /// Microseconds from the heartbeat to `assessed_at` (negative for a
+    /// future stamp); `None` when unparsable. The entity builder reuses it
+    /// rather than parsing the stamp a second time.
+    pub heartbeat_age_us: Option<i64>,
+    /// The clock this was assessed at.
+    pub assessed_at: Micros,
 }
 
 fn is_decimal_number(s: &str) -> bool {
@@ -194,7 +200,8 @@ pub fn heartbeat_age_us(row: &Row, now: Micros) -> Option<i64> {
 pub fn assess(row: &Row, now: Micros, pid_alive: Option<bool>) -> Liveness {
     let ttl = canonical_ttl(row.get(Col::HeartbeatTtlSeconds));
     let stamp = row.get(Col::LastHeartbeatAt).as_text().and_then(parse_ts);
-    let age = stamp.map(|t| micros_to_seconds(now - t));
+    let age_us = stamp.map(|t| now.saturating_sub(t));
+    let age = age_us.map(micros_to_seconds);
     let fresh = age.map(|a| a <= ttl);
     let active = row.get(Col::Status).as_text() == Some("active");
     Liveness {
@@ -203,6 +210,8 @@ pub fn assess(row: &Row, now: Micros, pid_alive: Option<bool>) -> Liveness {
         heartbeat_age_seconds: age,
         heartbeat_ttl_seconds: ttl,
         pid_alive,
+        heartbeat_age_us: age_us,
+        assessed_at: now,
     }
 }
 

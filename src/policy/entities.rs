@@ -263,7 +263,15 @@ pub fn worker_attrs_where<'a>(
 ) -> Vec<(&'static str, Attr<'a>)> {
     // Each measured once, and only when an attribute in the mask needs it.
     let age_cell = std::cell::OnceCell::new();
-    let age = || *age_cell.get_or_init(|| crate::liveness::heartbeat_age_us(row, now));
+    let age = || {
+        *age_cell.get_or_init(|| {
+            if obs.liveness.assessed_at == now {
+                obs.liveness.heartbeat_age_us
+            } else {
+                crate::liveness::heartbeat_age_us(row, now)
+            }
+        })
+    };
     let ttl_cell = std::cell::OnceCell::new();
     let ttl = || {
         *ttl_cell.get_or_init(|| crate::liveness::measure_ttl(row.get(Col::HeartbeatTtlSeconds)))

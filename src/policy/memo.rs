@@ -50,6 +50,10 @@ use smol_str::SmolStr;
 #[derive(Clone)]
 pub struct Abstraction {
     literals: HashSet<SmolStr>,
+    /// Bit `n` set when some literal is `n` bytes long (bit 127: 127 bytes
+    /// or longer): most of a row's strings have a length no literal has,
+    /// and skip the hash lookup.
+    literal_lengths: u128,
     /// Long literals of the policies and Longs of the run, sorted, distinct.
     longs: Vec<i64>,
     /// Each `like` pattern with the one worker attribute it is applied to
@@ -167,8 +171,10 @@ impl Abstraction {
         }
         longs.sort_unstable();
         longs.dedup();
+        let literal_lengths = length_mask(&literals);
         Abstraction {
             literals,
+            literal_lengths,
             longs,
             patterns,
             disabled,
@@ -224,6 +230,7 @@ impl Abstraction {
     pub fn off(why: &str) -> Abstraction {
         Abstraction {
             literals: HashSet::default(),
+            literal_lengths: 0,
             longs: Vec::new(),
             patterns: Vec::new(),
             disabled: Some(why.to_string()),
@@ -330,7 +337,7 @@ impl Abstraction {
         placeholders: &mut Vec<&'v str>,
         out: &mut String,
     ) {
-        if self.literals.contains(s) {
+        if self.literal_lengths & length_bit(s.len()) != 0 && self.literals.contains(s) {
             out.push('S');
             push_num(out, s.len());
             out.push(':');
@@ -363,6 +370,15 @@ impl Abstraction {
             }
         }
     }
+}
+
+/// The bit of [`Abstraction::literal_lengths`] for a string of `len` bytes.
+fn length_bit(len: usize) -> u128 {
+    1u128 << len.min(127)
+}
+
+fn length_mask(literals: &HashSet<SmolStr>) -> u128 {
+    literals.iter().fold(0, |m, l| m | length_bit(l.len()))
 }
 
 /// A Cedar `like` pattern as its literal pieces between wildcards, matched
