@@ -143,9 +143,10 @@ pub fn capture(
         .filter(|l| l.is_active())
         .filter(|l| {
             let p = Protections::from_leases([*l]);
+            let index = crate::observe::ProtectionIndex::of(&p);
             included
                 .iter()
-                .any(|&i| !crate::observe::protection_hits(&plan.rows[i], &p).is_empty())
+                .any(|&i| !crate::observe::protection_hits(&plan.rows[i], &index).is_empty())
         })
         .collect();
 

@@ -155,28 +155,61 @@ pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
 
 /// Observe every row; probes run once per row.
 pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> Vec<Observation> {
+    let index = ProtectionIndex::of(&facts.protections);
     let mut out: Vec<Observation> =
-        crate::pool::par_map(rows, |row| observe_row(row, facts, probe));
+        crate::pool::par_map(rows, |row| observe_row(row, facts, &index, probe));
     for (obs, count) in out.iter_mut().zip(identity_row_counts(rows)) {
         obs.identity_row_count = count;
     }
     out
 }
 
-/// Which of `protections` match `row` ("field=value").
-pub fn protection_hits(row: &Row, p: &Protections) -> Vec<String> {
+/// The lease protections hashed for lookup (the sets themselves are
+/// ordered, for the run entity and the saved plan).
+pub struct ProtectionIndex<'a> {
+    identities: rustc_hash::FxHashSet<&'a str>,
+    sessions: rustc_hash::FxHashSet<&'a str>,
+    pids: rustc_hash::FxHashSet<&'a str>,
+}
+
+impl<'a> ProtectionIndex<'a> {
+    /// Index `p`.
+    pub fn of(p: &'a Protections) -> ProtectionIndex<'a> {
+        let set =
+            |s: &'a std::collections::BTreeSet<String>| s.iter().map(String::as_str).collect();
+        ProtectionIndex {
+            identities: set(&p.worker_identities),
+            sessions: set(&p.session_ids),
+            pids: set(&p.pids),
+        }
+    }
+}
+
+/// Which of the protections match `row` ("field=value").
+pub fn protection_hits(row: &Row, p: &ProtectionIndex<'_>) -> Vec<String> {
     let mut hits = Vec::new();
-    let id = row.get(Col::WorkerIdentity).canon_cow();
-    if !id.is_empty() && p.worker_identities.contains(id.as_ref()) {
-        hits.push(format!("worker_identity={id}"));
+    if !p.identities.is_empty() {
+        let id = row.get(Col::WorkerIdentity).canon_cow();
+        if !id.is_empty() && p.identities.contains(id.as_ref()) {
+            hits.push(format!("worker_identity={id}"));
+        }
     }
-    let session = row.get(Col::SessionId).canon_cow();
-    if p.session_ids.contains(session.as_ref()) {
-        hits.push(format!("session_id={session}"));
+    if !p.sessions.is_empty() {
+        let session = row.get(Col::SessionId).canon_cow();
+        if p.sessions.contains(session.as_ref()) {
+            hits.push(format!("session_id={session}"));
+        }
     }
-    let pid_text = row.get(Col::Pid).canon_cow();
-    if p.pids.contains(pid_text.as_ref()) {
-        hits.push(format!("pid={pid_text}"));
+    if !p.pids.is_empty() {
+        // An integer pid's canonical text without an allocation.
+        let mut digits = itoa::Buffer::new();
+        let pid_text: Cow<str> = match row.get(Col::Pid) {
+            Value::Int(i) => Cow::Borrowed(digits.format(*i)),
+            other => other.canon_cow(),
+        };
+        if p.pids.contains(pid_text.as_ref()) {
+            hits.push(format!("pid={pid_text}"));
+        }
     }
     hits
 }
@@ -292,7 +325,12 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
     }
 }
 
-fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observation {
+fn observe_row(
+    row: &Row,
+    facts: &RunFacts,
+    protections: &ProtectionIndex<'_>,
+    probe: &dyn ProcessProbe,
+) -> Observation {
     let pid = observe_pid(row.get(Col::Pid), probe);
     let liveness = assess(row, facts.now, pid.alive);
     let historical = status_text(row) != "active";
@@ -302,7 +340,7 @@ fn observe_row(row: &Row, facts: &RunFacts, probe: &dyn ProcessProbe) -> Observa
         row.get(Col::InstanceIdSource).as_text(),
     );
     let ownership = ownership_state(row, live, historical, identity.trusted);
-    let protected_hits = protection_hits(row, &facts.protections);
+    let protected_hits = protection_hits(row, protections);
     Observation {
         pid,
         liveness,
