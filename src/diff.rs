@@ -381,11 +381,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
             }
             policies.push(PolicyNote {
                 id: rule.id.clone(),
-                effect: if rule.effect == Effect::Permit {
-                    "permit"
-                } else {
-                    "forbid"
-                },
+                effect: effect_word(rule.effect),
                 reason: rule.reason.map(|r| r.code().to_string()),
                 status,
                 never_matches: never,
@@ -402,11 +398,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
         for rule in dropped {
             policies.push(PolicyNote {
                 id: rule.id.clone(),
-                effect: if rule.effect == Effect::Permit {
-                    "permit"
-                } else {
-                    "forbid"
-                },
+                effect: effect_word(rule.effect),
                 reason: rule.reason.map(|r| r.code().to_string()),
                 status: "removed",
                 never_matches: false,
@@ -558,6 +550,13 @@ pub fn observe_registry(
     let a = crate::plan::plan(rows.clone(), facts.clone(), &recording, old)?;
     let b = crate::plan::plan(rows, facts, &recording.given(), new)?;
     Ok((a.entries.len(), compare_plans(&a, &b, registry, "registry")))
+}
+
+fn effect_word(effect: Effect) -> &'static str {
+    match effect {
+        Effect::Permit => "permit",
+        Effect::Forbid => "forbid",
+    }
 }
 
 fn word(allow: bool) -> String {

@@ -12,13 +12,6 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn cvc5_available() -> bool {
-    std::process::Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// A copy of the built-in policies with `edit` applied to retirement.cedar.
 fn edited(edit: impl Fn(&str) -> String) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

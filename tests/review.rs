@@ -98,16 +98,9 @@ fn explain_on_the_command_line() {
     assert!(text(&out).contains("nobody"));
 }
 
-fn cvc5_here() -> bool {
-    std::process::Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 #[test]
 fn grants_against_reports_an_added_retire_grant() {
-    if skip_unless(cvc5_here(), "cvc5") {
+    if skip_unless(cvc5_available(), "cvc5") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -167,7 +160,7 @@ fn grants_against_reports_an_added_retire_grant() {
 /// the proof, with the counterexample, whatever profiles.json says.
 #[test]
 fn grants_against_proves_only_controllers_and_reconcilers_can_apply() {
-    if skip_unless(cvc5_here(), "cvc5") {
+    if skip_unless(cvc5_available(), "cvc5") {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -442,13 +435,7 @@ fn coverage_of_our_fixtures_matches_what_they_expect() {
 /// run that falls short.
 #[test]
 fn our_fixtures_reach_full_coverage_and_min_coverage_gates() {
-    if skip_unless(
-        std::process::Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "cvc5",
-    ) {
+    if skip_unless(cvc5_available(), "cvc5") {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -484,6 +471,14 @@ fn our_fixtures_reach_full_coverage_and_min_coverage_gates() {
         "{}",
         text(&out)
     );
+}
+
+/// `fixture capture` with the stores' registry, leases and profile; the
+/// selection comes after.
+fn capture_args(stores: &Stores) -> Vec<String> {
+    let mut args: Vec<String> = ["fixture", "capture"].map(String::from).to_vec();
+    args.extend(stores.plan_args("controller-prgs").into_iter().skip(1));
+    args
 }
 
 /// A copy of the built-in policy folder without the policy `id`.
@@ -542,19 +537,8 @@ fn a_captured_case_passes_and_fails_once_its_deciding_policy_is_gone() {
     );
     let out_path = stores.dir.path().join("captured.json");
     let out = bin()
+        .args(capture_args(&stores))
         .args([
-            "fixture",
-            "capture",
-            "--registry",
-            stores.registry.to_str().unwrap(),
-            "--leases",
-            stores.leases.to_str().unwrap(),
-            "--canonical-repository",
-            "prgs/gitea-tools",
-            "--profiles",
-            stores.profiles.to_str().unwrap(),
-            "--profile",
-            "controller-prgs",
             "--worker",
             "w-dead",
             "--worker",
@@ -620,22 +604,8 @@ fn a_captured_case_passes_and_fails_once_its_deciding_policy_is_gone() {
 
     // A selection that matches nothing is an error that says so.
     let none = bin()
-        .args([
-            "fixture",
-            "capture",
-            "--registry",
-            stores.registry.to_str().unwrap(),
-            "--leases",
-            stores.leases.to_str().unwrap(),
-            "--canonical-repository",
-            "prgs/gitea-tools",
-            "--profiles",
-            stores.profiles.to_str().unwrap(),
-            "--profile",
-            "controller-prgs",
-            "--worker",
-            "w-nobody",
-        ])
+        .args(capture_args(&stores))
+        .args(["--worker", "w-nobody"])
         .output()
         .unwrap();
     assert_eq!(none.status.code(), Some(1));

@@ -462,13 +462,6 @@ fn exported_fixture_names_cannot_inject_commands() {
     );
 }
 
-fn cvc5_available() -> bool {
-    Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 // Finding 6: `policy verify DIR` proved only the folder's own properties.
 #[test]
 fn verifying_a_folder_proves_the_built_in_properties_too() {

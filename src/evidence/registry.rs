@@ -254,6 +254,16 @@ fn convert_batches(
     path: &Path,
 ) -> Result<Vec<Row>> {
     let width = present.len();
+    let not_utf8 = |row: usize, col: Col| {
+        registry_error(
+            path,
+            format!(
+                "row {}: column `{}`: text is not valid UTF-8",
+                row + 1,
+                col.name()
+            ),
+        )
+    };
     let mut rows = Vec::new();
     for batch in batches {
         let RawBatch {
@@ -281,14 +291,7 @@ fn convert_batches(
                         })
                     })
                     .unwrap_or((0, Col::WorkerIdentity));
-                return Err(registry_error(
-                    path,
-                    format!(
-                        "row {}: column `{}`: text is not valid UTF-8",
-                        first_row + n + 1,
-                        col.name()
-                    ),
-                ));
+                return Err(not_utf8(first_row + n, col));
             }
         };
         for (n, raw) in values.chunks_exact(width).enumerate() {
@@ -302,16 +305,7 @@ fn convert_batches(
                     // character boundaries of the whole.
                     RawValue::Text(r) => match Text::slice(&buf, r.clone()) {
                         Some(t) => Value::Text(t),
-                        None => {
-                            return Err(registry_error(
-                                path,
-                                format!(
-                                    "row {}: column `{}`: text is not valid UTF-8",
-                                    first_row + n + 1,
-                                    col.name()
-                                ),
-                            ))
-                        }
+                        None => return Err(not_utf8(first_row + n, *col)),
                     },
                     RawValue::Blob(r) => Value::Blob(blobs[r.clone()].into()),
                 };

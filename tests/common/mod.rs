@@ -370,6 +370,15 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Whether the cvc5 solver runs here (`CVC5` names it, else `cvc5` on the
+/// path); pair with [`skip_unless`].
+pub fn cvc5_available() -> bool {
+    Command::new(std::env::var("CVC5").unwrap_or_else(|_| "cvc5".into()))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// Fail under CI (where every tool is installed by .ci/run), skip with a
 /// message elsewhere. Returns true when the caller should return early.
 pub fn skip_unless(available: bool, what: &str) -> bool {
