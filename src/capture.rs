@@ -258,7 +258,10 @@ pub fn capture(
     // chosen rows must come out as they did in the registry.
     let label = Path::new("<captured case>");
     let crate::fixture::Case::Plan(parsed) = crate::fixture::parse(label, case.clone())? else {
-        unreachable!("a case with rows and expect is a plan case")
+        return Err(Error::Internal {
+            doing: "capturing: the case written is not read back as a plan case".into(),
+            source: "capture wrote a case of another kind".into(),
+        });
     };
     let replay = parsed.plan(policies)?;
     for (k, &i) in chosen.iter().enumerate() {
