@@ -14,6 +14,11 @@ fn root() -> PathBuf {
 
 /// A copy of the built-in policies with `edit` applied to retirement.cedar.
 fn edited(edit: impl Fn(&str) -> String) -> tempfile::TempDir {
+    edited_file("retirement.cedar", edit)
+}
+
+/// A copy of the built-in policies with `edit` applied to `file`.
+fn edited_file(file: &str, edit: impl Fn(&str) -> String) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for f in [
         "schema.cedarschema",
@@ -22,7 +27,7 @@ fn edited(edit: impl Fn(&str) -> String) -> tempfile::TempDir {
     ] {
         std::fs::copy(root().join("policies").join(f), dir.path().join(f)).unwrap();
     }
-    let path = dir.path().join("retirement.cedar");
+    let path = dir.path().join(file);
     let before = std::fs::read_to_string(&path).unwrap();
     let after = edit(&before);
     assert_ne!(before, after, "the edit changed nothing");
@@ -272,23 +277,13 @@ fn a_loosened_capability_names_the_operator_new_grants() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    for f in [
-        "schema.cedarschema",
-        "retirement.cedar",
-        "capabilities.cedar",
-    ] {
-        std::fs::copy(root().join("policies").join(f), dir.path().join(f)).unwrap();
-    }
-    let caps = dir.path().join("capabilities.cedar");
-    let before = std::fs::read_to_string(&caps).unwrap();
-    let after = before.replacen(
-        "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\") &&\n  [\"controller\", \"reconciler\"].contains(principal.role)",
-        "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\")",
-        1,
-    );
-    assert_ne!(before, after);
-    std::fs::write(&caps, after).unwrap();
+    let dir = edited_file("capabilities.cedar", |t| {
+        t.replacen(
+            "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\") &&\n  [\"controller\", \"reconciler\"].contains(principal.role)",
+            "  principal.allowed_operations.contains(\"gitea.worker_registry.retire\")",
+            1,
+        )
+    });
     let saved = tempfile::tempdir().unwrap();
     let (code, report) = diff(
         "policies",
