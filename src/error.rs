@@ -55,6 +55,24 @@ pub enum Error {
         #[source]
         source: rusqlite::Error,
     },
+    /// PostgreSQL failed while connecting to, reading or writing a store.
+    /// `location` is the store's URL with any password masked.
+    #[error(
+        "{store} {location}: {doing}: {}{}",
+        postgres_message(source),
+        postgres_hint(source)
+    )]
+    Postgres {
+        /// Which store.
+        store: Store,
+        /// Its URL, password masked.
+        location: String,
+        /// What we were doing.
+        doing: String,
+        /// PostgreSQL's (or the connection's) error.
+        #[source]
+        source: postgres::Error,
+    },
     /// A file or folder could not be read or written.
     #[error("{}: {doing}: {source}", path.display())]
     Io {
@@ -141,7 +159,55 @@ fn sqlite_hint(e: &rusqlite::Error) -> &'static str {
     }
 }
 
+/// PostgreSQL's own message (with its detail), or the connection error.
+fn postgres_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!("{} ({detail})", db.message()),
+            None => db.message().to_string(),
+        },
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// What to do about the PostgreSQL errors an operator can act on.
+fn postgres_hint(e: &postgres::Error) -> &'static str {
+    use postgres::error::SqlState;
+    match e.code() {
+        None if e.is_closed() || e.as_db_error().is_none() => {
+            "; is the server running and the URL right (postgres://USER@HOST:PORT/DATABASE)?"
+        }
+        Some(c) if *c == SqlState::INVALID_PASSWORD || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => {
+            "; check the user and password in the URL"
+        }
+        Some(c) if *c == SqlState::INVALID_CATALOG_NAME => {
+            "; the database does not exist: create it (createdb), or fix the URL"
+        }
+        Some(c) if *c == SqlState::INSUFFICIENT_PRIVILEGE => {
+            "; this database user lacks a privilege the command needs: grant it, or connect as the tables' owner"
+        }
+        _ => "",
+    }
+}
+
 impl Error {
+    /// A PostgreSQL failure of `store` at `location` while `doing`.
+    pub fn postgres<'a>(
+        store: Store,
+        location: &'a str,
+        doing: &'a str,
+    ) -> impl Fn(postgres::Error) -> Error + Copy + 'a {
+        move |source| Error::Postgres {
+            store,
+            location: location.to_string(),
+            doing: doing.to_string(),
+            source,
+        }
+    }
+
     /// A SQLite failure of `store` at `path` while `doing`, for `map_err`.
     pub fn sqlite<'a>(
         store: Store,

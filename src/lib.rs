@@ -9,6 +9,7 @@ pub mod apply;
 pub mod capability;
 pub mod capture;
 pub mod cli;
+pub mod copy;
 pub mod coverage;
 pub mod diff;
 pub mod error;

@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["policy"],
     &["capability", "snapshot"],
     &["plan"],
-    &["explain", "launcher", "worker"],
+    &["explain", "launcher", "worker", "copy"],
     &["apply"],
     &["fixture", "verify", "report"],
     &["export", "serve", "diff", "coverage", "capture"],

@@ -8,6 +8,7 @@ pub mod grants;
 pub mod launch;
 pub mod plan;
 pub mod policy;
+pub mod registry;
 pub mod serve;
 pub mod snapshot;
 pub mod test;
@@ -74,6 +75,8 @@ pub enum Command {
     Test(test::TestArgs),
     /// Make fixtures: capture rows of a real registry as a case.
     Fixture(fixture::FixtureArgs),
+    /// Move a registry between stores: `registry copy` onto PostgreSQL.
+    Registry(registry::RegistryArgs),
 }
 
 /// Where the registry and lease store are.
@@ -154,6 +157,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Apply(args) => apply::run(&cli, args),
         Command::Test(args) => test::run(&cli, args),
         Command::Fixture(args) => fixture::run(&cli, args),
+        Command::Registry(args) => registry::run(&cli, args),
         Command::Snapshot(args) => snapshot::run(&cli, args),
         Command::Launch(args) => launch::run(&cli, args),
         Command::Serve(args) => serve::run(&cli, args),

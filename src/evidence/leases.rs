@@ -58,6 +58,12 @@ fn lease_error(path: &Path, message: impl Into<String>) -> Error {
 
 /// Read every lease row from an existing lease store (read-only).
 pub fn load(path: &Path) -> Result<Vec<Lease>> {
+    if crate::store::pg::is_postgres(path) {
+        let url = path.to_string_lossy();
+        let label = crate::store::pg::masked(&url);
+        let mut client = crate::store::pg::connect(&url, Store::Leases)?;
+        return crate::store::pg::read_leases(&mut client, &label, false);
+    }
     let conn = open_read_only(path)?;
     read(&conn, path)
 }

@@ -339,8 +339,30 @@ impl RawBatch {
     }
 }
 
-/// Open read-only and read every registration.
+/// Open read-only and read every registration: from the SQLite file, or
+/// (for a `postgres://` location) in one read-only transaction.
 pub fn load(path: &Path) -> Result<Vec<Row>> {
+    if crate::store::pg::is_postgres(path) {
+        return load_postgres(path);
+    }
     let conn = open_read_only(path)?;
     read_rows(&conn, path)
+}
+
+/// Read every registration from PostgreSQL, in one read-only transaction
+/// (one snapshot of the table).
+fn load_postgres(location: &Path) -> Result<Vec<Row>> {
+    let url = location.to_string_lossy();
+    let label = crate::store::pg::masked(&url);
+    let mut client = crate::store::pg::connect(&url, Store::Registry)?;
+    let err = |doing| Error::postgres(Store::Registry, &label, doing);
+    let mut tx = client
+        .build_transaction()
+        .read_only(true)
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .map_err(err("cannot begin a read"))?;
+    let rows = crate::store::pg::read_registry(&mut tx, &label)?;
+    tx.commit().map_err(err("cannot end the read"))?;
+    Ok(rows)
 }

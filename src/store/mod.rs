@@ -18,6 +18,7 @@
 
 pub mod audit;
 pub mod leases;
+pub mod pg;
 pub mod registry;
 
 use rusqlite::Connection;

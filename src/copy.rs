@@ -1,0 +1,373 @@
+//! `registry copy`: move a SQLite registry (its rows and its audit table,
+//! and optionally a SQLite lease store) into PostgreSQL, and prove the
+//! copy is the same registry.
+//!
+//! Everything is written in one transaction into tables that must be empty,
+//! then read back inside that transaction and compared with the source,
+//! value by value (kind and canonical text, which is what every token
+//! hashes), before COMMIT. A copy that would not read back identically
+//! (a value PostgreSQL's typed column cannot hold as it is, two rows with
+//! one identity) is refused before anything is written, naming the rows.
+
+use crate::error::{Error, Result, Store};
+use crate::row::{Row, COLUMNS};
+use crate::store::pg;
+use crate::value::Value;
+use std::path::Path;
+
+/// What a copy did, and the proof.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CopyReport {
+    /// The SQLite registry read.
+    pub from: String,
+    /// The PostgreSQL database written (password masked).
+    pub to: String,
+    /// Registry rows copied.
+    pub rows: usize,
+    /// Audit rows copied.
+    pub audit_rows: usize,
+    /// Lease rows copied (when a lease store was given).
+    pub leases: Option<usize>,
+    /// The registry token over the source rows.
+    pub registry_fingerprint: String,
+    /// The registry token over the rows read back from PostgreSQL.
+    pub copied_registry_fingerprint: String,
+    /// The lease token over the active leases, source and copy.
+    pub external_state_fingerprint: Option<(String, String)>,
+}
+
+/// How many rows a refusal names before it counts the rest.
+const NAMED: usize = 10;
+
+/// Two values as every token sees them: the same kind and canonical text.
+fn same(a: &Value, b: &Value) -> bool {
+    a.kind() == b.kind() && a.canon_cow() == b.canon_cow()
+}
+
+/// Refuse rows PostgreSQL cannot hold as they are, before writing.
+fn check_representable(rows: &[Row], from: &Path) -> Result<()> {
+    let mut problems = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (n, row) in rows.iter().enumerate() {
+        let id = row.get(crate::row::Col::WorkerIdentity);
+        match id.as_text() {
+            None => problems.push(format!(
+                "row {}: worker_identity is {} {}, and PostgreSQL's key is TEXT NOT NULL",
+                n + 1,
+                id.kind(),
+                crate::text::esc(&id.canon())
+            )),
+            Some(t) => {
+                if let Some(first) = seen.insert(t.to_string(), n) {
+                    problems.push(format!(
+                        "rows {} and {}: both have worker_identity {}",
+                        first + 1,
+                        n + 1,
+                        crate::text::esc(t)
+                    ));
+                }
+            }
+        }
+        if let Some((col, why)) = pg::unrepresentable(row) {
+            problems.push(format!(
+                "row {} ({}): `{}` {why}",
+                n + 1,
+                crate::text::esc(&id.canon()),
+                col.name()
+            ));
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let more = problems.len().saturating_sub(NAMED);
+    problems.truncate(NAMED);
+    Err(Error::Registry {
+        path: from.to_path_buf(),
+        message: format!(
+            "cannot be copied as it is: {}{}. Nothing was written. PostgreSQL's columns are \
+             typed, so such a value would read back as another value and move every token. \
+             Correct these rows in the SQLite registry (or retire them there first), then copy again",
+            problems.join("; "),
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            }
+        ),
+    })
+}
+
+/// The audit rows of a SQLite registry (`audit_id` first, then every
+/// audit column in order), or none when it has no audit table.
+fn sqlite_audit_rows(from: &Path) -> Result<Vec<Vec<Value>>> {
+    use crate::store::audit::{COLUMNS as AUDIT, KEY, TABLE};
+    let conn = crate::evidence::registry::open_read_only(from)?;
+    let err = Error::sqlite(Store::Registry, from, "cannot read the audit table");
+    let Some(existing) = crate::store::table_columns(&conn, TABLE).map_err(err)? else {
+        return Ok(Vec::new());
+    };
+    let list: Vec<String> = std::iter::once(KEY)
+        .chain(AUDIT.iter().map(|(n, _)| *n))
+        .map(|n| {
+            if existing.iter().any(|c| c == n) {
+                n.to_string()
+            } else {
+                "NULL".to_string()
+            }
+        })
+        .collect();
+    let mut stmt = conn
+        .prepare(&format!(
+            "SELECT {} FROM {TABLE} ORDER BY {KEY}",
+            list.join(", ")
+        ))
+        .map_err(err)?;
+    let mut cursor = stmt.query([]).map_err(err)?;
+    let mut out = Vec::new();
+    while let Some(r) = cursor.next().map_err(err)? {
+        let mut values = Vec::with_capacity(list.len());
+        for i in 0..list.len() {
+            values.push(
+                crate::evidence::registry::value_from_sql(r.get_ref(i).map_err(err)?).map_err(
+                    |e| Error::Registry {
+                        path: from.to_path_buf(),
+                        message: format!("audit table: {e}"),
+                    },
+                )?,
+            );
+        }
+        out.push(values);
+    }
+    Ok(out)
+}
+
+/// The kind of an audit column.
+fn audit_kind(ty: &str) -> pg::Kind {
+    if ty.starts_with("INTEGER") {
+        pg::Kind::Int
+    } else {
+        pg::Kind::Text
+    }
+}
+
+fn insert_audit_in(
+    tx: &mut postgres::Transaction<'_>,
+    rows: &[Vec<Value>],
+    label: &str,
+) -> Result<()> {
+    use crate::store::audit::{COLUMNS as AUDIT, KEY, TABLE};
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = std::iter::once(KEY)
+        .chain(AUDIT.iter().map(|(n, _)| *n))
+        .collect();
+    let kinds: Vec<pg::Kind> = std::iter::once(pg::Kind::Int)
+        .chain(AUDIT.iter().map(|(_, t)| audit_kind(t)))
+        .collect();
+    let err = |doing| Error::postgres(Store::Registry, label, doing);
+    let stmt = tx
+        .prepare(&format!(
+            "INSERT INTO {TABLE} ({}) OVERRIDING SYSTEM VALUE VALUES ({})",
+            names.join(", "),
+            (1..=names.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .map_err(err("cannot prepare the audit copy"))?;
+    for row in rows {
+        let values = row
+            .iter()
+            .zip(&kinds)
+            .zip(&names)
+            .map(|((v, k), n)| {
+                pg::to_sql(v, *k).map_err(|e| Error::Registry {
+                    path: label.into(),
+                    message: format!("audit row {}: `{n}` {e}", row[0].canon()),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+            values.iter().map(|b| b.as_ref()).collect();
+        tx.execute(&stmt, &refs)
+            .map_err(err("cannot copy an audit row"))?;
+    }
+    // New audit rows continue after the copied ones.
+    tx.execute(
+        &format!(
+            "SELECT setval(pg_get_serial_sequence('{TABLE}', '{KEY}'), (SELECT max({KEY}) FROM {TABLE}))"
+        ),
+        &[],
+    )
+    .map_err(err("cannot move the audit id sequence past the copied rows"))?;
+    Ok(())
+}
+
+fn count(
+    tx: &mut postgres::Transaction<'_>,
+    table: &str,
+    store: Store,
+    label: &str,
+) -> Result<i64> {
+    tx.query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .map(|r| r.get(0))
+        .map_err(Error::postgres(
+            store,
+            label,
+            "cannot count the rows already there",
+        ))
+}
+
+/// Copy the SQLite registry `from` (and the SQLite lease store `leases`,
+/// when given) into the PostgreSQL database `to`, and prove it.
+pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> {
+    let label = pg::masked(to);
+    if pg::is_postgres(from) {
+        return Err(Error::Input(format!(
+            "--from {}: copy reads a SQLite registry; to move between PostgreSQL databases, \
+             use pg_dump",
+            pg::masked(&from.to_string_lossy())
+        )));
+    }
+    if !pg::is_postgres(Path::new(to)) {
+        return Err(Error::Input(format!(
+            "--to {to}: not a PostgreSQL URL; give postgres://USER@HOST:PORT/DATABASE"
+        )));
+    }
+    let rows = crate::evidence::registry::load(from)?;
+    check_representable(&rows, from)?;
+    let audit = sqlite_audit_rows(from)?;
+    let lease_rows = leases.map(crate::evidence::leases::load).transpose()?;
+
+    let mut client = pg::connect(to, Store::Registry)?;
+    let err = |doing| Error::postgres(Store::Registry, &label, doing);
+    let mut tx = client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::Serializable)
+        .start()
+        .map_err(err("cannot begin the copy"))?;
+    pg::migrate_registry_in(&mut tx, &label)?;
+    pg::migrate_audit_in(&mut tx, &label)?;
+    for (table, store) in [
+        (crate::store::registry::TABLE, Store::Registry),
+        (crate::store::audit::TABLE, Store::Registry),
+    ] {
+        let there = count(&mut tx, table, store, &label)?;
+        if there > 0 {
+            return Err(Error::Registry {
+                path: label.clone().into(),
+                message: format!(
+                    "table `{table}` already holds {there} rows; copy writes only into empty \
+                     tables, so nothing is merged or overwritten. Copy into a new database, \
+                     or empty it deliberately first"
+                ),
+            });
+        }
+    }
+    pg::copy_rows_in(&mut tx, &rows, &label)?;
+    insert_audit_in(&mut tx, &audit, &label)?;
+    if let Some(lease_rows) = &lease_rows {
+        pg::create_leases(&mut tx, &label)?;
+        let there = count(&mut tx, crate::store::leases::TABLE, Store::Leases, &label)?;
+        if there > 0 {
+            return Err(Error::Leases {
+                path: label.clone().into(),
+                message: format!(
+                    "table `{}` already holds {there} rows; copy writes only into an empty one",
+                    crate::store::leases::TABLE
+                ),
+            });
+        }
+        pg::insert_leases_in(&mut tx, lease_rows, &label)?;
+    }
+
+    // The proof, inside the same transaction: read everything back.
+    let copied = pg::read_registry(&mut tx, &label)?;
+    prove_rows(&rows, &copied, &label)?;
+    let registry_fingerprint = crate::fingerprint::registry_fingerprint(&rows);
+    let copied_registry_fingerprint = crate::fingerprint::registry_fingerprint(&copied);
+    if registry_fingerprint != copied_registry_fingerprint {
+        return Err(Error::Registry {
+            path: label.into(),
+            message: format!(
+                "the copy's registry token {copied_registry_fingerprint} differs from the \
+                 source's {registry_fingerprint}; nothing was committed"
+            ),
+        });
+    }
+    let external_state_fingerprint = match &lease_rows {
+        None => None,
+        Some(source) => {
+            let back = pg::read_leases(&mut tx, &label, false)?;
+            let active = |l: &[crate::store::leases::Lease]| {
+                crate::fingerprint::external_state_fingerprint(l.iter().filter(|l| l.is_active()))
+            };
+            let digest = |l: &[crate::store::leases::Lease]| {
+                let active: Vec<_> = l.iter().filter(|l| l.is_active()).cloned().collect();
+                crate::evidence::leases::full_digest(&active)
+            };
+            let (was, now) = (active(source), active(&back));
+            if was != now || digest(source) != digest(&back) || source.len() != back.len() {
+                return Err(Error::Leases {
+                    path: label.into(),
+                    message: format!(
+                        "the copied leases read back differently (token {now}, source {was}); \
+                         nothing was committed"
+                    ),
+                });
+            }
+            Some((was, now))
+        }
+    };
+    tx.commit().map_err(err("cannot commit the copy"))?;
+    Ok(CopyReport {
+        from: from.display().to_string(),
+        to: label,
+        rows: rows.len(),
+        audit_rows: audit.len(),
+        leases: lease_rows.as_ref().map(Vec::len),
+        registry_fingerprint,
+        copied_registry_fingerprint,
+        external_state_fingerprint,
+    })
+}
+
+/// Every source row is in the copy, value for value, and nothing else is.
+fn prove_rows(source: &[Row], copied: &[Row], label: &str) -> Result<()> {
+    use crate::row::Col;
+    let by_id: std::collections::HashMap<String, &Row> = copied
+        .iter()
+        .map(|r| (r.get(Col::WorkerIdentity).canon(), r))
+        .collect();
+    let differs = |why: String| Error::Registry {
+        path: label.into(),
+        message: format!("the copy does not read back as the source: {why}; nothing was committed"),
+    };
+    if copied.len() != source.len() {
+        return Err(differs(format!(
+            "{} rows read back where {} were written",
+            copied.len(),
+            source.len()
+        )));
+    }
+    for row in source {
+        let id = row.get(Col::WorkerIdentity).canon();
+        let back = by_id
+            .get(&id)
+            .ok_or_else(|| differs(format!("row {} is missing", crate::text::esc(&id))))?;
+        if let Some(col) = COLUMNS.iter().find(|c| !same(row.get(**c), back.get(**c))) {
+            return Err(differs(format!(
+                "row {} column `{}` reads back as {} {} (was {} {})",
+                crate::text::esc(&id),
+                col.name(),
+                back.get(*col).kind(),
+                crate::text::esc(&back.get(*col).canon()),
+                row.get(*col).kind(),
+                crate::text::esc(&row.get(*col).canon()),
+            )));
+        }
+    }
+    Ok(())
+}

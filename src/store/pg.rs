@@ -1,0 +1,678 @@
+//! The same tables on PostgreSQL: a fleet spread over several hosts shares
+//! one registry (and usually one lease store) in a PostgreSQL database.
+//!
+//! A store location is a SQLite file path or a `postgres://` (or
+//! `postgresql://`) URL; [`is_postgres`] tells which. The tables, their
+//! columns and their order are the SQLite ones (`super::registry`,
+//! `super::leases`, `super::audit`), with PostgreSQL's types: `TEXT`,
+//! `BIGINT` for SQLite's `INTEGER`, `DOUBLE PRECISION` for `REAL`.
+//!
+//! Values keep their kind. A PostgreSQL column has one type where a SQLite
+//! column may hold any storage class, so a value is read as its column's
+//! type says (`TEXT` → text, `BIGINT`/`INTEGER`/`SMALLINT` → integer,
+//! `DOUBLE PRECISION` → real), and a column of any other type stops the
+//! read: a kind we do not read faithfully would change the canonical text
+//! every token hashes. Writing is strict the same way ([`to_sql`]): a value
+//! whose kind its column cannot hold (SQLite text `"abc"` in `pid`) is
+//! refused, never coerced, so a copied registry reads back value for value.
+
+use crate::error::{Error, Result, Store};
+use crate::row::{Col, Row, COLUMNS};
+use crate::value::Value;
+use postgres::types::{ToSql, Type};
+use postgres::{Client, GenericClient, NoTls};
+use std::path::Path;
+
+/// Whether a store location names a PostgreSQL database.
+pub fn is_postgres(location: &Path) -> bool {
+    location
+        .to_str()
+        .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+}
+
+/// The URL for messages, reports and audit rows: any password masked.
+pub fn masked(url: &str) -> String {
+    let mut out = url.to_string();
+    // postgres://user:password@host/...
+    if let Some(scheme_end) = out.find("://") {
+        let rest_at = scheme_end + 3;
+        let authority_end = out[rest_at..]
+            .find(['/', '?'])
+            .map_or(out.len(), |i| rest_at + i);
+        if let Some(at) = out[rest_at..authority_end].rfind('@') {
+            let userinfo = &out[rest_at..rest_at + at];
+            if let Some(colon) = userinfo.find(':') {
+                out.replace_range(rest_at + colon + 1..rest_at + at, "***");
+            }
+        }
+    }
+    // ...?password=secret&...
+    if let Some(q) = out.find('?') {
+        let (head, query) = out.split_at(q + 1);
+        let query: Vec<String> = query
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => kv.to_string(),
+            })
+            .collect();
+        out = format!("{head}{}", query.join("&"));
+    }
+    out
+}
+
+/// How long a connection attempt may take before it is an error.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Connect to the database a store URL names.
+pub fn connect(url: &str, store: Store) -> Result<Client> {
+    let label = masked(url);
+    let mut config: postgres::Config =
+        url.parse()
+            .map_err(Error::postgres(store, &label, "cannot parse the URL"))?;
+    config
+        .application_name("fleet-retire")
+        .connect_timeout(CONNECT_TIMEOUT);
+    config
+        .connect(NoTls)
+        .map_err(Error::postgres(store, &label, "cannot connect"))
+}
+
+/// PostgreSQL's type for a registry column.
+pub fn registry_type(col: Col) -> &'static str {
+    match super::registry::sql_type(col) {
+        "TEXT PRIMARY KEY" => "TEXT PRIMARY KEY",
+        "INTEGER" => "BIGINT",
+        "REAL" => "DOUBLE PRECISION",
+        _ => "TEXT",
+    }
+}
+
+/// PostgreSQL's type for a SQLite column type of ours.
+fn from_sqlite_type(ty: &str) -> String {
+    ty.replace("INTEGER", "BIGINT")
+        .replace("REAL", "DOUBLE PRECISION")
+}
+
+/// The statement that creates the registry table.
+pub fn registry_create_sql() -> String {
+    let cols: Vec<String> = COLUMNS
+        .iter()
+        .map(|c| format!("\"{}\" {}", c.name(), registry_type(*c)))
+        .collect();
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ({})",
+        super::registry::TABLE,
+        cols.join(", ")
+    )
+}
+
+/// The statement that creates the lease table.
+pub fn leases_create_sql() -> String {
+    from_sqlite_type(&super::leases::create_sql()).replacen(
+        "CREATE TABLE",
+        "CREATE TABLE IF NOT EXISTS",
+        1,
+    )
+}
+
+/// The statement that creates the audit table.
+fn audit_create_sql() -> String {
+    let cols: Vec<String> = super::audit::COLUMNS
+        .iter()
+        .map(|(n, t)| format!("{n} {}", from_sqlite_type(t)))
+        .collect();
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ({} BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {})",
+        super::audit::TABLE,
+        super::audit::KEY,
+        cols.join(", ")
+    )
+}
+
+/// One lock key for every schema change, so workers registering at once
+/// and an apply do not race each other's `CREATE TABLE`.
+const SCHEMA_LOCK: i64 = 0x666c_6565_7472_6574; // "fleetret"
+
+/// Create the registry table, or add the columns it lacks, in one
+/// transaction under the schema lock. Unknown columns are left alone.
+pub fn create_or_migrate_registry(client: &mut Client, label: &str) -> Result<()> {
+    let err = |doing| Error::postgres(Store::Registry, label, doing);
+    let mut tx = client
+        .transaction()
+        .map_err(err("cannot begin the migration"))?;
+    migrate_registry_in(&mut tx, label)?;
+    tx.commit().map_err(err("cannot commit the migration"))
+}
+
+/// The registry's creation or migration inside a transaction the caller
+/// holds (apply's own, so a refused apply leaves no trace).
+pub fn migrate_registry_in(tx: &mut impl GenericClient, label: &str) -> Result<()> {
+    let err = |doing| Error::postgres(Store::Registry, label, doing);
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .map_err(err("cannot take the schema lock"))?;
+    tx.batch_execute(&registry_create_sql())
+        .map_err(err("cannot create the registry table"))?;
+    let existing =
+        table_columns(tx, super::registry::TABLE, Store::Registry, label)?.unwrap_or_default();
+    for col in COLUMNS
+        .iter()
+        .filter(|c| !existing.iter().any(|(n, _)| n == c.name()))
+    {
+        let ty = registry_type(*col).trim_end_matches(" PRIMARY KEY");
+        tx.batch_execute(&format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS \"{}\" {ty}",
+            super::registry::TABLE,
+            col.name()
+        ))
+        .map_err(err("cannot add a missing column"))?;
+    }
+    Ok(())
+}
+
+/// Create the audit table, or add the columns an older one lacks.
+pub fn migrate_audit_in(tx: &mut impl GenericClient, label: &str) -> Result<()> {
+    let err = |doing| Error::postgres(Store::Registry, label, doing);
+    tx.batch_execute(&audit_create_sql())
+        .map_err(err("cannot create the audit table"))?;
+    let existing =
+        table_columns(tx, super::audit::TABLE, Store::Registry, label)?.unwrap_or_default();
+    for (name, ty) in super::audit::COLUMNS
+        .iter()
+        .filter(|(n, _)| !existing.iter().any(|(c, _)| c == n))
+    {
+        let ty = from_sqlite_type(ty.trim_end_matches(" NOT NULL"));
+        tx.batch_execute(&format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {name} {ty}",
+            super::audit::TABLE
+        ))
+        .map_err(err("cannot add a missing audit column"))?;
+    }
+    Ok(())
+}
+
+/// Create the lease table when it does not exist (tests, benchmarks, the
+/// demo and `registry copy`; the control plane owns a real one).
+pub fn create_leases(client: &mut impl GenericClient, label: &str) -> Result<()> {
+    client
+        .batch_execute(&leases_create_sql())
+        .map_err(Error::postgres(
+            Store::Leases,
+            label,
+            "cannot create the lease table",
+        ))
+}
+
+/// A table's columns and their types (`information_schema`'s `data_type`),
+/// in order, or `None` when the table does not exist in the current schema.
+pub fn table_columns(
+    client: &mut impl GenericClient,
+    table: &str,
+    store: Store,
+    label: &str,
+) -> Result<Option<Vec<(String, String)>>> {
+    let rows = client
+        .query(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
+            &[&table],
+        )
+        .map_err(Error::postgres(
+            store,
+            label,
+            "cannot read the table's columns",
+        ))?;
+    let cols: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    Ok((!cols.is_empty()).then_some(cols))
+}
+
+/// The column types this program reads, and the kind each gives.
+fn readable(data_type: &str) -> bool {
+    matches!(
+        data_type,
+        "text" | "character varying" | "bigint" | "integer" | "smallint" | "double precision"
+    )
+}
+
+/// Refuse a table with a column we would read unfaithfully.
+fn check_types(
+    cols: &[(String, String)],
+    wanted: impl Fn(&str) -> bool,
+    table: &str,
+) -> std::result::Result<(), String> {
+    let odd: Vec<String> = cols
+        .iter()
+        .filter(|(n, t)| wanted(n) && !readable(t))
+        .map(|(n, t)| format!("`{n}` is {t}"))
+        .collect();
+    if odd.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "table `{table}` has columns of a type fleet-retire does not read ({}); it reads \
+         TEXT, BIGINT and DOUBLE PRECISION, the types it creates. Recreate the table with \
+         those types (`fleet-retire registry copy` creates one)",
+        odd.join(", ")
+    ))
+}
+
+/// One value of a result row, as its column's type says.
+fn value_at(row: &postgres::Row, i: usize) -> std::result::Result<Value, postgres::Error> {
+    let ty = row.columns()[i].type_();
+    Ok(if *ty == Type::INT8 {
+        row.try_get::<_, Option<i64>>(i)?
+            .map_or(Value::Null, Value::Int)
+    } else if *ty == Type::INT4 {
+        row.try_get::<_, Option<i32>>(i)?
+            .map_or(Value::Null, |x| Value::Int(x.into()))
+    } else if *ty == Type::INT2 {
+        row.try_get::<_, Option<i16>>(i)?
+            .map_or(Value::Null, |x| Value::Int(x.into()))
+    } else if *ty == Type::FLOAT8 {
+        row.try_get::<_, Option<f64>>(i)?
+            .map_or(Value::Null, Value::Real)
+    } else {
+        // TEXT and VARCHAR (the only others `readable` lets through).
+        row.try_get::<_, Option<&str>>(i)?
+            .map_or(Value::Null, |s| Value::Text(s.into()))
+    })
+}
+
+fn registry_error(label: &str, message: impl Into<String>) -> Error {
+    Error::Registry {
+        path: label.into(),
+        message: message.into(),
+    }
+}
+
+fn lease_error(label: &str, message: impl Into<String>) -> Error {
+    Error::Leases {
+        path: label.into(),
+        message: message.into(),
+    }
+}
+
+/// Read every registration, ordered by identity (bytewise): PostgreSQL has
+/// no rowid, and the order only decides the order of the plan's entries,
+/// never a verdict or a token.
+pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec<Row>> {
+    let table = super::registry::TABLE;
+    let existing = table_columns(client, table, Store::Registry, label)?.ok_or_else(|| {
+        registry_error(
+            label,
+            format!(
+                "has no `{table}` table; is this the worker registry's database? \
+                 (`fleet-retire registry copy` or a worker's `register` creates it)"
+            ),
+        )
+    })?;
+    let present: Vec<Col> = COLUMNS
+        .iter()
+        .copied()
+        .filter(|c| existing.iter().any(|(n, _)| n == c.name()))
+        .collect();
+    if !present.contains(&Col::WorkerIdentity) {
+        return Err(registry_error(
+            label,
+            format!("table `{table}` has no `worker_identity` column; it is not a worker registry"),
+        ));
+    }
+    check_types(&existing, |n| Col::from_name(n).is_some(), table)
+        .map_err(|m| registry_error(label, m))?;
+    let list = present
+        .iter()
+        .map(|c| format!("\"{}\"", c.name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!("SELECT {list} FROM {table} ORDER BY worker_identity COLLATE \"C\"");
+    let err = Error::postgres(Store::Registry, label, "cannot read the registry");
+    let result = client.query(&sql, &[]).map_err(err)?;
+    let mut rows = Vec::with_capacity(result.len());
+    for r in &result {
+        let mut row = Row::default();
+        for (i, col) in present.iter().enumerate() {
+            row.set(*col, value_at(r, i).map_err(err)?);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Read lease rows (all, or the active ones only).
+pub fn read_leases(
+    client: &mut impl GenericClient,
+    label: &str,
+    active_only: bool,
+) -> Result<Vec<super::leases::Lease>> {
+    let table = super::leases::TABLE;
+    let existing = table_columns(client, table, Store::Leases, label)?.ok_or_else(|| {
+        lease_error(
+            label,
+            format!("has no `{table}` table; is this the control-plane lease store's database?"),
+        )
+    })?;
+    let missing: Vec<&str> = super::leases::COLUMNS
+        .iter()
+        .copied()
+        .filter(|c| !existing.iter().any(|(n, _)| n == c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(lease_error(
+            label,
+            format!(
+                "table `{table}` lacks the column(s) {}; a lease store with another shape \
+                 cannot be read safely (a lease it cannot read would protect nothing)",
+                missing.join(", ")
+            ),
+        ));
+    }
+    check_types(&existing, |_| true, table).map_err(|m| lease_error(label, m))?;
+    let list = existing
+        .iter()
+        .map(|(n, _)| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let filter = if active_only {
+        " WHERE status = 'active'"
+    } else {
+        ""
+    };
+    let err = Error::postgres(Store::Leases, label, "cannot read the leases");
+    let result = client
+        .query(&format!("SELECT {list} FROM {table}{filter}"), &[])
+        .map_err(err)?;
+    let mut out = Vec::with_capacity(result.len());
+    for r in &result {
+        let mut fields = std::collections::BTreeMap::new();
+        for (i, (name, _)) in existing.iter().enumerate() {
+            fields.insert(name.clone(), value_at(r, i).map_err(err)?);
+        }
+        out.push(super::leases::Lease::from_fields(fields));
+    }
+    Ok(out)
+}
+
+/// The kinds a column of ours holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `TEXT`.
+    Text,
+    /// `BIGINT`.
+    Int,
+    /// `DOUBLE PRECISION`.
+    Real,
+}
+
+impl Kind {
+    /// The kind of a registry column.
+    pub fn of(col: Col) -> Kind {
+        match registry_type(col) {
+            "BIGINT" => Kind::Int,
+            "DOUBLE PRECISION" => Kind::Real,
+            _ => Kind::Text,
+        }
+    }
+
+    /// The kind of a lease column.
+    pub fn of_lease(name: &str) -> Kind {
+        match name {
+            "owner_pid" | "session_pid" => Kind::Int,
+            _ => Kind::Text,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Text => "TEXT",
+            Kind::Int => "BIGINT",
+            Kind::Real => "DOUBLE PRECISION",
+        }
+    }
+}
+
+/// A value as a parameter for a column of `kind`, exactly: NULL always,
+/// otherwise only a value of the column's own kind. Anything else would be
+/// a different value once read back (and so a different token).
+pub fn to_sql(v: &Value, kind: Kind) -> std::result::Result<Box<dyn ToSql + Sync>, String> {
+    Ok(match (v, kind) {
+        (Value::Null, Kind::Text) => Box::new(None::<String>),
+        (Value::Null, Kind::Int) => Box::new(None::<i64>),
+        (Value::Null, Kind::Real) => Box::new(None::<f64>),
+        (Value::Text(t), Kind::Text) => Box::new(t.to_string()),
+        (Value::Int(i), Kind::Int) => Box::new(*i),
+        (Value::Real(f), Kind::Real) => Box::new(*f),
+        (other, kind) => {
+            return Err(format!(
+                "holds {} {}, which a {} column cannot hold as it is",
+                other.kind(),
+                crate::text::esc(&other.canon()),
+                kind.name()
+            ))
+        }
+    })
+}
+
+/// Why a row cannot be stored as it is in PostgreSQL's typed columns, if
+/// it cannot: the first column whose value its type cannot hold.
+pub fn unrepresentable(row: &Row) -> Option<(Col, String)> {
+    COLUMNS
+        .iter()
+        .find_map(|c| to_sql(row.get(*c), Kind::of(*c)).err().map(|e| (*c, e)))
+}
+
+/// Rows into the registry table with `COPY … FROM STDIN BINARY`, inside the
+/// caller's transaction. Every value must be representable
+/// ([`unrepresentable`]); the first that is not stops the copy.
+pub fn copy_rows_in(tx: &mut postgres::Transaction<'_>, rows: &[Row], label: &str) -> Result<u64> {
+    use postgres::binary_copy::BinaryCopyInWriter;
+    let err = |doing| Error::postgres(Store::Registry, label, doing);
+    let list = COLUMNS
+        .iter()
+        .map(|c| format!("\"{}\"", c.name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let types: Vec<Type> = COLUMNS
+        .iter()
+        .map(|c| match Kind::of(*c) {
+            Kind::Text => Type::TEXT,
+            Kind::Int => Type::INT8,
+            Kind::Real => Type::FLOAT8,
+        })
+        .collect();
+    let sink = tx
+        .copy_in(&format!(
+            "COPY {} ({list}) FROM STDIN BINARY",
+            super::registry::TABLE
+        ))
+        .map_err(err("cannot start the copy"))?;
+    let mut writer = BinaryCopyInWriter::new(sink, &types);
+    for (n, row) in rows.iter().enumerate() {
+        let mut values = Vec::with_capacity(COLUMNS.len());
+        for c in COLUMNS {
+            values.push(to_sql(row.get(*c), Kind::of(*c)).map_err(|e| {
+                registry_error(label, format!("row {} column `{}` {e}", n + 1, c.name()))
+            })?);
+        }
+        let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
+        writer.write(&refs).map_err(err("cannot copy a row"))?;
+    }
+    writer.finish().map_err(err("cannot finish the copy"))
+}
+
+/// Lease rows into the lease table, inside the caller's transaction.
+pub fn insert_leases_in(
+    tx: &mut impl GenericClient,
+    leases: &[super::leases::Lease],
+    label: &str,
+) -> Result<()> {
+    let names = super::leases::COLUMNS;
+    let sql = format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        super::leases::TABLE,
+        names.join(", "),
+        (1..=names.len())
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let stmt = tx
+        .prepare(&sql)
+        .map_err(Error::postgres(Store::Leases, label, "cannot prepare"))?;
+    for (n, lease) in leases.iter().enumerate() {
+        let values = names
+            .iter()
+            .map(|c| {
+                to_sql(lease.get(c), Kind::of_lease(c))
+                    .map_err(|e| lease_error(label, format!("lease {} column `{c}` {e}", n + 1)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
+        tx.execute(&stmt, &refs).map_err(Error::postgres(
+            Store::Leases,
+            label,
+            "cannot insert a lease",
+        ))?;
+    }
+    Ok(())
+}
+
+/// Why the registry database could make apply's writes differ from what
+/// it reports, if it could: a trigger or rule on the registry or audit
+/// table, row-level security on either (rows apply cannot see), or either
+/// being something other than a plain table.
+pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
+    let err = Error::postgres(Store::Registry, label, "cannot inspect the schema");
+    let tables = [super::registry::TABLE, super::audit::TABLE];
+    let mut problems = Vec::new();
+    for r in client
+        .query(
+            "SELECT t.tgname::text, c.relname::text FROM pg_trigger t \
+             JOIN pg_class c ON c.oid = t.tgrelid \
+             WHERE NOT t.tgisinternal AND c.relnamespace = current_schema()::regnamespace \
+             AND c.relname = ANY($1) ORDER BY 1",
+            &[&&tables[..]],
+        )
+        .map_err(err)?
+    {
+        problems.push(format!(
+            "trigger {:?} on {:?}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1)
+        ));
+    }
+    for r in client
+        .query(
+            "SELECT rulename::text, tablename::text FROM pg_rules \
+             WHERE schemaname = current_schema() AND tablename = ANY($1) ORDER BY 1",
+            &[&&tables[..]],
+        )
+        .map_err(err)?
+    {
+        problems.push(format!(
+            "rule {:?} on {:?}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1)
+        ));
+    }
+    for r in client
+        .query(
+            "SELECT relname::text, relkind::text, relrowsecurity FROM pg_class \
+             WHERE relnamespace = current_schema()::regnamespace AND relname = ANY($1) ORDER BY 1",
+            &[&&tables[..]],
+        )
+        .map_err(err)?
+    {
+        let (name, kind, rls): (String, String, bool) = (r.get(0), r.get(1), r.get(2));
+        if kind != "r" {
+            problems.push(format!("{name:?} is not a plain table (relkind {kind})"));
+        }
+        if rls {
+            problems.push(format!(
+                "{name:?} has row-level security, which can hide rows from apply"
+            ));
+        }
+    }
+    if let Some(existing) = table_columns(client, super::audit::TABLE, Store::Registry, label)? {
+        let foreign: Vec<&String> = existing
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|c| {
+                *c != super::audit::KEY && !super::audit::COLUMNS.iter().any(|(n, _)| n == c)
+            })
+            .collect();
+        if !foreign.is_empty() {
+            problems.push(format!(
+                "table {:?} has columns that are not fleet-retire's ({})",
+                super::audit::TABLE,
+                foreign
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    Ok((!problems.is_empty()).then(|| {
+        format!(
+            "the registry database holds objects that could make apply's writes differ from \
+             its report: {}. Nothing was written. A registry needs none of them: inspect them \
+             (psql: \\d {}) and drop them, then apply again",
+            problems.join("; "),
+            super::registry::TABLE
+        )
+    }))
+}
+
+/// Whether a PostgreSQL error is a serialization failure or a deadlock: the
+/// transaction lost a race with another and may simply be tried again.
+pub fn is_serialization_failure(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            masked("postgres://fleet:s3cret@db:5432/reg"),
+            "postgres://fleet:***@db:5432/reg"
+        );
+        assert_eq!(
+            masked("postgresql://db/reg?user=a&password=x&sslmode=disable"),
+            "postgresql://db/reg?user=a&password=***&sslmode=disable"
+        );
+        assert_eq!(masked("postgres://fleet@db/reg"), "postgres://fleet@db/reg");
+    }
+
+    #[test]
+    fn locations_are_told_apart() {
+        assert!(is_postgres(Path::new("postgres://h/d")));
+        assert!(is_postgres(Path::new("postgresql://h/d")));
+        assert!(!is_postgres(Path::new("registry.sqlite")));
+        assert!(!is_postgres(Path::new("./postgres/registry.sqlite")));
+    }
+
+    #[test]
+    fn values_are_written_only_into_their_own_kind() {
+        assert!(to_sql(&Value::Int(4), Kind::Int).is_ok());
+        assert!(to_sql(&Value::Null, Kind::Real).is_ok());
+        assert!(to_sql(&Value::Text("4".into()), Kind::Int).is_err());
+        assert!(to_sql(&Value::Int(900), Kind::Real).is_err());
+        assert!(to_sql(&Value::Real(1.5), Kind::Text).is_err());
+    }
+
+    #[test]
+    fn the_tables_use_postgres_types() {
+        let sql = registry_create_sql();
+        assert!(sql.contains("\"pid\" BIGINT"));
+        assert!(sql.contains("\"heartbeat_ttl_seconds\" DOUBLE PRECISION"));
+        assert!(sql.contains("\"worker_identity\" TEXT PRIMARY KEY"));
+        assert!(leases_create_sql().contains("owner_pid BIGINT"));
+        assert!(audit_create_sql().contains("os_uid BIGINT"));
+    }
+}
