@@ -106,57 +106,126 @@ pub fn read_active(conn: &Connection, path: &Path) -> Result<Vec<Lease>> {
     Ok(leases)
 }
 
+/// A lease store apply reads its fence from: a SQLite file, or a
+/// PostgreSQL database read through a connection of its own (outside
+/// apply's registry transaction, so it sees leases committed meanwhile).
+pub enum LeaseSource {
+    /// A SQLite lease store, opened read-only.
+    Sqlite {
+        /// The connection.
+        conn: Connection,
+        /// Its file.
+        path: std::path::PathBuf,
+    },
+    /// A PostgreSQL lease store.
+    Postgres {
+        /// An autocommit connection: each read sees the latest commit.
+        client: std::cell::RefCell<postgres::Client>,
+        /// The URL, password masked.
+        label: String,
+    },
+}
+
+impl LeaseSource {
+    /// Open the lease store at `location` for fencing.
+    pub fn open(location: &Path) -> Result<LeaseSource> {
+        if crate::store::pg::is_postgres(location) {
+            let url = location.to_string_lossy();
+            let label = crate::store::pg::masked(&url);
+            let mut client = crate::store::pg::connect(&url, Store::Leases)?;
+            // Fail now, not at the first fence, when the table is not there.
+            crate::store::pg::read_leases(&mut client, &label, true)?;
+            return Ok(LeaseSource::Postgres {
+                client: std::cell::RefCell::new(client),
+                label,
+            });
+        }
+        Ok(LeaseSource::Sqlite {
+            conn: open_read_only(location)?,
+            path: location.to_path_buf(),
+        })
+    }
+
+    /// The store's name for messages and audit rows (password masked).
+    pub fn label(&self) -> String {
+        match self {
+            LeaseSource::Sqlite { path, .. } => path.display().to_string(),
+            LeaseSource::Postgres { label, .. } => label.clone(),
+        }
+    }
+
+    /// Something that changes whenever the active leases may have: SQLite's
+    /// `data_version`, or PostgreSQL's digest of the active lease rows.
+    fn version(&self) -> Result<String> {
+        match self {
+            LeaseSource::Sqlite { conn, path } => data_version(conn, path).map(|v| v.to_string()),
+            LeaseSource::Postgres { client, label } => {
+                crate::store::pg::active_lease_version(&mut *client.borrow_mut(), label)
+            }
+        }
+    }
+
+    fn read_active(&self) -> Result<Vec<Lease>> {
+        match self {
+            LeaseSource::Sqlite { conn, path } => read_active(conn, path),
+            LeaseSource::Postgres { client, label } => {
+                let mut leases =
+                    crate::store::pg::read_leases(&mut *client.borrow_mut(), label, true)?;
+                leases.retain(Lease::is_active);
+                Ok(leases)
+            }
+        }
+    }
+}
+
 /// What apply holds the lease store to while it writes: the seed's
 /// external-state token, a digest over every column of every active lease
 /// (the seed's token leaves `owner_worker_identity` out, so re-pointing a
-/// lease at a target would not move it), and SQLite's `data_version`, which
-/// changes when another connection commits to the store.
+/// lease at a target would not move it), and a version that changes when
+/// another connection commits to the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
     /// `externalfp-…`, byte-identical to the seed's.
     pub token: String,
     /// `sha256:<hex>` over the full content of the active leases.
     pub digest: String,
-    /// `PRAGMA data_version` when the leases were read.
-    pub data_version: i64,
+    /// The store's version when the leases were read ([`LeaseSource`]).
+    pub version: String,
 }
 
 impl Fence {
-    /// Read the active leases and fence them. `data_version` is read first,
+    /// Read the active leases and fence them. The version is read first,
     /// so a commit racing the read shows as a changed version later.
-    pub fn read(conn: &Connection, path: &Path) -> Result<(Fence, Vec<Lease>)> {
-        let data_version = data_version(conn, path)?;
-        let active = read_active(conn, path)?;
-        let fence = Fence {
+    pub fn read(source: &LeaseSource) -> Result<(Fence, Vec<Lease>)> {
+        let version = source.version()?;
+        let active = source.read_active()?;
+        Ok((Fence::of(&active, version), active))
+    }
+
+    /// The fence of active leases read elsewhere (in apply's own
+    /// PostgreSQL transaction), with the version read in that same snapshot.
+    pub fn of(active: &[Lease], version: String) -> Fence {
+        Fence {
             token: crate::fingerprint::external_state_fingerprint(active.iter()),
-            digest: full_digest(&active),
-            data_version,
-        };
-        Ok((fence, active))
+            digest: full_digest(active),
+            version,
+        }
     }
 
     /// Whether the active leases may have changed since this fence: cheap
-    /// (`PRAGMA data_version`) when nobody committed, a full re-read and
-    /// comparison when someone did. Returns the fence now in force, or the
-    /// new one that differs.
-    pub fn recheck(
-        &self,
-        conn: &Connection,
-        path: &Path,
-    ) -> Result<std::result::Result<Fence, Fence>> {
-        if data_version(conn, path)? == self.data_version {
+    /// (the version) when nobody committed, a full re-read and comparison
+    /// when someone did. Returns the fence now in force, or the new one
+    /// that differs.
+    pub fn recheck(&self, source: &LeaseSource) -> Result<std::result::Result<Fence, Fence>> {
+        if source.version()? == self.version {
             return Ok(Ok(self.clone()));
         }
-        self.recheck_fully(conn, path)
+        self.recheck_fully(source)
     }
 
-    /// Re-read the active leases whatever `data_version` says and compare.
-    pub fn recheck_fully(
-        &self,
-        conn: &Connection,
-        path: &Path,
-    ) -> Result<std::result::Result<Fence, Fence>> {
-        let (now, _) = Fence::read(conn, path)?;
+    /// Re-read the active leases whatever the version says and compare.
+    pub fn recheck_fully(&self, source: &LeaseSource) -> Result<std::result::Result<Fence, Fence>> {
+        let (now, _) = Fence::read(source)?;
         Ok(if now.token == self.token && now.digest == self.digest {
             Ok(now)
         } else {

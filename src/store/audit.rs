@@ -107,7 +107,7 @@ pub struct AuditRow<'a> {
 
 impl AuditRow<'_> {
     /// The values in [`COLUMNS`] order.
-    fn values(&self) -> Vec<rusqlite::types::Value> {
+    pub fn values(&self) -> Vec<rusqlite::types::Value> {
         use rusqlite::types::Value as S;
         let text = |t: &str| S::Text(t.to_string());
         vec![

@@ -392,6 +392,27 @@ pub fn read_leases(
     Ok(out)
 }
 
+/// A digest of every active lease row, computed by the server in one
+/// round trip: it changes whenever the active leases do (the fence's cheap
+/// check; a change is confirmed by a full read).
+pub fn active_lease_version(client: &mut impl GenericClient, label: &str) -> Result<String> {
+    client
+        .query_one(
+            &format!(
+                "SELECT count(*)::text || ':' || md5(coalesce(string_agg(t::text, E'\\x1e' \
+                 ORDER BY t::text), '')) FROM {} t WHERE status = 'active'",
+                super::leases::TABLE
+            ),
+            &[],
+        )
+        .map(|r| r.get(0))
+        .map_err(Error::postgres(
+            Store::Leases,
+            label,
+            "cannot read the active leases' version",
+        ))
+}
+
 /// The kinds a column of ours holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -534,6 +555,133 @@ pub fn insert_leases_in(
         ))?;
     }
     Ok(())
+}
+
+/// Retire `row` as it was read, exactly as `super::registry::retire_guarded`
+/// does on SQLite: only where its identity and every guard column still
+/// hold the values read (`IS NOT DISTINCT FROM`, PostgreSQL's NULL-safe
+/// equality). Returns the rows changed.
+pub fn retire_guarded(
+    tx: &mut impl GenericClient,
+    row: &Row,
+    retired_at: &str,
+    retired_by: &str,
+    reason: &str,
+    label: &str,
+) -> Result<u64> {
+    use super::registry::GUARD;
+    let guard = GUARD
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("\"{}\" IS NOT DISTINCT FROM ${}", c.name(), i + 5))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let sql = format!(
+        "UPDATE {} SET status = 'retired', retired_at = $1, retired_by = $2, \
+         retirement_reason = $3 WHERE worker_identity IS NOT DISTINCT FROM $4 AND {guard}",
+        super::registry::TABLE
+    );
+    let mut values: Vec<Box<dyn ToSql + Sync>> = vec![
+        Box::new(retired_at.to_string()),
+        Box::new(retired_by.to_string()),
+        Box::new(reason.to_string()),
+    ];
+    for col in std::iter::once(&Col::WorkerIdentity).chain(GUARD) {
+        values.push(
+            to_sql(row.get(*col), Kind::of(*col))
+                .map_err(|e| registry_error(label, format!("column `{}` {e}", col.name())))?,
+        );
+    }
+    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
+    let stmt = tx
+        .prepare_typed(&sql, &[Type::TEXT, Type::TEXT, Type::TEXT])
+        .map_err(Error::postgres(
+            Store::Registry,
+            label,
+            "cannot prepare the guarded UPDATE",
+        ))?;
+    tx.execute(&stmt, &refs).map_err(Error::postgres(
+        Store::Registry,
+        label,
+        "the guarded UPDATE failed",
+    ))
+}
+
+/// Write one audit row (PostgreSQL's `super::audit::insert`).
+pub fn insert_audit(
+    tx: &mut impl GenericClient,
+    row: &super::audit::AuditRow,
+    label: &str,
+) -> Result<()> {
+    use super::audit::{COLUMNS as AUDIT, TABLE};
+    let sql = format!(
+        "INSERT INTO {TABLE} ({}) VALUES ({})",
+        AUDIT.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+        (1..=AUDIT.len())
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let values = row.values();
+    let boxed = values
+        .iter()
+        .zip(AUDIT)
+        .map(|(v, (n, ty))| {
+            let kind = if ty.starts_with("INTEGER") {
+                Kind::Int
+            } else {
+                Kind::Text
+            };
+            let v = match v {
+                rusqlite::types::Value::Null => Value::Null,
+                rusqlite::types::Value::Integer(i) => Value::Int(*i),
+                rusqlite::types::Value::Text(t) => Value::Text(t.as_str().into()),
+                rusqlite::types::Value::Real(f) => Value::Real(*f),
+                rusqlite::types::Value::Blob(_) => Value::Null,
+            };
+            to_sql(&v, kind).map_err(|e| registry_error(label, format!("audit column `{n}` {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&(dyn ToSql + Sync)> = boxed.iter().map(|b| b.as_ref()).collect();
+    tx.execute(&sql, &refs).map(|_| ()).map_err(Error::postgres(
+        Store::Registry,
+        label,
+        "cannot write the audit row",
+    ))
+}
+
+/// How many audit rows carry this apply's id, and how many registry rows
+/// carry this apply's retirement stamp: what apply's writes must add up to.
+pub fn written_by(
+    tx: &mut impl GenericClient,
+    apply_id: &str,
+    retired_at: &str,
+    retired_by: &str,
+    label: &str,
+) -> Result<(i64, i64)> {
+    let err = Error::postgres(Store::Registry, label, "cannot count this apply's writes");
+    let audited: i64 = tx
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE apply_id = $1",
+                super::audit::TABLE
+            ),
+            &[&apply_id],
+        )
+        .map_err(err)?
+        .get(0);
+    let retired: i64 = tx
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE status = 'retired' AND retired_at = $1 \
+                 AND retired_by = $2",
+                super::registry::TABLE
+            ),
+            &[&retired_at, &retired_by],
+        )
+        .map_err(err)?
+        .get(0);
+    Ok((audited, retired))
 }
 
 /// Why the registry database could make apply's writes differ from what

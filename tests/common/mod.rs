@@ -491,3 +491,84 @@ pub fn status_of(registry: &Path, worker: &str) -> String {
         )
         .unwrap()
 }
+
+/// A database of its own in the test PostgreSQL cluster, dropped on drop.
+/// The cluster's URL comes from FLEET_RETIRE_TEST_POSTGRES (`.ci/run`
+/// starts one with `.ci/pg-cluster`).
+pub struct PgDb {
+    /// The database's URL.
+    pub url: String,
+    admin: String,
+    name: String,
+}
+
+/// A fresh database named after `tag`, or `None` (with a note on stderr)
+/// when no cluster is configured. Under `CI=true` a missing cluster fails.
+pub fn postgres(tag: &str) -> Option<PgDb> {
+    let Ok(admin) = std::env::var("FLEET_RETIRE_TEST_POSTGRES") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but FLEET_RETIRE_TEST_POSTGRES is not set: .ci/run starts a PostgreSQL \
+             cluster for these tests"
+        );
+        eprintln!(
+            "skipped: PostgreSQL test `{tag}` (set FLEET_RETIRE_TEST_POSTGRES, e.g. from \
+             `.ci/pg-cluster start /tmp/pg`)"
+        );
+        return None;
+    };
+    let name = format!("fr_{tag}_{}", std::process::id());
+    let mut client = ::postgres::Client::connect(&admin, ::postgres::NoTls)
+        .unwrap_or_else(|e| panic!("cannot connect to the test cluster {admin}: {e}"));
+    client
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .unwrap();
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+    Some(PgDb {
+        url: format!("{base}/{name}"),
+        admin,
+        name,
+    })
+}
+
+impl PgDb {
+    /// A connection to this database.
+    pub fn client(&self) -> ::postgres::Client {
+        ::postgres::Client::connect(&self.url, ::postgres::NoTls).unwrap()
+    }
+
+    /// Another fresh database beside this one (dropped with this one's cluster run).
+    pub fn sibling(&self, suffix: &str) -> PgDb {
+        let name = format!("{}_{suffix}", self.name);
+        let mut client = ::postgres::Client::connect(&self.admin, ::postgres::NoTls).unwrap();
+        client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .unwrap();
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let base = self
+            .admin
+            .rsplit_once('/')
+            .map_or(self.admin.as_str(), |(b, _)| b);
+        PgDb {
+            url: format!("{base}/{name}"),
+            admin: self.admin.clone(),
+            name,
+        }
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        if let Ok(mut c) = ::postgres::Client::connect(&self.admin, ::postgres::NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}

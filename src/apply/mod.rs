@@ -11,17 +11,20 @@ use crate::capability::{check, Profiles};
 use crate::error::{Error, Result};
 use crate::evidence::leases;
 use crate::evidence::probe::ProcessProbe;
-use crate::evidence::registry::{read_rows, TABLE};
 use crate::observe::RunFacts;
 use crate::plan::{plan, Rejudge};
 use crate::policy::Policies;
 use crate::reasons::Reason;
 use crate::row::Col;
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use engine::{Connected, RegistryTx};
+use leases::LeaseSource;
+use rusqlite::{Connection, OpenFlags};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
+
+mod engine;
 
 /// How an apply ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -276,13 +279,23 @@ enum Abort {
 
 impl From<Error> for Abort {
     fn from(e: Error) -> Abort {
-        Abort::Fail(e.to_string())
-    }
-}
-
-impl From<rusqlite::Error> for Abort {
-    fn from(e: rusqlite::Error) -> Abort {
-        Abort::Fail(format!("SQLite: {e}"))
+        match &e {
+            // PostgreSQL aborted this transaction because a concurrent one
+            // (another apply, a lease taken) made the two unserializable:
+            // what this apply read is no longer the registry.
+            Error::Postgres { source, .. }
+                if crate::store::pg::is_serialization_failure(source) =>
+            {
+                Abort::Refuse(
+                    Outcome::RegistryRevisionMoved,
+                    format!(
+                        "a concurrent transaction changed what this apply read ({e}); \
+                         nothing was retired; plan again"
+                    ),
+                )
+            }
+            _ => Abort::Fail(e.to_string()),
+        }
     }
 }
 
@@ -451,18 +464,18 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
         return Ok(refused);
     }
     // 4. Open the registry and the lease store.
-    let (mut conn, lease_conn) = match open_stores(ctx) {
+    let (mut conn, lease_source) = match open_stores(ctx) {
         Ok(stores) => stores,
         Err((outcome, why)) => return Ok(Report::new(req, outcome, why)),
     };
     // 5. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
-    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let tx = match conn.begin(ctx.registry) {
         Ok(tx) => tx,
-        Err(e) => {
+        Err(why) => {
             report.outcome = Outcome::TransactionFailed;
             report.success = false;
-            report.detail = format!("could not take the registry's write lock: {e}");
+            report.detail = why;
             return Ok(report);
         }
     };
@@ -473,7 +486,7 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             req,
             ctx,
             tx: &tx,
-            lease_conn: &lease_conn,
+            leases: &lease_source,
         },
         hooks,
         &mut standing,
@@ -514,18 +527,18 @@ fn refuse_before_lock(req: &Request, ctx: &Context) -> Option<Report> {
 
 /// The registry opened for writing and the lease store for reading; a
 /// store that cannot be opened is a refusal naming it.
-fn open_stores(ctx: &Context) -> std::result::Result<(Connection, Connection), (Outcome, String)> {
-    let conn = open_for_writing(ctx.registry, ctx.busy_timeout)
+fn open_stores(ctx: &Context) -> std::result::Result<(Connected, LeaseSource), (Outcome, String)> {
+    let conn = Connected::open(ctx.registry, ctx.busy_timeout)
         .map_err(|e| (Outcome::RegistryUnavailable, e.to_string()))?;
-    let lease_conn = leases::open_read_only(ctx.leases)
+    let lease_source = LeaseSource::open(ctx.leases)
         .map_err(|e| (Outcome::LeaseStoreUnavailable, e.to_string()))?;
-    Ok((conn, lease_conn))
+    Ok((conn, lease_source))
 }
 
 /// COMMIT what `inside` did, or roll it back, and say which in the report.
 fn conclude(
     req: &Request,
-    tx: rusqlite::Transaction,
+    tx: RegistryTx,
     result: std::result::Result<(), Abort>,
     mut report: Report,
     locked_at: std::time::Instant,
@@ -534,12 +547,15 @@ fn conclude(
     match result {
         Ok(()) => {
             if let Err(e) = tx.commit() {
-                let mut failed = Report::new(
-                    req,
-                    Outcome::TransactionFailed,
-                    format!("commit failed, nothing was retired: {e}"),
-                );
-                failed.success = false;
+                let (outcome, detail) = match Abort::from(e) {
+                    Abort::Refuse(o, d) => (o, d),
+                    Abort::Fail(d) => (
+                        Outcome::TransactionFailed,
+                        format!("nothing was retired: {d}"),
+                    ),
+                };
+                let mut failed = Report::new(req, outcome, detail);
+                failed.success = outcome != Outcome::TransactionFailed;
                 failed.external_state_fingerprint = report.external_state_fingerprint.take();
                 failed.lock_held_ms = lock_ms();
                 return failed;
@@ -559,7 +575,10 @@ fn conclude(
         Err(abort) => {
             // Dropping the transaction rolls it back; do it explicitly so a
             // failing rollback is reported too.
-            let rolled_back = tx_rollback_note(tx);
+            let rolled_back = tx
+                .rollback()
+                .map(|e| format!(" (rollback also failed: {e})"))
+                .unwrap_or_default();
             let (outcome, detail) = match abort {
                 Abort::Refuse(o, d) => (o, d),
                 Abort::Fail(d) => (Outcome::TransactionFailed, d),
@@ -575,13 +594,6 @@ fn conclude(
             }
             fresh
         }
-    }
-}
-
-fn tx_rollback_note(tx: rusqlite::Transaction) -> String {
-    match tx.rollback() {
-        Ok(()) => String::new(),
-        Err(e) => format!(" (rollback also failed: {e}; SQLite discards the transaction when the connection closes)"),
     }
 }
 
@@ -605,11 +617,11 @@ struct AuditContext {
 }
 
 /// The transaction's parts, shared by its steps.
-struct Txn<'a> {
+struct Txn<'a, 'c> {
     req: &'a Request,
     ctx: &'a Context<'a>,
-    tx: &'a rusqlite::Transaction<'a>,
-    lease_conn: &'a Connection,
+    tx: &'a RegistryTx<'c>,
+    leases: &'a LeaseSource,
 }
 
 /// Everything apply does under the lock, in the order of docs/semantics.md
@@ -624,10 +636,15 @@ fn inside(
     prepare_registry(t)?;
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
-    let (fence, active_leases) = leases::Fence::read(t.lease_conn, t.ctx.leases)
-        .map_err(|e| Abort::Refuse(Outcome::LeaseStoreUnavailable, e.to_string()))?;
+    let (fence, active_leases) =
+        t.tx.read_fence_here(t.ctx.leases)
+            .unwrap_or_else(|| leases::Fence::read(t.leases))
+            .map_err(|e| match Abort::from(e) {
+                Abort::Fail(why) => Abort::Refuse(Outcome::LeaseStoreUnavailable, why),
+                refused => refused,
+            })?;
     report.external_state_fingerprint = Some(fence.token.clone());
-    let rows = read_rows(t.tx, t.ctx.registry)?;
+    let rows = t.tx.read_rows()?;
     let by_identity = refuse_if_all_retired(t.req, &rows)?;
     let fresh = replan(t, rows, &active_leases, report)?;
     let targets = select_targets(t.req, &fresh, &by_identity, report)?;
@@ -639,11 +656,11 @@ fn inside(
         os_uid: i64::from(nix::unistd::getuid().as_raw()),
         host_id: fresh.facts.host.host_id.clone(),
         policy_source: t.ctx.policies.source_label(),
-        lease_store: t.ctx.leases.display().to_string(),
+        lease_store: t.leases.label(),
         retired_at: crate::time::format_ts(crate::time::now()),
     };
     // Every row changed from here on, triggers included, is counted.
-    let changes_before = t.tx.total_changes();
+    let changes_before = t.tx.changes_mark();
     let mut w = Writes {
         fence,
         rejudge: Rejudge::new(&fresh, t.ctx.policies),
@@ -671,13 +688,16 @@ fn inside(
 /// Nothing in the file may turn our writes into other writes; migrations
 /// run inside the transaction, so a refusal undoes them too.
 fn prepare_registry(t: &Txn) -> std::result::Result<(), Abort> {
-    if let Some(why) = crate::store::untrusted_objects(t.tx, TABLE)? {
+    if let Some(why) = t.tx.untrusted_objects()? {
         return Err(Abort::Refuse(Outcome::RegistryUntrusted, why));
     }
-    if let Err(e) = crate::store::registry::add_missing_columns(t.tx, t.ctx.registry) {
-        return Err(Abort::Refuse(Outcome::RegistryUnavailable, e.to_string()));
+    if let Err(e) = t.tx.migrate_registry() {
+        return Err(match Abort::from(e) {
+            Abort::Fail(why) => Abort::Refuse(Outcome::RegistryUnavailable, why),
+            refused => refused,
+        });
     }
-    crate::store::audit::create_or_migrate(t.tx)?;
+    t.tx.migrate_audit()?;
     Ok(())
 }
 
@@ -848,16 +868,11 @@ impl Writes<'_> {
         // The lease fence last, right before the write.
         self.fence = self
             .fence
-            .recheck(t.lease_conn, ctx.leases)?
+            .recheck(t.leases)?
             .map_err(|now| fence_moved(&self.fence, &now))?;
         let retired_at = &self.audit.retired_at;
-        let changed = crate::store::registry::retire_guarded(
-            t.tx,
-            row,
-            retired_at,
-            ctx.profile,
-            Reason::Eligible.code(),
-        )?;
+        let changed =
+            t.tx.retire_guarded(row, retired_at, ctx.profile, Reason::Eligible.code())?;
         if changed > 1 {
             return Err(Abort::Fail(format!(
                 "the guarded UPDATE for {w} matched {changed} rows; nothing was retired"
@@ -875,30 +890,27 @@ impl Writes<'_> {
         }
         let evidence = serde_json::to_string(&self.fresh.evidence(entry))
             .map_err(|e| Abort::Fail(e.to_string()))?;
-        crate::store::audit::insert(
-            t.tx,
-            &crate::store::audit::AuditRow {
-                worker_identity: &w,
-                retired_at,
-                retired_by: ctx.profile,
-                retirement_reason: Reason::Eligible.code(),
-                registry_fingerprint: &req.registry_fingerprint,
-                candidate_fingerprint: &req.candidate_fingerprint,
-                policy_fingerprint: &req.policy_fingerprint,
-                external_state_fingerprint: &self.fence.token,
-                evidence: &evidence,
-                apply_id: &self.audit.apply_id,
-                profiles_sha256,
-                os_uid: self.audit.os_uid,
-                host_id: self.audit.host_id.as_deref(),
-                program_version: env!("CARGO_PKG_VERSION"),
-                policy_source: &self.audit.policy_source,
-                canonical_repository: req.canonical_repository.as_deref(),
-                lease_store: &self.audit.lease_store,
-                lease_digest: &self.fence.digest,
-                heartbeats_tolerated: report.heartbeats_tolerated as i64,
-            },
-        )?;
+        t.tx.insert_audit(&crate::store::audit::AuditRow {
+            worker_identity: &w,
+            retired_at,
+            retired_by: ctx.profile,
+            retirement_reason: Reason::Eligible.code(),
+            registry_fingerprint: &req.registry_fingerprint,
+            candidate_fingerprint: &req.candidate_fingerprint,
+            policy_fingerprint: &req.policy_fingerprint,
+            external_state_fingerprint: &self.fence.token,
+            evidence: &evidence,
+            apply_id: &self.audit.apply_id,
+            profiles_sha256,
+            os_uid: self.audit.os_uid,
+            host_id: self.audit.host_id.as_deref(),
+            program_version: env!("CARGO_PKG_VERSION"),
+            policy_source: &self.audit.policy_source,
+            canonical_repository: req.canonical_repository.as_deref(),
+            lease_store: &self.audit.lease_store,
+            lease_digest: &self.fence.digest,
+            heartbeats_tolerated: report.heartbeats_tolerated as i64,
+        })?;
         report.retired.push(Retired {
             worker_identity: w,
             retired_at: retired_at.clone(),
@@ -918,24 +930,18 @@ fn verify_before_commit(
     report: &Report,
 ) -> std::result::Result<(), Abort> {
     fence
-        .recheck_fully(t.lease_conn, t.ctx.leases)?
+        .recheck_fully(t.leases)?
         .map_err(|now| fence_moved(fence, &now))?;
-    let written = t.tx.total_changes() - changes_before;
-    let expected = 2 * report.retired.len() as u64;
-    if written != expected {
-        return Err(Abort::Fail(format!(
-            "the transaction changed {written} rows where {expected} were meant \
-             (one retirement and one audit row per worker); nothing was retired"
-        )));
+    match t.tx.verify_writes(
+        changes_before,
+        &audit.apply_id,
+        &audit.retired_at,
+        t.ctx.profile,
+        report.retired.len(),
+    )? {
+        Some(why) => Err(Abort::Fail(why)),
+        None => Ok(()),
     }
-    let audited = crate::store::audit::count_for(t.tx, &audit.apply_id)?;
-    if audited != report.retired.len() {
-        return Err(Abort::Fail(format!(
-            "{audited} audit rows were found for {} retirements; nothing was retired",
-            report.retired.len()
-        )));
-    }
-    Ok(())
 }
 
 /// Parse `--workers`: a JSON list of strings, or comma-separated names.

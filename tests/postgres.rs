@@ -1,0 +1,425 @@
+//! The registry on PostgreSQL: the same content gives the same plan, the
+//! same reason codes and byte-identical tokens as on SQLite; `registry
+//! copy` proves what it copied; apply is one serializable transaction.
+//!
+//! These tests need a PostgreSQL cluster (FLEET_RETIRE_TEST_POSTGRES;
+//! `.ci/run` starts one). Without it they say so and pass, except under
+//! `CI=true`, where a missing cluster is a failure.
+
+mod common;
+
+use common::*;
+use fleet_retire::fixture::Case;
+use fleet_retire::policy::Policies;
+use fleet_retire::row::{Row, COLUMNS};
+use std::path::{Path, PathBuf};
+
+/// Write rows into a new SQLite registry with every column, as stored.
+fn sqlite_registry(path: &Path, rows: &[Row]) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(&fleet_retire::store::registry::create_sql().replace(" PRIMARY KEY", ""))
+        .unwrap();
+    let names: Vec<String> = COLUMNS
+        .iter()
+        .map(|c| format!("\"{}\"", c.name()))
+        .collect();
+    let marks: Vec<String> = (1..=COLUMNS.len()).map(|i| format!("?{i}")).collect();
+    let sql = format!(
+        "INSERT INTO worker_registrations ({}) VALUES ({})",
+        names.join(", "),
+        marks.join(", ")
+    );
+    for row in rows {
+        let values: Vec<rusqlite::types::Value> = COLUMNS
+            .iter()
+            .map(|c| fleet_retire::store::registry::sql_value(row.get(*c)))
+            .collect();
+        conn.execute(&sql, rusqlite::params_from_iter(values))
+            .unwrap();
+    }
+}
+
+/// Write leases into a new SQLite lease store.
+fn sqlite_leases(path: &Path, leases: &[fleet_retire::store::leases::Lease]) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(&fleet_retire::store::leases::create_sql())
+        .unwrap();
+    let names = fleet_retire::store::leases::COLUMNS;
+    let marks: Vec<String> = (1..=names.len()).map(|i| format!("?{i}")).collect();
+    for l in leases {
+        let values: Vec<rusqlite::types::Value> = names
+            .iter()
+            .map(|n| fleet_retire::store::registry::sql_value(l.get(n)))
+            .collect();
+        conn.execute(
+            &format!(
+                "INSERT INTO workflow_leases ({}) VALUES ({})",
+                names.join(", "),
+                marks.join(", ")
+            ),
+            rusqlite::params_from_iter(values),
+        )
+        .unwrap();
+    }
+}
+
+fn fixture_files() -> Vec<PathBuf> {
+    let mut dirs = vec![PathBuf::from("fixtures/plan")];
+    let shared = PathBuf::from("../shared/fixtures/plan");
+    if shared.is_dir() {
+        dirs.push(shared);
+    }
+    let mut files = Vec::new();
+    for d in dirs {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "json") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// One plan's outcome, as compared across the engines.
+fn outcome(plan: &fleet_retire::plan::Plan) -> (String, String, Vec<(String, Vec<String>)>) {
+    let mut verdicts: Vec<(String, Vec<String>)> = plan
+        .entries
+        .iter()
+        .map(|e| {
+            let id = plan.identity(e);
+            let codes = e
+                .reason_codes()
+                .iter()
+                .map(|r| r.code().to_string())
+                .collect();
+            (id, codes)
+        })
+        .collect();
+    verdicts.sort();
+    (
+        plan.registry_fingerprint.clone(),
+        plan.candidate_fingerprint.clone(),
+        verdicts,
+    )
+}
+
+#[test]
+fn every_plan_fixture_reads_the_same_from_sqlite_and_postgres() {
+    let Some(db) = postgres("fixtures") else {
+        return;
+    };
+    let policies = Policies::load(&fleet_retire::policy::PolicySource::Embedded).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut compared, mut refused) = (0, Vec::new());
+    for (n, file) in fixture_files().iter().enumerate() {
+        let Case::Plan(case) = fleet_retire::fixture::load(file).unwrap() else {
+            continue;
+        };
+        let registry = dir.path().join(format!("r{n}.sqlite"));
+        let leases = dir.path().join(format!("l{n}.sqlite"));
+        sqlite_registry(&registry, &case.rows);
+        sqlite_leases(&leases, &case.leases);
+        let target = db.sibling(&format!("f{n}"));
+
+        let copied = fleet_retire::copy::copy(&registry, Some(&leases), &target.url);
+        let from_sqlite = fleet_retire::evidence::registry::load(&registry).unwrap();
+        if let Err(e) = copied {
+            // Only values a typed column cannot hold refuse a copy.
+            let message = e.to_string();
+            assert!(
+                message.contains("cannot be copied as it is"),
+                "{}: {message}",
+                file.display()
+            );
+            assert!(
+                from_sqlite
+                    .iter()
+                    .any(|r| fleet_retire::store::pg::unrepresentable(r).is_some())
+                    || message.contains("both have worker_identity"),
+                "{}: {message}",
+                file.display()
+            );
+            refused.push(file.display().to_string());
+            continue;
+        }
+        let from_postgres = fleet_retire::evidence::registry::load(Path::new(&target.url)).unwrap();
+        let leases_sqlite = fleet_retire::evidence::leases::load(&leases).unwrap();
+        let leases_postgres = fleet_retire::evidence::leases::load(Path::new(&target.url)).unwrap();
+        let plan_of = |rows: Vec<Row>, leases: &[fleet_retire::store::leases::Lease]| {
+            let facts = fleet_retire::observe::RunFacts {
+                now: case.now,
+                host: case.host.clone(),
+                canonical_repository: case.canonical_repository.clone(),
+                protections: fleet_retire::evidence::leases::Protections::from_leases(leases),
+            };
+            fleet_retire::plan::plan(rows, facts, &case.probe, &policies).unwrap()
+        };
+        let a = outcome(&plan_of(from_sqlite, &leases_sqlite));
+        let b = outcome(&plan_of(from_postgres, &leases_postgres));
+        assert_eq!(
+            a,
+            b,
+            "{}: SQLite and PostgreSQL plans differ",
+            file.display()
+        );
+        assert_eq!(
+            fleet_retire::fingerprint::external_state_fingerprint(
+                leases_sqlite.iter().filter(|l| l.is_active())
+            ),
+            fleet_retire::fingerprint::external_state_fingerprint(
+                leases_postgres.iter().filter(|l| l.is_active())
+            ),
+            "{}",
+            file.display()
+        );
+        compared += 1;
+    }
+    eprintln!(
+        "compared {compared} fixtures; {} refused by copy (values a typed column cannot hold): {refused:?}",
+        refused.len()
+    );
+    assert!(compared >= 40, "only {compared} fixtures could be compared");
+}
+
+/// The fleet of `common::fleet` (three dead workers, one running), copied
+/// into PostgreSQL with its lease store; the stores then point there.
+fn pg_fleet(tag: &str) -> Option<(Stores, KillOnDrop, PgDb)> {
+    let db = postgres(tag)?;
+    let (mut stores, live) = fleet();
+    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &db.url).unwrap();
+    stores.registry = PathBuf::from(&db.url);
+    stores.leases = PathBuf::from(&db.url);
+    Some((stores, live, db))
+}
+
+/// Every row of the registry and audit tables, as text, for "nothing
+/// changed" comparisons.
+fn pg_dump(db: &PgDb) -> String {
+    let mut c = db.client();
+    let mut out = String::new();
+    for (table, key) in [
+        ("worker_registrations", "worker_identity"),
+        ("retirement_audit", "audit_id"),
+        ("workflow_leases", "lease_id"),
+    ] {
+        let exists: bool = c
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .unwrap()
+            .get(0);
+        if !exists {
+            out.push_str(&format!("{table}: none\n"));
+            continue;
+        }
+        for r in c
+            .query(
+                &format!("SELECT t::text FROM {table} t ORDER BY {key}"),
+                &[],
+            )
+            .unwrap()
+        {
+            out.push_str(&format!("{table}: {}\n", r.get::<_, String>(0)));
+        }
+    }
+    out
+}
+
+fn pg_statuses(db: &PgDb) -> Vec<(String, String)> {
+    db.client()
+        .query(
+            "SELECT worker_identity, status FROM worker_registrations ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+fn save_plan(stores: &Stores) -> (PathBuf, serde_json::Value) {
+    let out_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), out_path.display().to_string()]);
+    let out = bin().args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let plan = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    (out_path, plan)
+}
+
+fn apply_cli(stores: &Stores, plan: &Path) -> (Option<i32>, serde_json::Value) {
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .arg(plan)
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
+    (out.status.code(), report)
+}
+
+#[test]
+fn apply_on_postgres_retires_exactly_the_approved_rows_with_audit_then_replays() {
+    let Some((stores, live, db)) = pg_fleet("apply") else {
+        return;
+    };
+    let (plan_path, plan) = save_plan(&stores);
+    assert_eq!(
+        plan["candidate_worker_identities"],
+        serde_json::json!(["w-dead-1", "w-dead-2", "w-dead-3"])
+    );
+    let (code, report) = apply_cli(&stores, &plan_path);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "applied");
+    assert_eq!(report["retired_count"], 3);
+    assert_eq!(
+        pg_statuses(&db),
+        vec![
+            ("w-dead-1".into(), "retired".into()),
+            ("w-dead-2".into(), "retired".into()),
+            ("w-dead-3".into(), "retired".into()),
+            ("w-running".into(), "active".into()),
+        ]
+    );
+    let audit = db
+        .client()
+        .query(
+            "SELECT worker_identity, registry_fingerprint, lease_store, host_id FROM retirement_audit ORDER BY 1",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(audit.len(), 3);
+    let (host, _) = host_and_boot();
+    for r in &audit {
+        assert_eq!(
+            r.get::<_, String>(1),
+            plan["registry_fingerprint"].as_str().unwrap()
+        );
+        assert_eq!(r.get::<_, String>(2), db.url);
+        assert_eq!(
+            r.get::<_, Option<String>>(3).as_deref(),
+            Some(host.as_str())
+        );
+    }
+    let before = pg_dump(&db);
+    let (code, report) = apply_cli(&stores, &plan_path);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "already_retired");
+    assert_eq!(pg_dump(&db), before, "a replay changes nothing");
+    drop(live);
+}
+
+#[test]
+fn a_lease_taken_inside_the_postgres_transaction_rolls_everything_back() {
+    let Some((stores, live, db)) = pg_fleet("lease_inside") else {
+        return;
+    };
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = pg_dump(&db);
+    let url = db.url.clone();
+    let mut hook = move || {
+        let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+        c.execute(
+            "INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) \
+             VALUES ('l-late', 'active', 'w-dead-2')",
+            &[],
+        )
+        .unwrap();
+    };
+    let report = lib.run(
+        &req,
+        fleet_retire::apply::Hooks {
+            before_first_write: Some(&mut hook),
+            ..Default::default()
+        },
+    );
+    assert_eq!(report.retired_count, 0, "{}", report.detail);
+    assert!(!report.mutation_performed);
+    assert!(
+        report.detail.contains("leases changed"),
+        "{:?}: {}",
+        report.outcome,
+        report.detail
+    );
+    // Only the lease itself was written.
+    let after = pg_dump(&db);
+    let without_lease: String = after
+        .lines()
+        .filter(|l| !l.contains("l-late"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let before_registry: String = before
+        .lines()
+        .filter(|l| !l.starts_with("retirement_audit"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        without_lease
+            .lines()
+            .filter(|l| !l.starts_with("retirement_audit"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+        before_registry
+    );
+    assert!(
+        !after.contains("retirement_audit: ("),
+        "no audit row: {after}"
+    );
+    drop(live);
+}
+
+#[test]
+fn a_failure_at_commit_leaves_the_postgres_registry_as_it_was() {
+    let Some((stores, live, db)) = pg_fleet("fail_commit") else {
+        return;
+    };
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = pg_dump(&db);
+    let report = lib.run(
+        &req,
+        fleet_retire::apply::Hooks {
+            fail_commit: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        report.outcome,
+        fleet_retire::apply::Outcome::TransactionFailed
+    );
+    assert_eq!(report.retired_count, 0);
+    assert_eq!(pg_dump(&db), before);
+    drop(live);
+}
+
+#[test]
+fn a_trigger_on_the_postgres_registry_is_refused_before_any_write() {
+    let Some((stores, live, db)) = pg_fleet("trigger") else {
+        return;
+    };
+    // The attack: a trigger that retires a live worker beside each target.
+    db.client()
+        .batch_execute(
+            "CREATE FUNCTION sneak() RETURNS trigger AS $$ BEGIN \
+               UPDATE worker_registrations SET status = 'retired' WHERE worker_identity = 'w-running'; \
+               RETURN NEW; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER sneak AFTER UPDATE ON worker_registrations \
+               FOR EACH ROW WHEN (pg_trigger_depth() = 0) EXECUTE FUNCTION sneak();",
+        )
+        .unwrap();
+    let (plan_path, _) = save_plan(&stores);
+    let before = pg_dump(&db);
+    let (code, report) = apply_cli(&stores, &plan_path);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "registry_untrusted");
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("trigger \"sneak\""),
+        "{report}"
+    );
+    assert_eq!(pg_dump(&db), before);
+    drop(live);
+}
