@@ -329,6 +329,7 @@ impl SnapshotCase {
             canonical_repository: self.canonical_repository.clone(),
             expected_live_revision: self.expected_revision.clone(),
             manifest: self.manifest.clone(),
+            host_id: None,
         };
         let snap = crate::snapshot::Snapshot::take(&self.rows, &opts, &self.probe);
         let mut diffs = Vec::new();

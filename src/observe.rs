@@ -325,6 +325,14 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
     }
 }
 
+/// The row names a host, and it is not `mine` (compared as the policies
+/// compare them: the row's `host_id` stripped). A measurement: the policies
+/// decide what it means (`host-binding-unproven`).
+pub fn of_another_host(row: &Row, mine: &str) -> bool {
+    let theirs = row.get(Col::HostId).stripped_cow();
+    !theirs.is_empty() && *theirs != *mine
+}
+
 fn observe_row(
     row: &Row,
     facts: &RunFacts,

@@ -31,6 +31,14 @@ pub fn plan_table(plan: &Plan, policy_source: &str, preserved_limit: Option<usiz
         candidates,
         preserved
     );
+    let other_hosts = plan.other_host_rows();
+    if other_hosts > 0 {
+        let _ = writeln!(
+            out,
+            "{other_hosts} of them registered on other hosts: kept here whatever this host's \
+             process table says; each host plans and retires its own"
+        );
+    }
     let counts = plan.reason_counts();
     if !counts.is_empty() {
         let _ = writeln!(out);

@@ -507,6 +507,7 @@ impl FleetServer {
             canonical_repository: canonical.or_else(|| b.canonical_repository.clone()),
             expected_live_revision: a.expected_revision.filter(|r| !r.is_empty()),
             manifest: a.expected_manifest,
+            host_id: crate::evidence::probe::HostFacts::observe(&b.proc_root).host_id,
         };
         let mut snap = crate::snapshot::snapshot(&rows, &opts, &SystemProbe::new(&b.proc_root));
         snap["audit_context"] = audit_context(&a.remote, &a.host, &a.org, &a.repo);

@@ -1,5 +1,8 @@
 //! Worker registration, as a worker would write the registry: register,
-//! heartbeat, release. The registry is created or migrated as needed.
+//! heartbeat, release. The registry is created or migrated as needed, in a
+//! SQLite file or (for a `postgres://` location) a PostgreSQL database,
+//! where each write is its own short autocommit statement touching only the
+//! worker's own row: an apply running meanwhile never makes it wait.
 //!
 //! Identity comes from the launcher's environment and is recorded as found:
 //! a missing or untrusted instance id stays missing or untrusted, and an
@@ -19,7 +22,208 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
+/// A registry opened for a worker's writes.
+enum Writable {
+    Sqlite(Connection),
+    Postgres(Box<PgLease>),
+}
+
 /// Open (creating if needed) a registry for a worker's writes.
+fn open_any(path: &Path) -> Result<Writable> {
+    if crate::store::pg::is_postgres(path) {
+        return PgLease::take(path).map(|p| Writable::Postgres(Box::new(p)));
+    }
+    open(path).map(Writable::Sqlite)
+}
+
+/// A PostgreSQL connection borrowed from this process's cache, one per URL:
+/// a worker heartbeating every few seconds does not reconnect each time. It
+/// goes back to the cache when dropped, unless it failed.
+struct PgLease {
+    url: String,
+    label: String,
+    client: Option<postgres::Client>,
+}
+
+type PgCache = std::sync::Mutex<HashMap<String, Vec<postgres::Client>>>;
+
+fn pg_cache() -> &'static PgCache {
+    static CACHE: std::sync::OnceLock<PgCache> = std::sync::OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+impl PgLease {
+    fn take(path: &Path) -> Result<PgLease> {
+        let url = path.to_string_lossy().into_owned();
+        let label = crate::store::pg::masked(&url);
+        let cached = pg_cache()
+            .lock()
+            .ok()
+            .and_then(|mut c| c.get_mut(&url).and_then(Vec::pop))
+            .filter(|c| !c.is_closed());
+        let client = match cached {
+            Some(c) => c,
+            None => {
+                let mut c = crate::store::pg::connect(&url, Store::Registry)?;
+                let complete =
+                    crate::store::pg::table_columns(&mut c, TABLE, Store::Registry, &label)?
+                        .is_some_and(|cols| {
+                            COLUMNS
+                                .iter()
+                                .all(|col| cols.iter().any(|(n, _)| n == col.name()))
+                        });
+                if !complete {
+                    crate::store::pg::create_or_migrate_registry(&mut c, &label)?;
+                }
+                c
+            }
+        };
+        Ok(PgLease {
+            url,
+            label,
+            client: Some(client),
+        })
+    }
+
+    fn client(&mut self) -> &mut postgres::Client {
+        self.client.as_mut().expect("the client is here until drop")
+    }
+
+    /// Run one statement; a failed connection is not returned to the cache.
+    fn run<T>(
+        &mut self,
+        doing: &'static str,
+        f: impl FnOnce(&mut postgres::Client) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<T> {
+        let result = f(self.client());
+        result.map_err(|e| {
+            if e.is_closed() || e.as_db_error().is_none() {
+                self.client = None;
+            }
+            Error::postgres(Store::Registry, &self.label, doing)(e)
+        })
+    }
+}
+
+impl Drop for PgLease {
+    fn drop(&mut self) {
+        if let (Some(client), Ok(mut cache)) = (self.client.take(), pg_cache().lock()) {
+            cache
+                .entry(std::mem::take(&mut self.url))
+                .or_default()
+                .push(client);
+        }
+    }
+}
+
+impl Writable {
+    fn status_of(&mut self, path: &Path, identity: &str) -> Result<Option<String>> {
+        match self {
+            Writable::Sqlite(conn) => crate::store::registry::status_of(conn, identity)
+                .map_err(Error::sqlite(Store::Registry, path, "cannot read")),
+            Writable::Postgres(pg) => pg.run("cannot read", |c| {
+                c.query_opt(
+                    &format!("SELECT status FROM {TABLE} WHERE worker_identity = $1"),
+                    &[&identity],
+                )
+                .map(|r| r.map(|r| r.get::<_, Option<String>>(0).unwrap_or_default()))
+            }),
+        }
+    }
+
+    fn insert(&mut self, path: &Path, row: &serde_json::Map<String, Json>) -> Result<()> {
+        match self {
+            Writable::Sqlite(conn) => crate::store::registry::insert(conn, row)
+                .map(|_| ())
+                .map_err(Error::sqlite(Store::Registry, path, "cannot register")),
+            Writable::Postgres(pg) => {
+                let label = pg.label.clone();
+                let (names, values) = crate::store::pg::registration_params(row, &label)?;
+                pg.run("cannot register", |c| {
+                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                        values.iter().map(|b| b.as_ref()).collect();
+                    c.execute(
+                        &format!(
+                            "INSERT INTO {TABLE} ({}) VALUES ({})",
+                            names.join(", "),
+                            (1..=names.len())
+                                .map(|i| format!("${i}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        &refs,
+                    )
+                    .map(|_| ())
+                })
+            }
+        }
+    }
+
+    /// The active row's pid, start time and fencing facts.
+    fn owner_of(&mut self, path: &Path, worker: &str) -> Result<Option<(Owner, Json)>> {
+        match self {
+            Writable::Sqlite(conn) => owner_of(conn, path, worker),
+            Writable::Postgres(pg) => pg.run("cannot read the registration", |c| {
+                let row = c.query_opt(
+                    &format!(
+                        "SELECT pid, process_start_time, host_id, boot_id, pid_namespace                          FROM {TABLE} WHERE worker_identity = $1 AND status = 'active'"
+                    ),
+                    &[&worker],
+                )?;
+                Ok(row.and_then(|r| {
+                    let pid: Option<i64> = r.get(0);
+                    let text = |i: usize| r.get::<_, Option<String>>(i);
+                    let fencing =
+                        json!({"host_id": text(2), "boot_id": text(3), "pid_namespace": text(4)});
+                    pid.map(|pid| {
+                        (
+                            Owner {
+                                pid,
+                                start: text(1),
+                            },
+                            fencing,
+                        )
+                    })
+                }))
+            }),
+        }
+    }
+
+    /// Set one column of the worker's active row, if it is still its pid's.
+    fn set(
+        &mut self,
+        path: &Path,
+        column: &'static str,
+        value: &str,
+        worker: &str,
+        pid: i64,
+        doing: &'static str,
+    ) -> Result<u64> {
+        match self {
+            Writable::Sqlite(conn) => conn
+                .execute(
+                    &format!(
+                        "UPDATE {TABLE} SET {column} = ?1 WHERE worker_identity = ?2 \
+                         AND status = 'active' AND pid = ?3"
+                    ),
+                    params![value, worker, pid],
+                )
+                .map(|n| n as u64)
+                .map_err(Error::sqlite(Store::Registry, path, doing)),
+            Writable::Postgres(pg) => pg.run(doing, |c| {
+                c.execute(
+                    &format!(
+                        "UPDATE {TABLE} SET {column} = $1 WHERE worker_identity = $2 \
+                         AND status = 'active' AND pid = $3"
+                    ),
+                    &[&value, &worker, &pid],
+                )
+            }),
+        }
+    }
+}
+
+/// Open (creating if needed) a SQLite registry for a worker's writes.
 pub fn open(path: &Path) -> Result<Connection> {
     let err = |doing| Error::sqlite(Store::Registry, path, doing);
     let conn = Connection::open(path).map_err(err("cannot open or create"))?;
@@ -69,21 +273,15 @@ fn nonblank(v: Option<&String>) -> Option<String> {
 
 /// Register a worker; returns the row written, as JSON.
 pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Json> {
-    let conn = open(path)?;
+    let mut store = open_any(path)?;
     let row = registration_row(reg, proc_root)?;
     let identity = row["worker_identity"].as_str().unwrap_or_default();
-    let existing = crate::store::registry::status_of(&conn, identity).map_err(Error::sqlite(
-        Store::Registry,
-        path,
-        "cannot read",
-    ))?;
-    if let Some(status) = existing {
+    if let Some(status) = store.status_of(path, identity)? {
         return Err(Error::Input(format!(
             "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
         )));
     }
-    crate::store::registry::insert(&conn, row.as_object().expect("row is an object"))
-        .map_err(Error::sqlite(Store::Registry, path, "cannot register"))?;
+    store.insert(path, row.as_object().expect("row is an object"))?;
     Ok(row)
 }
 
@@ -192,8 +390,8 @@ fn parent_of(proc_root: &Path, pid: i64) -> Option<i64> {
 
 /// Refuse unless the writer is entitled to the row of `worker`.
 /// Returns the row's pid, which the write then asserts unchanged.
-fn prove(conn: &Connection, path: &Path, worker: &str, writer: Writer) -> Result<i64> {
-    let Some((owner, fencing)) = owner_of(conn, path, worker)? else {
+fn prove(store: &mut Writable, path: &Path, worker: &str, writer: Writer) -> Result<i64> {
+    let Some((owner, fencing)) = store.owner_of(path, worker)? else {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?} (with a pid); register it first"
         )));
@@ -253,15 +451,17 @@ fn prove(conn: &Connection, path: &Path, worker: &str, writer: Writer) -> Result
 
 /// Move an active worker's heartbeat to now.
 pub fn heartbeat(path: &Path, worker: &str, writer: Writer) -> Result<String> {
-    let conn = open(path)?;
-    let pid = prove(&conn, path, worker, writer)?;
+    let mut store = open_any(path)?;
+    let pid = prove(&mut store, path, worker, writer)?;
     let now = crate::time::format_ts(crate::time::now());
-    let n = conn
-        .execute(
-            &format!("UPDATE {TABLE} SET last_heartbeat_at = ?1 WHERE worker_identity = ?2 AND status = 'active' AND pid = ?3"),
-            params![now, worker, pid],
-        )
-        .map_err(Error::sqlite(Store::Registry, path, "cannot heartbeat"))?;
+    let n = store.set(
+        path,
+        "last_heartbeat_at",
+        &now,
+        worker,
+        pid,
+        "cannot heartbeat",
+    )?;
     if n == 0 {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?}; register it first"
@@ -277,16 +477,9 @@ pub fn release(path: &Path, worker: &str, status: &str, writer: Writer) -> Resul
             "release status must be released or superseded, not {status:?} (retired is apply's)"
         )));
     }
-    let conn = open(path)?;
-    let pid = prove(&conn, path, worker, writer)?;
-    let n = conn
-        .execute(
-            &format!(
-                "UPDATE {TABLE} SET status = ?1 WHERE worker_identity = ?2 AND status = 'active' AND pid = ?3"
-            ),
-            params![status, worker, pid],
-        )
-        .map_err(Error::sqlite(Store::Registry, path, "cannot release"))?;
+    let mut store = open_any(path)?;
+    let pid = prove(&mut store, path, worker, writer)?;
+    let n = store.set(path, "status", status, worker, pid, "cannot release")?;
     if n == 0 {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?}"

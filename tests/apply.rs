@@ -145,6 +145,44 @@ fn a_heartbeat_between_plan_and_apply_moves_the_registry() {
 }
 
 #[test]
+fn another_hosts_heartbeat_is_tolerated_though_its_pid_is_free_here() {
+    // A live worker of host B whose pid is free on this host: this host's
+    // probe says "dead", yet its heartbeat (it is live on B) must not
+    // refuse the apply of this host's dead workers.
+    let (stores, live) = fleet();
+    let now = |offset_s: i64| {
+        fleet_retire::time::format_ts(fleet_retire::time::now() + offset_s * 1_000_000)
+    };
+    let mut other = stale_row("w-host-b", 4_000_123, "ticks-1");
+    other["host_id"] = json!("host-b");
+    other["last_heartbeat_at"] = json!(now(0));
+    insert_row(
+        &rusqlite::Connection::open(&stores.registry).unwrap(),
+        &other,
+    );
+    let (plan_path, plan) = save_plan(&stores);
+    assert_eq!(
+        plan["fencing_context"]["other_host_rows"], 1,
+        "{}",
+        plan["fencing_context"]
+    );
+    rusqlite::Connection::open(&stores.registry)
+        .unwrap()
+        .execute(
+            "UPDATE worker_registrations SET last_heartbeat_at = ?1 WHERE worker_identity = 'w-host-b'",
+            [now(2)],
+        )
+        .unwrap();
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "applied");
+    assert_eq!(report["retired_count"], 3);
+    assert_eq!(report["heartbeats_tolerated_workers"], json!(["w-host-b"]));
+    assert_eq!(status_of(&stores.registry, "w-host-b"), "active");
+    drop(live);
+}
+
+#[test]
 fn author_reviewer_and_merger_are_denied_even_with_the_permission() {
     let (stores, live) = fleet();
     let (plan_path, _) = save_plan(&stores);

@@ -423,3 +423,81 @@ fn a_trigger_on_the_postgres_registry_is_refused_before_any_write() {
     assert_eq!(pg_dump(&db), before);
     drop(live);
 }
+
+#[test]
+fn two_applies_that_cannot_both_be_serialized_end_with_one_refused_and_nothing_partial() {
+    let Some((stores, live, db)) = pg_fleet("serializable") else {
+        return;
+    };
+    let lib = Lib::new(stores);
+    let mut req = lib.request();
+    req.workers = vec!["w-dead-1".into()];
+    // Inside this apply's transaction, after its authoritative read and
+    // before its first write, another apply retires w-dead-2 and commits.
+    // Each read what the other wrote: no serial order explains both.
+    let (registry, profiles) = (db.url.clone(), lib.stores.profiles.clone());
+    let (registry_fp, candidate_fp, policy_fp) = (
+        req.registry_fingerprint.clone(),
+        req.candidate_fingerprint.clone(),
+        req.policy_fingerprint.clone(),
+    );
+    let mut other: Option<serde_json::Value> = None;
+    let mut hook = || {
+        let out = bin()
+            .args([
+                "--format",
+                "json",
+                "apply",
+                "--registry",
+                &registry,
+                "--leases",
+                &registry,
+            ])
+            .args([
+                "--profiles",
+                profiles.to_str().unwrap(),
+                "--profile",
+                "controller-prgs",
+            ])
+            .args(["--canonical-repository", "prgs/gitea-tools"])
+            .args([
+                "--registry-fingerprint",
+                &registry_fp,
+                "--candidate-fingerprint",
+                &candidate_fp,
+            ])
+            .args(["--policy-fingerprint", &policy_fp, "--workers", "w-dead-2"])
+            .output()
+            .unwrap();
+        other = Some(serde_json::from_slice(&out.stdout).unwrap());
+    };
+    let report = lib.run(
+        &req,
+        fleet_retire::apply::Hooks {
+            before_first_write: Some(&mut hook),
+            ..Default::default()
+        },
+    );
+    let other = other.unwrap();
+    assert_eq!(other["outcome"], "applied", "{other}");
+    assert_eq!(
+        report.outcome,
+        fleet_retire::apply::Outcome::RegistryRevisionMoved,
+        "{}",
+        report.detail
+    );
+    assert!(report.detail.contains("concurrent"), "{}", report.detail);
+    assert_eq!(report.retired_count, 0);
+    let statuses = pg_statuses(&db);
+    assert_eq!(statuses[0], ("w-dead-1".into(), "active".into()));
+    assert_eq!(statuses[1], ("w-dead-2".into(), "retired".into()));
+    let audited: Vec<String> = db
+        .client()
+        .query("SELECT worker_identity FROM retirement_audit", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(audited, vec!["w-dead-2".to_string()]);
+    drop(live);
+}

@@ -185,16 +185,13 @@ impl RegistryTx<'_> {
         }
     }
 
-    /// Before COMMIT: exactly one UPDATE and one audit row per retirement.
-    /// On SQLite every changed row is counted (a trigger's too); on
-    /// PostgreSQL, where triggers and rules were refused before the first
-    /// write, the rows bearing this apply's id and stamp are counted.
+    /// Before COMMIT: exactly one UPDATE and one audit row per retirement,
+    /// every row this transaction changed counted (a trigger's too): by
+    /// SQLite's change counter, or by PostgreSQL's row versions.
     pub(super) fn verify_writes(
         &self,
         mark: u64,
         apply_id: &str,
-        retired_at: &str,
-        retired_by: &str,
         retired: usize,
     ) -> Result<Option<String>> {
         let n = retired as u64;
@@ -215,17 +212,13 @@ impl RegistryTx<'_> {
                 }))
             }
             Engine::Postgres(tx) => {
-                let (audited, stamped) = pg::written_by(
-                    &mut *tx.borrow_mut(),
-                    apply_id,
-                    retired_at,
-                    retired_by,
-                    &self.label,
-                )?;
-                Ok((audited as u64 != n || stamped as u64 != n).then(|| {
+                let (registry, audit, audited) =
+                    pg::written_here(&mut *tx.borrow_mut(), apply_id, &self.label)?;
+                Ok(([registry, audit, audited] != [n as i64; 3]).then(|| {
                     format!(
-                        "{stamped} retired rows and {audited} audit rows carry this apply's \
-                         stamp, for {retired} retirements; nothing was retired"
+                        "the transaction wrote {registry} registry rows and {audit} audit rows \
+                         ({audited} with this apply's id) where {retired} of each were meant; \
+                         nothing was retired"
                     )
                 }))
             }

@@ -308,6 +308,7 @@ fn post_apply(req: &Request, ctx: &Context) -> Option<serde_json::Value> {
         &crate::snapshot::Options {
             now: crate::time::now(),
             canonical_repository: req.canonical_repository.clone(),
+            host_id: crate::evidence::probe::HostFacts::observe(ctx.proc_root).host_id,
             ..Default::default()
         },
         ctx.probe,
@@ -932,13 +933,10 @@ fn verify_before_commit(
     fence
         .recheck_fully(t.leases)?
         .map_err(|now| fence_moved(fence, &now))?;
-    match t.tx.verify_writes(
-        changes_before,
-        &audit.apply_id,
-        &audit.retired_at,
-        t.ctx.profile,
-        report.retired.len(),
-    )? {
+    match t
+        .tx
+        .verify_writes(changes_before, &audit.apply_id, report.retired.len())?
+    {
         Some(why) => Err(Abort::Fail(why)),
         None => Ok(()),
     }

@@ -89,6 +89,7 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
         canonical_repository: args.canonical_repository.clone(),
         expected_live_revision: args.expected_revision.clone(),
         manifest: args.manifest.as_deref().map(load_manifest).transpose()?,
+        host_id: crate::evidence::probe::HostFacts::observe(&args.proc_root).host_id,
     };
     let mut snap = Snapshot::take(&rows, &opts, &SystemProbe::new(&args.proc_root));
     if let Some(path) = &args.compare {

@@ -29,6 +29,11 @@ pub struct FencingContext {
     pub current_boot_id: Option<String>,
     /// Whether process start times could be read here.
     pub start_time_probe_available: bool,
+    /// Rows registered on another host: this host's process table cannot
+    /// speak for them, and the policies keep them (`host_binding_unproven`,
+    /// or an earlier reason); they are retired from their own host.
+    #[serde(default)]
+    pub other_host_rows: usize,
 }
 
 /// The head of a plan document, in the order it is written. Members apply

@@ -487,6 +487,19 @@ impl Plan {
         }
     }
 
+    /// Rows registered on another host than this run's (0 when this
+    /// host's id is unknown).
+    pub fn other_host_rows(&self) -> usize {
+        match self.facts.host.host_id.as_deref() {
+            Some(mine) => self
+                .rows
+                .iter()
+                .filter(|r| crate::observe::of_another_host(r, mine))
+                .count(),
+            None => 0,
+        }
+    }
+
     /// Count of preserved rows by primary reason code.
     pub fn reason_counts(&self) -> BTreeMap<&'static str, usize> {
         let mut counts = BTreeMap::new();
@@ -552,6 +565,7 @@ impl Plan {
                 current_host_id: self.facts.host.host_id.clone(),
                 current_boot_id: self.facts.host.boot_id.clone(),
                 start_time_probe_available: self.facts.host.start_time_probe_available,
+                other_host_rows: self.other_host_rows(),
             },
             candidate_worker_identities: Some(candidates),
         }

@@ -61,6 +61,21 @@ pub fn row_digests(row: &crate::row::Row) -> (String, String) {
     (full, sha(&serialize_row(&quiet)))
 }
 
+/// Live as §13 reads it. A row of another host is live by its heartbeat
+/// alone: this host's process table cannot speak for its pid (the same rule
+/// as the snapshot's, docs/semantics.md §15), and a foreign pid that
+/// happens to be free here must not make every heartbeat of that host's
+/// workers refuse the apply. Such rows are never candidates here.
+fn live_here(plan: &Plan, e: &crate::plan::Entry) -> bool {
+    let obs = plan.observation(e);
+    match plan.facts.host.host_id.as_deref() {
+        Some(mine) if crate::observe::of_another_host(&plan.rows[e.index], mine) => {
+            !obs.historical && obs.liveness.heartbeat_fresh == Some(true)
+        }
+        _ => obs.liveness.live,
+    }
+}
+
 impl PlannedRows {
     /// The rows of a plan.
     pub fn of(plan: &Plan) -> PlannedRows {
@@ -73,7 +88,7 @@ impl PlannedRows {
                     worker_identity: plan.identity(e),
                     row_digest,
                     digest_without_heartbeat,
-                    live: plan.observation(e).liveness.live,
+                    live: live_here(plan, e),
                 }
             })
             .collect();
@@ -121,7 +136,7 @@ impl PlannedRows {
                     "worker {identity:?} heartbeated since the plan, but was not live when planned"
                 ));
             }
-            if !now.observation(e).liveness.live {
+            if !live_here(now, e) {
                 return Err(format!(
                     "worker {identity:?} heartbeated since the plan, but is not live now"
                 ));

@@ -38,6 +38,27 @@ pub(super) fn distinct(workers: &[&Json], field: &str) -> usize {
         .len()
 }
 
+/// A collision key scoped to the row's host (its `host_id` stripped; empty
+/// when it names none, so rows without a host group as before).
+fn on_host(row: &Json, key: Option<String>) -> Option<String> {
+    let host = row["host_id"]
+        .as_str()
+        .map(crate::value::py_strip)
+        .unwrap_or("");
+    key.map(|k| format!("{host}\u{1f}{k}"))
+}
+
+/// The host (as " on host \"h\"", or empty) and the key of [`on_host`].
+fn split_host(key: &str) -> (String, &str) {
+    let (host, k) = key.split_once('\u{1f}').unwrap_or(("", key));
+    let host = if host.is_empty() {
+        String::new()
+    } else {
+        format!(" on host {host:?}")
+    };
+    (host, k)
+}
+
 pub(super) fn groups<'a>(
     rows: &[&'a Json],
     key: impl Fn(&Json) -> Option<String>,
@@ -117,23 +138,27 @@ pub(super) fn live_collisions(live: &[&Json], f: &mut Findings) {
             );
         }
     }
-    for (proc_id, group) in groups(&live, |r| key_text(&r["process_identity"])) {
+    // A process lives on one host: the same pid (or pid-derived process
+    // identity) on two hosts is two processes (docs/semantics.md §15).
+    for (key, group) in groups(&live, |r| on_host(r, key_text(&r["process_identity"]))) {
         if distinct(&group, "worker_identity") > 1 {
+            let (host, proc_id) = split_host(&key);
             f.add(
                 FindingClass::ProcessIdentityCollision,
                 &group,
                 None,
-                format!("process identity {proc_id:?} is shared by distinct live workers"),
+                format!("process identity {proc_id:?}{host} is shared by distinct live workers"),
             );
         }
     }
-    for (pid, group) in groups(&live, |r| key_text(&r["pid"])) {
+    for (key, group) in groups(&live, |r| on_host(r, key_text(&r["pid"]))) {
         if distinct(&group, "worker_identity") > 1 {
+            let (host, pid) = split_host(&key);
             f.add(
                 FindingClass::PidCollision,
                 &group,
                 None,
-                format!("pid {pid} is shared by distinct live workers"),
+                format!("pid {pid}{host} is shared by distinct live workers"),
             );
         }
     }

@@ -168,6 +168,7 @@ impl Snapshot<'_> {
         field(w, "historical_worker_count", &self.historical_count)?;
         field(w, "stale_worker_count", &self.stale_count)?;
         field(w, "instance_count", &self.instances.len())?;
+        field(w, "other_host_worker_count", &self.other_host_count)?;
         list(w, "workers", |emit| self.emit_rows(|_| true, emit))?;
         list(w, "live_workers", |emit| {
             json_lines(self.live.iter().map(Some))
@@ -339,6 +340,7 @@ impl serde::Serialize for Snapshot<'_> {
         m.serialize_entry("historical_worker_count", &self.historical_count)?;
         m.serialize_entry("stale_worker_count", &self.stale_count)?;
         m.serialize_entry("instance_count", &self.instances.len())?;
+        m.serialize_entry("other_host_worker_count", &self.other_host_count)?;
         m.serialize_entry(
             "workers",
             &RenderedRows {

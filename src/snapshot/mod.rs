@@ -40,6 +40,11 @@ pub struct Options {
     pub expected_live_revision: Option<String>,
     /// The approved fleet manifest (`instances` entries), if any.
     pub manifest: Option<Vec<Json>>,
+    /// This host's id, when the snapshot is taken of a live registry here:
+    /// a row of another host then has its pid unknown rather than probed
+    /// (this host's process table cannot speak for it), and is live or not
+    /// by its heartbeat alone. `None` (fixtures) probes every pid.
+    pub host_id: Option<String>,
 }
 
 /// What the snapshot measured about one row: enough to render its worker
@@ -58,11 +63,20 @@ struct Measured {
     old_revision: bool,
     ownership: &'static str,
     mutation_safe: bool,
+    other_host: bool,
 }
 
 /// Measure one row: probe its pid, classify its liveness and identity.
 fn measure(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Measured {
-    let pid = observe_pid(row.get(Col::Pid), probe);
+    let other_host = opts
+        .host_id
+        .as_deref()
+        .is_some_and(|mine| crate::observe::of_another_host(row, mine));
+    let pid = if other_host {
+        crate::evidence::probe::PidObservation::default()
+    } else {
+        observe_pid(row.get(Col::Pid), probe)
+    };
     let liveness = assess(row, opts.now, pid.alive);
     let historical = row.get(Col::Status).or_empty_str() != "active";
     let live = liveness.live && !historical;
@@ -109,6 +123,7 @@ fn measure(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Measured {
         old_revision,
         ownership,
         mutation_safe,
+        other_host,
     }
 }
 
@@ -256,6 +271,7 @@ pub struct Snapshot<'a> {
     token: String,
     historical_count: usize,
     stale_count: usize,
+    other_host_count: usize,
     instances: Vec<Json>,
     by_type: BTreeMap<String, Vec<String>>,
     manifest: Vec<Json>,
@@ -295,6 +311,12 @@ impl<'a> Snapshot<'a> {
     /// Rows whose status is not active.
     pub fn historical_worker_count(&self) -> usize {
         self.historical_count
+    }
+
+    /// Rows registered on another host than this one (0 when the snapshot
+    /// was not told this host's id).
+    pub fn other_host_worker_count(&self) -> usize {
+        self.other_host_count
     }
 
     /// Live instances.
@@ -376,6 +398,7 @@ fn take<'a>(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapsh
     let live: Vec<&Json> = live_rendered.iter().collect();
     let historical_count = measured.iter().filter(|m| m.historical).count();
     let stale_count = measured.iter().filter(|m| m.stale()).count();
+    let other_host_count = measured.iter().filter(|m| m.other_host).count();
     let mut f = Findings(Vec::new());
 
     live_collisions(&live, &mut f);
@@ -436,6 +459,7 @@ fn take<'a>(rows: &'a [Row], opts: &Options, probe: &dyn ProcessProbe) -> Snapsh
         token,
         historical_count,
         stale_count,
+        other_host_count,
         instances,
         by_type,
         manifest,
@@ -545,6 +569,77 @@ mod tests {
             ..opts
         };
         snapshot(rows, &opts, &probe)
+    }
+
+    #[test]
+    fn another_hosts_worker_is_live_by_its_heartbeat_not_by_this_hosts_process_table() {
+        // Host "h" registered the worker; the snapshot runs on host "other",
+        // whose process table has no such pid (ESRCH, "dead").
+        let rows = vec![live(json!("w-b"), 4242, json!({}))];
+        let probe_says_dead = |opts: &Options| {
+            let mut probe = GivenProbe::default();
+            probe.processes.insert(
+                4242,
+                PidObservation {
+                    alive: Some(false),
+                    start_time: None,
+                },
+            );
+            snapshot(&rows, opts, &probe)
+        };
+        let now = crate::time::parse_ts(NOW).unwrap();
+        let elsewhere = probe_says_dead(&Options {
+            now,
+            host_id: Some("other".into()),
+            ..Default::default()
+        });
+        assert_eq!(elsewhere["live_worker_count"], 1);
+        assert_eq!(elsewhere["stale_worker_count"], 0);
+        assert_eq!(elsewhere["other_host_worker_count"], 1);
+        // On its own host a dead pid withdraws liveness, as the seed says.
+        let at_home = probe_says_dead(&Options {
+            now,
+            host_id: Some("h".into()),
+            ..Default::default()
+        });
+        assert_eq!(at_home["live_worker_count"], 0);
+        assert_eq!(at_home["stale_worker_count"], 1);
+        assert_eq!(at_home["other_host_worker_count"], 0);
+    }
+
+    #[test]
+    fn one_pid_on_two_hosts_is_two_processes() {
+        let on = |id: &str, host: &str| {
+            live(
+                json!(id),
+                77,
+                json!({"host_id": host, "session_id": id, "generation_id": id}),
+            )
+        };
+        let two_hosts = run(
+            &[on("w-a", "host-a"), on("w-b", "host-b")],
+            Options::default(),
+        );
+        let found = classes(&two_hosts);
+        assert!(
+            !found
+                .iter()
+                .any(|c| c == "pid_collision" || c == "process_identity_collision"),
+            "{found:?}"
+        );
+        let one_host = run(
+            &[on("w-a", "host-a"), on("w-b", "host-a")],
+            Options::default(),
+        );
+        let found = classes(&one_host);
+        assert!(found.iter().any(|c| c == "pid_collision"), "{found:?}");
+        assert!(
+            one_host["findings"]
+                .to_string()
+                .contains("pid 77 on host \\\"host-a\\\" is shared"),
+            "{}",
+            one_host["findings"]
+        );
     }
 
     fn classes(snap: &Json) -> Vec<String> {
@@ -697,6 +792,7 @@ mod tests {
             canonical_repository: Some("prgs/gitea-tools".into()),
             expected_live_revision: Some("r2".into()),
             manifest: Some(vec![json!({"client_instance_id": "inst-missing"})]),
+            ..Default::default()
         };
         let mut probe = GivenProbe::default();
         for pid in 1000..1050 {

@@ -73,6 +73,13 @@ pub fn connect(url: &str, store: Store) -> Result<Client> {
     config
         .application_name("fleet-retire")
         .connect_timeout(CONNECT_TIMEOUT);
+    // A password on a command line is visible to every user of the host;
+    // libpq's PGPASSWORD keeps it out of the URL.
+    if config.get_password().is_none() {
+        if let Some(password) = std::env::var_os("PGPASSWORD") {
+            config.password(password.as_encoded_bytes());
+        }
+    }
     config
         .connect(NoTls)
         .map_err(Error::postgres(store, &label, "cannot connect"))
@@ -149,6 +156,23 @@ pub fn create_or_migrate_registry(client: &mut Client, label: &str) -> Result<()
 /// holds (apply's own, so a refused apply leaves no trace).
 pub fn migrate_registry_in(tx: &mut impl GenericClient, label: &str) -> Result<()> {
     let err = |doing| Error::postgres(Store::Registry, label, doing);
+    let complete = |cols: &Option<Vec<(String, String)>>| {
+        cols.as_ref().is_some_and(|cols| {
+            COLUMNS
+                .iter()
+                .all(|c| cols.iter().any(|(n, _)| n == c.name()))
+        })
+    };
+    // Only a change takes the lock: applies and workers on a current
+    // schema never wait for each other here.
+    if complete(&table_columns(
+        tx,
+        super::registry::TABLE,
+        Store::Registry,
+        label,
+    )?) {
+        return Ok(());
+    }
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .map_err(err("cannot take the schema lock"))?;
     tx.batch_execute(&registry_create_sql())
@@ -173,6 +197,16 @@ pub fn migrate_registry_in(tx: &mut impl GenericClient, label: &str) -> Result<(
 /// Create the audit table, or add the columns an older one lacks.
 pub fn migrate_audit_in(tx: &mut impl GenericClient, label: &str) -> Result<()> {
     let err = |doing| Error::postgres(Store::Registry, label, doing);
+    let existing = table_columns(tx, super::audit::TABLE, Store::Registry, label)?;
+    if existing.as_ref().is_some_and(|cols| {
+        super::audit::COLUMNS
+            .iter()
+            .all(|(n, _)| cols.iter().any(|(c, _)| c == n))
+    }) {
+        return Ok(());
+    }
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .map_err(err("cannot take the schema lock"))?;
     tx.batch_execute(&audit_create_sql())
         .map_err(err("cannot create the audit table"))?;
     let existing =
@@ -451,10 +485,13 @@ impl Kind {
     }
 }
 
+/// One statement parameter.
+pub type Param = Box<dyn ToSql + Sync>;
+
 /// A value as a parameter for a column of `kind`, exactly: NULL always,
 /// otherwise only a value of the column's own kind. Anything else would be
 /// a different value once read back (and so a different token).
-pub fn to_sql(v: &Value, kind: Kind) -> std::result::Result<Box<dyn ToSql + Sync>, String> {
+pub fn to_sql(v: &Value, kind: Kind) -> std::result::Result<Param, String> {
     Ok(match (v, kind) {
         (Value::Null, Kind::Text) => Box::new(None::<String>),
         (Value::Null, Kind::Int) => Box::new(None::<i64>),
@@ -479,6 +516,42 @@ pub fn unrepresentable(row: &Row) -> Option<(Col, String)> {
     COLUMNS
         .iter()
         .find_map(|c| to_sql(row.get(*c), Kind::of(*c)).err().map(|e| (*c, e)))
+}
+
+/// A worker's registration (column → JSON value) as parameters for its
+/// typed columns, converted as SQLite's column affinity would: a number
+/// into a `DOUBLE PRECISION` column becomes a real, text stays text.
+pub fn registration_params(
+    row: &serde_json::Map<String, serde_json::Value>,
+    label: &str,
+) -> Result<(Vec<String>, Vec<Param>)> {
+    use serde_json::Value as Json;
+    let mut names = Vec::with_capacity(row.len());
+    let mut values: Vec<Param> = Vec::with_capacity(row.len());
+    for (name, v) in row {
+        let col = Col::from_name(name)
+            .ok_or_else(|| registry_error(label, format!("unknown column `{name}`")))?;
+        let value = match (v, Kind::of(col)) {
+            (Json::Null, kind) => {
+                to_sql(&Value::Null, kind).map_err(|e| registry_error(label, e))?
+            }
+            (Json::String(s), Kind::Text) => Box::new(s.clone()),
+            (Json::Number(n), Kind::Int) if n.is_i64() => Box::new(n.as_i64().unwrap_or_default()),
+            (Json::Number(n), Kind::Real) => Box::new(n.as_f64().unwrap_or_default()),
+            (other, kind) => {
+                return Err(registry_error(
+                    label,
+                    format!(
+                        "column `{name}`: {other} does not fit a {} column",
+                        kind.name()
+                    ),
+                ))
+            }
+        };
+        names.push(format!("\"{name}\""));
+        values.push(value);
+    }
+    Ok((names, values))
 }
 
 /// Rows into the registry table with `COPY … FROM STDIN BINARY`, inside the
@@ -650,38 +723,30 @@ pub fn insert_audit(
     ))
 }
 
-/// How many audit rows carry this apply's id, and how many registry rows
-/// carry this apply's retirement stamp: what apply's writes must add up to.
-pub fn written_by(
+/// What this transaction has written so far: the registry rows and the
+/// audit rows it inserted or updated (their `xmin` is this transaction's
+/// id, whoever issued the write, a trigger included), and the audit rows
+/// carrying this apply's id. PostgreSQL's counterpart of SQLite's
+/// `total_changes`.
+pub fn written_here(
     tx: &mut impl GenericClient,
     apply_id: &str,
-    retired_at: &str,
-    retired_by: &str,
     label: &str,
-) -> Result<(i64, i64)> {
+) -> Result<(i64, i64, i64)> {
     let err = Error::postgres(Store::Registry, label, "cannot count this apply's writes");
-    let audited: i64 = tx
+    let r = tx
         .query_one(
             &format!(
-                "SELECT count(*) FROM {} WHERE apply_id = $1",
-                super::audit::TABLE
+                "SELECT (SELECT count(*) FROM {reg} WHERE xmin = pg_current_xact_id()::xid), \
+                        (SELECT count(*) FROM {audit} WHERE xmin = pg_current_xact_id()::xid), \
+                        (SELECT count(*) FROM {audit} WHERE apply_id = $1)",
+                reg = super::registry::TABLE,
+                audit = super::audit::TABLE
             ),
             &[&apply_id],
         )
-        .map_err(err)?
-        .get(0);
-    let retired: i64 = tx
-        .query_one(
-            &format!(
-                "SELECT count(*) FROM {} WHERE status = 'retired' AND retired_at = $1 \
-                 AND retired_by = $2",
-                super::registry::TABLE
-            ),
-            &[&retired_at, &retired_by],
-        )
-        .map_err(err)?
-        .get(0);
-    Ok((audited, retired))
+        .map_err(err)?;
+    Ok((r.get(0), r.get(1), r.get(2)))
 }
 
 /// Why the registry database could make apply's writes differ from what
