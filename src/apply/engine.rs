@@ -45,7 +45,7 @@ impl Connected {
                 .build_transaction()
                 .isolation_level(postgres::IsolationLevel::Serializable)
                 .start()
-                .map(|tx| Engine::Postgres(RefCell::new(tx)))
+                .map(|tx| Engine::Postgres(RefCell::new(tx), RefCell::default()))
                 .map_err(|e| {
                     Error::postgres(Store::Registry, &label, "could not begin the transaction")(e)
                         .to_string()
@@ -71,7 +71,7 @@ pub(super) fn label_of(location: &Path) -> String {
 
 enum Engine<'c> {
     Sqlite(rusqlite::Transaction<'c>),
-    Postgres(RefCell<postgres::Transaction<'c>>),
+    Postgres(RefCell<postgres::Transaction<'c>>, RefCell<pg::Prepared>),
 }
 
 /// Apply's transaction on the registry.
@@ -93,7 +93,7 @@ impl RegistryTx<'_> {
                 crate::store::untrusted_objects(tx, crate::store::registry::TABLE)
                     .map_err(self.sqlite_err("cannot inspect the schema"))
             }
-            Engine::Postgres(tx) => pg::untrusted_objects(&mut *tx.borrow_mut(), &self.label),
+            Engine::Postgres(tx, _) => pg::untrusted_objects(&mut *tx.borrow_mut(), &self.label),
         }
     }
 
@@ -101,7 +101,7 @@ impl RegistryTx<'_> {
     pub(super) fn migrate_registry(&self) -> Result<()> {
         match &self.engine {
             Engine::Sqlite(tx) => crate::store::registry::add_missing_columns(tx, self.path),
-            Engine::Postgres(tx) => pg::migrate_registry_in(&mut *tx.borrow_mut(), &self.label),
+            Engine::Postgres(tx, _) => pg::migrate_registry_in(&mut *tx.borrow_mut(), &self.label),
         }
     }
 
@@ -110,7 +110,7 @@ impl RegistryTx<'_> {
         match &self.engine {
             Engine::Sqlite(tx) => crate::store::audit::create_or_migrate(tx)
                 .map_err(self.sqlite_err("cannot create or migrate the audit table")),
-            Engine::Postgres(tx) => pg::migrate_audit_in(&mut *tx.borrow_mut(), &self.label),
+            Engine::Postgres(tx, _) => pg::migrate_audit_in(&mut *tx.borrow_mut(), &self.label),
         }
     }
 
@@ -118,7 +118,7 @@ impl RegistryTx<'_> {
     pub(super) fn read_rows(&self) -> Result<Vec<Row>> {
         match &self.engine {
             Engine::Sqlite(tx) => crate::evidence::registry::read_rows(tx, self.path),
-            Engine::Postgres(tx) => pg::read_registry(&mut *tx.borrow_mut(), &self.label),
+            Engine::Postgres(tx, _) => pg::read_registry(&mut *tx.borrow_mut(), &self.label),
         }
     }
 
@@ -127,7 +127,7 @@ impl RegistryTx<'_> {
     /// then one snapshot, and a lease written concurrently conflicts with
     /// this transaction instead of passing unseen.
     pub(super) fn read_fence_here(&self, leases: &Path) -> Option<Result<(Fence, Vec<Lease>)>> {
-        let Engine::Postgres(tx) = &self.engine else {
+        let Engine::Postgres(tx, _) = &self.engine else {
             return None;
         };
         if leases != self.path {
@@ -147,7 +147,7 @@ impl RegistryTx<'_> {
     pub(super) fn changes_mark(&self) -> u64 {
         match &self.engine {
             Engine::Sqlite(tx) => tx.total_changes(),
-            Engine::Postgres(_) => 0,
+            Engine::Postgres(..) => 0,
         }
     }
 
@@ -165,8 +165,9 @@ impl RegistryTx<'_> {
                     .map(|n| n as u64)
                     .map_err(self.sqlite_err("the guarded UPDATE failed"))
             }
-            Engine::Postgres(tx) => pg::retire_guarded(
+            Engine::Postgres(tx, prepared) => pg::retire_guarded(
                 &mut *tx.borrow_mut(),
+                &mut prepared.borrow_mut(),
                 row,
                 retired_at,
                 retired_by,
@@ -181,7 +182,12 @@ impl RegistryTx<'_> {
         match &self.engine {
             Engine::Sqlite(tx) => crate::store::audit::insert(tx, row)
                 .map_err(self.sqlite_err("cannot write the audit row")),
-            Engine::Postgres(tx) => pg::insert_audit(&mut *tx.borrow_mut(), row, &self.label),
+            Engine::Postgres(tx, prepared) => pg::insert_audit(
+                &mut *tx.borrow_mut(),
+                &mut prepared.borrow_mut(),
+                row,
+                &self.label,
+            ),
         }
     }
 
@@ -211,7 +217,7 @@ impl RegistryTx<'_> {
                     format!("{audited} audit rows were found for {retired} retirements; nothing was retired")
                 }))
             }
-            Engine::Postgres(tx) => {
+            Engine::Postgres(tx, _) => {
                 let (registry, audit, audited) =
                     pg::written_here(&mut *tx.borrow_mut(), apply_id, &self.label)?;
                 Ok(([registry, audit, audited] != [n as i64; 3]).then(|| {
@@ -232,7 +238,7 @@ impl RegistryTx<'_> {
                 tx.commit()
                     .map_err(Error::sqlite(Store::Registry, self.path, "commit failed"))
             }
-            Engine::Postgres(tx) => tx.into_inner().commit().map_err(Error::postgres(
+            Engine::Postgres(tx, _) => tx.into_inner().commit().map_err(Error::postgres(
                 Store::Registry,
                 &self.label,
                 "commit failed",
@@ -246,7 +252,7 @@ impl RegistryTx<'_> {
             Engine::Sqlite(tx) => tx.rollback().err().map(|e| {
                 format!("{e}; SQLite discards the transaction when the connection closes")
             }),
-            Engine::Postgres(tx) => tx.into_inner().rollback().err().map(|e| {
+            Engine::Postgres(tx, _) => tx.into_inner().rollback().err().map(|e| {
                 format!("{e}; PostgreSQL discards the transaction when the connection closes")
             }),
         }

@@ -328,7 +328,8 @@ fn lease_error(label: &str, message: impl Into<String>) -> Error {
 
 /// Read every registration, ordered by identity (bytewise): PostgreSQL has
 /// no rowid, and the order only decides the order of the plan's entries,
-/// never a verdict or a token.
+/// never a verdict or a token. The rows stream in batches, their texts in
+/// one buffer per batch.
 pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec<Row>> {
     let table = super::registry::TABLE;
     let existing = table_columns(client, table, Store::Registry, label)?.ok_or_else(|| {
@@ -358,18 +359,105 @@ pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec
         .map(|c| format!("\"{}\"", c.name()))
         .collect::<Vec<_>>()
         .join(", ");
-    let sql = format!("SELECT {list} FROM {table} ORDER BY worker_identity COLLATE \"C\"");
+    // Sorted here, bytewise, rather than by the server: whatever the
+    // database's collation, and without the server's sort in the way.
+    let sql = format!("SELECT {list} FROM {table}");
     let err = Error::postgres(Store::Registry, label, "cannot read the registry");
-    let result = client.query(&sql, &[]).map_err(err)?;
-    let mut rows = Vec::with_capacity(result.len());
-    for r in &result {
-        let mut row = Row::default();
-        for (i, col) in present.iter().enumerate() {
-            row.set(*col, value_at(r, i).map_err(err)?);
+    let mut stream = client
+        .query_raw(&sql, std::iter::empty::<&(dyn ToSql + Sync)>())
+        .map_err(err)?;
+    let mut rows = Vec::new();
+    let mut batch = Batch::default();
+    while let Some(r) = fallible_iterator::FallibleIterator::next(&mut stream).map_err(err)? {
+        for i in 0..present.len() {
+            batch.push(&r, i).map_err(err)?;
         }
-        rows.push(row);
+        // Texts are sliced with 32-bit offsets: a batch stops well before.
+        if batch.values.len() >= BATCH_ROWS * present.len() || batch.text.len() > 1 << 30 {
+            batch.drain_into(&present, &mut rows);
+        }
     }
+    batch.drain_into(&present, &mut rows);
+    rows.sort_by(|a, b| {
+        let id = |r: &Row| r.get(Col::WorkerIdentity).canon_cow().into_owned();
+        match (
+            a.get(Col::WorkerIdentity).as_text(),
+            b.get(Col::WorkerIdentity).as_text(),
+        ) {
+            (Some(x), Some(y)) => x.as_bytes().cmp(y.as_bytes()),
+            _ => id(a).cmp(&id(b)),
+        }
+    });
     Ok(rows)
+}
+
+const BATCH_ROWS: usize = 1024;
+
+/// One value of a result row as received: text goes to the batch's buffer.
+enum Raw {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(std::ops::Range<usize>),
+}
+
+/// Rows as received, their texts in one buffer that becomes the texts'
+/// shared buffer (as the SQLite reader does): no allocation per value.
+#[derive(Default)]
+struct Batch {
+    values: Vec<Raw>,
+    text: String,
+}
+
+impl Batch {
+    fn push(&mut self, row: &postgres::Row, i: usize) -> std::result::Result<(), postgres::Error> {
+        let ty = row.columns()[i].type_();
+        let raw = if *ty == Type::TEXT || *ty == Type::VARCHAR {
+            match row.try_get::<_, Option<&str>>(i)? {
+                None => Raw::Null,
+                Some(t) => {
+                    let at = self.text.len();
+                    self.text.push_str(t);
+                    Raw::Text(at..self.text.len())
+                }
+            }
+        } else {
+            match value_at(row, i)? {
+                Value::Int(x) => Raw::Int(x),
+                Value::Real(x) => Raw::Real(x),
+                // `value_at` gives nothing else for the other readable types.
+                _ => Raw::Null,
+            }
+        };
+        self.values.push(raw);
+        Ok(())
+    }
+
+    fn drain_into(&mut self, present: &[Col], rows: &mut Vec<Row>) {
+        if self.values.is_empty() {
+            return;
+        }
+        let buf = crate::value::TextBuf::new(std::mem::take(&mut self.text));
+        for raw in self.values.chunks_exact(present.len()) {
+            let mut row = Row::default();
+            for (col, v) in present.iter().zip(raw) {
+                row.set(
+                    *col,
+                    match v {
+                        Raw::Null => Value::Null,
+                        Raw::Int(x) => Value::Int(*x),
+                        Raw::Real(x) => Value::Real(*x),
+                        // Each text was a whole string, so its bounds are
+                        // character boundaries of the buffer.
+                        Raw::Text(r) => crate::value::Text::slice(&buf, r.clone())
+                            .map_or(Value::Null, Value::Text),
+                    },
+                );
+            }
+            rows.push(row);
+        }
+        self.values.clear();
+    }
 }
 
 /// Read lease rows (all, or the active ones only).
@@ -630,12 +718,22 @@ pub fn insert_leases_in(
     Ok(())
 }
 
+/// Apply's statements, prepared once per transaction.
+#[derive(Default)]
+pub struct Prepared {
+    retire: Option<postgres::Statement>,
+    audit: Option<postgres::Statement>,
+}
+
 /// Retire `row` as it was read, exactly as `super::registry::retire_guarded`
 /// does on SQLite: only where its identity and every guard column still
 /// hold the values read (`IS NOT DISTINCT FROM`, PostgreSQL's NULL-safe
-/// equality). Returns the rows changed.
+/// equality). The identity is matched with `=`, which finds the row by its
+/// key (it is `TEXT PRIMARY KEY`, never NULL, here); `IS NOT DISTINCT FROM`
+/// would scan the table once per target. Returns the rows changed.
 pub fn retire_guarded(
     tx: &mut impl GenericClient,
+    prepared: &mut Prepared,
     row: &Row,
     retired_at: &str,
     retired_by: &str,
@@ -651,7 +749,7 @@ pub fn retire_guarded(
         .join(" AND ");
     let sql = format!(
         "UPDATE {} SET status = 'retired', retired_at = $1, retired_by = $2, \
-         retirement_reason = $3 WHERE worker_identity IS NOT DISTINCT FROM $4 AND {guard}",
+         retirement_reason = $3 WHERE worker_identity = $4 AND {guard}",
         super::registry::TABLE
     );
     let mut values: Vec<Box<dyn ToSql + Sync>> = vec![
@@ -666,13 +764,19 @@ pub fn retire_guarded(
         );
     }
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
-    let stmt = tx
-        .prepare_typed(&sql, &[Type::TEXT, Type::TEXT, Type::TEXT])
-        .map_err(Error::postgres(
-            Store::Registry,
-            label,
-            "cannot prepare the guarded UPDATE",
-        ))?;
+    let stmt = match &prepared.retire {
+        Some(s) => s.clone(),
+        None => {
+            let s = tx
+                .prepare_typed(&sql, &[Type::TEXT, Type::TEXT, Type::TEXT])
+                .map_err(Error::postgres(
+                    Store::Registry,
+                    label,
+                    "cannot prepare the guarded UPDATE",
+                ))?;
+            prepared.retire.insert(s).clone()
+        }
+    };
     tx.execute(&stmt, &refs).map_err(Error::postgres(
         Store::Registry,
         label,
@@ -683,6 +787,7 @@ pub fn retire_guarded(
 /// Write one audit row (PostgreSQL's `super::audit::insert`).
 pub fn insert_audit(
     tx: &mut impl GenericClient,
+    prepared: &mut Prepared,
     row: &super::audit::AuditRow,
     label: &str,
 ) -> Result<()> {
@@ -716,11 +821,24 @@ pub fn insert_audit(
         })
         .collect::<Result<Vec<_>>>()?;
     let refs: Vec<&(dyn ToSql + Sync)> = boxed.iter().map(|b| b.as_ref()).collect();
-    tx.execute(&sql, &refs).map(|_| ()).map_err(Error::postgres(
-        Store::Registry,
-        label,
-        "cannot write the audit row",
-    ))
+    let stmt = match &prepared.audit {
+        Some(s) => s.clone(),
+        None => {
+            let s = tx.prepare(&sql).map_err(Error::postgres(
+                Store::Registry,
+                label,
+                "cannot prepare the audit INSERT",
+            ))?;
+            prepared.audit.insert(s).clone()
+        }
+    };
+    tx.execute(&stmt, &refs)
+        .map(|_| ())
+        .map_err(Error::postgres(
+            Store::Registry,
+            label,
+            "cannot write the audit row",
+        ))
 }
 
 /// What this transaction has written so far: the registry rows and the
