@@ -100,11 +100,10 @@ fn check_representable(rows: &[Row], from: &Path) -> Result<()> {
 
 /// The audit rows of a SQLite registry (`audit_id` first, then every
 /// audit column in order), or none when it has no audit table.
-fn sqlite_audit_rows(from: &Path) -> Result<Vec<Vec<Value>>> {
+fn sqlite_audit_rows(conn: &rusqlite::Connection, from: &Path) -> Result<Vec<Vec<Value>>> {
     use crate::store::audit::{COLUMNS as AUDIT, KEY, TABLE};
-    let conn = crate::evidence::registry::open_read_only(from)?;
     let err = Error::sqlite(Store::Registry, from, "cannot read the audit table");
-    let Some(existing) = crate::store::table_columns(&conn, TABLE).map_err(err)? else {
+    let Some(existing) = crate::store::table_columns(conn, TABLE).map_err(err)? else {
         return Ok(Vec::new());
     };
     let list: Vec<String> = std::iter::once(KEY)
@@ -236,9 +235,20 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
             "--to {to}: not a PostgreSQL URL; give postgres://USER@HOST:PORT/DATABASE"
         )));
     }
-    let rows = crate::evidence::registry::load(from)?;
+    // Rows and audit from one read transaction: one state of the file,
+    // even while workers write it.
+    let source = crate::evidence::registry::open_read_only(from)?;
+    let sql = |doing| Error::sqlite(Store::Registry, from, doing);
+    source
+        .execute_batch("BEGIN")
+        .map_err(sql("cannot begin a read"))?;
+    let rows = crate::evidence::registry::read_rows(&source, from)?;
+    let audit = sqlite_audit_rows(&source, from)?;
+    source
+        .execute_batch("COMMIT")
+        .map_err(sql("cannot end the read"))?;
+    drop(source);
     check_representable(&rows, from)?;
-    let audit = sqlite_audit_rows(from)?;
     let lease_rows = leases.map(crate::evidence::leases::load).transpose()?;
 
     let mut client = pg::connect(to, Store::Registry)?;

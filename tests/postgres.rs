@@ -501,3 +501,136 @@ fn two_applies_that_cannot_both_be_serialized_end_with_one_refused_and_nothing_p
     assert_eq!(audited, vec!["w-dead-2".to_string()]);
     drop(live);
 }
+
+#[test]
+fn serve_on_postgres_registers_itself_and_plans_and_applies_for_an_mcp_client() {
+    let python_mcp = std::process::Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if skip_unless(python_mcp, "python3 with the `mcp` package") {
+        return;
+    }
+    let Some((stores, live, db)) = pg_fleet("serve") else {
+        return;
+    };
+    let out = std::process::Command::new("python3")
+        .arg("tests/mcp_client/plan_apply.py")
+        .arg(env!("CARGO_BIN_EXE_fleet-retire"))
+        .arg(&db.url)
+        .arg(&db.url)
+        .arg(&stores.profiles)
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines[0]["plan"],
+        serde_json::json!(["w-dead-1", "w-dead-2", "w-dead-3"]),
+        "{all}"
+    );
+    assert_eq!(lines[1]["apply"]["outcome"], "applied", "{all}");
+    assert_eq!(lines[1]["apply"]["retired_count"], 3, "{all}");
+    let statuses = pg_statuses(&db);
+    // The server registered its own row there, and released it on exit.
+    assert!(
+        statuses.contains(&("w-serve-controller".into(), "released".into())),
+        "{statuses:?}"
+    );
+    for w in ["w-dead-1", "w-dead-2", "w-dead-3"] {
+        assert!(
+            statuses.contains(&(w.into(), "retired".into())),
+            "{statuses:?}"
+        );
+    }
+    assert!(statuses.contains(&("w-running".into(), "active".into())));
+    drop(live);
+}
+
+#[test]
+fn registry_copy_refuses_what_it_cannot_copy_as_it_is_and_writes_nothing() {
+    let Some(db) = postgres("copy_refusals") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("registry.sqlite");
+    let (pid, start) = dead_process();
+    let mut odd = stale_row("w-odd", pid, &start);
+    odd["pid"] = serde_json::json!("abc");
+    common::registry(&registry, &[stale_row("w-fine", pid, &start), odd]);
+    let copy = |to: &str| {
+        run(&[
+            "registry",
+            "copy",
+            "--from",
+            registry.to_str().unwrap(),
+            "--to",
+            to,
+        ])
+    };
+    let out = copy(&db.url);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let message = text(&out);
+    assert!(
+        message.contains("row 2 (w-odd): `pid` holds text abc, which a BIGINT column cannot hold"),
+        "{message}"
+    );
+    assert!(message.contains("Nothing was written"), "{message}");
+    let tables: i64 = db
+        .client()
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "nothing was created either");
+
+    // Into tables that already hold rows: refused, nothing merged.
+    let clean = dir.path().join("clean.sqlite");
+    common::registry(&clean, &[stale_row("w-fine", pid, &start)]);
+    let first = run(&[
+        "registry",
+        "copy",
+        "--from",
+        clean.to_str().unwrap(),
+        "--to",
+        &db.url,
+    ]);
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(text(&first).contains("registry token, source and copy"));
+    let again = run(&[
+        "registry",
+        "copy",
+        "--from",
+        clean.to_str().unwrap(),
+        "--to",
+        &db.url,
+    ]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again).contains("already holds 1 rows"),
+        "{}",
+        text(&again)
+    );
+
+    // A server that is not there, and a password in the URL, masked.
+    let nowhere = run(&[
+        "registry",
+        "copy",
+        "--from",
+        clean.to_str().unwrap(),
+        "--to",
+        "postgres://fleet:s3cret@127.0.0.1:1/none",
+    ]);
+    assert_eq!(nowhere.status.code(), Some(1));
+    let message = text(&nowhere);
+    assert!(message.contains("cannot connect"), "{message}");
+    assert!(message.contains("fleet:***@127.0.0.1:1"), "{message}");
+    assert!(!message.contains("s3cret"), "{message}");
+    assert!(!message.contains("panicked"), "{message}");
+}
