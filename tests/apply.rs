@@ -45,28 +45,6 @@ fn audit_rows(path: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
-fn save_plan(stores: &Stores) -> (std::path::PathBuf, Value) {
-    let out_path = stores.dir.path().join("plan.json");
-    let mut args = stores.plan_args("controller-prgs");
-    args.extend(["--out".into(), out_path.display().to_string()]);
-    let out = bin().args(&args).output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
-    (out_path, plan)
-}
-
-fn apply_cli(stores: &Stores, plan: &Path, profile: &str, extra: &[&str]) -> (Option<i32>, Value) {
-    let out = bin()
-        .args(stores.apply_args(profile))
-        .arg(plan)
-        .args(extra)
-        .output()
-        .unwrap();
-    let report = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
-    (out.status.code(), report)
-}
-
 #[test]
 fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently() {
     let (stores, live) = fleet();

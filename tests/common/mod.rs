@@ -256,6 +256,35 @@ impl Stores {
     }
 }
 
+/// Plan with `--out`; the saved file's path and its JSON.
+pub fn save_plan(stores: &Stores) -> (PathBuf, Value) {
+    let out_path = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), out_path.display().to_string()]);
+    let out = bin().args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    (out_path, plan)
+}
+
+/// Apply a saved plan through the binary; its exit code and JSON report.
+pub fn apply_cli(
+    stores: &Stores,
+    plan: &Path,
+    profile: &str,
+    extra: &[&str],
+) -> (Option<i32>, Value) {
+    let out = bin()
+        .args(stores.apply_args(profile))
+        .arg(plan)
+        .args(extra)
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
+    (out.status.code(), report)
+}
+
 /// The primary reason of each preserved worker, and the candidates.
 pub fn verdicts(plan: &Value) -> (Vec<String>, Vec<(String, String)>) {
     let candidates = plan["candidates"]
@@ -517,21 +546,10 @@ pub fn postgres(tag: &str) -> Option<PgDb> {
         );
         return None;
     };
-    let name = format!("fr_{tag}_{}", std::process::id());
-    let mut client = ::postgres::Client::connect(&admin, ::postgres::NoTls)
-        .unwrap_or_else(|e| panic!("cannot connect to the test cluster {admin}: {e}"));
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .unwrap();
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .unwrap();
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-    Some(PgDb {
-        url: format!("{base}/{name}"),
+    Some(PgDb::create(
         admin,
-        name,
-    })
+        format!("fr_{tag}_{}", std::process::id()),
+    ))
 }
 
 impl PgDb {
@@ -540,25 +558,27 @@ impl PgDb {
         ::postgres::Client::connect(&self.url, ::postgres::NoTls).unwrap()
     }
 
-    /// Another fresh database beside this one (dropped with this one's cluster run).
-    pub fn sibling(&self, suffix: &str) -> PgDb {
-        let name = format!("{}_{suffix}", self.name);
-        let mut client = ::postgres::Client::connect(&self.admin, ::postgres::NoTls).unwrap();
+    /// A fresh, empty database `name` in the cluster at `admin`.
+    fn create(admin: String, name: String) -> PgDb {
+        let mut client = ::postgres::Client::connect(&admin, ::postgres::NoTls)
+            .unwrap_or_else(|e| panic!("cannot connect to the test cluster {admin}: {e}"));
         client
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .unwrap();
         client
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .unwrap();
-        let base = self
-            .admin
-            .rsplit_once('/')
-            .map_or(self.admin.as_str(), |(b, _)| b);
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
         PgDb {
             url: format!("{base}/{name}"),
-            admin: self.admin.clone(),
+            admin,
             name,
         }
+    }
+
+    /// Another fresh database beside this one.
+    pub fn sibling(&self, suffix: &str) -> PgDb {
+        PgDb::create(self.admin.clone(), format!("{}_{suffix}", self.name))
     }
 }
 
