@@ -604,3 +604,69 @@ fn registry_copy_refuses_what_it_cannot_copy_as_it_is_and_writes_nothing() {
     assert!(!message.contains("s3cret"), "{message}");
     assert!(!message.contains("panicked"), "{message}");
 }
+
+#[test]
+fn a_postgres_registry_of_another_shape_stops_the_plan_with_what_to_do() {
+    let Some(db) = postgres("shapes") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles.json");
+    std::fs::write(
+        &profiles,
+        r#"{"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]}}}"#,
+    )
+    .unwrap();
+    let plan = || {
+        run(&[
+            "plan",
+            "--registry",
+            &db.url,
+            "--leases",
+            &db.url,
+            "--canonical-repository",
+            "prgs/gitea-tools",
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--profile",
+            "controller-prgs",
+        ])
+    };
+    let out = plan();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("has no `worker_registrations` table"),
+        "{}",
+        text(&out)
+    );
+    // A pid the server keeps as a boolean would not read as SQLite's would.
+    db.client()
+        .batch_execute(
+            "CREATE TABLE worker_registrations (worker_identity TEXT PRIMARY KEY, pid BOOLEAN);
+             INSERT INTO worker_registrations VALUES ('w-1', true);",
+        )
+        .unwrap();
+    let out = plan();
+    assert_eq!(out.status.code(), Some(1));
+    let message = text(&out);
+    assert!(message.contains("`pid` is boolean"), "{message}");
+    assert!(
+        message.contains("TEXT, BIGINT and DOUBLE PRECISION"),
+        "{message}"
+    );
+    assert!(!message.contains("panicked"), "{message}");
+    // No lease table: never read as "no leases".
+    db.client()
+        .batch_execute("DROP TABLE worker_registrations")
+        .unwrap();
+    db.client()
+        .batch_execute(&fleet_retire::store::pg::registry_create_sql())
+        .unwrap();
+    let out = plan();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("has no `workflow_leases` table"),
+        "{}",
+        text(&out)
+    );
+}
