@@ -151,41 +151,27 @@ impl RegistryTx<'_> {
         }
     }
 
-    /// The guarded UPDATE of one row; the number of rows it changed.
-    pub(super) fn retire_guarded(
-        &self,
-        row: &Row,
-        retired_at: &str,
-        retired_by: &str,
-        reason: &str,
-    ) -> Result<u64> {
+    /// The guarded UPDATE of one row and, when it changed exactly one row,
+    /// its audit row; the number of rows the UPDATE changed. On PostgreSQL
+    /// both are one statement (one round trip).
+    pub(super) fn retire_with_audit(&self, row: &Row, audit: &AuditRow) -> Result<u64> {
+        let (at, by, reason) = (audit.retired_at, audit.retired_by, audit.retirement_reason);
         match &self.engine {
             Engine::Sqlite(tx) => {
-                crate::store::registry::retire_guarded(tx, row, retired_at, retired_by, reason)
+                let changed = crate::store::registry::retire_guarded(tx, row, at, by, reason)
                     .map(|n| n as u64)
-                    .map_err(self.sqlite_err("the guarded UPDATE failed"))
+                    .map_err(self.sqlite_err("the guarded UPDATE failed"))?;
+                if changed == 1 {
+                    crate::store::audit::insert(tx, audit)
+                        .map_err(self.sqlite_err("cannot write the audit row"))?;
+                }
+                Ok(changed)
             }
-            Engine::Postgres(tx, prepared) => pg::retire_guarded(
+            Engine::Postgres(tx, prepared) => pg::retire_with_audit(
                 &mut *tx.borrow_mut(),
                 &mut prepared.borrow_mut(),
                 row,
-                retired_at,
-                retired_by,
-                reason,
-                &self.label,
-            ),
-        }
-    }
-
-    /// One audit row.
-    pub(super) fn insert_audit(&self, row: &AuditRow) -> Result<()> {
-        match &self.engine {
-            Engine::Sqlite(tx) => crate::store::audit::insert(tx, row)
-                .map_err(self.sqlite_err("cannot write the audit row")),
-            Engine::Postgres(tx, prepared) => pg::insert_audit(
-                &mut *tx.borrow_mut(),
-                &mut prepared.borrow_mut(),
-                row,
+                audit,
                 &self.label,
             ),
         }

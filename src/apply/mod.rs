@@ -872,26 +872,9 @@ impl Writes<'_> {
             .recheck(t.leases)?
             .map_err(|now| fence_moved(&self.fence, &now))?;
         let retired_at = &self.audit.retired_at;
-        let changed =
-            t.tx.retire_guarded(row, retired_at, ctx.profile, Reason::Eligible.code())?;
-        if changed > 1 {
-            return Err(Abort::Fail(format!(
-                "the guarded UPDATE for {w} matched {changed} rows; nothing was retired"
-            )));
-        }
-        if changed == 0 {
-            report.preserved.push(Kept {
-                worker_identity: w,
-                reason_code: Reason::RowChanged.code(),
-                detail:
-                    "the guarded UPDATE matched no row; the registration changed since the plan"
-                        .into(),
-            });
-            return Ok(());
-        }
         let evidence = serde_json::to_string(&self.fresh.evidence(entry))
             .map_err(|e| Abort::Fail(e.to_string()))?;
-        t.tx.insert_audit(&crate::store::audit::AuditRow {
+        let audit_row = crate::store::audit::AuditRow {
             worker_identity: &w,
             retired_at,
             retired_by: ctx.profile,
@@ -911,7 +894,24 @@ impl Writes<'_> {
             lease_store: &self.audit.lease_store,
             lease_digest: &self.fence.digest,
             heartbeats_tolerated: report.heartbeats_tolerated as i64,
-        })?;
+        };
+        // The guarded UPDATE, and its audit row when it matched one row.
+        let changed = t.tx.retire_with_audit(row, &audit_row)?;
+        if changed > 1 {
+            return Err(Abort::Fail(format!(
+                "the guarded UPDATE for {w} matched {changed} rows; nothing was retired"
+            )));
+        }
+        if changed == 0 {
+            report.preserved.push(Kept {
+                worker_identity: w,
+                reason_code: Reason::RowChanged.code(),
+                detail:
+                    "the guarded UPDATE matched no row; the registration changed since the plan"
+                        .into(),
+            });
+            return Ok(());
+        }
         report.retired.push(Retired {
             worker_identity: w,
             retired_at: retired_at.clone(),

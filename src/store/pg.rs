@@ -722,51 +722,61 @@ pub fn insert_leases_in(
 #[derive(Default)]
 pub struct Prepared {
     retire: Option<postgres::Statement>,
-    audit: Option<postgres::Statement>,
 }
 
 /// Retire `row` as it was read, exactly as `super::registry::retire_guarded`
-/// does on SQLite: only where its identity and every guard column still
+/// does on SQLite, and write its audit row in the same statement when the
+/// UPDATE matched: only where its identity and every guard column still
 /// hold the values read (`IS NOT DISTINCT FROM`, PostgreSQL's NULL-safe
 /// equality). The identity is matched with `=`, which finds the row by its
 /// key (it is `TEXT PRIMARY KEY`, never NULL, here); `IS NOT DISTINCT FROM`
-/// would scan the table once per target. Returns the rows changed.
-pub fn retire_guarded(
+/// would scan the table once per target. Returns the rows changed (the
+/// audit rows written are as many).
+pub fn retire_with_audit(
     tx: &mut impl GenericClient,
     prepared: &mut Prepared,
     row: &Row,
-    retired_at: &str,
-    retired_by: &str,
-    reason: &str,
+    audit: &super::audit::AuditRow,
     label: &str,
 ) -> Result<u64> {
+    use super::audit::{COLUMNS as AUDIT, TABLE as AUDIT_TABLE};
     use super::registry::GUARD;
-    let guard = GUARD
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("\"{}\" IS NOT DISTINCT FROM ${}", c.name(), i + 5))
-        .collect::<Vec<_>>()
-        .join(" AND ");
-    let sql = format!(
-        "UPDATE {} SET status = 'retired', retired_at = $1, retired_by = $2, \
-         retirement_reason = $3 WHERE worker_identity = $4 AND {guard}",
-        super::registry::TABLE
-    );
-    let mut values: Vec<Box<dyn ToSql + Sync>> = vec![
-        Box::new(retired_at.to_string()),
-        Box::new(retired_by.to_string()),
-        Box::new(reason.to_string()),
-    ];
-    for col in std::iter::once(&Col::WorkerIdentity).chain(GUARD) {
-        values.push(
-            to_sql(row.get(*col), Kind::of(*col))
-                .map_err(|e| registry_error(label, format!("column `{}` {e}", col.name())))?,
-        );
-    }
-    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
+    let audit_kind = |ty: &str| {
+        if ty.starts_with("INTEGER") {
+            Kind::Int
+        } else {
+            Kind::Text
+        }
+    };
     let stmt = match &prepared.retire {
         Some(s) => s.clone(),
         None => {
+            let guard = GUARD
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("\"{}\" IS NOT DISTINCT FROM ${}", c.name(), i + 5))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            let first_audit = 5 + GUARD.len();
+            let audit_values = AUDIT
+                .iter()
+                .enumerate()
+                .map(|(i, (_, ty))| {
+                    let cast = match audit_kind(ty) {
+                        Kind::Int => "bigint",
+                        _ => "text",
+                    };
+                    format!("${}::{cast}", first_audit + i)
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "WITH retired AS (UPDATE {} SET status = 'retired', retired_at = $1, \
+                 retired_by = $2, retirement_reason = $3 WHERE worker_identity = $4 AND {guard} \
+                 RETURNING 1) INSERT INTO {AUDIT_TABLE} ({}) SELECT {audit_values} FROM retired",
+                super::registry::TABLE,
+                AUDIT.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+            );
             let s = tx
                 .prepare_typed(&sql, &[Type::TEXT, Type::TEXT, Type::TEXT])
                 .map_err(Error::postgres(
@@ -777,68 +787,34 @@ pub fn retire_guarded(
             prepared.retire.insert(s).clone()
         }
     };
+    let mut values: Vec<Param> = vec![
+        Box::new(audit.retired_at.to_string()),
+        Box::new(audit.retired_by.to_string()),
+        Box::new(audit.retirement_reason.to_string()),
+    ];
+    for col in std::iter::once(&Col::WorkerIdentity).chain(GUARD) {
+        values.push(
+            to_sql(row.get(*col), Kind::of(*col))
+                .map_err(|e| registry_error(label, format!("column `{}` {e}", col.name())))?,
+        );
+    }
+    for (v, (n, ty)) in audit.values().iter().zip(AUDIT) {
+        let v = match v {
+            rusqlite::types::Value::Integer(i) => Value::Int(*i),
+            rusqlite::types::Value::Text(t) => Value::Text(t.as_str().into()),
+            _ => Value::Null,
+        };
+        values.push(
+            to_sql(&v, audit_kind(ty))
+                .map_err(|e| registry_error(label, format!("audit column `{n}` {e}")))?,
+        );
+    }
+    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
     tx.execute(&stmt, &refs).map_err(Error::postgres(
         Store::Registry,
         label,
         "the guarded UPDATE failed",
     ))
-}
-
-/// Write one audit row (PostgreSQL's `super::audit::insert`).
-pub fn insert_audit(
-    tx: &mut impl GenericClient,
-    prepared: &mut Prepared,
-    row: &super::audit::AuditRow,
-    label: &str,
-) -> Result<()> {
-    use super::audit::{COLUMNS as AUDIT, TABLE};
-    let sql = format!(
-        "INSERT INTO {TABLE} ({}) VALUES ({})",
-        AUDIT.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
-        (1..=AUDIT.len())
-            .map(|i| format!("${i}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let values = row.values();
-    let boxed = values
-        .iter()
-        .zip(AUDIT)
-        .map(|(v, (n, ty))| {
-            let kind = if ty.starts_with("INTEGER") {
-                Kind::Int
-            } else {
-                Kind::Text
-            };
-            let v = match v {
-                rusqlite::types::Value::Null => Value::Null,
-                rusqlite::types::Value::Integer(i) => Value::Int(*i),
-                rusqlite::types::Value::Text(t) => Value::Text(t.as_str().into()),
-                rusqlite::types::Value::Real(f) => Value::Real(*f),
-                rusqlite::types::Value::Blob(_) => Value::Null,
-            };
-            to_sql(&v, kind).map_err(|e| registry_error(label, format!("audit column `{n}` {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let refs: Vec<&(dyn ToSql + Sync)> = boxed.iter().map(|b| b.as_ref()).collect();
-    let stmt = match &prepared.audit {
-        Some(s) => s.clone(),
-        None => {
-            let s = tx.prepare(&sql).map_err(Error::postgres(
-                Store::Registry,
-                label,
-                "cannot prepare the audit INSERT",
-            ))?;
-            prepared.audit.insert(s).clone()
-        }
-    };
-    tx.execute(&stmt, &refs)
-        .map(|_| ())
-        .map_err(Error::postgres(
-            Store::Registry,
-            label,
-            "cannot write the audit row",
-        ))
 }
 
 /// What this transaction has written so far: the registry rows and the
