@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-retire");
 
+mod common;
+
 /// A database of its own, dropped at the end.
 struct Db {
     admin: String,
@@ -60,22 +62,11 @@ impl Drop for Db {
     }
 }
 
-/// Wall time and peak RSS (KiB) of a command run to completion.
-#[allow(clippy::zombie_processes)]
+/// Wall time and peak RSS (KiB) of a command that must succeed.
 fn measure(cmd: &mut Command) -> (Duration, i64) {
-    let started = Instant::now();
-    let child = cmd.spawn().expect("start fleet-retire");
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
-    let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, writing into the locals above.
-    let pid = unsafe { nix::libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(pid, child.id() as i32, "wait4 failed");
-    assert!(
-        nix::libc::WIFEXITED(status) && nix::libc::WEXITSTATUS(status) == 0,
-        "{cmd:?} failed"
-    );
-    (started.elapsed(), usage.ru_maxrss)
+    let (took, rss, ok) = common::measure(cmd);
+    assert!(ok, "{cmd:?} failed");
+    (took, rss)
 }
 
 fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {

@@ -141,15 +141,6 @@ fn sqlite_audit_rows(conn: &rusqlite::Connection, from: &Path) -> Result<Vec<Vec
     Ok(out)
 }
 
-/// The kind of an audit column.
-fn audit_kind(ty: &str) -> pg::Kind {
-    if ty.starts_with("INTEGER") {
-        pg::Kind::Int
-    } else {
-        pg::Kind::Text
-    }
-}
-
 fn insert_audit_in(
     tx: &mut postgres::Transaction<'_>,
     rows: &[Vec<Value>],
@@ -163,7 +154,7 @@ fn insert_audit_in(
         .chain(AUDIT.iter().map(|(n, _)| *n))
         .collect();
     let kinds: Vec<pg::Kind> = std::iter::once(pg::Kind::Int)
-        .chain(AUDIT.iter().map(|(_, t)| audit_kind(t)))
+        .chain(AUDIT.iter().map(|(_, t)| pg::Kind::of_audit(t)))
         .collect();
     let err = |doing| Error::postgres(Store::Registry, label, doing);
     let stmt = tx

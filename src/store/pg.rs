@@ -556,6 +556,15 @@ impl Kind {
         }
     }
 
+    /// The kind of an audit column, from its SQLite type of ours.
+    pub fn of_audit(sqlite_type: &str) -> Kind {
+        if sqlite_type.starts_with("INTEGER") {
+            Kind::Int
+        } else {
+            Kind::Text
+        }
+    }
+
     /// The kind of a lease column.
     pub fn of_lease(name: &str) -> Kind {
         match name {
@@ -741,13 +750,6 @@ pub fn retire_with_audit(
 ) -> Result<u64> {
     use super::audit::{COLUMNS as AUDIT, TABLE as AUDIT_TABLE};
     use super::registry::GUARD;
-    let audit_kind = |ty: &str| {
-        if ty.starts_with("INTEGER") {
-            Kind::Int
-        } else {
-            Kind::Text
-        }
-    };
     let stmt = match &prepared.retire {
         Some(s) => s.clone(),
         None => {
@@ -762,7 +764,7 @@ pub fn retire_with_audit(
                 .iter()
                 .enumerate()
                 .map(|(i, (_, ty))| {
-                    let cast = match audit_kind(ty) {
+                    let cast = match Kind::of_audit(ty) {
                         Kind::Int => "bigint",
                         _ => "text",
                     };
@@ -805,7 +807,7 @@ pub fn retire_with_audit(
             _ => Value::Null,
         };
         values.push(
-            to_sql(&v, audit_kind(ty))
+            to_sql(&v, Kind::of_audit(ty))
                 .map_err(|e| registry_error(label, format!("audit column `{n}` {e}")))?,
         );
     }
