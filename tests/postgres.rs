@@ -603,6 +603,20 @@ fn registry_copy_refuses_what_it_cannot_copy_as_it_is_and_writes_nothing() {
     assert!(message.contains("fleet:***@127.0.0.1:1"), "{message}");
     assert!(!message.contains("s3cret"), "{message}");
     assert!(!message.contains("panicked"), "{message}");
+    let garbled = run(&[
+        "registry",
+        "copy",
+        "--from",
+        clean.to_str().unwrap(),
+        "--to",
+        "postgres://%%bad",
+    ]);
+    assert_eq!(garbled.status.code(), Some(1));
+    assert!(
+        text(&garbled).contains("not a PostgreSQL URL this program can read"),
+        "{}",
+        text(&garbled)
+    );
 }
 
 #[test]

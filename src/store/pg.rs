@@ -67,9 +67,13 @@ pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Connect to the database a store URL names.
 pub fn connect(url: &str, store: Store) -> Result<Client> {
     let label = masked(url);
-    let mut config: postgres::Config =
-        url.parse()
-            .map_err(Error::postgres(store, &label, "cannot parse the URL"))?;
+    let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
+        let cause = std::error::Error::source(&e).map_or(String::new(), |c| format!(": {c}"));
+        Error::Input(format!(
+            "{store} {label}: not a PostgreSQL URL this program can read ({e}{cause}); write \
+             it as postgres://USER@HOST:PORT/DATABASE, with the password in PGPASSWORD"
+        ))
+    })?;
     config
         .application_name("fleet-retire")
         .connect_timeout(CONNECT_TIMEOUT);
