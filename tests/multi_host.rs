@@ -120,15 +120,24 @@ fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     None
 }
 
-/// Kill (SIGKILL) the worker shells whose marker is `marker`, as a crash.
-fn kill_workers(marker: &str) -> usize {
+/// Kill (SIGKILL) the worker shell whose marker is `marker`, as a crash:
+/// the process with that argument whose parent is its host's init (the
+/// shell's own short-lived forks, which share its arguments, are its
+/// children, not the init's).
+fn kill_workers(host: &Host, marker: &str) -> usize {
     let mut killed = 0;
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if cmdline.split(|b| *b == 0).any(|a| a == marker.as_bytes()) {
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|st| {
+                let after = st[st.rfind(')')? + 1..].to_string();
+                after.split_whitespace().nth(1)?.parse::<u32>().ok()
+            });
+        if parent == Some(host.init) && cmdline.split(|b| *b == 0).any(|a| a == marker.as_bytes()) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
@@ -242,6 +251,18 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
         (n == all).then_some(n)
     });
     assert_eq!(registered, Some(all), "rows: {:?}", rows(&db));
+    // Every worker is past its registration (its identity exported) and
+    // heartbeating.
+    let ready = wait_for(Duration::from_secs(30), || {
+        let n: usize = hosts
+            .iter()
+            .map(|h| {
+                std::fs::read_dir(dir.path().join(&h.name).join("ready")).map_or(0, |d| d.count())
+            })
+            .sum();
+        (n == all).then_some(n)
+    });
+    assert_eq!(ready, Some(all));
     for (name, _, _) in [("host-a", 0, 0), ("host-b", 0, 0), ("host-c", 0, 0)] {
         let n = rows(&db).iter().filter(|r| r.1 == name).count();
         assert!(n > 0, "{name} registered as itself");
@@ -249,11 +270,13 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
 
     // Crashes: host A's launch 1 (both workers) and host B's launch 1.
     assert_eq!(
-        kill_workers("worker-host-a-1-author") + kill_workers("worker-host-a-1-reviewer"),
+        kill_workers(&hosts[0], "worker-host-a-1-author")
+            + kill_workers(&hosts[0], "worker-host-a-1-reviewer"),
         2
     );
     assert_eq!(
-        kill_workers("worker-host-b-1-author") + kill_workers("worker-host-b-1-reviewer"),
+        kill_workers(&hosts[1], "worker-host-b-1-author")
+            + kill_workers(&hosts[1], "worker-host-b-1-reviewer"),
         2
     );
     // Past the TTL, with the survivors heartbeating all along.
@@ -323,7 +346,8 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
     // A second crash on A (a whole launch: a dead worker sharing its
     // session with a live one is kept); then A and B apply at the same moment.
     assert_eq!(
-        kill_workers("worker-host-a-2-author") + kill_workers("worker-host-a-2-reviewer"),
+        kill_workers(&hosts[0], "worker-host-a-2-author")
+            + kill_workers(&hosts[0], "worker-host-a-2-reviewer"),
         2
     );
     std::thread::sleep(Duration::from_secs(5));
