@@ -197,6 +197,8 @@ fn plan_and_apply(host: &Host, url: &str, profiles: &Path, dir: &Path) -> serde_
         host.name,
         text(&out)
     );
+    // The fleet's live workers heartbeat between the plan and the apply.
+    std::thread::sleep(Duration::from_millis(2100));
     apply(host, url, p, &plan)
 }
 
