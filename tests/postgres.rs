@@ -684,3 +684,49 @@ fn a_postgres_registry_of_another_shape_stops_the_plan_with_what_to_do() {
         text(&out)
     );
 }
+
+#[test]
+fn a_rule_or_row_level_security_on_the_postgres_registry_is_refused_before_any_write() {
+    let Some((stores, live, db)) = pg_fleet("rule_rls") else {
+        return;
+    };
+    let (plan_path, _) = save_plan(&stores);
+    // A rule that rewrites every retirement into one of the live worker too.
+    db.client()
+        .batch_execute(
+            "CREATE RULE sneak AS ON UPDATE TO worker_registrations DO ALSO \
+             UPDATE worker_registrations SET status = 'retired' WHERE worker_identity = 'w-running'",
+        )
+        .unwrap();
+    let before = pg_dump(&db);
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "registry_untrusted");
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rule \"sneak\""),
+        "{report}"
+    );
+    assert_eq!(pg_dump(&db), before);
+    // Row-level security could hide rows from apply's read.
+    db.client()
+        .batch_execute(
+            "DROP RULE sneak ON worker_registrations; \
+             ALTER TABLE worker_registrations ENABLE ROW LEVEL SECURITY",
+        )
+        .unwrap();
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "registry_untrusted");
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("row-level security"),
+        "{report}"
+    );
+    assert_eq!(pg_dump(&db), before);
+    drop(live);
+}

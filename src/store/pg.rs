@@ -857,35 +857,28 @@ pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result
     let err = Error::postgres(Store::Registry, label, "cannot inspect the schema");
     let tables = [super::registry::TABLE, super::audit::TABLE];
     let mut problems = Vec::new();
-    for r in client
-        .query(
+    // Triggers and rules: either could turn apply's writes into others.
+    for (kind, sql) in [
+        (
+            "trigger",
             "SELECT t.tgname::text, c.relname::text FROM pg_trigger t \
              JOIN pg_class c ON c.oid = t.tgrelid \
              WHERE NOT t.tgisinternal AND c.relnamespace = current_schema()::regnamespace \
              AND c.relname = ANY($1) ORDER BY 1",
-            &[&&tables[..]],
-        )
-        .map_err(err)?
-    {
-        problems.push(format!(
-            "trigger {:?} on {:?}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1)
-        ));
-    }
-    for r in client
-        .query(
+        ),
+        (
+            "rule",
             "SELECT rulename::text, tablename::text FROM pg_rules \
              WHERE schemaname = current_schema() AND tablename = ANY($1) ORDER BY 1",
-            &[&&tables[..]],
-        )
-        .map_err(err)?
-    {
-        problems.push(format!(
-            "rule {:?} on {:?}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1)
-        ));
+        ),
+    ] {
+        for r in client.query(sql, &[&&tables[..]]).map_err(err)? {
+            problems.push(format!(
+                "{kind} {:?} on {:?}",
+                r.get::<_, String>(0),
+                r.get::<_, String>(1)
+            ));
+        }
     }
     for r in client
         .query(
