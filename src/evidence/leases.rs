@@ -116,6 +116,9 @@ pub enum LeaseSource {
         conn: Connection,
         /// Its file.
         path: std::path::PathBuf,
+        /// The same file opened once more, to read its header's change
+        /// counter without taking SQLite's lock ([`LeaseSource::header`]).
+        header: Option<std::fs::File>,
     },
     /// A PostgreSQL lease store.
     Postgres {
@@ -143,6 +146,7 @@ impl LeaseSource {
         Ok(LeaseSource::Sqlite {
             conn: open_read_only(location)?,
             path: location.to_path_buf(),
+            header: std::fs::File::open(location).ok(),
         })
     }
 
@@ -158,16 +162,47 @@ impl LeaseSource {
     /// `data_version`, or PostgreSQL's digest of the active lease rows.
     fn version(&self) -> Result<String> {
         match self {
-            LeaseSource::Sqlite { conn, path } => data_version(conn, path).map(|v| v.to_string()),
+            LeaseSource::Sqlite { conn, path, .. } => {
+                data_version(conn, path).map(|v| v.to_string())
+            }
             LeaseSource::Postgres { client, label } => {
                 crate::store::pg::active_lease_version(&mut *client.borrow_mut(), label)
             }
         }
     }
 
+    /// A SQLite store's file format versions and change counter, read
+    /// straight from its header (bytes 18 to 27) with one `pread`, when the
+    /// store is in rollback-journal mode; `None` otherwise (WAL mode, where
+    /// the counter is not kept up to date, an unreadable file, PostgreSQL).
+    ///
+    /// In rollback-journal mode every commit increments the counter before
+    /// it releases its lock (SQLite's file format, "File change counter"),
+    /// and SQLite itself relies on that to notice other connections'
+    /// commits. So an equal counter, read after the fence's own read began,
+    /// proves no commit has completed since; `data_version` would say the
+    /// same at several times the cost (a lock cycle and a statement). A
+    /// counter read mid-commit reads old (that commit orders after the
+    /// check, as it would with `data_version`) or different (the full check
+    /// runs). Read first, before the version and the leases, so that a
+    /// commit racing the read shows as a changed counter later.
+    fn header(&self) -> Option<[u8; 10]> {
+        use std::os::unix::fs::FileExt;
+        let LeaseSource::Sqlite {
+            header: Some(file), ..
+        } = self
+        else {
+            return None;
+        };
+        let mut bytes = [0u8; 10];
+        file.read_exact_at(&mut bytes, 18).ok()?;
+        // Write and read format versions 1: legacy (rollback journal).
+        (bytes[0] == 1 && bytes[1] == 1).then_some(bytes)
+    }
+
     fn read_active(&self) -> Result<Vec<Lease>> {
         match self {
-            LeaseSource::Sqlite { conn, path } => read_active(conn, path),
+            LeaseSource::Sqlite { conn, path, .. } => read_active(conn, path),
             LeaseSource::Postgres { client, label } => {
                 let mut leases =
                     crate::store::pg::read_leases(&mut *client.borrow_mut(), label, true)?;
@@ -191,15 +226,23 @@ pub struct Fence {
     pub digest: String,
     /// The store's version when the leases were read ([`LeaseSource`]).
     pub version: String,
+    /// A SQLite store's header, read before the version
+    /// ([`LeaseSource::header`]): unchanged, it proves the leases are too.
+    header: Option<[u8; 10]>,
 }
 
 impl Fence {
     /// Read the active leases and fence them. The version is read first,
     /// so a commit racing the read shows as a changed version later.
     pub fn read(source: &LeaseSource) -> Result<(Fence, Vec<Lease>)> {
+        let header = source.header();
         let version = source.version()?;
         let active = source.read_active()?;
-        Ok((Fence::of(&active, version), active))
+        let fence = Fence {
+            header,
+            ..Fence::of(&active, version)
+        };
+        Ok((fence, active))
     }
 
     /// The fence of active leases read elsewhere (in apply's own
@@ -209,6 +252,7 @@ impl Fence {
             token: crate::fingerprint::external_state_fingerprint(active.iter()),
             digest: full_digest(active),
             version,
+            header: None,
         }
     }
 
@@ -217,8 +261,17 @@ impl Fence {
     /// when someone did. Returns the fence now in force, or the new one
     /// that differs.
     pub fn recheck(&self, source: &LeaseSource) -> Result<std::result::Result<Fence, Fence>> {
-        if source.version()? == self.version {
+        let header = source.header();
+        if header.is_some() && header == self.header {
             return Ok(Ok(self.clone()));
+        }
+        if source.version()? == self.version {
+            // No commit since the fence; the header read just before the
+            // version vouches from now on.
+            return Ok(Ok(Fence {
+                header,
+                ..self.clone()
+            }));
         }
         self.recheck_fully(source)
     }
@@ -321,4 +374,93 @@ fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
         out.push(Lease::from_fields(fields));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path, journal: &str) -> std::path::PathBuf {
+        let path = dir.join(format!("leases-{journal}.sqlite"));
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode = {journal}; {}",
+            crate::store::leases::create_sql()
+        ))
+        .unwrap();
+        path
+    }
+
+    fn commit(path: &Path, sql: &str) {
+        Connection::open(path).unwrap().execute(sql, []).unwrap();
+    }
+
+    /// The header's counter lets an unchanged store through cheaply; every
+    /// commit by another connection is still seen, whether or not it
+    /// changes the active leases, in both journal modes.
+    #[test]
+    fn every_commit_by_another_connection_reaches_the_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        for journal in ["delete", "wal"] {
+            let path = store(dir.path(), journal);
+            commit(
+                &path,
+                "INSERT INTO workflow_leases (lease_id, status, owner_pid) VALUES ('l-1', 'active', 7)",
+            );
+            let source = LeaseSource::open(&path).unwrap();
+            let (fence, active) = Fence::read(&source).unwrap();
+            assert_eq!(active.len(), 1);
+            assert_eq!(fence.header.is_some(), journal == "delete", "{journal}");
+            // Nothing committed: the fence stands.
+            let same = fence.recheck(&source).unwrap().unwrap();
+            assert_eq!(same, fence);
+            // A commit that leaves the active leases as they were: the
+            // full comparison runs and the fence stands, with the new
+            // header vouching from then on.
+            commit(
+                &path,
+                "INSERT INTO workflow_leases (lease_id, status) VALUES ('l-2', 'released')",
+            );
+            let moved_on = fence.recheck(&source).unwrap().unwrap();
+            assert_eq!(moved_on.token, fence.token);
+            assert_ne!(moved_on.version, fence.version, "{journal}");
+            if journal == "delete" {
+                assert_ne!(moved_on.header, fence.header);
+            }
+            let again = moved_on.recheck(&source).unwrap().unwrap();
+            assert_eq!(again.header, moved_on.header);
+            // A commit that takes a lease, after the header vouched.
+            commit(
+                &path,
+                "INSERT INTO workflow_leases (lease_id, status, owner_pid) VALUES ('l-3', 'active', 8)",
+            );
+            let now = again.recheck(&source).unwrap().unwrap_err();
+            assert_ne!(now.digest, again.digest, "{journal}");
+        }
+    }
+
+    /// A store switched to WAL mode after the fence was read no longer
+    /// vouches by its header: the counter is not kept in that mode.
+    #[test]
+    fn a_store_switched_to_wal_is_checked_by_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = store(dir.path(), "delete");
+        let source = LeaseSource::open(&path).unwrap();
+        let (fence, _) = Fence::read(&source).unwrap();
+        assert!(fence.header.is_some());
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("PRAGMA journal_mode = wal")
+            .unwrap();
+        assert_eq!(source.header(), None);
+        let writer = Connection::open(&path).unwrap();
+        writer
+            .execute(
+                "INSERT INTO workflow_leases (lease_id, status, owner_pid) VALUES ('l-9', 'active', 9)",
+                [],
+            )
+            .unwrap();
+        let now = fence.recheck(&source).unwrap().unwrap_err();
+        assert_ne!(now.digest, fence.digest);
+    }
 }
