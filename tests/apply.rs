@@ -481,3 +481,49 @@ fn a_locked_registry_is_waited_for_within_the_busy_timeout() {
     assert_eq!(report["retired_count"], 3);
     drop(live);
 }
+
+/// The summary after COMMIT is built from the transaction's own rows with
+/// its writes applied: it must say what a fresh read of the file says.
+#[test]
+fn the_post_apply_summary_is_the_registry_as_committed() {
+    let (stores, live) = fleet();
+    let lib = Lib::new(stores);
+    let mut req = lib.request();
+    assert_eq!(req.workers.len(), 3, "{:?}", req.workers);
+    // Two of the three dead workers: one stays stale.
+    req.workers.truncate(2);
+    let report = lib.run(&req, Hooks::default());
+    assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+    assert_eq!(report.retired_count, 2);
+    let summary = report.post_apply.clone().expect("a summary after COMMIT");
+    let rows = fleet_retire::evidence::registry::load(&lib.stores.registry).unwrap();
+    let snap = fleet_retire::snapshot::Snapshot::take(
+        &rows,
+        &fleet_retire::snapshot::Options {
+            now: fleet_retire::time::now(),
+            canonical_repository: Some("prgs/gitea-tools".into()),
+            host_id: fleet_retire::evidence::probe::HostFacts::observe(Path::new("/proc")).host_id,
+            ..Default::default()
+        },
+        &lib.probe,
+    );
+    let blockers: Vec<Value> = snap
+        .active_blockers()
+        .map(|b| json!({"classification": b.classification, "detail": b.detail}))
+        .collect();
+    let mut expected = json!({
+        "live_worker_count": snap.live_worker_count(),
+        "stale_worker_count": snap.stale_worker_count(),
+        "historical_worker_count": snap.historical_worker_count(),
+        "instance_count": snap.instance_count(),
+        "live_fleet_safe": snap.live_fleet_safe(),
+        "residual_blocker_count": blockers.len(),
+        "residual_blockers": blockers,
+    });
+    expected["snapshot_at"] = summary["snapshot_at"].clone();
+    assert_eq!(summary, expected);
+    assert_eq!(summary["historical_worker_count"], 2);
+    // The third dead worker and the running one (its heartbeat is old).
+    assert_eq!(summary["stale_worker_count"], 2);
+    drop(live);
+}

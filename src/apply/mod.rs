@@ -15,7 +15,8 @@ use crate::observe::RunFacts;
 use crate::plan::{plan, Rejudge};
 use crate::policy::Policies;
 use crate::reasons::Reason;
-use crate::row::Col;
+use crate::row::{Col, Row};
+use crate::value::Value;
 use engine::{Connected, RegistryTx};
 use leases::LeaseSource;
 use rusqlite::{Connection, OpenFlags};
@@ -245,6 +246,12 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
         .map_err(sql("cannot open for writing"))?;
     conn.busy_timeout(busy_timeout)
         .map_err(sql("cannot set the busy timeout"))?;
+    // Apply re-reads the whole registry and writes every target inside one
+    // transaction: a page cache of SQLite's default 2 MiB spills dirty pages
+    // to the file (and syncs the journal) mid-transaction. This is a bound,
+    // not an allocation: only the pages touched are held.
+    conn.execute_batch("PRAGMA cache_size = -262144")
+        .map_err(sql("cannot size the page cache"))?;
     // SQLite quietly opens a file it may not write read-only; say so now
     // rather than fail at the first write. The journal is created beside the
     // file, so its folder must be writable too.
@@ -299,12 +306,14 @@ impl From<Error> for Abort {
     }
 }
 
-/// The fleet as a snapshot sees it after the transaction (or `None` when the
-/// registry cannot be read): counts and blockers only.
-fn post_apply(req: &Request, ctx: &Context) -> Option<serde_json::Value> {
-    let rows = crate::evidence::registry::load(ctx.registry).ok()?;
+/// The fleet as a snapshot sees it after the transaction: counts and
+/// blockers only. `rows` are the registry as committed: the transaction's
+/// own read (it held the write lock from before that read to COMMIT, and
+/// nothing but its own guarded writes changed them) with those writes
+/// applied, so the summary needs no second read of the whole registry.
+fn post_apply(req: &Request, ctx: &Context, rows: &[Row]) -> Option<serde_json::Value> {
     let snap = crate::snapshot::Snapshot::take(
-        &rows,
+        rows,
         &crate::snapshot::Options {
             now: crate::time::now(),
             canonical_repository: req.canonical_repository.clone(),
@@ -338,13 +347,11 @@ pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     let mut seen = std::collections::HashSet::new();
     req.workers.retain(|w| seen.insert(w.clone()));
     let req = &req;
-    let mut report = apply_inner(req, ctx, hooks)?;
+    let (mut report, committed) = apply_inner(req, ctx, hooks)?;
     // Only a committed retirement changes the fleet: a refusal or a
     // rollback does not pay for a fleet summary.
-    if report.mutation_performed {
-        // The re-plan is gone; let the summary's read reuse its memory.
-        crate::pool::give_back_memory();
-        report.post_apply = post_apply(req, ctx);
+    if let Some(rows) = committed.filter(|_| report.mutation_performed) {
+        report.post_apply = post_apply(req, ctx, &rows);
     }
     Ok(report)
 }
@@ -377,8 +384,9 @@ impl FileStamp {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .ok()?
-            .as_secs() as i64;
-        if !m.is_file() || m.ctime() >= now - 2 {
+            .as_nanos() as i128;
+        let changed = m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128;
+        if !m.is_file() || changed >= now - 2_000_000_000 {
             return None;
         }
         Some(FileStamp([
@@ -452,22 +460,23 @@ impl<'a> Standing<'a> {
     }
 }
 
-fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
+/// The report, and after a COMMIT the registry's rows as committed.
+fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Option<Vec<Row>>)> {
     // 1. The policy set must be the built-in one or pinned, and the
     //    capability must allow apply: decided from profiles.json read once
     //    here, before any lock.
     let mut standing = match Standing::at_entry(ctx)? {
         Ok(s) => s,
-        Err((outcome, why)) => return Ok(Report::new(req, outcome, why)),
+        Err((outcome, why)) => return Ok((Report::new(req, outcome, why), None)),
     };
     // 2 and 3. The plan's policies are the loaded ones; something is asked.
     if let Some(refused) = refuse_before_lock(req, ctx) {
-        return Ok(refused);
+        return Ok((refused, None));
     }
     // 4. Open the registry and the lease store.
     let (mut conn, lease_source) = match open_stores(ctx) {
         Ok(stores) => stores,
-        Err((outcome, why)) => return Ok(Report::new(req, outcome, why)),
+        Err((outcome, why)) => return Ok((Report::new(req, outcome, why), None)),
     };
     // 5. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
@@ -477,11 +486,12 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
             report.outcome = Outcome::TransactionFailed;
             report.success = false;
             report.detail = why;
-            return Ok(report);
+            return Ok((report, None));
         }
     };
     let locked_at = std::time::Instant::now();
     let fail_commit = hooks.fail_commit;
+    let mut committed = None;
     let result = inside(
         &Txn {
             req,
@@ -493,14 +503,17 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
         &mut standing,
         &mut report,
     )
-    .and_then(|()| {
+    .and_then(|rows| {
         if fail_commit {
             Err(Abort::Fail("injected failure at commit".into()))
         } else {
+            committed = Some(rows);
             Ok(())
         }
     });
-    Ok(conclude(req, tx, result, report, locked_at))
+    let report = conclude(req, tx, result, report, locked_at);
+    let committed = committed.filter(|_| report.outcome == Outcome::Applied);
+    Ok((report, committed))
 }
 
 /// The refusals that need no store: the plan's policy set must be the one
@@ -627,13 +640,14 @@ struct Txn<'a, 'c> {
 
 /// Everything apply does under the lock, in the order of docs/semantics.md
 /// §10: check the file, fence and read, re-plan, pick the targets, write
-/// each behind its own checks, and verify before COMMIT.
+/// each behind its own checks, and verify before COMMIT. Returns the rows
+/// as they stand once this transaction commits.
 fn inside(
     t: &Txn,
     mut hooks: Hooks,
     standing: &mut Standing,
     report: &mut Report,
-) -> std::result::Result<(), Abort> {
+) -> std::result::Result<Vec<Row>, Abort> {
     prepare_registry(t)?;
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
@@ -667,6 +681,7 @@ fn inside(
         rejudge: Rejudge::new(&fresh, t.ctx.policies),
         fresh: &fresh,
         audit: &audit,
+        written: Vec::new(),
     };
     for (i, entry) in targets.into_iter().enumerate() {
         if let Some(hook) = hooks.between_targets.as_mut() {
@@ -683,7 +698,25 @@ fn inside(
     if let Some(hook) = hooks.before_commit.as_mut() {
         hook();
     }
-    verify_before_commit(t, &w.fence, changes_before, &audit, report)
+    verify_before_commit(t, &w.fence, changes_before, &audit, report)?;
+    let written = std::mem::take(&mut w.written);
+    drop(w);
+    let mut rows = fresh.rows;
+    for index in written {
+        let row = &mut rows[index];
+        // What the guarded UPDATE set (`store::registry::retire_guarded`).
+        row.set(Col::Status, Value::Text("retired".into()));
+        row.set(
+            Col::RetiredAt,
+            Value::Text(audit.retired_at.as_str().into()),
+        );
+        row.set(Col::RetiredBy, Value::Text(t.ctx.profile.into()));
+        row.set(
+            Col::RetirementReason,
+            Value::Text(Reason::Eligible.code().into()),
+        );
+    }
+    Ok(rows)
 }
 
 /// Nothing in the file may turn our writes into other writes; migrations
@@ -836,6 +869,8 @@ struct Writes<'p> {
     rejudge: Rejudge<'p>,
     fresh: &'p crate::plan::Plan,
     audit: &'p AuditContext,
+    /// The rows (by index) this transaction retired.
+    written: Vec<usize>,
 }
 
 impl Writes<'_> {
@@ -872,8 +907,9 @@ impl Writes<'_> {
             .recheck(t.leases)?
             .map_err(|now| fence_moved(&self.fence, &now))?;
         let retired_at = &self.audit.retired_at;
-        let evidence = serde_json::to_string(&self.fresh.evidence(entry))
-            .map_err(|e| Abort::Fail(e.to_string()))?;
+        let mut evidence = Vec::with_capacity(1024);
+        crate::plan::render::evidence(&mut evidence, &self.fresh.evidence(entry));
+        let evidence = String::from_utf8(evidence).map_err(|e| Abort::Fail(e.to_string()))?;
         let audit_row = crate::store::audit::AuditRow {
             worker_identity: &w,
             retired_at,
@@ -912,6 +948,7 @@ impl Writes<'_> {
             });
             return Ok(());
         }
+        self.written.push(entry.index);
         report.retired.push(Retired {
             worker_identity: w,
             retired_at: retired_at.clone(),
