@@ -2,18 +2,48 @@
 //! observation, judging, tokens and rendering; it knows nothing of them, so
 //! every stage may use it without importing another stage.
 
-/// Map `f` over `items` on every core, keeping order.
+/// Map `f` over `items` on every core, keeping order. Each core writes its
+/// results straight into its part of the one output vector, so a large
+/// result never exists twice (the parts and their concatenation).
 pub fn par_map<T: Sync, U: Send>(items: &[T], f: impl Fn(&T) -> U + Sync) -> Vec<U> {
-    par_chunks(items, |chunk| chunk.iter().map(&f).collect())
+    let workers = workers();
+    if items.len() < 1024 || workers == 1 {
+        return items.iter().map(f).collect();
+    }
+    let per = items.len().div_ceil(workers);
+    let mut out: Vec<U> = Vec::with_capacity(items.len());
+    let f = &f;
+    std::thread::scope(|scope| {
+        let slots = &mut out.spare_capacity_mut()[..items.len()];
+        for (chunk, slots) in items.chunks(per).zip(slots.chunks_mut(per)) {
+            scope.spawn(move || {
+                for (item, slot) in chunk.iter().zip(slots) {
+                    slot.write(f(item));
+                }
+            });
+        }
+    });
+    // SAFETY: the chunks of `items` and of the slots pair up one to one and
+    // cover all `items.len()` slots, each written by exactly one thread.
+    // `scope` returns only after every thread has finished, and panics
+    // (before this line) if any of them did, so here every slot holds a
+    // value. (On a panic the values written are leaked, never read.)
+    unsafe { out.set_len(items.len()) };
+    out
+}
+
+/// How many threads the pool uses: one per core, at most eight.
+fn workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 8)
 }
 
 /// Split `items` into one chunk per core, map each chunk with `f`, and
 /// concatenate the results in order.
 pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sync) -> Vec<U> {
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 8);
+    let workers = workers();
     if items.len() < 1024 || workers == 1 {
         return f(items);
     }
@@ -47,11 +77,7 @@ pub fn par_map_ordered<T: Sync, U: Send>(
     f: impl Fn(&T) -> U + Sync,
     mut consume: impl FnMut(U),
 ) {
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 8)
-        .min(items.len());
+    let workers = workers().min(items.len());
     if workers <= 1 {
         items.iter().map(&f).for_each(consume);
         return;
@@ -102,5 +128,32 @@ pub fn limit_malloc_arenas() {
     // exists; it only changes the allocator's tuning.
     unsafe {
         nix::libc::mallopt(nix::libc::M_ARENA_MAX, 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn par_map_keeps_order_and_every_value() {
+        for n in [0, 1, 1023, 1024, 1025, 4097, 100_003] {
+            let items: Vec<usize> = (0..n).collect();
+            let mapped = par_map(&items, |i| format!("v{i}"));
+            let expected: Vec<String> = items.iter().map(|i| format!("v{i}")).collect();
+            assert_eq!(mapped, expected, "{n} items");
+        }
+    }
+
+    #[test]
+    fn a_panicking_map_panics_the_caller() {
+        let items: Vec<usize> = (0..10_000).collect();
+        let result = std::panic::catch_unwind(|| {
+            par_map(&items, |&i| {
+                assert!(i != 9_000, "boom");
+                vec![i; 3]
+            })
+        });
+        assert!(result.is_err());
     }
 }

@@ -222,17 +222,19 @@ fn step_rows(
         text: Vec::new(),
         blobs: Vec::new(),
     };
+    let mut recent: Vec<Recent> = (0..width).map(|_| Recent::default()).collect();
     let mut cursor = stmt.query([]).map_err(sql_err)?;
     let mut batch = fresh(0);
     let mut count = 0usize;
     while let Some(r) = cursor.next().map_err(sql_err)? {
-        for i in 0..width {
+        for (i, recent) in recent.iter_mut().enumerate() {
             let raw = r.get_ref(i).map_err(sql_err)?;
-            batch.push(raw);
+            batch.push(raw, recent);
         }
         count += 1;
         if batch.values.len() == BATCH_ROWS * width || batch.text.len() > BATCH_TEXT_LIMIT {
             let full = std::mem::replace(&mut batch, fresh(count));
+            recent.iter_mut().for_each(Recent::forget);
             if to_convert.send(full).is_err() {
                 // The converter stopped on an error: it reports it.
                 return Ok(());
@@ -317,18 +319,69 @@ fn convert_batches(
     Ok(rows)
 }
 
+/// A column's last few distinct texts in the current batch, so a repeated
+/// text (a role, a status, a revision: half of a real registry's text) is
+/// stored once per batch and its values share the bytes. A column whose
+/// texts rarely repeat stops looking after a sample.
+#[derive(Default)]
+struct Recent {
+    ranges: [(u32, u32); RECENT],
+    known: usize,
+    tries: u32,
+    hits: u32,
+}
+
+const RECENT: usize = 8;
+
+impl Recent {
+    /// The range of an equal text already in `buf`, if one is known.
+    fn find(&mut self, buf: &[u8], t: &[u8]) -> Option<std::ops::Range<usize>> {
+        if self.tries >= 1024 && self.hits < self.tries / 4 {
+            return None;
+        }
+        self.tries = self.tries.saturating_add(1);
+        let found = self.ranges[..self.known]
+            .iter()
+            .map(|&(at, len)| at as usize..(at + len) as usize)
+            .find(|r| r.len() == t.len() && &buf[r.clone()] == t)?;
+        self.hits = self.hits.saturating_add(1);
+        Some(found)
+    }
+
+    /// Remember a text just stored at `range`.
+    fn remember(&mut self, range: &std::ops::Range<usize>) {
+        let (Ok(at), Ok(len)) = (u32::try_from(range.start), u32::try_from(range.len())) else {
+            return;
+        };
+        self.ranges.copy_within(0..RECENT - 1, 1);
+        self.ranges[0] = (at, len);
+        self.known = (self.known + 1).min(RECENT);
+    }
+
+    /// A new batch (a new buffer): nothing in it is known yet.
+    fn forget(&mut self) {
+        self.known = 0;
+    }
+}
+
 impl RawBatch {
-    /// Append one value as SQLite gave it, copying text and blobs.
-    fn push(&mut self, v: ValueRef<'_>) {
+    /// Append one value as SQLite gave it, copying text (once per batch
+    /// for a text its column repeats) and blobs.
+    fn push(&mut self, v: ValueRef<'_>, recent: &mut Recent) {
         let raw = match v {
             ValueRef::Null => RawValue::Null,
             ValueRef::Integer(x) => RawValue::Int(x),
             ValueRef::Real(x) => RawValue::Real(x),
-            ValueRef::Text(t) => {
-                let at = self.text.len();
-                self.text.extend_from_slice(t);
-                RawValue::Text(at..self.text.len())
-            }
+            ValueRef::Text(t) => match recent.find(&self.text, t) {
+                Some(range) => RawValue::Text(range),
+                None => {
+                    let at = self.text.len();
+                    self.text.extend_from_slice(t);
+                    let range = at..self.text.len();
+                    recent.remember(&range);
+                    RawValue::Text(range)
+                }
+            },
             ValueRef::Blob(b) => {
                 let at = self.blobs.len();
                 self.blobs.extend_from_slice(b);
@@ -365,4 +418,76 @@ fn load_postgres(location: &Path) -> Result<Vec<Row>> {
     let rows = crate::store::pg::read_registry(&mut tx, &label)?;
     tx.commit().map_err(err("cannot end the read"))?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Texts a column repeats are stored once per batch; every value still
+    /// reads as SQLite holds it, across batch boundaries, beside texts of
+    /// equal length that differ, NULLs and integers in the same column, and
+    /// columns with more distinct texts than are remembered.
+    #[test]
+    fn repeated_texts_read_as_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE worker_registrations (worker_identity TEXT PRIMARY KEY, role TEXT,
+             remote TEXT, status, boot_id TEXT, namespace TEXT)",
+        )
+        .unwrap();
+        let tx = conn.unchecked_transaction().unwrap();
+        for i in 0..5000u32 {
+            let status: rusqlite::types::Value = match i % 7 {
+                0 => rusqlite::types::Value::Null,
+                1 => rusqlite::types::Value::Integer(i64::from(i % 3)),
+                2 => "aaab".to_string().into(),
+                _ => "aaaa".to_string().into(),
+            };
+            tx.execute(
+                "INSERT INTO worker_registrations VALUES (?1, ?2, 'prgs', ?3, ?4, ?5)",
+                rusqlite::params![
+                    format!("w-{i}"),
+                    ["author", "reviewer", "merger", "controller", "reconciler"][(i % 5) as usize],
+                    status,
+                    format!("boot-{:02}", (i * 7) % 13),
+                    if i % 11 == 0 {
+                        String::new()
+                    } else {
+                        format!("ns-{}", i % 2)
+                    },
+                ],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+        let rows = read_rows(&conn, &path).unwrap();
+        let mut stmt = conn
+            .prepare(
+                "SELECT worker_identity, role, remote, status, boot_id, namespace \
+                 FROM worker_registrations ORDER BY rowid",
+            )
+            .unwrap();
+        let cols = [
+            Col::WorkerIdentity,
+            Col::Role,
+            Col::Remote,
+            Col::Status,
+            Col::BootId,
+            Col::Namespace,
+        ];
+        let mut cursor = stmt.query([]).unwrap();
+        let mut n = 0;
+        while let Some(r) = cursor.next().unwrap() {
+            for (i, col) in cols.iter().enumerate() {
+                let expected = value_from_sql(r.get_ref(i).unwrap()).unwrap();
+                assert_eq!(rows[n].get(*col), &expected, "row {n} column {col:?}");
+            }
+            n += 1;
+        }
+        assert_eq!(n, rows.len());
+        assert_eq!(n, 5000);
+    }
 }
