@@ -72,6 +72,11 @@ impl Value {
             Value::Null => {}
             Value::Int(i) => out.push_str(itoa::Buffer::new().format(*i)),
             Value::Text(s) => out.push_str(s),
+            // A whole real below 9e15 is its integer's text
+            // (`exact_integer_text`), without the allocation.
+            Value::Real(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                out.push_str(itoa::Buffer::new().format(*f as i64))
+            }
             other => out.push_str(&other.canon()),
         }
     }
@@ -231,7 +236,14 @@ impl Text {
     /// The text.
     pub fn as_str(&self) -> &str {
         let start = self.start as usize;
-        &self.buf.0[start..start + self.len as usize]
+        let range = start..start + self.len as usize;
+        debug_assert!(self.buf.0.get(range.clone()).is_some());
+        // SAFETY: a `Text` is made only by `slice`, which checked that this
+        // range lies within the buffer on character boundaries, and the
+        // buffer (a `Box<str>` behind an `Arc`) never changes. Every text
+        // the program touches comes through here, so the check is not
+        // repeated on every access.
+        unsafe { self.buf.0.get_unchecked(range) }
     }
 }
 
@@ -434,6 +446,42 @@ fn bytes_repr(b: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_canon_writes_canon() {
+        let reals = [
+            0.0,
+            -0.0,
+            900.0,
+            -900.0,
+            0.5,
+            1e-5,
+            8.999_999_999_999_998e15,
+            9.0e15,
+            -9.0e15,
+            1e16,
+            1.5e16,
+            2f64.powi(60),
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        let values = reals.iter().map(|f| Value::Real(*f)).chain([
+            Value::Null,
+            Value::Int(i64::MIN),
+            Value::Int(0),
+            Value::Text("t\u{1f}x".into()),
+            Value::Bool(true),
+            Value::Blob(vec![0, 255].into()),
+        ]);
+        for v in values {
+            let mut out = String::from("prefix");
+            v.write_canon(&mut out);
+            assert_eq!(out, format!("prefix{}", v.canon()), "{v:?}");
+        }
+    }
 
     #[test]
     fn float_repr_matches_python() {

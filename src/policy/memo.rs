@@ -50,10 +50,8 @@ use smol_str::SmolStr;
 #[derive(Clone)]
 pub struct Abstraction {
     literals: HashSet<SmolStr>,
-    /// Bit `n` set when some literal is `n` bytes long (bit 127: 127 bytes
-    /// or longer): most of a row's strings have a length no literal has,
-    /// and skip the hash lookup.
-    literal_lengths: u128,
+    /// Rules most of a row's strings out before the hash lookup.
+    literal_filter: LiteralFilter,
     /// Long literals of the policies and Longs of the run, sorted, distinct.
     longs: Vec<i64>,
     /// Each `like` pattern with the one worker attribute it is applied to
@@ -171,10 +169,10 @@ impl Abstraction {
         }
         longs.sort_unstable();
         longs.dedup();
-        let literal_lengths = length_mask(&literals);
+        let literal_filter = LiteralFilter::of(&literals);
         Abstraction {
             literals,
-            literal_lengths,
+            literal_filter,
             longs,
             patterns,
             disabled,
@@ -230,7 +228,7 @@ impl Abstraction {
     pub fn off(why: &str) -> Abstraction {
         Abstraction {
             literals: HashSet::default(),
-            literal_lengths: 0,
+            literal_filter: LiteralFilter::of(&HashSet::default()),
             longs: Vec::new(),
             patterns: Vec::new(),
             disabled: Some(why.to_string()),
@@ -337,7 +335,7 @@ impl Abstraction {
         placeholders: &mut Vec<&'v str>,
         out: &mut String,
     ) {
-        if self.literal_lengths & length_bit(s.len()) != 0 && self.literals.contains(s) {
+        if self.literal_filter.may_hold(s) && self.literals.contains(s) {
             out.push('S');
             push_num(out, s.len());
             out.push(':');
@@ -372,13 +370,46 @@ impl Abstraction {
     }
 }
 
-/// The bit of [`Abstraction::literal_lengths`] for a string of `len` bytes.
-fn length_bit(len: usize) -> u128 {
-    1u128 << len.min(127)
+/// For each length (the last entry: that length or longer), the first and
+/// last bytes of the literals of that length, as 256-bit sets. A string
+/// whose length, first or last byte no literal has is not a literal: that
+/// skips the hash lookup for nearly every string of a row (the run's own
+/// ids give the literals many lengths, but rarely the same ends).
+#[derive(Clone)]
+struct LiteralFilter {
+    ends: Vec<[[u64; 4]; 2]>,
 }
 
-fn length_mask(literals: &HashSet<SmolStr>) -> u128 {
-    literals.iter().fold(0, |m, l| m | length_bit(l.len()))
+impl LiteralFilter {
+    const LENGTHS: usize = 128;
+
+    fn of(literals: &HashSet<SmolStr>) -> LiteralFilter {
+        let mut ends = vec![[[0u64; 4]; 2]; Self::LENGTHS];
+        for l in literals {
+            let b = l.as_bytes();
+            let e = &mut ends[b.len().min(Self::LENGTHS - 1)];
+            // The empty literal marks byte 0 of its (otherwise unused) entry.
+            let (first, last) = (
+                b.first().copied().unwrap_or(0),
+                b.last().copied().unwrap_or(0),
+            );
+            e[0][usize::from(first >> 6)] |= 1 << (first & 63);
+            e[1][usize::from(last >> 6)] |= 1 << (last & 63);
+        }
+        LiteralFilter { ends }
+    }
+
+    /// False only when `s` is certainly not a literal.
+    fn may_hold(&self, s: &str) -> bool {
+        let b = s.as_bytes();
+        let e = &self.ends[b.len().min(Self::LENGTHS - 1)];
+        let (first, last) = (
+            b.first().copied().unwrap_or(0),
+            b.last().copied().unwrap_or(0),
+        );
+        e[0][usize::from(first >> 6)] & (1 << (first & 63)) != 0
+            && e[1][usize::from(last >> 6)] & (1 << (last & 63)) != 0
+    }
 }
 
 /// A Cedar `like` pattern as its literal pieces between wildcards, matched
@@ -444,6 +475,48 @@ fn push_num(out: &mut String, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The filter never rules a literal out, whatever its length or ends,
+    /// and rules out strings whose ends no literal of their length has.
+    #[test]
+    fn the_literal_filter_keeps_every_literal() {
+        let long = "x".repeat(300);
+        let literals: HashSet<SmolStr> = [
+            "",
+            "a",
+            "active",
+            "controller",
+            "trusted_launcher",
+            "é",
+            "zé",
+            long.as_str(),
+            "ab\u{0}",
+            "\u{ff}\u{1}",
+        ]
+        .into_iter()
+        .map(SmolStr::from)
+        .collect();
+        let filter = LiteralFilter::of(&literals);
+        for l in &literals {
+            assert!(filter.may_hold(l), "{l:?}");
+        }
+        for (s, expected) in [
+            ("b", false),
+            ("activf", false),
+            ("bctive", false),
+            ("acxxve", true),
+            ("y".repeat(300).as_str(), false),
+            (format!("{long}y").as_str(), false),
+            (format!("x{long}").as_str(), true),
+            ("", true),
+        ] {
+            assert_eq!(filter.may_hold(s), expected, "{s:?}");
+            if !filter.may_hold(s) {
+                assert!(!literals.contains(s));
+            }
+        }
+        assert!(!LiteralFilter::of(&HashSet::default()).may_hold(""));
+    }
 
     /// The key's matcher answers as Cedar's on every pattern and text over
     /// a small alphabet (wildcards, repeats, multi-byte chars, the empty
