@@ -91,8 +91,8 @@ pub struct PeerFacts {
     pub slot_occupants: usize,
 }
 
-fn status_text(row: &Row) -> String {
-    row.get(Col::Status).or_empty_str()
+fn status_text(row: &Row) -> Cow<'_, str> {
+    row.get(Col::Status).or_empty_cow()
 }
 
 /// `process_identity`, else `pid-<str(pid)>` when a pid is recorded.
@@ -144,7 +144,7 @@ pub fn ownership_state(row: &Row, live: bool, historical: bool, trusted: bool) -
 /// from it. The row side is whitespace-stripped, both sides lose trailing
 /// `/` (docs/semantics.md, pitfall 8: the canonical side is not whitespace-stripped).
 pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
-    let binding = row.get(Col::RepositoryBinding).stripped();
+    let binding = row.get(Col::RepositoryBinding).stripped_cow();
     match canonical {
         Some(c) if !c.is_empty() && !binding.is_empty() => {
             binding.trim_end_matches('/') != c.trim_end_matches('/')

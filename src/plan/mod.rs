@@ -15,7 +15,8 @@ use crate::observe::{observe_all, Observation, RunFacts};
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
     check_schema, entity, hold_evidence_action, occupy_slot_action, retire_action, run_attrs,
-    run_entity, run_uid, worker_attrs, worker_attrs_where, worker_entity, worker_uid, Attr,
+    run_entity, run_uid, worker_attrs, worker_attrs_into, worker_attrs_where, worker_entity,
+    worker_uid, Attr,
 };
 use crate::policy::eval::Verdict;
 use crate::policy::memo::Abstraction;
@@ -237,8 +238,10 @@ impl Judge<'_> {
         let groups: Vec<(String, Vec<usize>)> = par_chunks(&indices, |chunk| {
             let mut by_key: FxHashMap<String, Vec<usize>> = FxHashMap::default();
             let mut key = String::with_capacity(512);
+            let mut attrs = Vec::new();
             for &i in chunk {
-                abstraction.key(&attrs_of(i), &mut key);
+                worker_attrs_into(&rows[i], &observations[i], self.now, mask, &mut attrs);
+                abstraction.key(&attrs, &mut key);
                 match by_key.get_mut(key.as_str()) {
                     Some(members) => members.push(i),
                     None => {

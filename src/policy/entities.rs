@@ -261,6 +261,21 @@ pub fn worker_attrs_where<'a>(
     now: crate::time::Micros,
     mask: AttrMask,
 ) -> Vec<(&'static str, Attr<'a>)> {
+    let mut out = Vec::with_capacity(WORKER_ATTRIBUTES.len());
+    worker_attrs_into(row, obs, now, mask, &mut out);
+    out
+}
+
+/// [`worker_attrs_where`], into `out` (cleared first): a caller building
+/// the attributes of many rows reuses one vector.
+pub fn worker_attrs_into<'a>(
+    row: &'a Row,
+    obs: &'a Observation,
+    now: crate::time::Micros,
+    mask: AttrMask,
+    out: &mut Vec<(&'static str, Attr<'a>)>,
+) {
+    out.clear();
     // Each measured once, and only when an attribute in the mask needs it.
     let age_cell = std::cell::OnceCell::new();
     let age = || {
@@ -289,7 +304,6 @@ pub fn worker_attrs_where<'a>(
             Cow::Owned(b) => s(part(b).to_string()),
         }
     };
-    let mut out = Vec::with_capacity(WORKER_ATTRIBUTES.len());
     let mut at = 0usize;
     let mut add = |value: &dyn Fn() -> Attr<'a>| {
         if mask.has(at) {
@@ -343,7 +357,6 @@ pub fn worker_attrs_where<'a>(
     add(&|| Attr::Long(obs.peers.slot_occupants as i64));
     debug_assert_eq!(at, WORKER_ATTRIBUTES.len());
     debug_assert_eq!(WORKER_ATTRIBUTES[15], "repository_binding_key");
-    out
 }
 
 /// Check entities against the schema through Cedar's public API.
