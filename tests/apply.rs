@@ -507,19 +507,7 @@ fn the_post_apply_summary_is_the_registry_as_committed() {
         },
         &lib.probe,
     );
-    let blockers: Vec<Value> = snap
-        .active_blockers()
-        .map(|b| json!({"classification": b.classification, "detail": b.detail}))
-        .collect();
-    let mut expected = json!({
-        "live_worker_count": snap.live_worker_count(),
-        "stale_worker_count": snap.stale_worker_count(),
-        "historical_worker_count": snap.historical_worker_count(),
-        "instance_count": snap.instance_count(),
-        "live_fleet_safe": snap.live_fleet_safe(),
-        "residual_blocker_count": blockers.len(),
-        "residual_blockers": blockers,
-    });
+    let mut expected = fleet_retire::apply::fleet_summary(&snap);
     expected["snapshot_at"] = summary["snapshot_at"].clone();
     assert_eq!(summary, expected);
     assert_eq!(summary["historical_worker_count"], 2);

@@ -322,11 +322,16 @@ fn post_apply(req: &Request, ctx: &Context, rows: &[Row]) -> Option<serde_json::
         },
         ctx.probe,
     );
+    Some(fleet_summary(&snap))
+}
+
+/// A snapshot's counts and blockers, as the report's `post_apply` gives them.
+pub fn fleet_summary(snap: &crate::snapshot::Snapshot) -> serde_json::Value {
     let blockers: Vec<serde_json::Value> = snap
         .active_blockers()
         .map(|b| serde_json::json!({"classification": b.classification, "detail": b.detail}))
         .collect();
-    Some(serde_json::json!({
+    serde_json::json!({
         "snapshot_at": snap.snapshot_at(),
         "live_worker_count": snap.live_worker_count(),
         "stale_worker_count": snap.stale_worker_count(),
@@ -335,7 +340,7 @@ fn post_apply(req: &Request, ctx: &Context, rows: &[Row]) -> Option<serde_json::
         "live_fleet_safe": snap.live_fleet_safe(),
         "residual_blocker_count": blockers.len(),
         "residual_blockers": blockers,
-    }))
+    })
 }
 
 /// Run an apply. Refusals and rollbacks are reports, not errors; an error
