@@ -311,7 +311,7 @@ impl From<Error> for Abort {
 /// own read (it held the write lock from before that read to COMMIT, and
 /// nothing but its own guarded writes changed them) with those writes
 /// applied, so the summary needs no second read of the whole registry.
-fn post_apply(req: &Request, ctx: &Context, rows: &[Row]) -> Option<serde_json::Value> {
+fn post_apply(req: &Request, ctx: &Context, rows: &[Row]) -> serde_json::Value {
     let snap = crate::snapshot::Snapshot::take(
         rows,
         &crate::snapshot::Options {
@@ -322,7 +322,7 @@ fn post_apply(req: &Request, ctx: &Context, rows: &[Row]) -> Option<serde_json::
         },
         ctx.probe,
     );
-    Some(fleet_summary(&snap))
+    fleet_summary(&snap)
 }
 
 /// A snapshot's counts and blockers, as the report's `post_apply` gives them.
@@ -356,7 +356,7 @@ pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     // Only a committed retirement changes the fleet: a refusal or a
     // rollback does not pay for a fleet summary.
     if let Some(rows) = committed.filter(|_| report.mutation_performed) {
-        report.post_apply = post_apply(req, ctx, &rows);
+        report.post_apply = Some(post_apply(req, ctx, &rows));
     }
     Ok(report)
 }
