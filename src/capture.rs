@@ -23,7 +23,7 @@ use crate::observe::{conflict_keys, RunFacts};
 use crate::plan::{Entry, Plan};
 use crate::policy::Policies;
 use crate::row::{Col, COLUMNS};
-use crate::value::Value;
+use crate::value::Val;
 use serde_json::{json, Map, Value as Json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -168,7 +168,7 @@ pub fn capture(
         .map(|l| {
             Json::Object(
                 l.fields()
-                    .map(|(k, v)| (k.to_string(), redactor.value(k, v)))
+                    .map(|(k, v)| (k.to_string(), redactor.value(k, v.as_val())))
                     .collect(),
             )
         })
@@ -176,9 +176,9 @@ pub fn capture(
     let answers = probe.given();
     let mut processes = BTreeMap::new();
     for &i in &included {
-        if let Value::Int(pid) = plan.rows[i].get(Col::Pid) {
-            if *pid > 0 {
-                let seen = answers.processes.get(pid).cloned().unwrap_or_default();
+        if let Val::Int(pid) = plan.rows[i].get(Col::Pid) {
+            if pid > 0 {
+                let seen = answers.processes.get(&pid).cloned().unwrap_or_default();
                 processes.insert(
                     pid.to_string(),
                     json!({"alive": seen.alive, "start_time": seen.start_time}),
@@ -312,7 +312,7 @@ fn bearing_rows(plan: &Plan, chosen: &[usize]) -> Vec<usize> {
         (active && !instance.is_empty() && !namespace.is_empty()).then_some((instance, namespace))
     };
     for (i, row) in rows.iter().enumerate() {
-        for (name, text) in conflict_keys(row, &plan.observations[i].process_identity) {
+        for (name, text) in conflict_keys(row, plan.observations[i].process_identity.as_val()) {
             by_key.entry((name, text.into_owned())).or_default().push(i);
         }
         let id = row.get(Col::WorkerIdentity).canon();
@@ -326,7 +326,7 @@ fn bearing_rows(plan: &Plan, chosen: &[usize]) -> Vec<usize> {
     let mut out: BTreeSet<usize> = chosen.iter().copied().collect();
     for &i in chosen {
         let row = &rows[i];
-        for (name, text) in conflict_keys(row, &plan.observations[i].process_identity) {
+        for (name, text) in conflict_keys(row, plan.observations[i].process_identity.as_val()) {
             out.extend(by_key.get(&(name, text.into_owned())).into_iter().flatten());
         }
         let id = row.get(Col::WorkerIdentity).canon();
@@ -349,16 +349,16 @@ struct Redactor {
 const SECRET_COLUMNS: &[&str] = &["token_fingerprint"];
 
 impl Redactor {
-    fn value(&mut self, column: &str, v: &Value) -> Json {
+    fn value(&mut self, column: &str, v: Val<'_>) -> Json {
         let secret_column = SECRET_COLUMNS.contains(&column)
             || ["token", "secret", "password", "credential"]
                 .iter()
                 .any(|w| column.contains(w));
         match v {
-            Value::Text(t) if secret_column && !v.is_blank() => {
+            Val::Text(t) if secret_column && !v.is_blank() => {
                 Json::String(self.placeholder(column, t))
             }
-            Value::Text(t) => match url_without_credentials(t) {
+            Val::Text(t) => match url_without_credentials(t) {
                 Some(clean) => {
                     *self.counts.entry(column.to_string()).or_default() += 1;
                     Json::String(clean)
@@ -396,6 +396,7 @@ fn url_without_credentials(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     #[test]
     fn credentials_in_urls_are_replaced() {
@@ -410,13 +411,13 @@ mod tests {
     #[test]
     fn the_same_secret_gets_the_same_placeholder() {
         let mut r = Redactor::default();
-        let a = r.value("token_fingerprint", &Value::Text("tok-1".into()));
-        let b = r.value("token_fingerprint", &Value::Text("tok-2".into()));
-        let c = r.value("token_fingerprint", &Value::Text("tok-1".into()));
+        let a = r.value("token_fingerprint", Value::Text("tok-1".into()).as_val());
+        let b = r.value("token_fingerprint", Value::Text("tok-2".into()).as_val());
+        let c = r.value("token_fingerprint", Value::Text("tok-1".into()).as_val());
         assert_eq!(a, c);
         assert_ne!(a, b);
         assert_eq!(
-            r.value("token_fingerprint", &Value::Text(" ".into())),
+            r.value("token_fingerprint", Value::Text(" ".into()).as_val()),
             json!(" ")
         );
         assert_eq!(r.counts["token_fingerprint"], 3);

@@ -12,7 +12,7 @@
 use crate::error::{Error, Result, Store};
 use crate::row::{Row, COLUMNS};
 use crate::store::pg;
-use crate::value::Value;
+use crate::value::{Val, Value};
 use std::path::Path;
 
 /// What a copy did, and the proof.
@@ -40,7 +40,7 @@ pub struct CopyReport {
 const NAMED: usize = 10;
 
 /// Two values as every token sees them: the same kind and canonical text.
-fn same(a: &Value, b: &Value) -> bool {
+fn same(a: Val<'_>, b: Val<'_>) -> bool {
     a.kind() == b.kind() && a.canon_cow() == b.canon_cow()
 }
 
@@ -173,7 +173,7 @@ fn insert_audit_in(
             .zip(&kinds)
             .zip(&names)
             .map(|((v, k), n)| {
-                pg::to_sql(v, *k).map_err(|e| Error::Registry {
+                pg::to_sql(v.as_val(), *k).map_err(|e| Error::Registry {
                     path: label.into(),
                     message: format!("audit row {}: `{n}` {e}", row[0].canon()),
                 })

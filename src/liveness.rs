@@ -5,7 +5,7 @@
 
 use crate::row::{Col, Row};
 use crate::time::{parse_ts, Micros};
-use crate::value::Value;
+use crate::value::Val;
 
 /// Default heartbeat TTL when the row's is unusable.
 pub const DEFAULT_TTL_SECONDS: f64 = 900.0;
@@ -105,18 +105,18 @@ pub fn micros_to_seconds(us: i64) -> f64 {
 
 /// A stored TTL as a number: an integer, a real, or wholly-decimal ASCII
 /// text; never a boolean (docs/semantics.md §2).
-fn stored_number(v: &Value) -> Option<f64> {
+fn stored_number(v: Val<'_>) -> Option<f64> {
     match v {
-        Value::Int(i) => Some(*i as f64),
-        Value::Real(f) => Some(*f),
-        Value::Text(s) if is_decimal_number(s) => s.parse::<f64>().ok(),
+        Val::Int(i) => Some(i as f64),
+        Val::Real(f) => Some(f),
+        Val::Text(s) if is_decimal_number(s) => s.parse::<f64>().ok(),
         _ => None,
     }
 }
 
 /// The canonical TTL: the row's when it is a finite number above zero
 /// (integer, real, or wholly-decimal text; never a boolean), else 900.
-pub fn canonical_ttl(v: &Value) -> f64 {
+pub fn canonical_ttl(v: Val<'_>) -> f64 {
     match stored_number(v) {
         Some(t) if t.is_finite() && t > 0.0 => t,
         _ => DEFAULT_TTL_SECONDS,
@@ -142,7 +142,7 @@ pub struct TtlMeasure {
 
 /// Measure a stored TTL; the rules that turn it into the TTL a row is
 /// judged by (the 900-second default, "greater than zero") are Cedar's.
-pub fn measure_ttl(v: &Value) -> TtlMeasure {
+pub fn measure_ttl(v: Val<'_>) -> TtlMeasure {
     match stored_number(v).filter(|t| t.is_finite()) {
         None => TtlMeasure {
             number: false,
@@ -218,15 +218,16 @@ pub fn assess(row: &Row, now: Micros, pid_alive: Option<bool>) -> Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::Value;
 
     #[test]
     fn ttl_accepts_numbers_and_decimal_text_only() {
-        assert_eq!(canonical_ttl(&Value::Int(300)), 300.0);
-        assert_eq!(canonical_ttl(&Value::Real(0.25)), 0.25);
-        assert_eq!(canonical_ttl(&Value::Text("900".into())), 900.0);
-        assert_eq!(canonical_ttl(&Value::Text("1e3".into())), 1000.0);
-        assert_eq!(canonical_ttl(&Value::Text(".5".into())), 0.5);
-        assert_eq!(canonical_ttl(&Value::Text("5.".into())), 5.0);
+        assert_eq!(canonical_ttl(Val::Int(300)), 300.0);
+        assert_eq!(canonical_ttl(Val::Real(0.25)), 0.25);
+        assert_eq!(canonical_ttl(Val::Text("900")), 900.0);
+        assert_eq!(canonical_ttl(Val::Text("1e3")), 1000.0);
+        assert_eq!(canonical_ttl(Val::Text(".5")), 0.5);
+        assert_eq!(canonical_ttl(Val::Text("5.")), 5.0);
         // Digits of other scripts are not a number here (ASCII only).
         for other in [
             "\u{663}\u{666}\u{660}\u{660}",
@@ -234,21 +235,17 @@ mod tests {
             "\u{FF16}\u{FF10}",
             "\u{B2}",
         ] {
-            assert_eq!(
-                canonical_ttl(&Value::Text(other.into())),
-                900.0,
-                "{other:?}"
-            );
+            assert_eq!(canonical_ttl(Val::Text(other)), 900.0, "{other:?}");
         }
         for bad in [
             " 900", "1_000", "inf", "nan", "", "0", "-5", "1e999", "e3", ".",
         ] {
-            assert_eq!(canonical_ttl(&Value::Text(bad.into())), 900.0, "{bad:?}");
+            assert_eq!(canonical_ttl(Val::Text(bad)), 900.0, "{bad:?}");
         }
-        assert_eq!(canonical_ttl(&Value::Bool(true)), 900.0);
-        assert_eq!(canonical_ttl(&Value::Int(0)), 900.0);
-        assert_eq!(canonical_ttl(&Value::Real(f64::INFINITY)), 900.0);
-        assert_eq!(canonical_ttl(&Value::Null), 900.0);
+        assert_eq!(canonical_ttl(Val::Bool(true)), 900.0);
+        assert_eq!(canonical_ttl(Val::Int(0)), 900.0);
+        assert_eq!(canonical_ttl(Val::Real(f64::INFINITY)), 900.0);
+        assert_eq!(canonical_ttl(Val::Null), 900.0);
     }
 
     /// The microsecond measurement answers `age <= ttl` exactly as the
@@ -279,8 +276,8 @@ mod tests {
             Value::Null,
         ];
         for v in &ttls {
-            let m = measure_ttl(v);
-            let canonical = canonical_ttl(v);
+            let m = measure_ttl(v.as_val());
+            let canonical = canonical_ttl(v.as_val());
             // What the policies say: the row's TTL when a number above
             // zero, else 900 seconds.
             let judged = if m.number && m.sign > 0 {

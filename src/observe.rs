@@ -12,7 +12,7 @@ use crate::identity::{assess_instance_identity, InstanceIdentity};
 use crate::liveness::{assess, Liveness};
 use crate::row::{Col, Row};
 use crate::time::Micros;
-use crate::value::Value;
+use crate::value::{Val, Value};
 use std::borrow::Cow;
 
 /// Everything a run was told or observed about its surroundings.
@@ -99,8 +99,8 @@ fn status_text(row: &Row) -> Cow<'_, str> {
 pub fn process_identity(row: &Row) -> Value {
     let given = row.get(Col::ProcessIdentity);
     if given.truthy() {
-        given.clone()
-    } else if *row.get(Col::Pid) != Value::Null {
+        given.to_value()
+    } else if !row.get(Col::Pid).is_null() {
         Value::Text(format!("pid-{}", row.get(Col::Pid).py_str()).into())
     } else {
         Value::Null
@@ -109,7 +109,7 @@ pub fn process_identity(row: &Row) -> Value {
 
 pub(crate) fn conflict_keys<'a>(
     row: &'a Row,
-    process_identity: &'a Value,
+    process_identity: Val<'a>,
 ) -> Vec<(&'static str, Cow<'a, str>)> {
     [
         ("session_id", row.get(Col::SessionId)),
@@ -204,7 +204,7 @@ pub fn protection_hits(row: &Row, p: &ProtectionIndex<'_>) -> Vec<String> {
         // An integer pid's canonical text without an allocation.
         let mut digits = itoa::Buffer::new();
         let pid_text: Cow<str> = match row.get(Col::Pid) {
-            Value::Int(i) => Cow::Borrowed(digits.format(*i)),
+            Val::Int(i) => Cow::Borrowed(digits.format(i)),
             other => other.canon_cow(),
         };
         if p.pids.contains(pid_text.as_ref()) {
@@ -255,7 +255,7 @@ pub fn peer_facts(
 /// holding any of its identity evidence values, and the other active
 /// claimants of its slot (for `explain`).
 pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec<usize> {
-    let keys = conflict_keys(&rows[index], &observations[index].process_identity);
+    let keys = conflict_keys(&rows[index], observations[index].process_identity.as_val());
     let slot = |r: &Row| {
         (status_text(r) == "active").then(|| {
             (
@@ -268,7 +268,7 @@ pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec
     (0..rows.len())
         .filter(|&j| j != index)
         .filter(|&j| {
-            let theirs = conflict_keys(&rows[j], &observations[j].process_identity);
+            let theirs = conflict_keys(&rows[j], observations[j].process_identity.as_val());
             theirs.iter().any(|k| keys.contains(k)) || (mine.is_some() && slot(&rows[j]) == mine)
         })
         .collect()
@@ -303,7 +303,7 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
     let mut holders: rustc_hash::FxHashMap<(&'static str, Cow<str>), usize> = Default::default();
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
         if holds[i] {
-            for key in conflict_keys(row, &o.process_identity) {
+            for key in conflict_keys(row, o.process_identity.as_val()) {
                 *holders.entry(key).or_default() += 1;
             }
         }
@@ -313,7 +313,7 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
     }
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
         let own = usize::from(holds[i]);
-        let mut shared: Vec<String> = conflict_keys(row, &o.process_identity)
+        let mut shared: Vec<String> = conflict_keys(row, o.process_identity.as_val())
             .into_iter()
             .filter(|k| holders.get(k).is_some_and(|n| *n > own))
             .map(|(name, value)| format!("{name}={value}"))

@@ -1,7 +1,8 @@
 //! The registry row model (docs/semantics.md §5): the columns the program knows, in
 //! one place, and a row as the values read for them.
 
-use crate::value::Value;
+use crate::value::{TextBuf, Val, Value};
+use std::sync::Arc;
 
 macro_rules! columns {
     ($($variant:ident => $name:literal),* $(,)?) => {
@@ -63,30 +64,117 @@ columns! {
     RetirementReason => "retirement_reason",
 }
 
+/// How many columns the program knows.
+pub const WIDTH: usize = COLUMNS.len();
+
 /// One registration as read: a value for every known column (NULL for a
 /// column the registry does not have). Unknown columns are not kept.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// A row read from SQLite keeps its texts as ranges of the buffer its batch
+/// of rows was read into, shared by that batch: 16 bytes a field and one
+/// reference count a row, where a [`Value`] a field would be 24 bytes and a
+/// reference count each. [`Row::get`] lends a field out as a [`Val`].
+#[derive(Clone)]
 pub struct Row {
-    values: Vec<Value>,
+    buf: Arc<TextBuf>,
+    cells: Box<[Cell; WIDTH]>,
+}
+
+/// One field of a row.
+#[derive(Clone)]
+enum Cell {
+    Null,
+    Int(i64),
+    Real(f64),
+    Bool(bool),
+    /// `buf[start..start + len]`, checked to lie on character boundaries
+    /// within the row's buffer when it was set.
+    Text {
+        start: u32,
+        len: u32,
+    },
+    /// A value set on its own (a fixture, PostgreSQL, a blob, an apply's
+    /// write), that keeps its own storage.
+    Owned(Box<Value>),
 }
 
 impl Default for Row {
     fn default() -> Self {
-        Row {
-            values: vec![Value::Null; COLUMNS.len()],
-        }
+        static EMPTY: std::sync::OnceLock<Arc<TextBuf>> = std::sync::OnceLock::new();
+        Row::in_buffer(EMPTY.get_or_init(|| TextBuf::new(String::new())).clone())
+    }
+}
+
+impl PartialEq for Row {
+    fn eq(&self, other: &Row) -> bool {
+        COLUMNS.iter().all(|c| self.get(*c) == other.get(*c))
+    }
+}
+
+impl std::fmt::Debug for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(COLUMNS.iter().map(|c| (c.name(), self.get(*c))))
+            .finish()
     }
 }
 
 impl Row {
+    /// A row of NULLs whose texts will be slices of `buf`.
+    pub fn in_buffer(buf: Arc<TextBuf>) -> Row {
+        Row {
+            buf,
+            cells: Box::new([const { Cell::Null }; WIDTH]),
+        }
+    }
+
     /// The value of a column.
-    pub fn get(&self, col: Col) -> &Value {
-        &self.values[col as usize]
+    pub fn get(&self, col: Col) -> Val<'_> {
+        match &self.cells[col as usize] {
+            Cell::Null => Val::Null,
+            Cell::Int(i) => Val::Int(*i),
+            Cell::Real(f) => Val::Real(*f),
+            Cell::Bool(b) => Val::Bool(*b),
+            Cell::Text { start, len } => {
+                let start = *start as usize;
+                let range = start..start + *len as usize;
+                let text = self.buf.as_str();
+                debug_assert!(text.get(range.clone()).is_some());
+                // SAFETY: a text cell is made only by `set_slice`, which
+                // checked that its range lies within this row's buffer on
+                // character boundaries; the buffer (a `Box<str>` behind an
+                // `Arc`) never changes, and a row's buffer is never
+                // replaced. Every field read goes through here, so the
+                // check is not repeated on every read.
+                Val::Text(unsafe { text.get_unchecked(range) })
+            }
+            Cell::Owned(v) => v.as_val(),
+        }
     }
 
     /// Set the value of a column.
     pub fn set(&mut self, col: Col, value: Value) {
-        self.values[col as usize] = value;
+        self.cells[col as usize] = match value {
+            Value::Null => Cell::Null,
+            Value::Int(i) => Cell::Int(i),
+            Value::Real(f) => Cell::Real(f),
+            Value::Bool(b) => Cell::Bool(b),
+            other => Cell::Owned(Box::new(other)),
+        };
+    }
+
+    /// Set a column to the text `range` of this row's buffer. `false` (and
+    /// nothing set) when the range is not within the buffer on character
+    /// boundaries, or does not fit 32 bits.
+    pub fn set_slice(&mut self, col: Col, range: std::ops::Range<usize>) -> bool {
+        if self.buf.as_str().get(range.clone()).is_none() {
+            return false;
+        }
+        let (Ok(start), Ok(len)) = (u32::try_from(range.start), u32::try_from(range.len())) else {
+            return false;
+        };
+        self.cells[col as usize] = Cell::Text { start, len };
+        true
     }
 
     /// Build a row from a JSON object (fixtures). Keys the program does not
@@ -100,5 +188,39 @@ impl Row {
             }
         }
         Ok(row)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A field reads back as it was set, whichever way it was stored, and a
+    /// slice outside the buffer or off a character boundary is refused.
+    #[test]
+    fn fields_read_back_as_set() {
+        let buf = TextBuf::new("héllo world".to_string());
+        let mut row = Row::in_buffer(buf);
+        assert!(row.set_slice(Col::Role, 0..6));
+        assert!(row.set_slice(Col::Remote, 7..12));
+        assert!(!row.set_slice(Col::Profile, 0..2), "splits the é");
+        assert!(!row.set_slice(Col::Profile, 7..13), "past the end");
+        row.set(Col::Pid, Value::Int(-4));
+        row.set(Col::HeartbeatTtlSeconds, Value::Real(0.5));
+        row.set(Col::Status, Value::Text("active".into()));
+        row.set(Col::BootId, Value::Blob(vec![0, 1].into()));
+        assert_eq!(row.get(Col::Role), Val::Text("héllo"));
+        assert_eq!(row.get(Col::Remote), Val::Text("world"));
+        assert_eq!(row.get(Col::Profile), Val::Null);
+        assert_eq!(row.get(Col::Pid), Val::Int(-4));
+        assert_eq!(row.get(Col::HeartbeatTtlSeconds), Val::Real(0.5));
+        assert_eq!(row.get(Col::Status), Val::Text("active"));
+        assert_eq!(row.get(Col::BootId), Val::Blob(&[0, 1]));
+        let copy = row.clone();
+        assert_eq!(copy, row);
+        row.set(Col::Role, Value::Null);
+        assert_ne!(copy, row);
+        assert_eq!(copy.get(Col::Role), Val::Text("héllo"));
+        assert_eq!(std::mem::size_of::<Cell>(), 16);
     }
 }

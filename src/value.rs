@@ -7,6 +7,7 @@
 //! must never guess a type: it only renders what it was given.
 
 use serde_json::Value as Json;
+use std::borrow::Cow;
 
 /// One stored field value, with its storage class.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,57 +26,93 @@ pub enum Value {
     Blob(Box<[u8]>),
 }
 
-impl Value {
+/// A stored value borrowed from where it is kept: a row's cells, a lease, a
+/// [`Value`]. It has every reading method a [`Value`] has; the row model
+/// hands these out so that reading a field copies nothing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Val<'a> {
+    /// SQL NULL, JSON null, or a column the registry does not have.
+    Null,
+    /// SQLite INTEGER or a JSON integer.
+    Int(i64),
+    /// SQLite REAL or a JSON number with a fraction or exponent.
+    Real(f64),
+    /// SQLite TEXT or a JSON string.
+    Text(&'a str),
+    /// A JSON boolean.
+    Bool(bool),
+    /// SQLite BLOB.
+    Blob(&'a [u8]),
+}
+
+impl<'a> Val<'a> {
     /// The storage class, as a word.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(self) -> &'static str {
         match self {
-            Value::Null => "null",
-            Value::Int(_) => "integer",
-            Value::Real(_) => "real",
-            Value::Text(_) => "text",
-            Value::Bool(_) => "bool",
-            Value::Blob(_) => "blob",
+            Val::Null => "null",
+            Val::Int(_) => "integer",
+            Val::Real(_) => "real",
+            Val::Text(_) => "text",
+            Val::Bool(_) => "bool",
+            Val::Blob(_) => "blob",
         }
     }
 
-    /// The seed's canonical text (`_canon`): what every token hashes.
-    pub fn canon(&self) -> String {
+    /// An owned copy.
+    pub fn to_value(self) -> Value {
         match self {
-            Value::Null => String::new(),
-            Value::Bool(b) => if *b { "true" } else { "false" }.to_string(),
-            Value::Int(i) => i.to_string(),
-            Value::Real(f) => {
+            Val::Null => Value::Null,
+            Val::Int(i) => Value::Int(i),
+            Val::Real(f) => Value::Real(f),
+            Val::Text(s) => Value::Text(s.into()),
+            Val::Bool(b) => Value::Bool(b),
+            Val::Blob(b) => Value::Blob(b.into()),
+        }
+    }
+
+    /// SQL NULL (or an absent column).
+    pub fn is_null(self) -> bool {
+        matches!(self, Val::Null)
+    }
+
+    /// The seed's canonical text (`_canon`): what every token hashes.
+    pub fn canon(self) -> String {
+        match self {
+            Val::Null => String::new(),
+            Val::Bool(b) => if b { "true" } else { "false" }.to_string(),
+            Val::Int(i) => i.to_string(),
+            Val::Real(f) => {
                 if f.is_finite() && f.fract() == 0.0 {
-                    exact_integer_text(*f)
+                    exact_integer_text(f)
                 } else {
-                    float_repr(*f)
+                    float_repr(f)
                 }
             }
-            Value::Text(s) => s.to_string(),
-            Value::Blob(b) => bytes_repr(b),
+            Val::Text(s) => s.to_string(),
+            Val::Blob(b) => bytes_repr(b),
         }
     }
 
     /// The canonical text, borrowed when the value is text or NULL.
-    pub fn canon_cow(&self) -> std::borrow::Cow<'_, str> {
+    pub fn canon_cow(self) -> Cow<'a, str> {
         match self {
-            Value::Null => std::borrow::Cow::Borrowed(""),
-            Value::Text(s) => std::borrow::Cow::Borrowed(s),
-            other => std::borrow::Cow::Owned(other.canon()),
+            Val::Null => Cow::Borrowed(""),
+            Val::Text(s) => Cow::Borrowed(s),
+            other => Cow::Owned(other.canon()),
         }
     }
 
     /// Append the canonical text to `out` (no intermediate allocation for
     /// the common storage classes).
-    pub fn write_canon(&self, out: &mut String) {
+    pub fn write_canon(self, out: &mut String) {
         match self {
-            Value::Null => {}
-            Value::Int(i) => out.push_str(itoa::Buffer::new().format(*i)),
-            Value::Text(s) => out.push_str(s),
+            Val::Null => {}
+            Val::Int(i) => out.push_str(itoa::Buffer::new().format(i)),
+            Val::Text(s) => out.push_str(s),
             // A whole real below 9e15 is its integer's text
             // (`exact_integer_text`), without the allocation.
-            Value::Real(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                out.push_str(itoa::Buffer::new().format(*f as i64))
+            Val::Real(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                out.push_str(itoa::Buffer::new().format(f as i64))
             }
             other => out.push_str(&other.canon()),
         }
@@ -83,31 +120,31 @@ impl Value {
 
     /// Python's `str(value)`, used where the seed formats a value with an
     /// f-string or `str()` rather than `_canon` (e.g. `pid-<pid>`).
-    pub fn py_str(&self) -> String {
+    pub fn py_str(self) -> String {
         match self {
-            Value::Null => "None".to_string(),
-            Value::Bool(b) => if *b { "True" } else { "False" }.to_string(),
-            Value::Int(i) => i.to_string(),
-            Value::Real(f) => float_repr(*f),
-            Value::Text(s) => s.to_string(),
-            Value::Blob(b) => bytes_repr(b),
+            Val::Null => "None".to_string(),
+            Val::Bool(b) => if b { "True" } else { "False" }.to_string(),
+            Val::Int(i) => i.to_string(),
+            Val::Real(f) => float_repr(f),
+            Val::Text(s) => s.to_string(),
+            Val::Blob(b) => bytes_repr(b),
         }
     }
 
     /// Python truthiness.
-    pub fn truthy(&self) -> bool {
+    pub fn truthy(self) -> bool {
         match self {
-            Value::Null => false,
-            Value::Bool(b) => *b,
-            Value::Int(i) => *i != 0,
-            Value::Real(f) => *f != 0.0,
-            Value::Text(s) => !s.is_empty(),
-            Value::Blob(b) => !b.is_empty(),
+            Val::Null => false,
+            Val::Bool(b) => b,
+            Val::Int(i) => i != 0,
+            Val::Real(f) => f != 0.0,
+            Val::Text(s) => !s.is_empty(),
+            Val::Blob(b) => !b.is_empty(),
         }
     }
 
     /// `str(value or "")`: the empty string for a falsy value, else `str()`.
-    pub fn or_empty_str(&self) -> String {
+    pub fn or_empty_str(self) -> String {
         if self.truthy() {
             self.py_str()
         } else {
@@ -116,46 +153,154 @@ impl Value {
     }
 
     /// `or_empty_str`, borrowed when the value is text or falsy.
-    pub fn or_empty_cow(&self) -> std::borrow::Cow<'_, str> {
+    pub fn or_empty_cow(self) -> Cow<'a, str> {
         match self {
-            Value::Text(s) => std::borrow::Cow::Borrowed(s),
-            v if !v.truthy() => std::borrow::Cow::Borrowed(""),
-            other => std::borrow::Cow::Owned(other.py_str()),
+            Val::Text(s) => Cow::Borrowed(s),
+            v if !v.truthy() => Cow::Borrowed(""),
+            other => Cow::Owned(other.py_str()),
         }
     }
 
     /// `(value or "").strip()` for text; other present values are rendered
     /// with `str()` first (the seed only ever stores text in these columns).
-    pub fn stripped(&self) -> String {
+    pub fn stripped(self) -> String {
         self.stripped_cow().into_owned()
     }
 
     /// `stripped`, borrowed when the value is text.
-    pub fn stripped_cow(&self) -> std::borrow::Cow<'_, str> {
+    pub fn stripped_cow(self) -> Cow<'a, str> {
         match self {
-            Value::Text(s) => std::borrow::Cow::Borrowed(py_strip(s)),
-            other => std::borrow::Cow::Owned(py_strip(&other.or_empty_str()).to_string()),
+            Val::Text(s) => Cow::Borrowed(py_strip(s)),
+            other => Cow::Owned(py_strip(&other.or_empty_str()).to_string()),
         }
     }
 
     /// A required field is missing: NULL, or text that is empty once
     /// Python's whitespace is stripped.
-    pub fn is_blank(&self) -> bool {
+    pub fn is_blank(self) -> bool {
         match self {
-            Value::Null => true,
+            Val::Null => true,
             // Blank means every character is Python white space: a first
             // character that is not settles it without scanning the rest.
-            Value::Text(s) => s.chars().next().is_none_or(is_py_space) && py_strip(s).is_empty(),
+            Val::Text(s) => s.chars().next().is_none_or(is_py_space) && py_strip(s).is_empty(),
             _ => false,
         }
     }
 
     /// The text, when this value is text.
-    pub fn as_text(&self) -> Option<&str> {
+    pub fn as_text(self) -> Option<&'a str> {
         match self {
-            Value::Text(s) => Some(s),
+            Val::Text(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// Render as JSON, keeping the storage class (`900.0` stays a real).
+    pub fn to_json(self) -> Json {
+        match self {
+            Val::Null => Json::Null,
+            Val::Bool(b) => Json::Bool(b),
+            Val::Int(i) => Json::from(i),
+            Val::Real(f) => serde_json::Number::from_f64(f)
+                .map(Json::Number)
+                .unwrap_or_else(|| Json::String(float_repr(f))),
+            Val::Text(s) => Json::String(s.to_string()),
+            Val::Blob(b) => Json::String(bytes_repr(b)),
+        }
+    }
+}
+
+impl PartialEq<Value> for Val<'_> {
+    fn eq(&self, other: &Value) -> bool {
+        *self == other.as_val()
+    }
+}
+
+impl serde::Serialize for Val<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match *self {
+            Val::Null => s.serialize_none(),
+            Val::Bool(b) => s.serialize_bool(b),
+            Val::Int(i) => s.serialize_i64(i),
+            Val::Real(f) if f.is_finite() => s.serialize_f64(f),
+            Val::Real(f) => s.serialize_str(&float_repr(f)),
+            Val::Text(t) => s.serialize_str(t),
+            Val::Blob(b) => s.serialize_str(&bytes_repr(b)),
+        }
+    }
+}
+
+impl Value {
+    /// This value, borrowed.
+    pub fn as_val(&self) -> Val<'_> {
+        match self {
+            Value::Null => Val::Null,
+            Value::Int(i) => Val::Int(*i),
+            Value::Real(f) => Val::Real(*f),
+            Value::Text(s) => Val::Text(s.as_str()),
+            Value::Bool(b) => Val::Bool(*b),
+            Value::Blob(b) => Val::Blob(b),
+        }
+    }
+
+    /// The storage class, as a word.
+    pub fn kind(&self) -> &'static str {
+        self.as_val().kind()
+    }
+
+    /// [`Val::canon`].
+    pub fn canon(&self) -> String {
+        self.as_val().canon()
+    }
+
+    /// [`Val::canon_cow`].
+    pub fn canon_cow(&self) -> Cow<'_, str> {
+        self.as_val().canon_cow()
+    }
+
+    /// [`Val::write_canon`].
+    pub fn write_canon(&self, out: &mut String) {
+        self.as_val().write_canon(out)
+    }
+
+    /// [`Val::py_str`].
+    pub fn py_str(&self) -> String {
+        self.as_val().py_str()
+    }
+
+    /// [`Val::truthy`].
+    pub fn truthy(&self) -> bool {
+        self.as_val().truthy()
+    }
+
+    /// [`Val::or_empty_str`].
+    pub fn or_empty_str(&self) -> String {
+        self.as_val().or_empty_str()
+    }
+
+    /// [`Val::or_empty_cow`].
+    pub fn or_empty_cow(&self) -> Cow<'_, str> {
+        self.as_val().or_empty_cow()
+    }
+
+    /// [`Val::stripped`].
+    pub fn stripped(&self) -> String {
+        self.as_val().stripped()
+    }
+
+    /// [`Val::stripped_cow`].
+    pub fn stripped_cow(&self) -> Cow<'_, str> {
+        self.as_val().stripped_cow()
+    }
+
+    /// [`Val::is_blank`].
+    pub fn is_blank(&self) -> bool {
+        self.as_val().is_blank()
+    }
+
+    /// [`Val::as_text`].
+    pub fn as_text(&self) -> Option<&str> {
+        self.as_val().as_text()
     }
 
     /// Convert a JSON value (fixtures, saved plans). Nested arrays and objects
@@ -183,18 +328,9 @@ impl Value {
         })
     }
 
-    /// Render as JSON, keeping the storage class (`900.0` stays a real).
+    /// [`Val::to_json`].
     pub fn to_json(&self) -> Json {
-        match self {
-            Value::Null => Json::Null,
-            Value::Bool(b) => Json::Bool(*b),
-            Value::Int(i) => Json::from(*i),
-            Value::Real(f) => serde_json::Number::from_f64(*f)
-                .map(Json::Number)
-                .unwrap_or_else(|| Json::String(float_repr(*f))),
-            Value::Text(s) => Json::String(s.to_string()),
-            Value::Blob(b) => Json::String(bytes_repr(b)),
-        }
+        self.as_val().to_json()
     }
 }
 
@@ -218,6 +354,11 @@ impl TextBuf {
     /// A buffer holding `text`, to slice texts from with [`Text::slice`].
     pub fn new(text: String) -> std::sync::Arc<TextBuf> {
         std::sync::Arc::new(TextBuf(text.into_boxed_str()))
+    }
+
+    /// The whole buffer.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -310,15 +451,7 @@ impl std::fmt::Display for Text {
 
 impl serde::Serialize for Value {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Value::Null => s.serialize_none(),
-            Value::Bool(b) => s.serialize_bool(*b),
-            Value::Int(i) => s.serialize_i64(*i),
-            Value::Real(f) if f.is_finite() => s.serialize_f64(*f),
-            Value::Real(f) => s.serialize_str(&float_repr(*f)),
-            Value::Text(t) => s.serialize_str(t),
-            Value::Blob(b) => s.serialize_str(&bytes_repr(b)),
-        }
+        self.as_val().serialize(s)
     }
 }
 

@@ -41,9 +41,9 @@ fn snap_with(rows: &[Value], opts: Options) -> Value {
         .collect();
     let mut probe = GivenProbe::default();
     for r in &rows {
-        if let fleet_retire::value::Value::Int(pid) = r.get(fleet_retire::row::Col::Pid) {
+        if let fleet_retire::value::Val::Int(pid) = r.get(fleet_retire::row::Col::Pid) {
             probe.processes.insert(
-                *pid,
+                pid,
                 PidObservation {
                     alive: Some(true),
                     start_time: None,

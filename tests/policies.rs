@@ -771,7 +771,7 @@ fn memo_on_and_memo_off_agree_on_every_fixture_and_random_registries() {
             let pid = 10_000 + i;
             r.set(Col::Pid, V::Int(pid));
             let alive = [Some(false), Some(false), Some(true), None][next(4) as usize];
-            let start = r.get(Col::ProcessStartTime).clone();
+            let start = r.get(Col::ProcessStartTime);
             case.probe.processes.insert(
                 pid,
                 fleet_retire::evidence::probe::PidObservation {
@@ -823,8 +823,8 @@ fn memo_on_and_memo_off_agree_on_a_realistic_registry() {
     let system = SystemProbe::new("/proc");
     let mut probe = GivenProbe::default();
     for row in &rows {
-        if let fleet_retire::value::Value::Int(pid) = row.get(fleet_retire::row::Col::Pid) {
-            probe.processes.insert(*pid, system.observe(*pid));
+        if let fleet_retire::value::Val::Int(pid) = row.get(fleet_retire::row::Col::Pid) {
+            probe.processes.insert(pid, system.observe(pid));
         }
     }
     let case = PlanCase {

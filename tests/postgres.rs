@@ -49,7 +49,7 @@ fn sqlite_leases(path: &Path, leases: &[fleet_retire::store::leases::Lease]) {
     for l in leases {
         let values: Vec<rusqlite::types::Value> = names
             .iter()
-            .map(|n| fleet_retire::store::registry::sql_value(l.get(n)))
+            .map(|n| fleet_retire::store::registry::sql_value(l.get(n).as_val()))
             .collect();
         conn.execute(
             &format!(

@@ -4,7 +4,7 @@
 //! anything else → unknown. Only a positive SQLite/JSON integer is a pid;
 //! text `"4242"` and real `4242.0` are unknown, and so is their start time.
 
-use crate::value::Value;
+use crate::value::Val;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -26,9 +26,9 @@ pub trait ProcessProbe: Sync {
 
 /// Probe a registry pid value; non-integers and non-positive integers are
 /// unknown without asking.
-pub fn observe_pid(value: &Value, probe: &dyn ProcessProbe) -> PidObservation {
+pub fn observe_pid(value: Val<'_>, probe: &dyn ProcessProbe) -> PidObservation {
     match value {
-        Value::Int(pid) if *pid > 0 => probe.observe(*pid),
+        Val::Int(pid) if pid > 0 => probe.observe(pid),
         _ => PidObservation::default(),
     }
 }
@@ -211,11 +211,11 @@ mod tests {
     #[test]
     fn non_integer_pids_are_unknown_without_probing() {
         let probe = GivenProbe::default();
-        assert_eq!(observe_pid(&Value::Text("1".into()), &probe).alive, None);
-        assert_eq!(observe_pid(&Value::Real(1.0), &probe).alive, None);
-        assert_eq!(observe_pid(&Value::Int(0), &probe).alive, None);
-        assert_eq!(observe_pid(&Value::Int(-5), &probe).alive, None);
-        assert_eq!(observe_pid(&Value::Int(77), &probe).alive, Some(false));
+        assert_eq!(observe_pid(Val::Text("1"), &probe).alive, None);
+        assert_eq!(observe_pid(Val::Real(1.0), &probe).alive, None);
+        assert_eq!(observe_pid(Val::Int(0), &probe).alive, None);
+        assert_eq!(observe_pid(Val::Int(-5), &probe).alive, None);
+        assert_eq!(observe_pid(Val::Int(77), &probe).alive, Some(false));
     }
 
     #[test]

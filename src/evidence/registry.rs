@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result, Store};
 use crate::row::{Col, Row, COLUMNS};
-use crate::value::{Text, TextBuf, Value};
+use crate::value::{TextBuf, Value};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
@@ -297,18 +297,20 @@ fn convert_batches(
             }
         };
         for (n, raw) in values.chunks_exact(width).enumerate() {
-            let mut row = Row::default();
+            let mut row = Row::in_buffer(buf.clone());
             for (col, v) in present.iter().zip(raw) {
                 let value = match v {
-                    RawValue::Null => Value::Null,
+                    RawValue::Null => continue,
                     RawValue::Int(x) => Value::Int(*x),
                     RawValue::Real(x) => Value::Real(*x),
                     // Each text was valid on its own, so its bounds are
                     // character boundaries of the whole.
-                    RawValue::Text(r) => match Text::slice(&buf, r.clone()) {
-                        Some(t) => Value::Text(t),
-                        None => return Err(not_utf8(first_row + n, *col)),
-                    },
+                    RawValue::Text(r) => {
+                        if row.set_slice(*col, r.clone()) {
+                            continue;
+                        }
+                        return Err(not_utf8(first_row + n, *col));
+                    }
                     RawValue::Blob(r) => Value::Blob(blobs[r.clone()].into()),
                 };
                 row.set(*col, value);
@@ -483,7 +485,7 @@ mod tests {
         while let Some(r) = cursor.next().unwrap() {
             for (i, col) in cols.iter().enumerate() {
                 let expected = value_from_sql(r.get_ref(i).unwrap()).unwrap();
-                assert_eq!(rows[n].get(*col), &expected, "row {n} column {col:?}");
+                assert_eq!(rows[n].get(*col), expected, "row {n} column {col:?}");
             }
             n += 1;
         }

@@ -10,7 +10,7 @@
 //! fixture and on rows built to need escaping.
 
 use super::Evidence;
-use crate::value::Value;
+use crate::value::Val;
 
 /// Append `s` as a JSON string.
 fn string(out: &mut Vec<u8>, s: &str) {
@@ -69,13 +69,13 @@ fn integer(out: &mut Vec<u8>, n: impl itoa::Integer) {
 }
 
 /// Append a registry value as its `Serialize` impl writes it.
-pub fn value(out: &mut Vec<u8>, v: &Value) {
+pub fn value(out: &mut Vec<u8>, v: Val<'_>) {
     match v {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(b) => boolean(out, *b),
-        Value::Int(i) => integer(out, *i),
-        Value::Text(t) => string(out, t),
-        other => serde_json::to_writer(&mut *out, other).expect("writing to memory cannot fail"),
+        Val::Null => out.extend_from_slice(b"null"),
+        Val::Bool(b) => boolean(out, b),
+        Val::Int(i) => integer(out, i),
+        Val::Text(t) => string(out, t),
+        other => serde_json::to_writer(&mut *out, &other).expect("writing to memory cannot fail"),
     }
 }
 

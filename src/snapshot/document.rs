@@ -14,7 +14,7 @@ struct WorkerView<'r>(&'r Row, &'r Measured);
 
 /// The seed's `record.get(x) or record.get(fallback)`: a falsy value (NULL,
 /// "", 0) falls through to a column a registry does not have.
-struct OrNull<'v>(&'v Value);
+struct OrNull<'v>(Val<'v>);
 
 impl serde::Serialize for OrNull<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -49,31 +49,31 @@ impl serde::Serialize for WorkerView<'_> {
         map.serialize_entry("worker_identity", &OrNull(v(Col::WorkerIdentity)))?;
         map.serialize_entry("client_type", m.client_type)?;
         map.serialize_entry("client_instance_id", &InstanceId(row, m))?;
-        map.serialize_entry("fleet_run_id", v(Col::FleetRunId))?;
-        map.serialize_entry("namespace", v(Col::Namespace))?;
-        map.serialize_entry("profile", v(Col::Profile))?;
+        map.serialize_entry("fleet_run_id", &v(Col::FleetRunId))?;
+        map.serialize_entry("namespace", &v(Col::Namespace))?;
+        map.serialize_entry("profile", &v(Col::Profile))?;
         map.serialize_entry("declared_role", &OrNull(v(Col::Role)))?;
-        map.serialize_entry("authenticated_account", v(Col::AuthenticatedAccount))?;
-        map.serialize_entry("session_id", v(Col::SessionId))?;
-        map.serialize_entry("generation_id", v(Col::GenerationId))?;
+        map.serialize_entry("authenticated_account", &v(Col::AuthenticatedAccount))?;
+        map.serialize_entry("session_id", &v(Col::SessionId))?;
+        map.serialize_entry("generation_id", &v(Col::GenerationId))?;
         map.serialize_entry("process_identity", &process_identity(row))?;
-        map.serialize_entry("pid", v(Col::Pid))?;
+        map.serialize_entry("pid", &v(Col::Pid))?;
         map.serialize_entry("pid_alive", &m.pid_alive)?;
-        map.serialize_entry("repository_binding", v(Col::RepositoryBinding))?;
-        map.serialize_entry("remote", v(Col::Remote))?;
-        map.serialize_entry("startup_revision", v(Col::StartupRevision))?;
-        map.serialize_entry("loaded_revision", v(Col::LoadedRevision))?;
-        map.serialize_entry("parity_revision", v(Col::ParityRevision))?;
-        map.serialize_entry("live_revision", v(Col::LiveRevision))?;
+        map.serialize_entry("repository_binding", &v(Col::RepositoryBinding))?;
+        map.serialize_entry("remote", &v(Col::Remote))?;
+        map.serialize_entry("startup_revision", &v(Col::StartupRevision))?;
+        map.serialize_entry("loaded_revision", &v(Col::LoadedRevision))?;
+        map.serialize_entry("parity_revision", &v(Col::ParityRevision))?;
+        map.serialize_entry("live_revision", &v(Col::LiveRevision))?;
         map.serialize_entry("runtime_provenance", &OrNull(v(Col::Transport)))?;
-        map.serialize_entry("transport", v(Col::Transport))?;
-        map.serialize_entry("started_at", v(Col::StartedAt))?;
-        map.serialize_entry("last_heartbeat_at", v(Col::LastHeartbeatAt))?;
-        map.serialize_entry("heartbeat_ttl_seconds", v(Col::HeartbeatTtlSeconds))?;
-        map.serialize_entry("fencing_epoch", v(Col::FencingEpoch))?;
-        map.serialize_entry("status", v(Col::Status))?;
-        map.serialize_entry("host_id", v(Col::HostId))?;
-        map.serialize_entry("boot_id", v(Col::BootId))?;
+        map.serialize_entry("transport", &v(Col::Transport))?;
+        map.serialize_entry("started_at", &v(Col::StartedAt))?;
+        map.serialize_entry("last_heartbeat_at", &v(Col::LastHeartbeatAt))?;
+        map.serialize_entry("heartbeat_ttl_seconds", &v(Col::HeartbeatTtlSeconds))?;
+        map.serialize_entry("fencing_epoch", &v(Col::FencingEpoch))?;
+        map.serialize_entry("status", &v(Col::Status))?;
+        map.serialize_entry("host_id", &v(Col::HostId))?;
+        map.serialize_entry("boot_id", &v(Col::BootId))?;
         map.serialize_entry("instance_id_provenance", m.identity.provenance)?;
         map.serialize_entry("instance_identity_trusted", &m.identity.trusted)?;
         map.serialize_entry("live", &m.live)?;

@@ -18,7 +18,7 @@ use crate::liveness::assess;
 use crate::observe::{foreign_repository, ownership_state, process_identity};
 use crate::row::{Col, Row};
 use crate::time::{format_ts, Micros};
-use crate::value::Value;
+use crate::value::Val;
 use detect::{instance_findings, live_collisions, manifest_findings, unkeyed_findings};
 use detect::{key_text, truthy_text};
 use document::{render, FindingPart};
@@ -554,9 +554,9 @@ mod tests {
     fn run(rows: &[Row], opts: Options) -> Json {
         let mut probe = GivenProbe::default();
         for r in rows {
-            if let Value::Int(pid) = r.get(Col::Pid) {
+            if let Val::Int(pid) = r.get(Col::Pid) {
                 probe.processes.insert(
-                    *pid,
+                    pid,
                     PidObservation {
                         alive: Some(true),
                         start_time: Some("ticks-1".into()),

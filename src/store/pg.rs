@@ -18,7 +18,7 @@
 
 use crate::error::{Error, Result, Store};
 use crate::row::{Col, Row, COLUMNS};
-use crate::value::Value;
+use crate::value::{Val, Value};
 use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient, NoTls};
 use std::path::Path;
@@ -443,20 +443,19 @@ impl Batch {
         }
         let buf = crate::value::TextBuf::new(std::mem::take(&mut self.text));
         for raw in self.values.chunks_exact(present.len()) {
-            let mut row = Row::default();
+            let mut row = Row::in_buffer(buf.clone());
             for (col, v) in present.iter().zip(raw) {
-                row.set(
-                    *col,
-                    match v {
-                        Raw::Null => Value::Null,
-                        Raw::Int(x) => Value::Int(*x),
-                        Raw::Real(x) => Value::Real(*x),
-                        // Each text was a whole string, so its bounds are
-                        // character boundaries of the buffer.
-                        Raw::Text(r) => crate::value::Text::slice(&buf, r.clone())
-                            .map_or(Value::Null, Value::Text),
-                    },
-                );
+                match v {
+                    Raw::Null => {}
+                    Raw::Int(x) => row.set(*col, Value::Int(*x)),
+                    Raw::Real(x) => row.set(*col, Value::Real(*x)),
+                    // Each text was a whole string, so its bounds are
+                    // character boundaries of the buffer (and a range that
+                    // were not would leave the field NULL).
+                    Raw::Text(r) => {
+                        row.set_slice(*col, r.clone());
+                    }
+                }
             }
             rows.push(row);
         }
@@ -592,14 +591,14 @@ pub type Param = Box<dyn ToSql + Sync>;
 /// A value as a parameter for a column of `kind`, exactly: NULL always,
 /// otherwise only a value of the column's own kind. Anything else would be
 /// a different value once read back (and so a different token).
-pub fn to_sql(v: &Value, kind: Kind) -> std::result::Result<Param, String> {
+pub fn to_sql(v: Val<'_>, kind: Kind) -> std::result::Result<Param, String> {
     Ok(match (v, kind) {
-        (Value::Null, Kind::Text) => Box::new(None::<String>),
-        (Value::Null, Kind::Int) => Box::new(None::<i64>),
-        (Value::Null, Kind::Real) => Box::new(None::<f64>),
-        (Value::Text(t), Kind::Text) => Box::new(t.to_string()),
-        (Value::Int(i), Kind::Int) => Box::new(*i),
-        (Value::Real(f), Kind::Real) => Box::new(*f),
+        (Val::Null, Kind::Text) => Box::new(None::<String>),
+        (Val::Null, Kind::Int) => Box::new(None::<i64>),
+        (Val::Null, Kind::Real) => Box::new(None::<f64>),
+        (Val::Text(t), Kind::Text) => Box::new(t.to_string()),
+        (Val::Int(i), Kind::Int) => Box::new(i),
+        (Val::Real(f), Kind::Real) => Box::new(f),
         (other, kind) => {
             return Err(format!(
                 "holds {} {}, which a {} column cannot hold as it is",
@@ -633,9 +632,7 @@ pub fn registration_params(
         let col = Col::from_name(name)
             .ok_or_else(|| registry_error(label, format!("unknown column `{name}`")))?;
         let value = match (v, Kind::of(col)) {
-            (Json::Null, kind) => {
-                to_sql(&Value::Null, kind).map_err(|e| registry_error(label, e))?
-            }
+            (Json::Null, kind) => to_sql(Val::Null, kind).map_err(|e| registry_error(label, e))?,
             (Json::String(s), Kind::Text) => Box::new(s.clone()),
             (Json::Number(n), Kind::Int) if n.is_i64() => Box::new(n.as_i64().unwrap_or_default()),
             (Json::Number(n), Kind::Real) => Box::new(n.as_f64().unwrap_or_default()),
@@ -717,7 +714,7 @@ pub fn insert_leases_in(
         let values = names
             .iter()
             .map(|c| {
-                to_sql(lease.get(c), Kind::of_lease(c))
+                to_sql(lease.get(c).as_val(), Kind::of_lease(c))
                     .map_err(|e| lease_error(label, format!("lease {} column `{c}` {e}", n + 1)))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -811,7 +808,7 @@ pub fn retire_with_audit(
             _ => Value::Null,
         };
         values.push(
-            to_sql(&v, Kind::of_audit(ty))
+            to_sql(v.as_val(), Kind::of_audit(ty))
                 .map_err(|e| registry_error(label, format!("audit column `{n}` {e}")))?,
         );
     }
@@ -965,11 +962,11 @@ mod tests {
 
     #[test]
     fn values_are_written_only_into_their_own_kind() {
-        assert!(to_sql(&Value::Int(4), Kind::Int).is_ok());
-        assert!(to_sql(&Value::Null, Kind::Real).is_ok());
-        assert!(to_sql(&Value::Text("4".into()), Kind::Int).is_err());
-        assert!(to_sql(&Value::Int(900), Kind::Real).is_err());
-        assert!(to_sql(&Value::Real(1.5), Kind::Text).is_err());
+        assert!(to_sql(Val::Int(4), Kind::Int).is_ok());
+        assert!(to_sql(Val::Null, Kind::Real).is_ok());
+        assert!(to_sql(Val::Text("4"), Kind::Int).is_err());
+        assert!(to_sql(Val::Int(900), Kind::Real).is_err());
+        assert!(to_sql(Val::Real(1.5), Kind::Text).is_err());
     }
 
     #[test]

@@ -112,16 +112,16 @@ pub const GUARD: &[Col] = &[
 ];
 
 /// A value as SQLite stores it.
-pub fn sql_value(v: &crate::value::Value) -> rusqlite::types::Value {
-    use crate::value::Value;
+pub fn sql_value(v: crate::value::Val<'_>) -> rusqlite::types::Value {
+    use crate::value::Val;
     use rusqlite::types::Value as S;
     match v {
-        Value::Null => S::Null,
-        Value::Int(i) => S::Integer(*i),
-        Value::Real(f) => S::Real(*f),
-        Value::Text(t) => S::Text(t.to_string()),
-        Value::Bool(b) => S::Integer(*b as i64),
-        Value::Blob(b) => S::Blob(b.to_vec()),
+        Val::Null => S::Null,
+        Val::Int(i) => S::Integer(i),
+        Val::Real(f) => S::Real(f),
+        Val::Text(t) => S::Text(t.to_string()),
+        Val::Bool(b) => S::Integer(b as i64),
+        Val::Blob(b) => S::Blob(b.to_vec()),
     }
 }
 
