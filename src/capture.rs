@@ -312,7 +312,7 @@ fn bearing_rows(plan: &Plan, chosen: &[usize]) -> Vec<usize> {
         (active && !instance.is_empty() && !namespace.is_empty()).then_some((instance, namespace))
     };
     for (i, row) in rows.iter().enumerate() {
-        for (name, text) in conflict_keys(row, plan.observations[i].process_identity.as_val()) {
+        for (name, text) in conflict_keys(row, plan.observations[i].process_identity) {
             by_key.entry((name, text.into_owned())).or_default().push(i);
         }
         let id = row.get(Col::WorkerIdentity).canon();
@@ -326,7 +326,7 @@ fn bearing_rows(plan: &Plan, chosen: &[usize]) -> Vec<usize> {
     let mut out: BTreeSet<usize> = chosen.iter().copied().collect();
     for &i in chosen {
         let row = &rows[i];
-        for (name, text) in conflict_keys(row, plan.observations[i].process_identity.as_val()) {
+        for (name, text) in conflict_keys(row, plan.observations[i].process_identity) {
             out.extend(by_key.get(&(name, text.into_owned())).into_iter().flatten());
         }
         let id = row.get(Col::WorkerIdentity).canon();

@@ -72,15 +72,41 @@ pub struct InstanceIdentity {
     pub trusted: bool,
 }
 
+/// An instance id's classification without the id itself: what a plan
+/// keeps per row (the id is the row's own text, stripped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceClass {
+    /// `trusted_launcher`, `legacy_incomplete` or `missing`.
+    pub provenance: &'static str,
+    /// Launcher-minted `inst-…` and not a pid fallback.
+    pub trusted: bool,
+}
+
 /// Classify an instance id (seed `assess_instance_identity`).
 pub fn assess_instance_identity(raw: Option<&str>, source: Option<&str>) -> InstanceIdentity {
+    let (text, class) = classify_instance_identity(raw, source);
+    InstanceIdentity {
+        client_instance_id: (!text.is_empty()).then(|| text.to_string()),
+        provenance: class.provenance,
+        trusted: class.trusted,
+    }
+}
+
+/// [`assess_instance_identity`], lending the stripped id out (empty when
+/// none was given) instead of copying it.
+pub fn classify_instance_identity<'a>(
+    raw: Option<&'a str>,
+    source: Option<&str>,
+) -> (&'a str, InstanceClass) {
     let text = crate::value::py_strip(raw.unwrap_or(""));
     if text.is_empty() {
-        return InstanceIdentity {
-            client_instance_id: None,
-            provenance: "missing",
-            trusted: false,
-        };
+        return (
+            text,
+            InstanceClass {
+                provenance: "missing",
+                trusted: false,
+            },
+        );
     }
     // `text.to_lowercase().starts_with(p)`, without building the lowered
     // copy (the prefix is compared with the lowered chars as they come).
@@ -92,15 +118,17 @@ pub fn assess_instance_identity(raw: Option<&str>, source: Option<&str>) -> Inst
         || source == Some("pid_fallback")
         || !text.starts_with(TRUSTED_INSTANCE_PREFIX)
         || text.len() <= TRUSTED_INSTANCE_PREFIX.len();
-    InstanceIdentity {
-        client_instance_id: Some(text.to_string()),
-        provenance: if legacy {
-            "legacy_incomplete"
-        } else {
-            "trusted_launcher"
+    (
+        text,
+        InstanceClass {
+            provenance: if legacy {
+                "legacy_incomplete"
+            } else {
+                "trusted_launcher"
+            },
+            trusted: !legacy,
         },
-        trusted: !legacy,
-    }
+    )
 }
 
 #[cfg(test)]

@@ -17,8 +17,6 @@ pub struct Liveness {
     pub live: bool,
     /// `None` when `last_heartbeat_at` is unparsable.
     pub heartbeat_fresh: Option<bool>,
-    /// Seconds since the heartbeat; `None` when unparsable.
-    pub heartbeat_age_seconds: Option<f64>,
     /// The canonical TTL applied.
     pub heartbeat_ttl_seconds: f64,
     /// The pid probe's answer.
@@ -196,18 +194,24 @@ pub fn heartbeat_age_us(row: &Row, now: Micros) -> Option<i64> {
         .map(|t| now.saturating_sub(t))
 }
 
+impl Liveness {
+    /// Seconds since the heartbeat, as Python computes them; `None` when
+    /// the stamp is unparsable.
+    pub fn heartbeat_age_seconds(&self) -> Option<f64> {
+        self.heartbeat_age_us.map(micros_to_seconds)
+    }
+}
+
 /// Classify one row at `now` given its pid probe.
 pub fn assess(row: &Row, now: Micros, pid_alive: Option<bool>) -> Liveness {
     let ttl = canonical_ttl(row.get(Col::HeartbeatTtlSeconds));
     let stamp = row.get(Col::LastHeartbeatAt).as_text().and_then(parse_ts);
     let age_us = stamp.map(|t| now.saturating_sub(t));
-    let age = age_us.map(micros_to_seconds);
-    let fresh = age.map(|a| a <= ttl);
+    let fresh = age_us.map(|us| micros_to_seconds(us) <= ttl);
     let active = row.get(Col::Status).as_text() == Some("active");
     Liveness {
         live: active && fresh == Some(true) && pid_alive != Some(false),
         heartbeat_fresh: fresh,
-        heartbeat_age_seconds: age,
         heartbeat_ttl_seconds: ttl,
         pid_alive,
         heartbeat_age_us: age_us,

@@ -8,7 +8,7 @@
 
 use crate::evidence::leases::Protections;
 use crate::evidence::probe::{observe_pid, HostFacts, PidObservation, ProcessProbe};
-use crate::identity::{assess_instance_identity, InstanceIdentity};
+use crate::identity::{classify_instance_identity, InstanceClass};
 use crate::liveness::{assess, Liveness};
 use crate::row::{Col, Row};
 use crate::time::Micros;
@@ -56,7 +56,7 @@ pub struct Observation {
     /// Liveness at the planning clock.
     pub liveness: Liveness,
     /// Instance-identity classification.
-    pub identity: InstanceIdentity,
+    pub identity: InstanceClass,
     /// The snapshot's ownership classification.
     pub ownership_state: &'static str,
     /// The row is historical (status not `active`).
@@ -65,8 +65,8 @@ pub struct Observation {
     pub live: bool,
     /// Binding present and different from the canonical repository.
     pub foreign_repository: bool,
-    /// `process_identity`, or `pid-<pid>` derived from the pid.
-    pub process_identity: Value,
+    /// Where the row's process identity comes from.
+    pub process_identity: ProcessIdentity,
     /// Rows carrying this row's (non-empty) canonical identity.
     pub identity_row_count: usize,
     /// What other rows hold, collected from Cedar's first-stage answers
@@ -97,31 +97,92 @@ fn status_text(row: &Row) -> Cow<'_, str> {
 
 /// `process_identity`, else `pid-<str(pid)>` when a pid is recorded.
 pub fn process_identity(row: &Row) -> Value {
-    let given = row.get(Col::ProcessIdentity);
-    if given.truthy() {
-        given.to_value()
-    } else if !row.get(Col::Pid).is_null() {
-        Value::Text(format!("pid-{}", row.get(Col::Pid).py_str()).into())
-    } else {
-        Value::Null
+    match ProcessIdentity::of(row) {
+        ProcessIdentity::Given => row.get(Col::ProcessIdentity).to_value(),
+        ProcessIdentity::FromPid => Value::Text(ProcessIdentity::pid_text(row).into()),
+        ProcessIdentity::Missing => Value::Null,
     }
 }
 
-pub(crate) fn conflict_keys<'a>(
-    row: &'a Row,
-    process_identity: Val<'a>,
-) -> Vec<(&'static str, Cow<'a, str>)> {
+/// Where a row's process identity comes from; a plan keeps this rather than
+/// a copy of the identity, which [`ProcessIdentity::canon`] and
+/// [`ProcessIdentity::json`] rebuild from the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessIdentity {
+    /// The row's own `process_identity` (truthy).
+    Given,
+    /// `pid-<str(pid)>`: no identity given, a pid recorded.
+    FromPid,
+    /// Neither.
+    Missing,
+}
+
+impl ProcessIdentity {
+    /// Classify a row.
+    pub fn of(row: &Row) -> ProcessIdentity {
+        if row.get(Col::ProcessIdentity).truthy() {
+            ProcessIdentity::Given
+        } else if !row.get(Col::Pid).is_null() {
+            ProcessIdentity::FromPid
+        } else {
+            ProcessIdentity::Missing
+        }
+    }
+
+    fn pid_text(row: &Row) -> String {
+        format!("pid-{}", row.get(Col::Pid).py_str())
+    }
+
+    /// The identity's canonical text (empty when missing).
+    pub fn canon(self, row: &Row) -> Cow<'_, str> {
+        match self {
+            ProcessIdentity::Given => row.get(Col::ProcessIdentity).canon_cow(),
+            ProcessIdentity::FromPid => Cow::Owned(ProcessIdentity::pid_text(row)),
+            ProcessIdentity::Missing => Cow::Borrowed(""),
+        }
+    }
+
+    /// The identity as a plan's evidence shows it: the given value with its
+    /// storage class, the derived text, or null.
+    pub fn json(self, row: &Row) -> ProcessIdentityJson<'_> {
+        match self {
+            ProcessIdentity::Given => ProcessIdentityJson::Value(row.get(Col::ProcessIdentity)),
+            ProcessIdentity::FromPid => ProcessIdentityJson::Pid(row.get(Col::Pid)),
+            ProcessIdentity::Missing => ProcessIdentityJson::Value(Val::Null),
+        }
+    }
+}
+
+/// A process identity ready to render: a stored value, or `pid-` and a pid.
+#[derive(Debug, Clone, Copy)]
+pub enum ProcessIdentityJson<'a> {
+    /// A stored value (or null).
+    Value(Val<'a>),
+    /// `pid-<str(pid)>`.
+    Pid(Val<'a>),
+}
+
+impl serde::Serialize for ProcessIdentityJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ProcessIdentityJson::Value(v) => v.serialize(s),
+            ProcessIdentityJson::Pid(pid) => s.serialize_str(&format!("pid-{}", pid.py_str())),
+        }
+    }
+}
+
+pub(crate) fn conflict_keys(
+    row: &Row,
+    process_identity: ProcessIdentity,
+) -> Vec<(&'static str, Cow<'_, str>)> {
     [
-        ("session_id", row.get(Col::SessionId)),
-        ("generation_id", row.get(Col::GenerationId)),
-        ("process_identity", process_identity),
-        ("pid", row.get(Col::Pid)),
+        ("session_id", row.get(Col::SessionId).canon_cow()),
+        ("generation_id", row.get(Col::GenerationId).canon_cow()),
+        ("process_identity", process_identity.canon(row)),
+        ("pid", row.get(Col::Pid).canon_cow()),
     ]
     .into_iter()
-    .filter_map(|(name, v)| {
-        let text = v.canon_cow();
-        (!text.is_empty()).then_some((name, text))
-    })
+    .filter(|(_, text)| !text.is_empty())
     .collect()
 }
 
@@ -255,7 +316,7 @@ pub fn peer_facts(
 /// holding any of its identity evidence values, and the other active
 /// claimants of its slot (for `explain`).
 pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec<usize> {
-    let keys = conflict_keys(&rows[index], observations[index].process_identity.as_val());
+    let keys = conflict_keys(&rows[index], observations[index].process_identity);
     let slot = |r: &Row| {
         (status_text(r) == "active").then(|| {
             (
@@ -268,7 +329,7 @@ pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec
     (0..rows.len())
         .filter(|&j| j != index)
         .filter(|&j| {
-            let theirs = conflict_keys(&rows[j], observations[j].process_identity.as_val());
+            let theirs = conflict_keys(&rows[j], observations[j].process_identity);
             theirs.iter().any(|k| keys.contains(k)) || (mine.is_some() && slot(&rows[j]) == mine)
         })
         .collect()
@@ -303,7 +364,7 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
     let mut holders: rustc_hash::FxHashMap<(&'static str, Cow<str>), usize> = Default::default();
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
         if holds[i] {
-            for key in conflict_keys(row, o.process_identity.as_val()) {
+            for key in conflict_keys(row, o.process_identity) {
                 *holders.entry(key).or_default() += 1;
             }
         }
@@ -313,7 +374,7 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
     }
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
         let own = usize::from(holds[i]);
-        let mut shared: Vec<String> = conflict_keys(row, o.process_identity.as_val())
+        let mut shared: Vec<String> = conflict_keys(row, o.process_identity)
             .into_iter()
             .filter(|k| holders.get(k).is_some_and(|n| *n > own))
             .map(|(name, value)| format!("{name}={value}"))
@@ -343,7 +404,7 @@ fn observe_row(
     let liveness = assess(row, facts.now, pid.alive);
     let historical = status_text(row) != "active";
     let live = liveness.live && !historical;
-    let identity = assess_instance_identity(
+    let (_, identity) = classify_instance_identity(
         row.get(Col::ClientInstanceId).as_text(),
         row.get(Col::InstanceIdSource).as_text(),
     );
@@ -356,7 +417,7 @@ fn observe_row(
         historical,
         live,
         foreign_repository: foreign_repository(row, facts.canonical_repository.as_deref()),
-        process_identity: process_identity(row),
+        process_identity: ProcessIdentity::of(row),
         identity,
         identity_row_count: 0,
         peers: PeerFacts::default(),

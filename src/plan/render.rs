@@ -10,6 +10,7 @@
 //! fixture and on rows built to need escaping.
 
 use super::Evidence;
+use crate::observe::ProcessIdentityJson;
 use crate::value::Val;
 
 /// Append `s` as a JSON string.
@@ -122,7 +123,15 @@ pub fn evidence(out: &mut Vec<u8>, e: &Evidence<'_>) {
     member!("fencing_epoch");
     value(out, e.fencing_epoch);
     member!("process_identity");
-    value(out, e.process_identity);
+    match e.process_identity {
+        ProcessIdentityJson::Value(v) => value(out, v),
+        ProcessIdentityJson::Pid(Val::Int(pid)) => {
+            out.extend_from_slice(b"\"pid-");
+            integer(out, pid);
+            out.push(b'"');
+        }
+        ProcessIdentityJson::Pid(pid) => string(out, &format!("pid-{}", pid.py_str())),
+    }
     member!("pid");
     value(out, e.pid);
     member!("pid_alive");

@@ -83,7 +83,7 @@ impl serde::Serialize for WorkerView<'_> {
             &LivenessView {
                 live: liveness.live,
                 heartbeat_fresh: liveness.heartbeat_fresh,
-                heartbeat_age_seconds: liveness.heartbeat_age_seconds,
+                heartbeat_age_seconds: liveness.heartbeat_age_seconds(),
                 heartbeat_ttl_seconds: liveness.heartbeat_ttl_seconds,
                 pid_alive: m.pid_alive,
             },
