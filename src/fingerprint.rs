@@ -206,7 +206,9 @@ pub fn hex(bytes: &[u8]) -> String {
 /// serialized on every core and hashed in order as they come (a few chunks
 /// exist at a time, never a second copy of the registry).
 pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool + Sync) -> (String, String) {
+    let started = std::time::Instant::now();
     let order = sorted_by_serialization(rows.iter().collect());
+    tracing::debug!(rows = rows.len(), elapsed = ?started.elapsed(), "tokens: rows sorted");
     // Registry positions in sorted order (the rows are a slice, so a row's
     // index is its offset from the first).
     let index_of = |r: &Row| (r as *const Row as usize - rows.as_ptr() as usize) / size_of::<Row>();
