@@ -930,6 +930,20 @@ fn fast_rendering_equals_serde_on_every_fixture_and_awkward_values() {
             }
             case.rows.push(r);
         }
+        // No process identity given: the evidence derives `pid-<pid>` from
+        // each awkward pid (an integer pid takes the writer's fast path).
+        let mut r = fleet_retire::row::Row::default();
+        r.set(
+            Col::WorkerIdentity,
+            V::Text(format!("w-{i}-derived").into()),
+        );
+        r.set(Col::ProcessIdentity, V::Null);
+        r.set(Col::Pid, v.clone());
+        case.rows.push(r);
+        let mut r = fleet_retire::row::Row::default();
+        r.set(Col::WorkerIdentity, V::Text(format!("w-{i}-int").into()));
+        r.set(Col::Pid, V::Int(4242 + i as i64));
+        case.rows.push(r);
     }
     all.push((PathBuf::from("awkward"), case));
     let mut rendered = 0;
