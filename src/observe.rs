@@ -130,7 +130,7 @@ impl ProcessIdentity {
     }
 
     fn pid_text(row: &Row) -> String {
-        format!("pid-{}", row.get(Col::Pid).py_str())
+        derived_process_identity(row.get(Col::Pid))
     }
 
     /// The identity's canonical text (empty when missing).
@@ -153,6 +153,11 @@ impl ProcessIdentity {
     }
 }
 
+/// The process identity derived from a pid: `pid-<str(pid)>`.
+pub fn derived_process_identity(pid: Val<'_>) -> String {
+    format!("pid-{}", pid.py_str())
+}
+
 /// A process identity ready to render: a stored value, or `pid-` and a pid.
 #[derive(Debug, Clone, Copy)]
 pub enum ProcessIdentityJson<'a> {
@@ -166,7 +171,7 @@ impl serde::Serialize for ProcessIdentityJson<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             ProcessIdentityJson::Value(v) => v.serialize(s),
-            ProcessIdentityJson::Pid(pid) => s.serialize_str(&format!("pid-{}", pid.py_str())),
+            ProcessIdentityJson::Pid(pid) => s.serialize_str(&derived_process_identity(*pid)),
         }
     }
 }

@@ -173,6 +173,9 @@ impl Row {
             Value::Int(x) => (Kind::Int, x as u64),
             Value::Real(f) => (Kind::Real, f.to_bits()),
             Value::Bool(b) => (Kind::Bool, b as u64),
+            // A field already owned keeps its slot; a slot a field leaves
+            // stays unused until the row is dropped (rows are rarely set
+            // after they are read: fixtures, an apply's few writes).
             other if cells.kinds[i] == Kind::Owned => {
                 cells.owned[cells.payloads[i] as usize] = other;
                 return;

@@ -10,7 +10,7 @@
 //! fixture and on rows built to need escaping.
 
 use super::Evidence;
-use crate::observe::ProcessIdentityJson;
+use crate::observe::{derived_process_identity, ProcessIdentityJson};
 use crate::value::Val;
 
 /// Append `s` as a JSON string.
@@ -130,7 +130,7 @@ pub fn evidence(out: &mut Vec<u8>, e: &Evidence<'_>) {
             integer(out, pid);
             out.push(b'"');
         }
-        ProcessIdentityJson::Pid(pid) => string(out, &format!("pid-{}", pid.py_str())),
+        ProcessIdentityJson::Pid(pid) => string(out, &derived_process_identity(pid)),
     }
     member!("pid");
     value(out, e.pid);
