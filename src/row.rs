@@ -130,11 +130,7 @@ impl Row {
     pub fn in_buffer(buf: Arc<TextBuf>) -> Row {
         Row {
             buf,
-            cells: Box::new(Cells {
-                kinds: [Kind::Null; WIDTH],
-                payloads: [0; WIDTH],
-                owned: Vec::new(),
-            }),
+            cells: Cells::empty(),
         }
     }
 
@@ -152,9 +148,10 @@ impl Row {
                 let range = start..start + (payload >> 32) as usize;
                 let text = self.buf.as_str();
                 debug_assert!(text.get(range.clone()).is_some());
-                // SAFETY: a text field is made only by `set_slice`, which
-                // checked that its range lies within this row's buffer on
-                // character boundaries; the buffer (a `Box<str>` behind an
+                // SAFETY: a row's text field is made only by `set_slice`
+                // or `PendingRow::finish`, each of which checked that its
+                // range lies within this row's buffer on character
+                // boundaries; the buffer (a `Box<str>` behind an
                 // `Arc`) never changes, and a row's buffer is never
                 // replaced. Every field read goes through here, so the
                 // check is not repeated on every read.
@@ -166,27 +163,7 @@ impl Row {
 
     /// Set the value of a column.
     pub fn set(&mut self, col: Col, value: Value) {
-        let i = col as usize;
-        let cells = &mut *self.cells;
-        let (kind, payload) = match value {
-            Value::Null => (Kind::Null, 0),
-            Value::Int(x) => (Kind::Int, x as u64),
-            Value::Real(f) => (Kind::Real, f.to_bits()),
-            Value::Bool(b) => (Kind::Bool, b as u64),
-            // A field already owned keeps its slot; a slot a field leaves
-            // stays unused until the row is dropped (rows are rarely set
-            // after they are read: fixtures, an apply's few writes).
-            other if cells.kinds[i] == Kind::Owned => {
-                cells.owned[cells.payloads[i] as usize] = other;
-                return;
-            }
-            other => {
-                cells.owned.push(other);
-                (Kind::Owned, (cells.owned.len() - 1) as u64)
-            }
-        };
-        cells.kinds[i] = kind;
-        cells.payloads[i] = payload;
+        self.cells.set(col, value);
     }
 
     /// Set a column to the text `range` of this row's buffer. `false` (and
@@ -215,6 +192,100 @@ impl Row {
             }
         }
         Ok(row)
+    }
+}
+
+impl Cells {
+    fn empty() -> Box<Cells> {
+        Box::new(Cells {
+            kinds: [Kind::Null; WIDTH],
+            payloads: [0; WIDTH],
+            owned: Vec::new(),
+        })
+    }
+
+    fn set(&mut self, col: Col, value: Value) {
+        let i = col as usize;
+        let (kind, payload) = match value {
+            Value::Null => (Kind::Null, 0),
+            Value::Int(x) => (Kind::Int, x as u64),
+            Value::Real(f) => (Kind::Real, f.to_bits()),
+            Value::Bool(b) => (Kind::Bool, b as u64),
+            // A field already owned keeps its slot; a slot a field leaves
+            // stays unused until the row is dropped (rows are rarely set
+            // after they are read: fixtures, an apply's few writes).
+            other if self.kinds[i] == Kind::Owned => {
+                self.owned[self.payloads[i] as usize] = other;
+                return;
+            }
+            other => {
+                self.owned.push(other);
+                (Kind::Owned, (self.owned.len() - 1) as u64)
+            }
+        };
+        self.kinds[i] = kind;
+        self.payloads[i] = payload;
+    }
+}
+
+/// A row being read straight from the store, before its batch's text
+/// buffer is complete: its texts are ranges of that buffer, checked when
+/// [`PendingRow::finish`] attaches it.
+pub struct PendingRow(Box<Cells>);
+
+impl Default for PendingRow {
+    fn default() -> Self {
+        PendingRow(Cells::empty())
+    }
+}
+
+impl PendingRow {
+    /// Set a column to an integer.
+    pub fn set_int(&mut self, col: Col, x: i64) {
+        self.0.kinds[col as usize] = Kind::Int;
+        self.0.payloads[col as usize] = x as u64;
+    }
+
+    /// Set a column to a real.
+    pub fn set_real(&mut self, col: Col, x: f64) {
+        self.0.kinds[col as usize] = Kind::Real;
+        self.0.payloads[col as usize] = x.to_bits();
+    }
+
+    /// Set a column to `len` bytes at `start` of the buffer to come.
+    pub fn set_range(&mut self, col: Col, start: u32, len: u32) {
+        self.0.kinds[col as usize] = Kind::Text;
+        self.0.payloads[col as usize] = u64::from(start) | u64::from(len) << 32;
+    }
+
+    /// Set a column to a value of its own (a blob).
+    pub fn set(&mut self, col: Col, value: Value) {
+        self.0.set(col, value);
+    }
+
+    /// The text ranges set so far, by column.
+    pub fn text_ranges(&self) -> impl Iterator<Item = (Col, std::ops::Range<usize>)> + '_ {
+        COLUMNS.iter().filter_map(|c| {
+            let i = *c as usize;
+            (self.0.kinds[i] == Kind::Text).then(|| {
+                let p = self.0.payloads[i];
+                let start = p as u32 as usize;
+                (*c, start..start + (p >> 32) as usize)
+            })
+        })
+    }
+
+    /// The row, its texts slices of `buf`; or the first column whose range
+    /// is not within `buf` on character boundaries.
+    pub fn finish(self, buf: Arc<TextBuf>) -> Result<Row, Col> {
+        let text = buf.as_str();
+        if let Some((col, _)) = self
+            .text_ranges()
+            .find(|(_, r)| text.get(r.clone()).is_none())
+        {
+            return Err(col);
+        }
+        Ok(Row { buf, cells: self.0 })
     }
 }
 
