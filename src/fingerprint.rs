@@ -268,7 +268,13 @@ pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool + Sync) ->
 fn serialize_chunk(rows: &[Row], chunk: &[(usize, bool)]) -> (String, Vec<std::ops::Range<usize>>) {
     let mut text = String::with_capacity(chunk.len() * 700);
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    for &(i, is_candidate) in chunk {
+    for (j, &(i, is_candidate)) in chunk.iter().enumerate() {
+        if let Some(&(ahead, _)) = chunk.get(j + 16) {
+            rows[ahead].prefetch();
+        }
+        if let Some(&(ahead, _)) = chunk.get(j + 8) {
+            rows[ahead].prefetch_texts();
+        }
         let at = text.len();
         text.push(RECORD);
         serialize_row_into(&rows[i], &mut text);
