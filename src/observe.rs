@@ -222,9 +222,16 @@ pub fn foreign_repository(row: &Row, canonical: Option<&str>) -> bool {
 /// Observe every row; probes run once per row.
 pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> Vec<Observation> {
     let index = ProtectionIndex::of(&facts.protections);
-    let mut out: Vec<Observation> =
-        crate::pool::par_map(rows, |row| observe_row(row, facts, &index, probe));
-    for (obs, count) in out.iter_mut().zip(identity_row_counts(rows)) {
+    // The counts need every row, the observations one row each: they are
+    // made side by side.
+    let (mut out, counts) = std::thread::scope(|scope| {
+        let counts = scope.spawn(|| identity_row_counts(rows));
+        let out: Vec<Observation> =
+            crate::pool::par_map(rows, |row| observe_row(row, facts, &index, probe));
+        (out, counts.join())
+    });
+    let counts = counts.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    for (obs, count) in out.iter_mut().zip(counts) {
         obs.identity_row_count = count;
     }
     out
@@ -282,24 +289,39 @@ pub fn protection_hits(row: &Row, p: &ProtectionIndex<'_>) -> Vec<String> {
 
 /// Per row, how many rows carry its (non-empty) identity.
 fn identity_row_counts(rows: &[Row]) -> Vec<usize> {
-    let ids: Vec<Cow<str>> = rows
+    use std::hash::BuildHasher;
+    // Every non-empty identity's hash beside its row, sorted: rows with one
+    // identity are neighbours, and a hash held by one row is an identity
+    // held by one row. Only rows sharing a hash compare their identities
+    // (so colliding hashes cost a sort, never a wrong count).
+    let hasher = rustc_hash::FxBuildHasher;
+    let mut keyed: Vec<(u64, u32)> = rows
         .iter()
-        .map(|row| row.get(Col::WorkerIdentity).canon_cow())
-        .collect();
-    let mut counts: rustc_hash::FxHashMap<&str, usize> =
-        rustc_hash::FxHashMap::with_capacity_and_hasher(rows.len(), Default::default());
-    for id in ids.iter().filter(|id| !id.is_empty()) {
-        *counts.entry(id.as_ref()).or_default() += 1;
-    }
-    ids.iter()
-        .map(|id| {
-            if id.is_empty() {
-                0
-            } else {
-                counts.get(id.as_ref()).copied().unwrap_or(0)
-            }
+        .enumerate()
+        .filter_map(|(i, row)| {
+            let id = row.get(Col::WorkerIdentity).canon_cow();
+            (!id.is_empty()).then(|| (hasher.hash_one(id.as_ref()), i as u32))
         })
-        .collect()
+        .collect();
+    keyed.sort_unstable();
+    let mut counts = vec![0usize; rows.len()];
+    for run in keyed.chunk_by(|a, b| a.0 == b.0) {
+        if let [(_, i)] = run {
+            counts[*i as usize] = 1;
+            continue;
+        }
+        let mut members: Vec<(Cow<str>, u32)> = run
+            .iter()
+            .map(|&(_, i)| (rows[i as usize].get(Col::WorkerIdentity).canon_cow(), i))
+            .collect();
+        members.sort_unstable();
+        for same in members.chunk_by(|a, b| a.0 == b.0) {
+            for (_, i) in same {
+                counts[*i as usize] = same.len();
+            }
+        }
+    }
+    counts
 }
 
 /// Collect Cedar's first-stage answers: `holds[i]` is whether row `i`
@@ -427,5 +449,50 @@ fn observe_row(
         identity_row_count: 0,
         peers: PeerFacts::default(),
         protected_hits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    /// Each row's identity count is the number of rows whose canonical
+    /// identity is its own (an integer identity and its text are one), and
+    /// zero for a row without one, whatever the hashes do.
+    #[test]
+    fn identity_counts_count_equal_identities() {
+        let ids: Vec<Value> = (0..5000u32)
+            .map(|i| match i % 9 {
+                0 => Value::Null,
+                1 => Value::Text("".into()),
+                2 => Value::Int(i64::from(i % 50)),
+                3 => Value::Text(format!("{}", i % 50).into()),
+                4 => Value::Text(format!("w-{}", i % 700).into()),
+                _ => Value::Text(format!("w-{i}").into()),
+            })
+            .collect();
+        let rows: Vec<Row> = ids
+            .iter()
+            .map(|id| {
+                let mut row = Row::default();
+                row.set(Col::WorkerIdentity, id.clone());
+                row
+            })
+            .collect();
+        let canon: Vec<String> = rows
+            .iter()
+            .map(|r| r.get(Col::WorkerIdentity).canon_cow().into_owned())
+            .collect();
+        let counts = identity_row_counts(&rows);
+        for (i, c) in canon.iter().enumerate() {
+            let expected = if c.is_empty() {
+                0
+            } else {
+                canon.iter().filter(|o| *o == c).count()
+            };
+            assert_eq!(counts[i], expected, "row {i} ({c:?})");
+        }
+        assert!(counts.iter().any(|c| *c > 2));
     }
 }
