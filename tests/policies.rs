@@ -6,7 +6,7 @@ use fleet_retire::evidence::leases::Protections;
 use fleet_retire::fixture::{collect, load, Case, PlanCase};
 use fleet_retire::observe::{observe_all, RunFacts};
 use fleet_retire::policy::entities::{
-    retire_action, run_entity, run_uid, worker_entity, worker_uid,
+    retire_action, run_entity, run_uid, worker_entity, worker_uid, Attr,
 };
 use fleet_retire::policy::eval::judge;
 use fleet_retire::policy::memo::Abstraction;
@@ -981,4 +981,92 @@ fn fast_rendering_equals_serde_on_every_fixture_and_awkward_values() {
         assert_eq!(lines, expected, "{}", file.display());
     }
     assert!(rendered > 400, "{rendered}");
+}
+
+/// Two rows' Longs get the same key exactly when each Long has the same
+/// place among the literals (equal to one, or strictly between the same
+/// two) and the same rank among the row's Longs in its gap, with any
+/// number of Longs (more than the key keeps on the stack, too).
+#[test]
+fn longs_share_a_key_exactly_when_their_places_and_ranks_agree() {
+    const NAMES: [&str; 20] = [
+        "l0", "l1", "l2", "l3", "l4", "l5", "l6", "l7", "l8", "l9", "l10", "l11", "l12", "l13",
+        "l14", "l15", "l16", "l17", "l18", "l19",
+    ];
+    let facts = RunFacts {
+        now: 0,
+        host: Default::default(),
+        canonical_repository: None,
+        protections: Default::default(),
+    };
+    let run = fleet_retire::policy::entities::run_attrs(&facts);
+    let real = Policies::load(&PolicySource::Embedded).unwrap();
+    let literals = Abstraction::new(&real, &run).longs().to_vec();
+    assert!(literals.len() >= 2, "{literals:?}");
+    // Values at, between and beyond the literals, so rows often agree.
+    let mut pool: Vec<i64> = vec![i64::MIN, i64::MAX];
+    for l in &literals {
+        pool.extend([
+            l.saturating_sub(2),
+            l.saturating_sub(1),
+            *l,
+            l.saturating_add(1),
+        ]);
+    }
+    let signature = |longs: &[i64]| -> Vec<(Result<usize, usize>, usize)> {
+        longs
+            .iter()
+            .map(|n| {
+                let place = literals.binary_search(n);
+                let rank = match place {
+                    Ok(_) => 0,
+                    Err(_) => longs
+                        .iter()
+                        .filter(|m| *m < n && literals.binary_search(m) == place)
+                        .count(),
+                };
+                (place, rank)
+            })
+            .collect()
+    };
+    for width in [3usize, 16, 17, 20] {
+        // A fresh abstraction per shape (its key remembers the first shape).
+        let abstraction = Abstraction::new(&real, &run);
+        let mut seed = 0x9e3779b97f4a7c15u64 ^ width as u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let rows: Vec<Vec<i64>> = (0..400)
+            .map(|_| {
+                (0..width)
+                    .map(|_| pool[(next() % pool.len() as u64) as usize])
+                    .collect()
+            })
+            .collect();
+        let keys: Vec<String> = rows
+            .iter()
+            .map(|longs| {
+                let attrs: Vec<(&'static str, Attr<'_>)> = NAMES[..width]
+                    .iter()
+                    .zip(longs)
+                    .map(|(n, v)| (*n, Attr::Long(*v)))
+                    .collect();
+                let mut key = String::new();
+                assert!(abstraction.key(&attrs, &mut key));
+                key
+            })
+            .collect();
+        let mut shared = 0;
+        for a in 0..rows.len() {
+            for b in 0..a {
+                let same = signature(&rows[a]) == signature(&rows[b]);
+                assert_eq!(keys[a] == keys[b], same, "{:?} / {:?}", rows[a], rows[b]);
+                shared += usize::from(same);
+            }
+        }
+        assert!(width > 3 || shared > 0, "some rows share a key");
+    }
 }

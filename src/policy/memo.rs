@@ -237,6 +237,12 @@ impl Abstraction {
         }
     }
 
+    /// The Long literals of the policies and the run's Longs, sorted and
+    /// distinct: the places a key gives each Long.
+    pub fn longs(&self) -> &[i64] {
+        &self.longs
+    }
+
     /// Why memoisation is off, if it is.
     pub fn disabled(&self) -> Option<&str> {
         self.disabled.as_deref()
@@ -265,20 +271,34 @@ impl Abstraction {
                 self.read(name)
             }
         };
-        // The row's Longs (a handful), without a heap allocation.
-        let mut longs_buf = [0i64; 16];
+        // The row's Longs (a handful), each with its place among the
+        // literals (`binary_search`'s answer), found once.
+        // On the stack unless there are more than 16.
+        let mut longs_buf = [(0i64, Ok(0)); 16];
+        let mut longs_more: Vec<(i64, Result<usize, usize>)> = Vec::new();
         let mut longs_len = 0;
         for (i, (name, v)) in attrs.iter().enumerate() {
             if let Attr::Long(n) = v {
-                if keep(i, name) && longs_len < longs_buf.len() {
-                    longs_buf[longs_len] = *n;
+                if keep(i, name) {
+                    let long = (*n, self.longs.binary_search(n));
+                    if longs_len < longs_buf.len() {
+                        longs_buf[longs_len] = long;
+                    } else {
+                        if longs_more.is_empty() {
+                            longs_more.extend_from_slice(&longs_buf);
+                        }
+                        longs_more.push(long);
+                    }
                     longs_len += 1;
                 }
             }
         }
-        let row_longs = &mut longs_buf[..longs_len];
-        row_longs.sort_unstable();
-        let row_longs: &[i64] = row_longs;
+        let row_longs: &[(i64, Result<usize, usize>)] = if longs_len <= longs_buf.len() {
+            &longs_buf[..longs_len]
+        } else {
+            &longs_more
+        };
+        let mut next_long = 0usize;
         out.push(if same_shape { '#' } else { '@' });
         for (name, value) in attrs
             .iter()
@@ -295,24 +315,30 @@ impl Abstraction {
             }
             match value {
                 Attr::Bool(b) => out.push(if *b { 'T' } else { 'F' }),
-                Attr::Long(n) => match self.longs.binary_search(n) {
-                    Ok(i) => {
-                        out.push('E');
-                        push_num(out, i);
+                Attr::Long(n) => {
+                    // The kept Longs come in the order they were listed.
+                    let place = row_longs[next_long].1;
+                    next_long += 1;
+                    match place {
+                        Ok(i) => {
+                            out.push('E');
+                            push_num(out, i);
+                        }
+                        Err(i) => {
+                            // Strictly between literals i-1 and i: only its
+                            // order against the row's other Longs in that gap
+                            // matters.
+                            let rank = row_longs
+                                .iter()
+                                .filter(|(m, place)| m < n && *place == Err(i))
+                                .count();
+                            out.push('B');
+                            push_num(out, i);
+                            out.push('r');
+                            push_num(out, rank);
+                        }
                     }
-                    Err(i) => {
-                        // Strictly between literals i-1 and i: only its order
-                        // against the row's other Longs in that gap matters.
-                        let rank = row_longs
-                            .iter()
-                            .filter(|m| *m < n && self.longs.binary_search(m) == Err(i))
-                            .count();
-                        out.push('B');
-                        push_num(out, i);
-                        out.push('r');
-                        push_num(out, rank);
-                    }
-                },
+                }
                 Attr::Str(t) => self.encode(name, t, &mut placeholders, out),
                 Attr::Set(items) => {
                     out.push('[');
