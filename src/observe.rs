@@ -333,9 +333,17 @@ pub fn peer_facts(
     holds: &[bool],
     occupies: &[bool],
 ) -> Vec<PeerFacts> {
-    let mut out = vec![PeerFacts::default(); rows.len()];
-    slot_counts(rows, occupies, &mut out);
-    shared_evidence(rows, observations, holds, &mut out);
+    // Two independent counts, one per core.
+    let (mut out, shared) = std::thread::scope(|scope| {
+        let shared = scope.spawn(|| shared_evidence(rows, observations, holds));
+        let mut out = vec![PeerFacts::default(); rows.len()];
+        slot_counts(rows, occupies, &mut out);
+        (out, shared.join())
+    });
+    let shared = shared.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    for (i, evidence) in shared {
+        out[i].shared_identity_evidence = evidence;
+    }
     out
 }
 
@@ -385,9 +393,10 @@ fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
     }
 }
 
-/// Per row, the identity evidence it shares with another row that holds
-/// evidence: a row never "shares" evidence with itself alone.
-fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut [PeerFacts]) {
+/// Per row that shares any, the identity evidence it shares with another
+/// row that holds evidence: a row never "shares" evidence with itself alone.
+fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool]) -> Vec<(usize, Vec<String>)> {
+    let mut out = Vec::new();
     let mut holders: rustc_hash::FxHashMap<(&'static str, Cow<str>), usize> = Default::default();
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
         if holds[i] {
@@ -397,7 +406,7 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
         }
     }
     if holders.is_empty() {
-        return;
+        return out;
     }
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
         let own = usize::from(holds[i]);
@@ -408,9 +417,10 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool], out: &mut 
             .collect();
         if !shared.is_empty() {
             shared.sort();
-            out[i].shared_identity_evidence = shared;
+            out.push((i, shared));
         }
     }
+    out
 }
 
 /// The row names a host, and it is not `mine` (compared as the policies

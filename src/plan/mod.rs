@@ -168,12 +168,12 @@ fn judge_all(
         &["hold_identity_evidence", "occupy_instance_slot"],
     );
     let started = std::time::Instant::now();
-    let (stage1, evaluations) = judge.rows(rows, observations, &first, &stage1_key);
+    let stage1 = judge.rows(rows, observations, &first, &stage1_key);
     stats.first_stage = started.elapsed();
-    stats.first_stage_evaluations = evaluations;
+    stats.first_stage_evaluations = stage1.verdicts.len();
     let yes = |v: &Verdict| v.allowed || !v.errors.is_empty();
-    let holds: Vec<bool> = stage1.iter().map(|v| yes(&v[0])).collect();
-    let occupies: Vec<bool> = stage1.iter().map(|v| yes(&v[1])).collect();
+    let holds: Vec<bool> = stage1.of_rows().map(|v| yes(&v[0])).collect();
+    let occupies: Vec<bool> = stage1.of_rows().map(|v| yes(&v[1])).collect();
     drop(stage1);
     let started = std::time::Instant::now();
     let peers = crate::observe::peer_facts(rows, observations, &holds, &occupies);
@@ -183,10 +183,28 @@ fn judge_all(
     stats.peers = started.elapsed();
     let retire_key = abstraction.for_actions(policies, &["retire"]);
     let started = std::time::Instant::now();
-    let (verdicts, evaluations) = judge.rows(rows, observations, &[retire_action()], &retire_key);
+    let retire = judge.rows(rows, observations, &[retire_action()], &retire_key);
     stats.retire_stage = started.elapsed();
-    stats.retire_evaluations = evaluations;
-    verdicts.into_iter().map(|mut v| v.swap_remove(0)).collect()
+    stats.retire_evaluations = retire.verdicts.len();
+    retire.of_rows().map(|v| v[0].clone()).collect()
+}
+
+/// A stage's answers: one evaluation per situation, and each row's
+/// situation.
+struct Judged {
+    /// Per situation, the verdict on each action asked.
+    verdicts: Vec<Vec<Arc<Verdict>>>,
+    /// Per row, its situation.
+    situation: Vec<u32>,
+}
+
+impl Judged {
+    /// Each row's verdicts, in row order.
+    fn of_rows(&self) -> impl Iterator<Item = &[Arc<Verdict>]> + '_ {
+        self.situation
+            .iter()
+            .map(|s| self.verdicts[*s as usize].as_slice())
+    }
 }
 
 /// What judging a row needs, built once per run.
@@ -206,7 +224,7 @@ impl Judge<'_> {
         observations: &[Observation],
         actions: &[cedar_policy_core::ast::EntityUID],
         abstraction: &Abstraction,
-    ) -> (Vec<Vec<Arc<Verdict>>>, usize) {
+    ) -> Judged {
         let principal = run_uid();
         let judge_one = |i: usize, attrs: &[(&'static str, Attr<'_>)]| -> Vec<Arc<Verdict>> {
             actions
@@ -228,10 +246,10 @@ impl Judge<'_> {
         let attrs_of = |i: usize| worker_attrs_where(&rows[i], &observations[i], self.now, mask);
         if abstraction.disabled().is_some() {
             let indices: Vec<usize> = (0..rows.len()).collect();
-            return (
-                par_map(&indices, |&i| judge_one(i, &attrs_of(i))),
-                rows.len(),
-            );
+            return Judged {
+                verdicts: par_map(&indices, |&i| judge_one(i, &attrs_of(i))),
+                situation: (0..rows.len() as u32).collect(),
+            };
         }
         // 1. Group the rows by situation, each core its share of the rows.
         let indices: Vec<usize> = (0..rows.len()).collect();
@@ -262,13 +280,16 @@ impl Judge<'_> {
         let verdicts = par_map(&situations, |members| {
             judge_one(members[0], &attrs_of(members[0]))
         });
-        let mut out: Vec<Vec<Arc<Verdict>>> = vec![Vec::new(); rows.len()];
-        for (members, verdict) in situations.iter().zip(verdicts) {
+        let mut situation = vec![0u32; rows.len()];
+        for (s, members) in situations.iter().enumerate() {
             for &i in members {
-                out[i] = verdict.clone();
+                situation[i] = s as u32;
             }
         }
-        (out, situations.len())
+        Judged {
+            verdicts,
+            situation,
+        }
     }
 }
 
