@@ -229,6 +229,13 @@ fn bench_case(name: &str, rows: usize, reg: &Path, lease_path: &Path, policies: 
 }
 
 fn main() {
+    // Every case plans many times in this one process, as `serve` does, so
+    // the allocator is set up as `serve` sets it: with glibc's default of
+    // eight arenas per core, the short-lived reading and pool threads of one
+    // run leave freed memory in arenas the next run's threads do not pick,
+    // and the peak grows from run to run (106 MB for the first realistic
+    // run, 158 MB over five). A `plan` command runs once per process.
+    fleet_retire::pool::limit_malloc_arenas();
     let rows = env_usize("PLAN_BENCH_ROWS", 100_000);
     let wanted = std::env::var("PLAN_BENCH_CASES").ok();
     let wants = |name: &str| {
