@@ -336,17 +336,22 @@ fn with_extra_policy(extra: &str) -> Policies {
     Policies::from_texts(&texts, "test".into()).unwrap()
 }
 
+/// Run facts of no host, no repository and no leases, at time zero.
+fn facts_of_nowhere() -> RunFacts {
+    RunFacts {
+        now: 0,
+        host: Default::default(),
+        canonical_repository: None,
+        protections: Default::default(),
+    }
+}
+
 #[test]
 fn the_memo_switches_off_when_a_policy_singles_out_a_row() {
     let p = with_extra_policy(
         "@id(\"only-row-1\")\n@reason(\"worker_live\")\n@order(\"5\")\nforbid (principal, action, resource)\nwhen { resource == FleetRetire::Worker::\"row-1\" };",
     );
-    let facts = RunFacts {
-        now: 0,
-        host: Default::default(),
-        canonical_repository: None,
-        protections: Default::default(),
-    };
+    let facts = facts_of_nowhere();
     let run = fleet_retire::policy::entities::run_attrs(&facts);
     assert!(Abstraction::new(&p, &run).disabled().is_some());
     // Three rows in the same situation: only the singled-out one is kept.
@@ -993,12 +998,7 @@ fn longs_share_a_key_exactly_when_their_places_and_ranks_agree() {
         "l0", "l1", "l2", "l3", "l4", "l5", "l6", "l7", "l8", "l9", "l10", "l11", "l12", "l13",
         "l14", "l15", "l16", "l17", "l18", "l19",
     ];
-    let facts = RunFacts {
-        now: 0,
-        host: Default::default(),
-        canonical_repository: None,
-        protections: Default::default(),
-    };
+    let facts = facts_of_nowhere();
     let run = fleet_retire::policy::entities::run_attrs(&facts);
     let real = Policies::load(&PolicySource::Embedded).unwrap();
     let literals = Abstraction::new(&real, &run).longs().to_vec();
