@@ -224,13 +224,10 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
     let index = ProtectionIndex::of(&facts.protections);
     // The counts need every row, the observations one row each: they are
     // made side by side.
-    let (mut out, counts) = std::thread::scope(|scope| {
-        let counts = scope.spawn(|| identity_row_counts(rows));
-        let out: Vec<Observation> =
-            crate::pool::par_map(rows, |row| observe_row(row, facts, &index, probe));
-        (out, counts.join())
-    });
-    let counts = counts.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    let (counts, mut out) = crate::pool::join(
+        || identity_row_counts(rows),
+        || crate::pool::par_map(rows, |row| observe_row(row, facts, &index, probe)),
+    );
     for (obs, count) in out.iter_mut().zip(counts) {
         obs.identity_row_count = count;
     }
@@ -334,13 +331,14 @@ pub fn peer_facts(
     occupies: &[bool],
 ) -> Vec<PeerFacts> {
     // Two independent counts, one per core.
-    let (mut out, shared) = std::thread::scope(|scope| {
-        let shared = scope.spawn(|| shared_evidence(rows, observations, holds));
-        let mut out = vec![PeerFacts::default(); rows.len()];
-        slot_counts(rows, occupies, &mut out);
-        (out, shared.join())
-    });
-    let shared = shared.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    let (shared, mut out) = crate::pool::join(
+        || shared_evidence(rows, observations, holds),
+        || {
+            let mut out = vec![PeerFacts::default(); rows.len()];
+            slot_counts(rows, occupies, &mut out);
+            out
+        },
+    );
     for (i, evidence) in shared {
         out[i].shared_identity_evidence = evidence;
     }

@@ -68,6 +68,19 @@ pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sy
     })
 }
 
+/// Run `beside` on a thread of its own while `here` runs on this one, and
+/// return both results (a panic in either is raised here).
+pub fn join<A: Send, B>(beside: impl FnOnce() -> A + Send, here: impl FnOnce() -> B) -> (A, B) {
+    std::thread::scope(|scope| {
+        let other = scope.spawn(beside);
+        let mine = here();
+        let theirs = other
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (theirs, mine)
+    })
+}
+
 /// Map `f` over `items` on every core and hand the results to `consume`
 /// in order, as they come: worker `w` maps items `w`, `w + n`, … and waits
 /// while its last result is unconsumed, so at most about two results per

@@ -620,7 +620,7 @@ fn read_in_parts(
 }
 
 /// The rowid that splits the registry in two halves, when it is worth
-/// reading them at once and sound to (module `read_in_parts`).
+/// reading them at once and sound to (see `read_in_parts`).
 fn split_point(conn: &Connection) -> Option<i64> {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         return None;
