@@ -601,9 +601,13 @@ fn read_in_parts(
         let first = select
             .prepare(conn, Part::UpTo(mid), path)
             .and_then(|mut s| read_part(&mut s, &select.present).map_err(|e| e.at(0, path)));
-        let second = other
-            .join()
-            .map_err(|_| registry_error(path, "the second reader failed"))?;
+        let second = other.join().map_err(|_| {
+            registry_error(
+                path,
+                "the thread reading the second half of the rows stopped unexpectedly; \
+                     nothing was changed. Run the command again, and report it if it repeats",
+            )
+        })?;
         let mut rows = first?;
         match second {
             Some(Ok(more)) => rows.extend(more),
@@ -611,7 +615,8 @@ fn read_in_parts(
             None => {
                 return Err(registry_error(
                     path,
-                    "the second reader stopped without its rows",
+                    "the thread reading the second half of the rows ended without them; \
+                     nothing was changed. Run the command again, and report it if it repeats",
                 ))
             }
         }
