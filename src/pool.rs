@@ -2,34 +2,71 @@
 //! observation, judging, tokens and rendering; it knows nothing of them, so
 //! every stage may use it without importing another stage.
 
-/// Map `f` over `items` on every core, keeping order. Each core writes its
-/// results straight into its part of the one output vector, so a large
-/// result never exists twice (the parts and their concatenation).
+/// Map `f` over `items` on every core, keeping order. The items are cut
+/// into blocks that the cores take in turn as they finish the last, so a
+/// core that shares its time with other work (or meets slower items) does
+/// fewer, and none waits long for another at the end. Each block's results
+/// go straight into their part of the one output vector, so a large result
+/// never exists twice (the parts and their concatenation).
 pub fn par_map<T: Sync, U: Send>(items: &[T], f: impl Fn(&T) -> U + Sync) -> Vec<U> {
+    par_map_from(1024, 64, items, f)
+}
+
+/// [`par_map`] for items that each cost much more than starting a thread
+/// (a Cedar evaluation): shared out from two items on, one at a time.
+pub fn par_map_costly<T: Sync, U: Send>(items: &[T], f: impl Fn(&T) -> U + Sync) -> Vec<U> {
+    par_map_from(2, 1, items, f)
+}
+
+/// [`par_map`] on every core once there are `least` items, in blocks of at
+/// least `block` items.
+fn par_map_from<T: Sync, U: Send>(
+    least: usize,
+    block: usize,
+    items: &[T],
+    f: impl Fn(&T) -> U + Sync,
+) -> Vec<U> {
     let workers = workers();
-    if items.len() < 1024 || workers == 1 {
+    if items.len() < least.max(2) || workers == 1 {
         return items.iter().map(f).collect();
     }
-    let per = items.len().div_ceil(workers);
+    let per = block_len(items.len(), workers, block);
     let mut out: Vec<U> = Vec::with_capacity(items.len());
     let f = &f;
-    std::thread::scope(|scope| {
+    {
         let slots = &mut out.spare_capacity_mut()[..items.len()];
-        for (chunk, slots) in items.chunks(per).zip(slots.chunks_mut(per)) {
-            scope.spawn(move || {
-                for (item, slot) in chunk.iter().zip(slots) {
-                    slot.write(f(item));
-                }
-            });
-        }
-    });
-    // SAFETY: the chunks of `items` and of the slots pair up one to one and
-    // cover all `items.len()` slots, each written by exactly one thread.
-    // `scope` returns only after every thread has finished, and panics
-    // (before this line) if any of them did, so here every slot holds a
-    // value. (On a panic the values written are leaked, never read.)
+        let blocks = std::sync::Mutex::new(items.chunks(per).zip(slots.chunks_mut(per)));
+        let blocks = &blocks;
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(move || loop {
+                    // A poisoned lock means another worker panicked; the
+                    // scope raises that panic, so this one just stops.
+                    let Some((chunk, slots)) = blocks.lock().ok().and_then(|mut b| b.next()) else {
+                        return;
+                    };
+                    for (item, slot) in chunk.iter().zip(slots) {
+                        slot.write(f(item));
+                    }
+                });
+            }
+        });
+    }
+    // SAFETY: the blocks of `items` and of the slots pair up one to one and
+    // cover all `items.len()` slots; each block is taken by exactly one
+    // worker, which writes every slot of it. `scope` returns only after
+    // every worker has finished, which is after the block iterator ran out,
+    // and panics (before this line) if any of them did, so here every slot
+    // holds a value. (On a panic the values written are leaked, never read.)
     unsafe { out.set_len(items.len()) };
     out
+}
+
+/// How many items a block holds: about eight blocks per worker, so the
+/// last block is a small share of the work, and at least `least`, so that
+/// taking a block costs nothing beside its items.
+fn block_len(items: usize, workers: usize, least: usize) -> usize {
+    items.div_ceil(workers * 8).max(least)
 }
 
 /// How many threads the pool uses: one per core, at most eight.
@@ -40,32 +77,46 @@ fn workers() -> usize {
         .clamp(1, 8)
 }
 
-/// Split `items` into one chunk per core, map each chunk with `f`, and
-/// concatenate the results in order.
+/// Split `items` into chunks, map each chunk with `f` on every core, and
+/// concatenate the results in order. As in [`par_map`], the cores take the
+/// chunks in turn (a few per core, each a batch large enough for `f` to
+/// share its setup across many items).
 pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sync) -> Vec<U> {
     let workers = workers();
     if items.len() < 1024 || workers == 1 {
         return f(items);
     }
-    let per = items.len().div_ceil(workers);
+    let per = items.len().div_ceil(workers * 4);
     let f = &f;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(per)
-            .map(|chunk| scope.spawn(move || f(chunk)))
+    let chunks = std::sync::Mutex::new(items.chunks(per).enumerate());
+    let chunks = &chunks;
+    let mut parts: Vec<(usize, Vec<U>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut done = Vec::new();
+                    // A poisoned lock means another worker panicked; its
+                    // panic is raised below.
+                    while let Some((at, chunk)) = chunks.lock().ok().and_then(|mut c| c.next()) {
+                        done.push((at, f(chunk)));
+                    }
+                    done
+                })
+            })
             .collect();
-        let parts: Vec<Vec<U>> = handles
+        handles
             .into_iter()
-            .map(|h| h.join().expect("worker thread panicked"))
-            .collect();
-        // One allocation of the final size, not a doubling series of
-        // copies of a large result.
-        let mut out = Vec::with_capacity(parts.iter().map(Vec::len).sum());
-        for part in parts {
-            out.extend(part);
-        }
-        out
-    })
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    parts.sort_unstable_by_key(|(at, _)| *at);
+    // One allocation of the final size, not a doubling series of copies of
+    // a large result.
+    let mut out = Vec::with_capacity(parts.iter().map(|(_, p)| p.len()).sum());
+    for (_, part) in parts {
+        out.extend(part);
+    }
+    out
 }
 
 /// Run `beside` on a thread of its own while `here` runs on this one, and

@@ -21,7 +21,7 @@ use crate::policy::entities::{
 use crate::policy::eval::Verdict;
 use crate::policy::memo::Abstraction;
 use crate::policy::Policies;
-use crate::pool::{par_chunks, par_map};
+use crate::pool::{par_chunks, par_map_costly};
 use crate::reasons::Reason;
 use crate::row::{Col, Row};
 use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
@@ -247,7 +247,7 @@ impl Judge<'_> {
         if abstraction.disabled().is_some() {
             let indices: Vec<usize> = (0..rows.len()).collect();
             return Judged {
-                verdicts: par_map(&indices, |&i| judge_one(i, &attrs_of(i))),
+                verdicts: par_map_costly(&indices, |&i| judge_one(i, &attrs_of(i))),
                 situation: (0..rows.len() as u32).collect(),
             };
         }
@@ -277,7 +277,7 @@ impl Judge<'_> {
         }
         let situations: Vec<Vec<usize>> = merged.into_values().collect();
         // 3. Judge one row of each situation, on every core.
-        let verdicts = par_map(&situations, |members| {
+        let verdicts = par_map_costly(&situations, |members| {
             judge_one(members[0], &attrs_of(members[0]))
         });
         let mut situation = vec![0u32; rows.len()];
