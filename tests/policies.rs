@@ -745,6 +745,29 @@ fn memo_on_and_memo_off_agree_on_every_fixture_and_random_registries() {
         let base = case.rows[0].clone();
         case.rows.clear();
         case.probe.processes.clear();
+        // Active leases on some of the rows' sessions, pids and identities
+        // (and on strings the rows hold in other columns), so protected
+        // strings of one set, of two and of none meet in the same run.
+        case.leases = (0..12_i64)
+            .map(|l| {
+                let text = |s: String| V::Text(s.into());
+                let mut fields = std::collections::BTreeMap::new();
+                fields.insert("lease_id".to_string(), text(format!("lease-{l}")));
+                fields.insert("status".to_string(), text("active".into()));
+                fields.insert("session_id".to_string(), text(format!("s-{}", next(40))));
+                let owner_session = ["s-1".to_string(), format!("inst-{}", next(8))];
+                fields.insert(
+                    "owner_session_id".to_string(),
+                    text(owner_session[next(2) as usize].clone()),
+                );
+                fields.insert("owner_pid".to_string(), V::Int(10_000 + next(260) as i64));
+                fields.insert(
+                    "owner_worker_identity".to_string(),
+                    text(format!("w-{round}-{}", next(200))),
+                );
+                fleet_retire::store::leases::Lease::from_fields(fields)
+            })
+            .collect();
         for i in 0..200_i64 {
             let mut r = base.clone();
             r.set(
@@ -1069,4 +1092,54 @@ fn longs_share_a_key_exactly_when_their_places_and_ranks_agree() {
         }
         assert!(width > 3 || shared > 0, "some rows share a key");
     }
+}
+
+/// Strings the run holds in its sets (lease-protected identities, sessions,
+/// pids) are renamed like any other string, but only within their class:
+/// the strings in exactly the same run sets. Two rows protected by
+/// different leases share a key; a protected and an unprotected row do
+/// not, nor do strings in different sets, nor rows whose strings are equal
+/// in one and not the other; a protected string that is also a policy
+/// literal stays itself.
+#[test]
+fn run_set_elements_share_a_key_exactly_within_their_class() {
+    let mut facts = facts_of_nowhere();
+    let p = &mut facts.protections;
+    p.session_ids
+        .extend(["s-a", "s-b", "s-c", "both", "both-2", "active"].map(String::from));
+    p.worker_identities
+        .extend(["both", "both-2", "w-protected"].map(String::from));
+    p.pids.extend(["10", "11"].map(String::from));
+    let run = fleet_retire::policy::entities::run_attrs(&facts);
+    let real = Policies::load(&PolicySource::Embedded).unwrap();
+    let abstraction = Abstraction::new(&real, &run);
+    let key = |identity: &str, session: &str, pid: &str| -> String {
+        let attrs: Vec<(&'static str, Attr<'_>)> = vec![
+            ("worker_identity", Attr::Str(identity.into())),
+            ("status", Attr::Str("active".into())),
+            ("session_id", Attr::Str(session.into())),
+            ("pid", Attr::Str(pid.into())),
+        ];
+        let mut key = String::new();
+        assert!(abstraction.key(&attrs, &mut key));
+        key
+    };
+    // Renamed within a class: shared.
+    assert_eq!(key("w-1", "s-a", "10"), key("w-2", "s-b", "11"));
+    assert_eq!(key("w-1", "both", "99"), key("w-2", "both-2", "98"));
+    assert_eq!(
+        key("w-protected", "s-a", "1"),
+        key("w-protected", "s-c", "2")
+    );
+    // Protected against unprotected, one set against two: apart.
+    assert_ne!(key("w-1", "s-a", "10"), key("w-2", "s-unleased", "11"));
+    assert_ne!(key("w-1", "s-a", "10"), key("w-2", "s-b", "12"));
+    assert_ne!(key("w-1", "s-a", "1"), key("w-2", "both", "2"));
+    assert_ne!(key("w-1", "s-a", "1"), key("w-protected", "s-a", "2"));
+    // Equality within the row still counts.
+    assert_ne!(key("s-a", "s-a", "1"), key("s-b", "s-a", "1"));
+    assert_eq!(key("s-a", "s-a", "1"), key("s-b", "s-b", "2"));
+    // A protected string that is a policy literal is kept as it is.
+    assert_ne!(key("w-1", "active", "1"), key("w-1", "s-a", "1"));
+    assert!(key("w-1", "active", "1").contains("active"));
 }

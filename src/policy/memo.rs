@@ -5,9 +5,11 @@
 //! Cedar can observe a string value in exactly these ways: equality with
 //! another value (`==`, `!=`, set membership), equality with a literal
 //! written in a policy, and `like` patterns. A row's *situation key* keeps
-//! every string that equals a policy literal or a value of the run entity,
-//! and replaces every other string by a placeholder numbered by its first
-//! occurrence in the row, tagged with the `like` patterns it matches.
+//! every string that equals a policy literal or a string attribute of the
+//! run entity, and replaces every other string by a placeholder numbered by
+//! its first occurrence in the row, tagged with the `like` patterns it
+//! matches and, when it is an element of some of the run's sets (the
+//! lease-protected identities, sessions and pids), with which of them.
 //! A `like` whose subject is `resource.A` can only ever see the string in
 //! attribute `A`, so its bit is written at every occurrence in `A` and
 //! nowhere else; a `like` on anything else is tested at every string's
@@ -28,7 +30,14 @@
 //! Together: two rows with the same key are related by a renaming of
 //! strings and an order-preserving map of Longs that preserve everything
 //! the policies can observe, so Cedar's verdict for one is its verdict for
-//! the other. The argument needs the policies to observe strings and Longs
+//! the other. The renaming fixes every literal and every string attribute
+//! of the run, and moves each other string only within its class (the
+//! strings in exactly the same run sets): each run set is mapped onto
+//! itself, so the run entity is unchanged. Cedar cannot take an element out
+//! of a set, so a run set's elements reach a `like` or an `==` only through
+//! the row's own strings, whose classes and pattern bits the key writes.
+//! (Were the run's set elements kept verbatim, as they once were, every
+//! lease-protected row would be a situation of its own.) The argument needs the policies to observe strings and Longs
 //! only in those ways and to read the resource only through its attributes.
 //! A policy set that does anything else (arithmetic on Longs, an extension
 //! function, tags, the resource's own id) turns the memo off, and every row
@@ -43,13 +52,25 @@ use crate::policy::Policies;
 use cedar_policy_core::ast::{
     self, BinaryOp, ExprKind, Literal, Pattern, PatternElem, UnaryOp, Var,
 };
-use rustc_hash::FxHashSet as HashSet;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use smol_str::SmolStr;
+
+/// What a key knows of a string before it reads the row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Known {
+    /// A policy literal or a string attribute of the run: kept verbatim.
+    Literal,
+    /// An element of these run sets (a class number, one per distinct
+    /// combination of sets) and no literal: a placeholder of that class.
+    Member(usize),
+}
 
 /// What the policy set can observe about strings and Longs.
 #[derive(Clone)]
 pub struct Abstraction {
-    literals: HashSet<SmolStr>,
+    /// The strings a key keeps or classes: policy literals and the run's
+    /// string attributes, and the elements of the run's sets.
+    known: HashMap<SmolStr, Known>,
     /// Rules most of a row's strings out before the hash lookup.
     literal_filter: LiteralFilter,
     /// Long literals of the policies and Longs of the run, sorted, distinct.
@@ -74,6 +95,9 @@ impl Abstraction {
         let set: &ast::PolicySet = policies.set.as_ref();
         let mut literals: HashSet<SmolStr> = HashSet::default();
         let mut longs: Vec<i64> = Vec::new();
+        // Each run-set element: a bit for each run set that holds it.
+        let mut memberships: HashMap<SmolStr, u64> = HashMap::default();
+        let mut run_sets = 0usize;
         for (_, attr) in run_attrs {
             match attr {
                 Attr::Long(n) => longs.push(*n),
@@ -81,7 +105,17 @@ impl Abstraction {
                     literals.insert(SmolStr::from(t.as_ref()));
                 }
                 Attr::Set(items) => {
-                    literals.extend(items.iter().map(|t| SmolStr::from(t.as_ref())))
+                    for t in items {
+                        let t = SmolStr::from(t.as_ref());
+                        if run_sets < 64 {
+                            *memberships.entry(t).or_default() |= 1 << run_sets;
+                        } else {
+                            // Sets past the 64th (the run has three) keep
+                            // their elements verbatim.
+                            literals.insert(t);
+                        }
+                    }
+                    run_sets += 1;
                 }
                 Attr::Bool(_) => {}
             }
@@ -169,9 +203,28 @@ impl Abstraction {
         }
         longs.sort_unstable();
         longs.dedup();
-        let literal_filter = LiteralFilter::of(&literals);
+        // A run-set element that is also a literal is kept verbatim; the
+        // others are numbered by their combination of sets, in the order
+        // the combinations first occur among the sorted strings (the
+        // number only has to be the same for the same combination).
+        let mut known: HashMap<SmolStr, Known> = literals
+            .iter()
+            .map(|l| (l.clone(), Known::Literal))
+            .collect();
+        let mut members: Vec<(SmolStr, u64)> = memberships
+            .into_iter()
+            .filter(|(t, _)| !literals.contains(t))
+            .collect();
+        members.sort_unstable();
+        let mut classes: HashMap<u64, usize> = HashMap::default();
+        for (t, bits) in members {
+            let next = classes.len();
+            let class = *classes.entry(bits).or_insert(next);
+            known.insert(t, Known::Member(class));
+        }
+        let literal_filter = LiteralFilter::of(known.keys());
         Abstraction {
-            literals,
+            known,
             literal_filter,
             longs,
             patterns,
@@ -227,8 +280,8 @@ impl Abstraction {
     /// An abstraction that shares nothing: every row is evaluated alone.
     pub fn off(why: &str) -> Abstraction {
         Abstraction {
-            literals: HashSet::default(),
-            literal_filter: LiteralFilter::of(&HashSet::default()),
+            known: HashMap::default(),
+            literal_filter: LiteralFilter::of(std::iter::empty()),
             longs: Vec::new(),
             patterns: Vec::new(),
             disabled: Some(why.to_string()),
@@ -361,14 +414,26 @@ impl Abstraction {
         placeholders: &mut Vec<&'v str>,
         out: &mut String,
     ) {
-        if self.literal_filter.may_hold(s) && self.literals.contains(s) {
-            out.push('S');
-            push_num(out, s.len());
-            out.push(':');
-            out.push_str(s);
-            return;
+        let known = if self.literal_filter.may_hold(s) {
+            self.known.get(s).copied()
+        } else {
+            None
+        };
+        match known {
+            Some(Known::Literal) => {
+                out.push('S');
+                push_num(out, s.len());
+                out.push(':');
+                out.push_str(s);
+                return;
+            }
+            Some(Known::Member(class)) => {
+                out.push('Q');
+                push_num(out, class);
+                out.push('.');
+            }
+            None => out.push('P'),
         }
-        out.push('P');
         let first = match placeholders.iter().position(|p| *p == s) {
             Some(k) => {
                 push_num(out, k);
@@ -409,7 +474,7 @@ struct LiteralFilter {
 impl LiteralFilter {
     const LENGTHS: usize = 128;
 
-    fn of(literals: &HashSet<SmolStr>) -> LiteralFilter {
+    fn of<'l>(literals: impl Iterator<Item = &'l SmolStr>) -> LiteralFilter {
         let mut ends = vec![[[0u64; 4]; 2]; Self::LENGTHS];
         for l in literals {
             let b = l.as_bytes();
@@ -522,7 +587,7 @@ mod tests {
         .into_iter()
         .map(SmolStr::from)
         .collect();
-        let filter = LiteralFilter::of(&literals);
+        let filter = LiteralFilter::of(literals.iter());
         for l in &literals {
             assert!(filter.may_hold(l), "{l:?}");
         }
@@ -541,7 +606,7 @@ mod tests {
                 assert!(!literals.contains(s));
             }
         }
-        assert!(!LiteralFilter::of(&HashSet::default()).may_hold(""));
+        assert!(!LiteralFilter::of(std::iter::empty()).may_hold(""));
     }
 
     /// The key's matcher answers as Cedar's on every pattern and text over
