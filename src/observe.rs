@@ -74,6 +74,9 @@ pub struct Observation {
     pub peers: PeerFacts,
     /// Which lease protections match this row ("field=value").
     pub protected_hits: Vec<String>,
+    /// The row's blank columns ([`Row::blank_columns`]), measured once
+    /// for every stage that asks.
+    pub blank_columns: u64,
 }
 
 /// Facts about other rows, aggregated over Cedar's answers to the first
@@ -457,6 +460,7 @@ fn observe_row(
         identity_row_count: 0,
         peers: PeerFacts::default(),
         protected_hits,
+        blank_columns: row.blank_columns(),
     }
 }
 

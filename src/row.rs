@@ -161,6 +161,16 @@ impl Row {
         }
     }
 
+    /// The columns whose value is blank (NULL, or text of Python white space
+    /// only): bit `c as usize` for column `c`.
+    pub fn blank_columns(&self) -> u64 {
+        const _: () = assert!(COLUMNS.len() <= 64, "a bit per column");
+        COLUMNS
+            .iter()
+            .filter(|c| self.get(**c).is_blank())
+            .fold(0, |bits, c| bits | 1 << *c as u64)
+    }
+
     /// Ask the processor to start loading this row's fields and the start
     /// of its texts, ahead of a walk that will read them out of order.
     #[inline]

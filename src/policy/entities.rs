@@ -315,13 +315,15 @@ pub fn worker_attrs_into<'a>(
     add(&|| Attr::Long(obs.identity_row_count as i64));
     add(&|| s(row.get(Col::Status).or_empty_cow()));
     add(&|| {
-        Attr::Set(
+        let blank = obs.blank_columns;
+        let mut names = Vec::with_capacity(blank.count_ones() as usize);
+        names.extend(
             columns_by_name()
                 .iter()
-                .filter(|c| row.get(**c).is_blank())
-                .map(|c| Cow::Borrowed(c.name()))
-                .collect(),
-        )
+                .filter(|c| blank & (1 << **c as u64) != 0)
+                .map(|c| Cow::Borrowed(c.name())),
+        );
+        Attr::Set(names)
     });
     add(&|| Attr::Bool(age().is_some()));
     add(&|| Attr::Long(age().unwrap_or(0)));
