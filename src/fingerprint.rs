@@ -221,71 +221,82 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Both tokens of a plan, computed once:
-/// `(registry_fingerprint, candidate_fingerprint)`. The candidates' sorted
-/// order is the registry's with the others left out, so the rows are sorted
-/// once and each is serialized once, feeding the registry digest and, when
-/// it is a candidate, the candidate digest. Chunks of the sorted rows are
-/// serialized on every core and hashed in order as they come (a few chunks
-/// exist at a time, never a second copy of the registry).
-pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool + Sync) -> (String, String) {
+/// `(registry_fingerprint, candidate_fingerprint)`. See [`registry_token`]
+/// and [`SortedRows::candidate_token`], which a plan runs apart: the first
+/// needs only the rows, so it runs while they are judged.
+pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool) -> (String, String) {
+    let (registry, sorted) = registry_token(rows);
+    let candidate = sorted.candidate_token(rows, is_candidate);
+    (registry, candidate)
+}
+
+/// The rows' registry positions in the order of their serializations,
+/// kept from the registry token for the candidate token (whose order is
+/// the registry's with the others left out).
+pub struct SortedRows {
+    order: Vec<u32>,
+}
+
+/// The registry token, and the sorted order it found. The rows are sorted
+/// once; chunks of them are serialized on every core and hashed in order as
+/// they come (a few chunks exist at a time, never a second copy of the
+/// registry).
+pub fn registry_token(rows: &[Row]) -> (String, SortedRows) {
     let started = std::time::Instant::now();
-    let order = sorted_by_serialization(rows.iter().collect());
+    let sorted = sorted_by_serialization(rows.iter().collect());
     tracing::debug!(rows = rows.len(), elapsed = ?started.elapsed(), "tokens: rows sorted");
     // Registry positions in sorted order (the rows are a slice, so a row's
     // index is its offset from the first).
-    let index_of = |r: &Row| (r as *const Row as usize - rows.as_ptr() as usize) / size_of::<Row>();
-    let sorted: Vec<(usize, bool)> = order
-        .iter()
-        .map(|r| {
-            let i = index_of(r);
-            (i, is_candidate(i))
-        })
-        .collect();
-    drop(order);
-    let candidates = sorted.iter().filter(|(_, c)| *c).count();
-    let mut registry = digest_start("registryfp-v1", sorted.len());
-    let mut candidate = digest_start("candidatefp-v1", candidates);
+    let index_of =
+        |r: &Row| ((r as *const Row as usize - rows.as_ptr() as usize) / size_of::<Row>()) as u32;
+    let order: Vec<u32> = sorted.iter().map(|r| index_of(r)).collect();
+    drop(sorted);
+    let registry = digest_units("registryfp-v1", rows, &order, "registryfp");
+    (registry, SortedRows { order })
+}
+
+impl SortedRows {
+    /// The candidate token: the candidate rows' units, in sorted order.
+    pub fn candidate_token(&self, rows: &[Row], is_candidate: impl Fn(usize) -> bool) -> String {
+        let chosen: Vec<u32> = self
+            .order
+            .iter()
+            .copied()
+            .filter(|&i| is_candidate(i as usize))
+            .collect();
+        digest_units("candidatefp-v1", rows, &chosen, "candidatefp")
+    }
+}
+
+/// The digest of the units of the rows at `order`'s positions, in that
+/// order: chunks serialized on every core, hashed as they come.
+fn digest_units(version: &str, rows: &[Row], order: &[u32], prefix: &str) -> String {
     const CHUNK: usize = 2048;
-    let chunks: Vec<&[(usize, bool)]> = sorted.chunks(CHUNK).collect();
+    let mut hasher = digest_start(version, order.len());
+    let chunks: Vec<&[u32]> = order.chunks(CHUNK).collect();
     crate::pool::par_map_ordered(
         &chunks,
         |chunk| serialize_chunk(rows, chunk),
-        |(text, runs)| {
-            registry.update(text.as_bytes());
-            for run in runs {
-                candidate.update(&text.as_bytes()[run]);
-            }
-        },
+        |text| hasher.update(text.as_bytes()),
     );
-    (
-        digest_finish(registry, "registryfp"),
-        digest_finish(candidate, "candidatefp"),
-    )
+    digest_finish(hasher, prefix)
 }
 
-/// The units (record separator, then the serialization) of `chunk`'s rows
-/// in order, and the byte ranges of the runs of candidate units among them.
-fn serialize_chunk(rows: &[Row], chunk: &[(usize, bool)]) -> (String, Vec<std::ops::Range<usize>>) {
+/// The units (record separator, then the serialization) of the rows at
+/// `chunk`'s positions, in order.
+fn serialize_chunk(rows: &[Row], chunk: &[u32]) -> String {
     let mut text = String::with_capacity(chunk.len() * 700);
-    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    for (j, &(i, is_candidate)) in chunk.iter().enumerate() {
-        if let Some(&(ahead, _)) = chunk.get(j + 16) {
-            rows[ahead].prefetch();
+    for (j, &i) in chunk.iter().enumerate() {
+        if let Some(&ahead) = chunk.get(j + 16) {
+            rows[ahead as usize].prefetch();
         }
-        if let Some(&(ahead, _)) = chunk.get(j + 8) {
-            rows[ahead].prefetch_texts();
+        if let Some(&ahead) = chunk.get(j + 8) {
+            rows[ahead as usize].prefetch_texts();
         }
-        let at = text.len();
         text.push(RECORD);
-        serialize_row_into(&rows[i], &mut text);
-        if is_candidate {
-            match runs.last_mut() {
-                Some(run) if run.end == at => run.end = text.len(),
-                _ => runs.push(at..text.len()),
-            }
-        }
+        serialize_row_into(&rows[i as usize], &mut text);
     }
-    (text, runs)
+    text
 }
 
 /// Token over every registry row; order-independent, time-independent.

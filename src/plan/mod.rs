@@ -10,7 +10,7 @@ pub mod render;
 
 use crate::error::Result;
 use crate::evidence::probe::ProcessProbe;
-use crate::fingerprint::plan_tokens;
+use crate::fingerprint::registry_token;
 use crate::observe::{observe_all, Observation, RunFacts};
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
@@ -80,7 +80,8 @@ pub struct PlanStats {
     pub peers: std::time::Duration,
     /// The retire stage.
     pub retire_stage: std::time::Duration,
-    /// The registry and candidate tokens.
+    /// The registry token (computed beside observing and judging, so
+    /// this overlaps them) and the candidate token after them.
     pub tokens: std::time::Duration,
     /// Cedar evaluations in the first stage (one per situation; each asks
     /// both first-stage actions).
@@ -400,28 +401,40 @@ pub fn plan_with(
     policies: &Policies,
     memo: bool,
 ) -> Result<Plan> {
-    let mut stats = PlanStats::default();
-    let started = std::time::Instant::now();
-    let mut observations = observe_all(&rows, &facts, probe);
-    stats.observe = started.elapsed();
-    let run = run_entity(&facts);
-    // The builder and the schema must agree; check the shapes once per run.
-    let mut sample = vec![run.clone()];
-    if let (Some(row), Some(obs)) = (rows.first(), observations.first()) {
-        sample.push(worker_entity(0, row, obs, facts.now));
-    }
-    check_schema(sample, &policies.schema)?;
-
-    let verdicts = judge_all(&rows, &mut observations, &facts, policies, memo, &mut stats);
-
+    // The registry token needs only the rows: it is computed beside the
+    // observing and judging, on the time their cores would wait.
+    let ((registry, sorted, token_time), judged) = crate::pool::join(
+        || {
+            let started = std::time::Instant::now();
+            let (registry, sorted) = registry_token(&rows);
+            (registry, sorted, started.elapsed())
+        },
+        || -> Result<_> {
+            let mut stats = PlanStats::default();
+            let started = std::time::Instant::now();
+            let mut observations = observe_all(&rows, &facts, probe);
+            stats.observe = started.elapsed();
+            let run = run_entity(&facts);
+            // The builder and the schema must agree; check the shapes once
+            // per run.
+            let mut sample = vec![run.clone()];
+            if let (Some(row), Some(obs)) = (rows.first(), observations.first()) {
+                sample.push(worker_entity(0, row, obs, facts.now));
+            }
+            check_schema(sample, &policies.schema)?;
+            let verdicts = judge_all(&rows, &mut observations, &facts, policies, memo, &mut stats);
+            Ok((observations, verdicts, stats))
+        },
+    );
+    let (observations, verdicts, mut stats) = judged?;
     let entries: Vec<Entry> = verdicts
         .into_iter()
         .enumerate()
         .map(|(index, verdict)| Entry { index, verdict })
         .collect();
     let started = std::time::Instant::now();
-    let (registry, candidate) = plan_tokens(&rows, |i| entries[i].is_candidate());
-    stats.tokens = started.elapsed();
+    let candidate = sorted.candidate_token(&rows, |i| entries[i].is_candidate());
+    stats.tokens = token_time + started.elapsed();
     tracing::debug!(rows = rows.len(), "planned: {stats}");
     Ok(Plan {
         rows,
