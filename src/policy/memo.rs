@@ -60,9 +60,9 @@ use smol_str::SmolStr;
 enum Known {
     /// A policy literal or a string attribute of the run: kept verbatim.
     Literal,
-    /// An element of these run sets (a class number, one per distinct
-    /// combination of sets) and no literal: a placeholder of that class.
-    Member(usize),
+    /// An element of the run sets whose bits are set (bit `i`: the run's
+    /// `i`-th set attribute), and no literal: a placeholder of that class.
+    Member(u64),
 }
 
 /// What the policy set can observe about strings and Longs.
@@ -204,23 +204,13 @@ impl Abstraction {
         longs.sort_unstable();
         longs.dedup();
         // A run-set element that is also a literal is kept verbatim; the
-        // others are numbered by their combination of sets, in the order
-        // the combinations first occur among the sorted strings (the
-        // number only has to be the same for the same combination).
+        // others are placeholders of their class: the sets that hold them.
         let mut known: HashMap<SmolStr, Known> = literals
             .iter()
             .map(|l| (l.clone(), Known::Literal))
             .collect();
-        let mut members: Vec<(SmolStr, u64)> = memberships
-            .into_iter()
-            .filter(|(t, _)| !literals.contains(t))
-            .collect();
-        members.sort_unstable();
-        let mut classes: HashMap<u64, usize> = HashMap::default();
-        for (t, bits) in members {
-            let next = classes.len();
-            let class = *classes.entry(bits).or_insert(next);
-            known.insert(t, Known::Member(class));
+        for (t, bits) in memberships {
+            known.entry(t).or_insert(Known::Member(bits));
         }
         let literal_filter = LiteralFilter::of(known.keys());
         Abstraction {
@@ -429,7 +419,7 @@ impl Abstraction {
             }
             Some(Known::Member(class)) => {
                 out.push('Q');
-                push_num(out, class);
+                out.push_str(itoa::Buffer::new().format(class));
                 out.push('.');
             }
             None => out.push('P'),
