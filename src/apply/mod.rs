@@ -242,8 +242,13 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
         ));
     }
     let sql = |doing| Error::sqlite(crate::error::Store::Registry, path, doing);
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
-        .map_err(sql("cannot open for writing"))?;
+    // One thread uses the connection at a time (rusqlite's `Connection` is
+    // not `Sync`), so SQLite's per-call connection mutex only costs time.
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sql("cannot open for writing"))?;
     conn.busy_timeout(busy_timeout)
         .map_err(sql("cannot set the busy timeout"))?;
     // Apply re-reads the whole registry and writes every target inside one
