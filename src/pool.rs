@@ -201,10 +201,22 @@ mod tests {
 
     #[test]
     fn par_map_keeps_order_and_every_value() {
+        for n in [0, 1, 2, 3, 17, 1023, 1024, 1025, 4097, 100_003] {
+            let items: Vec<usize> = (0..n).collect();
+            let expected: Vec<String> = items.iter().map(|i| format!("v{i}")).collect();
+            let mapped = par_map(&items, |i| format!("v{i}"));
+            assert_eq!(mapped, expected, "{n} items");
+            let mapped = par_map_costly(&items, |i| format!("v{i}"));
+            assert_eq!(mapped, expected, "{n} costly items");
+        }
+    }
+
+    #[test]
+    fn par_chunks_keeps_order_and_every_value() {
         for n in [0, 1, 1023, 1024, 1025, 4097, 100_003] {
             let items: Vec<usize> = (0..n).collect();
-            let mapped = par_map(&items, |i| format!("v{i}"));
-            let expected: Vec<String> = items.iter().map(|i| format!("v{i}")).collect();
+            let mapped = par_chunks(&items, |chunk| chunk.iter().map(|i| i * 2).collect());
+            let expected: Vec<usize> = items.iter().map(|i| i * 2).collect();
             assert_eq!(mapped, expected, "{n} items");
         }
     }

@@ -37,8 +37,9 @@
 //! of a set, so a run set's elements reach a `like` or an `==` only through
 //! the row's own strings, whose classes and pattern bits the key writes.
 //! (Were the run's set elements kept verbatim, as they once were, every
-//! lease-protected row would be a situation of its own.) The argument needs the policies to observe strings and Longs
-//! only in those ways and to read the resource only through its attributes.
+//! lease-protected row would be a situation of its own.) The argument
+//! needs the policies to observe strings and Longs only in those ways and
+//! to read the resource only through its attributes.
 //! A policy set that does anything else (arithmetic on Longs, an extension
 //! function, tags, the resource's own id) turns the memo off, and every row
 //! is evaluated on its own.
@@ -68,8 +69,9 @@ enum Known {
 /// What the policy set can observe about strings and Longs.
 #[derive(Clone)]
 pub struct Abstraction {
-    /// The strings a key keeps or classes: policy literals and the run's
-    /// string attributes, and the elements of the run's sets.
+    /// The strings a key does not number plainly: policy literals and the
+    /// run's string attributes (kept verbatim), and the elements of the
+    /// run's sets (numbered within their class).
     known: HashMap<SmolStr, Known>,
     /// Rules most of a row's strings out before the hash lookup.
     literal_filter: LiteralFilter,
