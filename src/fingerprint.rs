@@ -220,16 +220,6 @@ pub fn hex(bytes: &[u8]) -> String {
         })
 }
 
-/// Both tokens of a plan, computed once:
-/// `(registry_fingerprint, candidate_fingerprint)`. See [`registry_token`]
-/// and [`SortedRows::candidate_token`], which a plan runs apart: the first
-/// needs only the rows, so it runs while they are judged.
-pub fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool) -> (String, String) {
-    let (registry, sorted) = registry_token(rows);
-    let candidate = sorted.candidate_token(rows, is_candidate);
-    (registry, candidate)
-}
-
 /// The rows' registry positions in the order of their serializations,
 /// kept from the registry token for the candidate token (whose order is
 /// the registry's with the others left out).
@@ -333,6 +323,15 @@ pub fn external_state_fingerprint<'a>(leases: impl IntoIterator<Item = &'a Lease
 mod tests {
     use super::*;
     use crate::value::Value;
+
+    /// Both tokens as a plan makes them (`plan_with` runs the two halves
+    /// apart: the registry token beside the verdicts, the candidate token
+    /// after them).
+    fn plan_tokens(rows: &[Row], is_candidate: impl Fn(usize) -> bool) -> (String, String) {
+        let (registry, sorted) = registry_token(rows);
+        let candidate = sorted.candidate_token(rows, is_candidate);
+        (registry, candidate)
+    }
 
     /// The one-pass tokens of a plan equal the two tokens computed apart,
     /// over many chunks (rows in shuffled identity order, candidates in
