@@ -40,9 +40,12 @@ fn par_map_from<T: Sync, U: Send>(
         std::thread::scope(|scope| {
             for _ in 0..workers {
                 scope.spawn(move || loop {
-                    // A poisoned lock means another worker panicked; the
-                    // scope raises that panic, so this one just stops.
-                    let Some((chunk, slots)) = blocks.lock().ok().and_then(|mut b| b.next()) else {
+                    // The lock is held only to take a block, never while
+                    // mapping, so it cannot be poisoned; were it anyway,
+                    // its iterator is still whole, and every block is
+                    // still taken (the SAFETY note below needs that).
+                    let next = blocks.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let Some((chunk, slots)) = next else {
                         return;
                     };
                     for (item, slot) in chunk.iter().zip(slots) {
@@ -95,9 +98,11 @@ pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sy
             .map(|_| {
                 scope.spawn(move || {
                     let mut done = Vec::new();
-                    // A poisoned lock means another worker panicked; its
-                    // panic is raised below.
-                    while let Some((at, chunk)) = chunks.lock().ok().and_then(|mut c| c.next()) {
+                    // The lock is held only to take a chunk, never while
+                    // mapping; a panic in `f` is raised below.
+                    while let Some((at, chunk)) =
+                        chunks.lock().unwrap_or_else(|p| p.into_inner()).next()
+                    {
                         done.push((at, f(chunk)));
                     }
                     done
