@@ -825,6 +825,46 @@ fn memo_on_and_memo_off_agree_on_every_fixture_and_random_registries() {
     );
 }
 
+/// `blank_fields` is keyed by its columns' bits, which is sound only if
+/// every column name elsewhere in the row is written as itself. A policy
+/// that asks whether a row's own string names one of its blank columns
+/// (`role` and `namespace` are column names no policy of ours mentions)
+/// must see rows that differ only there apart, with the memo as without.
+#[test]
+fn a_string_naming_a_blank_column_is_not_renamed() {
+    use fleet_retire::row::Col;
+    use fleet_retire::value::Value as V;
+    let p = with_extra_policy(
+        "@id(\"names-a-blank-column\")\n@reason(\"worker_live\")\n@order(\"5\")\n\
+         forbid (principal, action == FleetRetire::Action::\"retire\", resource)\n\
+         when { resource.blank_fields.contains(resource.client_instance_id) };",
+    );
+    let (_, mut case) = our_cases()
+        .into_iter()
+        .find(|(f, _)| f.ends_with("eligible-same-boot-dead-pid.json"))
+        .unwrap();
+    let base = case.rows[0].clone();
+    case.rows.clear();
+    // Each row's `role` is blank; its instance id (each its own, so the
+    // rows' slots agree) is `role` (a blank column's name), `namespace` (a
+    // column's name, not blank here) or an ordinary id.
+    for (i, instance) in ["role", "inst-a", "namespace", "inst-b"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut r = base.clone();
+        r.set(Col::WorkerIdentity, V::Text(format!("w-{i}").into()));
+        r.set(Col::Role, V::Null);
+        r.set(Col::ClientInstanceId, V::Text(instance.into()));
+        case.rows.push(r);
+    }
+    let (on, off) = verdicts_both_ways(&case, &p);
+    assert_eq!(on, off);
+    let named = |i: usize| on[i].contains("names-a-blank-column");
+    assert!(named(0), "{on:#?}");
+    assert!(!named(1) && !named(2) && !named(3), "{on:#?}");
+}
+
 /// The same on a realistic 10,000-row registry (`../shared/bench/
 /// gen_registry.py`: a long-running fleet's history bound to this machine),
 /// its pids probed for real once and those answers given to both runs.

@@ -81,6 +81,10 @@ pub enum Attr<'a> {
     Str(Cow<'a, str>),
     /// A set of strings, sorted and without repeats.
     Set(Vec<Cow<'a, str>>),
+    /// A set of column names, as the bits of their columns (bit `c` for
+    /// column `c`, as `Row::blank_columns` gives them): to Cedar, the set
+    /// of those columns' names.
+    Columns(u64),
 }
 
 impl Attr<'_> {
@@ -94,8 +98,25 @@ impl Attr<'_> {
                 items.iter().map(|t| Value::from(SmolStr::from(t.as_ref()))),
                 None,
             ),
+            Attr::Columns(bits) => Value::set(
+                column_names(*bits).map(|n| Value::from(SmolStr::new_static(n))),
+                None,
+            ),
         }
     }
+}
+
+/// The names of the columns whose bits are set in `bits`, sorted.
+pub fn column_names(bits: u64) -> impl Iterator<Item = &'static str> {
+    columns_by_name()
+        .iter()
+        .filter(move |c| bits & (1 << **c as u64) != 0)
+        .map(|c| c.name())
+}
+
+/// Every column's name (the strings an [`Attr::Columns`] can hold).
+pub fn all_column_names() -> impl Iterator<Item = &'static str> {
+    columns_by_name().iter().map(|c| c.name())
 }
 
 fn s<'a>(v: impl Into<Cow<'a, str>>) -> Attr<'a> {
@@ -314,17 +335,7 @@ pub fn worker_attrs_into<'a>(
     add(&|| s(row.get(Col::WorkerIdentity).canon_cow()));
     add(&|| Attr::Long(obs.identity_row_count as i64));
     add(&|| s(row.get(Col::Status).or_empty_cow()));
-    add(&|| {
-        let blank = obs.blank_columns;
-        let mut names = Vec::with_capacity(blank.count_ones() as usize);
-        names.extend(
-            columns_by_name()
-                .iter()
-                .filter(|c| blank & (1 << **c as u64) != 0)
-                .map(|c| Cow::Borrowed(c.name())),
-        );
-        Attr::Set(names)
-    });
+    add(&|| Attr::Columns(obs.blank_columns));
     add(&|| Attr::Bool(age().is_some()));
     add(&|| Attr::Long(age().unwrap_or(0)));
     add(&|| Attr::Bool(ttl().number));

@@ -13,7 +13,9 @@
 //! A `like` whose subject is `resource.A` can only ever see the string in
 //! attribute `A`, so its bit is written at every occurrence in `A` and
 //! nowhere else; a `like` on anything else is tested at every string's
-//! first occurrence. Booleans are kept exactly.
+//! first occurrence. Booleans are kept exactly. Every column name counts
+//! as a literal, so the set of a row's blank columns is written as its
+//! columns' bits: it says the same as its elements written out.
 //!
 //! Longs (a heartbeat's age in microseconds differs on every row) are kept
 //! only as far as comparisons can tell them apart. Without arithmetic,
@@ -48,7 +50,7 @@
 //! can apply to it reads: the others cannot change its verdict. The first
 //! stage's actions read a handful, so their rows share a few situations.
 
-use crate::policy::entities::Attr;
+use crate::policy::entities::{all_column_names, column_names, Attr};
 use crate::policy::Policies;
 use cedar_policy_core::ast::{
     self, BinaryOp, ExprKind, Literal, Pattern, PatternElem, UnaryOp, Var,
@@ -119,9 +121,17 @@ impl Abstraction {
                     }
                     run_sets += 1;
                 }
+                Attr::Columns(bits) => {
+                    literals.extend(column_names(*bits).map(SmolStr::new_static));
+                }
                 Attr::Bool(_) => {}
             }
         }
+        // Every column name is kept verbatim wherever it occurs, so that a
+        // set of column names (`Attr::Columns`) can be keyed by its bits:
+        // the bits name its elements exactly, and any other string equal to
+        // one of them is written as itself.
+        literals.extend(all_column_names().map(SmolStr::new_static));
         let mut patterns = Vec::new();
         let mut disabled = None;
         for policy in set.policies() {
@@ -392,6 +402,14 @@ impl Abstraction {
                         out.push(',');
                     }
                     out.push(']');
+                }
+                Attr::Columns(bits) => {
+                    // Its elements are literals (see `new`), which a key
+                    // writes as themselves (no placeholder, no `like`
+                    // bits: the text decides those): the bits say exactly
+                    // the same.
+                    out.push('C');
+                    out.push_str(itoa::Buffer::new().format(*bits));
                 }
             }
             out.push(';');
