@@ -99,13 +99,18 @@ pub fn par_chunks<T: Sync, U: Send>(items: &[T], f: impl Fn(&[T]) -> Vec<U> + Sy
                 scope.spawn(move || {
                     let mut done = Vec::new();
                     // The lock is held only to take a chunk, never while
-                    // mapping; a panic in `f` is raised below.
-                    while let Some((at, chunk)) =
-                        chunks.lock().unwrap_or_else(|p| p.into_inner()).next()
-                    {
+                    // mapping: the guard is a temporary of this statement,
+                    // gone at its end. (Taken in a `while let` condition,
+                    // it would live through the loop's body and every
+                    // chunk would run one after another.) A panic in `f`
+                    // is raised below.
+                    loop {
+                        let next = chunks.lock().unwrap_or_else(|p| p.into_inner()).next();
+                        let Some((at, chunk)) = next else {
+                            return done;
+                        };
                         done.push((at, f(chunk)));
                     }
-                    done
                 })
             })
             .collect();
@@ -224,6 +229,51 @@ mod tests {
             let expected: Vec<usize> = items.iter().map(|i| i * 2).collect();
             assert_eq!(mapped, expected, "{n} items");
         }
+    }
+
+    /// Every map of the pool runs its blocks on two cores at once: each
+    /// block waits (up to a few seconds) for another block to be running
+    /// beside it. Were the blocks run one after another (a lock held while
+    /// mapping, as `par_chunks` once did), no block would ever see another.
+    #[test]
+    fn blocks_run_side_by_side() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        if workers() < 2 {
+            eprintln!("one core: nothing runs side by side here");
+            return;
+        }
+        let meet = |running: &AtomicUsize, met: &AtomicUsize| {
+            running.fetch_add(1, Ordering::SeqCst);
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            // Once two blocks have met, the rest need not wait.
+            while std::time::Instant::now() < until && met.load(Ordering::SeqCst) == 0 {
+                if running.load(Ordering::SeqCst) >= 2 {
+                    met.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            running.fetch_sub(1, Ordering::SeqCst);
+        };
+        let items: Vec<usize> = (0..4096).collect();
+        let (running, met) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        par_chunks(&items, |chunk| {
+            meet(&running, &met);
+            chunk.to_vec()
+        });
+        assert!(
+            met.load(Ordering::SeqCst) > 0,
+            "par_chunks ran its chunks one at a time"
+        );
+        let (running, met) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        par_map_costly(&items[..4], |&i| {
+            meet(&running, &met);
+            i
+        });
+        assert!(
+            met.load(Ordering::SeqCst) > 0,
+            "par_map ran its blocks one at a time"
+        );
     }
 
     #[test]
