@@ -74,7 +74,7 @@ pub struct Abstraction {
     /// The strings a key does not number plainly: policy literals and the
     /// run's string attributes (kept verbatim), and the elements of the
     /// run's sets (numbered within their class).
-    known: HashMap<SmolStr, Known>,
+    known: KnownTable,
     /// Rules most of a row's strings out before the hash lookup.
     literal_filter: LiteralFilter,
     /// Long literals of the policies and Longs of the run, sorted, distinct.
@@ -224,7 +224,7 @@ impl Abstraction {
         }
         let literal_filter = LiteralFilter::of(known.keys());
         Abstraction {
-            known,
+            known: KnownTable::of(known),
             literal_filter,
             longs,
             patterns,
@@ -280,7 +280,7 @@ impl Abstraction {
     /// An abstraction that shares nothing: every row is evaluated alone.
     pub fn off(why: &str) -> Abstraction {
         Abstraction {
-            known: HashMap::default(),
+            known: KnownTable::of(HashMap::default()),
             literal_filter: LiteralFilter::of(std::iter::empty()),
             longs: Vec::new(),
             patterns: Vec::new(),
@@ -423,7 +423,7 @@ impl Abstraction {
         out: &mut String,
     ) {
         let known = if self.literal_filter.may_hold(s) {
-            self.known.get(s).copied()
+            self.known.get(s)
         } else {
             None
         };
@@ -442,7 +442,10 @@ impl Abstraction {
             }
             None => out.push('P'),
         }
-        let first = match placeholders.iter().position(|p| *p == s) {
+        let first = match placeholders
+            .iter()
+            .position(|p| same_bytes(p.as_bytes(), s.as_bytes()))
+        {
             Some(k) => {
                 push_num(out, k);
                 false
@@ -464,6 +467,63 @@ impl Abstraction {
             };
             if applies {
                 out.push(if p.matches(s) { '1' } else { '0' });
+            }
+        }
+    }
+}
+
+/// The strings a key knows before it reads a row, for lookup: open
+/// addressing with linear probing over at least twice as many slots as
+/// strings, each slot holding the string's full hash, so a probe compares
+/// text only when the hashes agree, and then without a call to `memcmp`
+/// ([`same_bytes`]). A row's strings that pass the [`LiteralFilter`] are
+/// mostly literals (a status, a probe's answer, this host's ids), so
+/// nearly every lookup ends in such a comparison.
+#[derive(Clone)]
+struct KnownTable {
+    slots: Vec<Option<(u64, Box<str>, Known)>>,
+    mask: usize,
+}
+
+impl KnownTable {
+    fn of(known: HashMap<SmolStr, Known>) -> KnownTable {
+        let len = (known.len() * 2).next_power_of_two().max(8);
+        let mut table = KnownTable {
+            slots: vec![None; len],
+            mask: len - 1,
+        };
+        for (text, what) in known {
+            let hash = Self::hash(&text);
+            let mut at = hash as usize & table.mask;
+            while table.slots[at].is_some() {
+                at = (at + 1) & table.mask;
+            }
+            table.slots[at] = Some((hash, Box::from(text.as_str()), what));
+        }
+        table
+    }
+
+    fn hash(s: &str) -> u64 {
+        use std::hash::BuildHasher;
+        rustc_hash::FxBuildHasher.hash_one(s)
+    }
+
+    /// What is known of `s`, if anything.
+    #[inline]
+    fn get(&self, s: &str) -> Option<Known> {
+        let hash = Self::hash(s);
+        let mut at = hash as usize & self.mask;
+        // The table is never full (twice the strings), so an empty slot
+        // ends every probe.
+        loop {
+            match &self.slots[at] {
+                None => return None,
+                Some((h, text, what))
+                    if *h == hash && same_bytes(text.as_bytes(), s.as_bytes()) =>
+                {
+                    return Some(*what)
+                }
+                Some(_) => at = (at + 1) & self.mask,
             }
         }
     }
@@ -544,9 +604,13 @@ impl Glob {
         let Some((last, middle)) = rest.split_last() else {
             return text == first;
         };
-        if text.len() < first.len() + last.len()
-            || !text.starts_with(first.as_str())
-            || !text.ends_with(last.as_str())
+        // An empty end (a pattern that starts or ends with `*`, as most
+        // do) matches anything: no comparison is made for it.
+        let bytes = text.as_bytes();
+        if bytes.len() < first.len() + last.len()
+            || (!first.is_empty() && !same_bytes(&bytes[..first.len()], first.as_bytes()))
+            || (!last.is_empty()
+                && !same_bytes(&bytes[bytes.len() - last.len()..], last.as_bytes()))
         {
             return false;
         }
@@ -558,6 +622,27 @@ impl Glob {
             }
         }
         true
+    }
+}
+
+/// `a == b`, for the short strings of a row: lengths first, then up to
+/// sixteen bytes as two (overlapping) words each, without a call to
+/// `memcmp` (most of a key's comparisons are of a dozen bytes or fewer,
+/// where the call costs more than the comparison).
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().expect("4 bytes"));
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
     }
 }
 
@@ -615,6 +700,78 @@ mod tests {
             }
         }
         assert!(!LiteralFilter::of(std::iter::empty()).may_hold(""));
+    }
+
+    /// `same_bytes` is `==`: for every length up to 40, equal texts, texts
+    /// that differ in any one byte, and texts of other lengths that share
+    /// a prefix or a suffix.
+    #[test]
+    fn same_bytes_is_equality() {
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n).map(|i| (i * 37 + n) as u8).collect();
+            assert!(same_bytes(&a, &a.clone()), "length {n}");
+            for at in 0..n {
+                for flip in [1u8, 0x80] {
+                    let mut b = a.clone();
+                    b[at] ^= flip;
+                    assert!(!same_bytes(&a, &b), "length {n}, byte {at} ^ {flip}");
+                }
+            }
+            for m in 0..40usize {
+                if m != n {
+                    let longer: Vec<u8> = a
+                        .iter()
+                        .copied()
+                        .chain(std::iter::repeat(7))
+                        .take(m)
+                        .collect();
+                    assert!(!same_bytes(&a, &longer), "lengths {n} and {m}");
+                    assert!(!same_bytes(&longer, &a), "lengths {m} and {n}");
+                }
+            }
+        }
+    }
+
+    /// The key's table of known strings answers as the map it was made
+    /// from, for each of its strings and for strings it does not hold
+    /// (among them ones that share a string's prefix, suffix or length).
+    #[test]
+    fn the_known_table_answers_as_its_map() {
+        let mut map: HashMap<SmolStr, Known> = HashMap::default();
+        for i in 0..500u64 {
+            let text = match i % 4 {
+                0 => format!("lit-{i}"),
+                1 => format!("sess-{i:012}"),
+                2 => "x".repeat(i as usize % 40),
+                _ => format!("{i}"),
+            };
+            let what = if i % 3 == 0 {
+                Known::Literal
+            } else {
+                Known::Member(i)
+            };
+            map.entry(SmolStr::from(text)).or_insert(what);
+        }
+        let table = KnownTable::of(map.clone());
+        for (text, what) in &map {
+            assert_eq!(table.get(text), Some(*what), "{text:?}");
+        }
+        for i in 0..2000u64 {
+            for text in [
+                format!("lit-{i}x"),
+                format!("xlit-{i}"),
+                format!("sess-{i:011}"),
+                "y".repeat(i as usize % 50),
+                format!("{}", i + 1_000_000),
+            ] {
+                assert_eq!(
+                    table.get(&text),
+                    map.get(text.as_str()).copied(),
+                    "{text:?}"
+                );
+            }
+        }
+        assert_eq!(KnownTable::of(HashMap::default()).get(""), None);
     }
 
     /// The key's matcher answers as Cedar's on every pattern and text over
