@@ -288,6 +288,43 @@ impl Error {
 /// Result with the crate's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What the SIGBUS handler writes (a constant: the handler may only make
+/// async-signal-safe calls, so it formats nothing).
+const BUS_ERROR_MESSAGE: &[u8] = b"fleet-retire: a store file could not be read where it was \
+mapped into memory (a disk error, or the file was cut short by a process that ignores \
+SQLite's locks). Nothing was changed by this command. Check the disk and the file \
+(sqlite3 FILE 'PRAGMA integrity_check'), then run the command again.\n";
+
+extern "C" fn bus_error(_: nix::libc::c_int) {
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the message is
+    // a static byte string.
+    unsafe {
+        nix::libc::write(
+            2,
+            BUS_ERROR_MESSAGE.as_ptr().cast(),
+            BUS_ERROR_MESSAGE.len(),
+        );
+        nix::libc::_exit(ExitCode::Error as nix::libc::c_int);
+    }
+}
+
+/// Turn SIGBUS into a plain message and exit 1. The registry's read-only
+/// readers map part of the file (`evidence::registry`), and a mapped page
+/// that cannot be read raises SIGBUS where `pread` would have returned an
+/// error. Only reads map, so nothing is half-written when this exits: a
+/// plan or a snapshot writes nothing, and apply's transaction (whose reads
+/// never map) is rolled back by SQLite from its journal.
+pub fn on_bus_error() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(bus_error),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler makes only async-signal-safe calls.
+    let _ = unsafe { sigaction(Signal::SIGBUS, &action) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

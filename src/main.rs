@@ -15,6 +15,7 @@ fn main() -> std::process::ExitCode {
         );
         std::process::exit(1);
     }));
+    fleet_retire::error::on_bus_error();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

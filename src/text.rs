@@ -5,6 +5,29 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+/// `a == b`, for the short texts of hot loops (a row's strings, a
+/// column's recent values): lengths first, then up to 32 bytes as
+/// (overlapping) words, without a call to `memcmp`, which costs more than
+/// the comparison at these lengths.
+#[inline]
+pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().expect("4 bytes"));
+    let words = |at: &[usize]| at.iter().all(|&i| word(a, i) == word(b, i));
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => words(&[0, n - 8]),
+        17..=32 => words(&[0, 8, n - 16, n - 8]),
+        _ => a == b,
+    }
+}
+
 /// Text from a registry, a file or a request, made safe for a terminal:
 /// control characters (C0, DEL, C1) and the bidirectional overrides that
 /// reorder what a person sees are written as `\u{..}` escapes, and a
@@ -42,4 +65,39 @@ pub fn nonblank_repository(text: &str) -> std::result::Result<String, String> {
         );
     }
     Ok(text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `same_bytes` is `==`: for every length up to 70, equal texts, texts
+    /// that differ in any one byte, and texts of other lengths that share
+    /// a prefix.
+    #[test]
+    fn same_bytes_is_equality() {
+        for n in 0..70usize {
+            let a: Vec<u8> = (0..n).map(|i| (i * 37 + n) as u8).collect();
+            assert!(same_bytes(&a, &a.clone()), "length {n}");
+            for at in 0..n {
+                for flip in [1u8, 0x80] {
+                    let mut b = a.clone();
+                    b[at] ^= flip;
+                    assert!(!same_bytes(&a, &b), "length {n}, byte {at} ^ {flip}");
+                }
+            }
+            for m in 0..70usize {
+                if m != n {
+                    let other: Vec<u8> = a
+                        .iter()
+                        .copied()
+                        .chain(std::iter::repeat(7))
+                        .take(m)
+                        .collect();
+                    assert!(!same_bytes(&a, &other), "lengths {n} and {m}");
+                    assert!(!same_bytes(&other, &a), "lengths {m} and {n}");
+                }
+            }
+        }
+    }
 }

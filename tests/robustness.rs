@@ -788,3 +788,171 @@ fn text_that_is_not_utf8_is_refused_even_when_neighbours_complete_it() {
         );
     }
 }
+
+/// A registry large enough that reading it maps tens of megabytes and
+/// takes a while: `n` stale rows, copied in by SQL from the first ones.
+fn large_registry(n: usize) -> Stores {
+    let (pid, start) = dead_process();
+    let rows: Vec<Value> = (0..500)
+        .map(|i| {
+            let mut r = stale_row(&format!("w-{i:07}"), pid, &start);
+            r["session_id"] = json!(format!("sess-{i}"));
+            r
+        })
+        .collect();
+    let stores = Stores::new(&rows);
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    let columns: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('worker_registrations')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let select: Vec<String> = columns
+        .iter()
+        .map(|c| match c.as_str() {
+            "worker_identity" => format!("worker_identity || '-' || ?1 AS {c}"),
+            "session_id" => format!("session_id || '-' || ?1 AS {c}"),
+            other => format!("\"{other}\""),
+        })
+        .collect();
+    let copy = format!(
+        "INSERT INTO worker_registrations SELECT {} FROM worker_registrations WHERE rowid <= 500",
+        select.join(", ")
+    );
+    let tx = conn.unchecked_transaction().unwrap();
+    for k in 1..n / 500 {
+        tx.execute(&copy, [k as i64]).unwrap();
+    }
+    tx.commit().unwrap();
+    stores
+}
+
+/// The attack on the mapped read: a process that ignores SQLite's locks
+/// cuts the registry short while `plan` reads it. Whenever the cut lands,
+/// plan ends with its rows or with exit 1 and a message, never killed by a
+/// signal (a mapped page past the new end raises SIGBUS, which plan turns
+/// into its message) and never with a panic.
+#[test]
+fn a_registry_cut_short_under_a_running_plan_ends_in_a_message_not_a_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let stores = large_registry(60_000);
+    let pristine = std::fs::read(&stores.registry).unwrap();
+    assert!(
+        pristine.len() > 12 << 20,
+        "the registry is {} bytes",
+        pristine.len()
+    );
+    let mut args = vec!["--format".to_string(), "json".into()];
+    args.extend(stores.plan_args("controller-prgs"));
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    for attempt in 0..12u64 {
+        std::fs::write(&stores.registry, &pristine).unwrap();
+        let child = KillOnDrop(
+            Command::new(EXE)
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        // Cut at a different moment each time: from before the read starts
+        // to well into it.
+        std::thread::sleep(Duration::from_millis(5 + attempt * 6));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&stores.registry)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        let mut child = child;
+        let status = wait_for(&mut child.0, Duration::from_secs(60));
+        let mut err = String::new();
+        child
+            .0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(
+            status.signal(),
+            None,
+            "attempt {attempt}: killed by a signal; {err}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("internal error"),
+            "{err}"
+        );
+        match status.code() {
+            Some(0) => *outcomes.entry("read whole".into()).or_default() += 1,
+            Some(1) => {
+                assert!(
+                    err.starts_with("fleet-retire: "),
+                    "attempt {attempt}: {err}"
+                );
+                assert!(
+                    err.contains("registry") || err.contains("store file"),
+                    "{err}"
+                );
+                let kind = if err.contains("mapped into memory") {
+                    "bus error"
+                } else {
+                    "SQLite error"
+                };
+                *outcomes.entry(kind.into()).or_default() += 1;
+            }
+            other => panic!("attempt {attempt}: exit {other:?}: {err}"),
+        }
+    }
+    eprintln!("outcomes: {outcomes:?}");
+}
+
+/// SIGBUS, however it arrives, ends the process with the plain message
+/// and exit 1 (a long-running `serve` here, its handler long installed).
+#[test]
+fn a_bus_error_ends_the_process_with_a_message_and_exit_1() {
+    use std::os::unix::process::ExitStatusExt;
+    let stores = Stores::new(&[]);
+    let mut child = KillOnDrop(
+        Command::new(EXE)
+            .arg("serve")
+            .env("FLEET_RETIRE_REGISTRY", &stores.registry)
+            .env("FLEET_RETIRE_LEASES", &stores.leases)
+            .env("GITEA_MCP_CONFIG", &stores.profiles)
+            .env("GITEA_MCP_PROFILE", "controller-prgs")
+            .env("GITEA_MCP_NAMESPACE", "author")
+            .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
+            .env("GITEA_MCP_WORKER_IDENTITY", "w-bus")
+            .env("GITEA_MCP_CLIENT_SESSION", "sess-bus")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.0.try_wait().unwrap().is_none(), "serve ended early");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGBUS,
+    )
+    .unwrap();
+    let status = wait_for(&mut child.0, Duration::from_secs(10));
+    let mut err = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.signal(), None, "{err}");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("could not be read where it was mapped into memory"),
+        "{err}"
+    );
+    assert!(err.contains("Nothing was changed"), "{err}");
+}

@@ -52,6 +52,7 @@
 
 use crate::policy::entities::{all_column_names, Attr};
 use crate::policy::Policies;
+use crate::text::same_bytes;
 use cedar_policy_core::ast::{
     self, BinaryOp, ExprKind, Literal, Pattern, PatternElem, UnaryOp, Var,
 };
@@ -625,27 +626,6 @@ impl Glob {
     }
 }
 
-/// `a == b`, for the short strings of a row: lengths first, then up to
-/// sixteen bytes as two (overlapping) words each, without a call to
-/// `memcmp` (most of a key's comparisons are of a dozen bytes or fewer,
-/// where the call costs more than the comparison).
-#[inline]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
-    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().expect("4 bytes"));
-    match n {
-        0 => true,
-        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
-        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
-        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
-        _ => a == b,
-    }
-}
-
 /// Decimal digits of `n` (a key is built for every row; most numbers here
 /// are single digits).
 fn push_num(out: &mut String, n: usize) {
@@ -700,36 +680,6 @@ mod tests {
             }
         }
         assert!(!LiteralFilter::of(std::iter::empty()).may_hold(""));
-    }
-
-    /// `same_bytes` is `==`: for every length up to 40, equal texts, texts
-    /// that differ in any one byte, and texts of other lengths that share
-    /// a prefix or a suffix.
-    #[test]
-    fn same_bytes_is_equality() {
-        for n in 0..40usize {
-            let a: Vec<u8> = (0..n).map(|i| (i * 37 + n) as u8).collect();
-            assert!(same_bytes(&a, &a.clone()), "length {n}");
-            for at in 0..n {
-                for flip in [1u8, 0x80] {
-                    let mut b = a.clone();
-                    b[at] ^= flip;
-                    assert!(!same_bytes(&a, &b), "length {n}, byte {at} ^ {flip}");
-                }
-            }
-            for m in 0..40usize {
-                if m != n {
-                    let longer: Vec<u8> = a
-                        .iter()
-                        .copied()
-                        .chain(std::iter::repeat(7))
-                        .take(m)
-                        .collect();
-                    assert!(!same_bytes(&a, &longer), "lengths {n} and {m}");
-                    assert!(!same_bytes(&longer, &a), "lengths {m} and {n}");
-                }
-            }
-        }
     }
 
     /// The key's table of known strings answers as the map it was made
