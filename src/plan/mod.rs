@@ -132,6 +132,8 @@ pub struct Plan {
     pub facts: RunFacts,
     /// Where the time went.
     pub stats: PlanStats,
+    /// Rows registered on another host (counted once, beside the judging).
+    other_host_rows: usize,
 }
 
 /// Ask Cedar about every row, in two stages. First each row on its own:
@@ -403,11 +405,15 @@ pub fn plan_with(
 ) -> Result<Plan> {
     // The registry token needs only the rows: it is computed beside the
     // observing and judging, on the time their cores would wait.
-    let ((registry, sorted, token_time), judged) = crate::pool::join(
+    // The count of rows on other hosts (the plan's fencing context) needs
+    // only the rows too, and rides along after the token.
+    let ((registry, sorted, token_time, other_host_rows), judged) = crate::pool::join(
         || {
             let started = std::time::Instant::now();
             let (registry, sorted) = registry_token(&rows);
-            (registry, sorted, started.elapsed())
+            let token_time = started.elapsed();
+            let other_hosts = count_other_host_rows(&rows, facts.host.host_id.as_deref());
+            (registry, sorted, token_time, other_hosts)
         },
         || -> Result<_> {
             let mut stats = PlanStats::default();
@@ -445,7 +451,20 @@ pub fn plan_with(
         policy_fingerprint: policies.fingerprint.clone(),
         facts,
         stats,
+        other_host_rows,
     })
+}
+
+/// Rows registered on another host than `mine` (0 when this host's id is
+/// unknown).
+fn count_other_host_rows(rows: &[Row], mine: Option<&str>) -> usize {
+    match mine {
+        Some(mine) => rows
+            .iter()
+            .filter(|r| crate::observe::of_another_host(r, mine))
+            .count(),
+        None => 0,
+    }
 }
 
 impl Plan {
@@ -527,21 +546,23 @@ impl Plan {
     /// Rows registered on another host than this run's (0 when this
     /// host's id is unknown).
     pub fn other_host_rows(&self) -> usize {
-        match self.facts.host.host_id.as_deref() {
-            Some(mine) => self
-                .rows
-                .iter()
-                .filter(|r| crate::observe::of_another_host(r, mine))
-                .count(),
-            None => 0,
-        }
+        self.other_host_rows
     }
 
-    /// Count of preserved rows by primary reason code.
+    /// Count of preserved rows by primary reason code. Rows in one
+    /// situation share their verdict, and so their reason: each distinct
+    /// verdict's reason is found once and counted for all its rows.
     pub fn reason_counts(&self) -> BTreeMap<&'static str, usize> {
-        let mut counts = BTreeMap::new();
+        let mut per_verdict: FxHashMap<*const Verdict, (usize, &Entry)> = FxHashMap::default();
         for e in self.preserved() {
-            *counts.entry(e.reason().code()).or_default() += 1;
+            per_verdict
+                .entry(Arc::as_ptr(&e.verdict))
+                .or_insert((0, e))
+                .0 += 1;
+        }
+        let mut counts = BTreeMap::new();
+        for (n, e) in per_verdict.into_values() {
+            *counts.entry(e.reason().code()).or_default() += n;
         }
         counts
     }
