@@ -121,10 +121,16 @@ fn the_demo_under_sigint_and_sigterm_leaves_nothing() {
 
 /// Many rows, so the output is larger than a pipe's buffer.
 fn big_stores() -> Stores {
+    stale_stores(2000)
+}
+
+/// `n` stale rows of one dead process, each with its own identity and
+/// session.
+fn stale_stores(n: usize) -> Stores {
     let (pid, start) = dead_process();
-    let rows: Vec<Value> = (0..2000)
+    let rows: Vec<Value> = (0..n)
         .map(|i| {
-            let mut r = stale_row(&format!("w-{i:05}"), pid, &start);
+            let mut r = stale_row(&format!("w-{i:07}"), pid, &start);
             r["session_id"] = json!(format!("sess-{i}"));
             r
         })
@@ -161,14 +167,7 @@ fn a_closed_stdout_ends_plan_and_snapshot_quietly() {
                 .read_line(&mut first)
                 .unwrap();
         }
-        let status = wait_for(&mut child, Duration::from_secs(30));
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (status, err) = finish(&mut child, Duration::from_secs(30));
         assert_eq!(status.code(), Some(0), "{}: {err}", args[2]);
         assert!(err.is_empty(), "{}: {err}", args[2]);
     }
@@ -792,15 +791,7 @@ fn text_that_is_not_utf8_is_refused_even_when_neighbours_complete_it() {
 /// A registry large enough that reading it maps tens of megabytes and
 /// takes a while: `n` stale rows, copied in by SQL from the first ones.
 fn large_registry(n: usize) -> Stores {
-    let (pid, start) = dead_process();
-    let rows: Vec<Value> = (0..500)
-        .map(|i| {
-            let mut r = stale_row(&format!("w-{i:07}"), pid, &start);
-            r["session_id"] = json!(format!("sess-{i}"));
-            r
-        })
-        .collect();
-    let stores = Stores::new(&rows);
+    let stores = stale_stores(500);
     let conn = rusqlite::Connection::open(&stores.registry).unwrap();
     let columns: Vec<String> = conn
         .prepare("SELECT name FROM pragma_table_info('worker_registrations')")
@@ -827,6 +818,20 @@ fn large_registry(n: usize) -> Stores {
     }
     tx.commit().unwrap();
     stores
+}
+
+/// Wait for `child` (killing it past `limit`) and read what it wrote to
+/// stderr.
+fn finish(child: &mut std::process::Child, limit: Duration) -> (std::process::ExitStatus, String) {
+    let status = wait_for(child, limit);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
 }
 
 /// The attack on the mapped read: a process that ignores SQLite's locks
@@ -867,15 +872,7 @@ fn a_registry_cut_short_under_a_running_plan_ends_in_a_message_not_a_signal() {
             .set_len(4 << 20)
             .unwrap();
         let mut child = child;
-        let status = wait_for(&mut child.0, Duration::from_secs(60));
-        let mut err = String::new();
-        child
-            .0
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (status, err) = finish(&mut child.0, Duration::from_secs(60));
         assert_eq!(
             status.signal(),
             None,
@@ -916,16 +913,7 @@ fn a_bus_error_ends_the_process_with_a_message_and_exit_1() {
     use std::os::unix::process::ExitStatusExt;
     let stores = Stores::new(&[]);
     let mut child = KillOnDrop(
-        Command::new(EXE)
-            .arg("serve")
-            .env("FLEET_RETIRE_REGISTRY", &stores.registry)
-            .env("FLEET_RETIRE_LEASES", &stores.leases)
-            .env("GITEA_MCP_CONFIG", &stores.profiles)
-            .env("GITEA_MCP_PROFILE", "controller-prgs")
-            .env("GITEA_MCP_NAMESPACE", "author")
-            .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
-            .env("GITEA_MCP_WORKER_IDENTITY", "w-bus")
-            .env("GITEA_MCP_CLIENT_SESSION", "sess-bus")
+        serve_command(&stores, "w-bus", "sess-bus")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -939,15 +927,7 @@ fn a_bus_error_ends_the_process_with_a_message_and_exit_1() {
         nix::sys::signal::Signal::SIGBUS,
     )
     .unwrap();
-    let status = wait_for(&mut child.0, Duration::from_secs(10));
-    let mut err = String::new();
-    child
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, err) = finish(&mut child.0, Duration::from_secs(10));
     assert_eq!(status.signal(), None, "{err}");
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(

@@ -90,26 +90,20 @@ fn wait_with_deadline(mut child: KillOnDrop, limit: Duration) -> std::process::O
 /// A `serve` process heartbeating every second, its stdin held open.
 fn heartbeating_server(stores: &Stores, n: usize) -> KillOnDrop {
     KillOnDrop(
-        Command::new(EXE)
-            .arg("serve")
-            .env("FLEET_RETIRE_REGISTRY", &stores.registry)
-            .env("FLEET_RETIRE_LEASES", &stores.leases)
-            .env("GITEA_MCP_CONFIG", &stores.profiles)
-            .env("GITEA_MCP_PROFILE", "controller-prgs")
-            .env("GITEA_MCP_NAMESPACE", "author")
-            .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
-            .env("GITEA_MCP_WORKER_IDENTITY", format!("w-live-{n:02}"))
-            .env("GITEA_MCP_CLIENT_SESSION", format!("sess-live-{n:02}"))
-            .env("FLEET_RETIRE_HEARTBEAT_TTL", "5")
-            .env("FLEET_RETIRE_HEARTBEAT_INTERVAL", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(stores.dir.path().join(format!("server-{n:02}.err")))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap(),
+        serve_command(
+            stores,
+            &format!("w-live-{n:02}"),
+            &format!("sess-live-{n:02}"),
+        )
+        .env("FLEET_RETIRE_HEARTBEAT_TTL", "5")
+        .env("FLEET_RETIRE_HEARTBEAT_INTERVAL", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::File::create(stores.dir.path().join(format!("server-{n:02}.err"))).unwrap(),
+        )
+        .spawn()
+        .unwrap(),
     )
 }
 

@@ -592,3 +592,20 @@ impl Drop for PgDb {
         }
     }
 }
+
+/// `fleet-retire serve` for these stores as the controller's launcher
+/// starts it: an author worker with `identity` and `session`.
+pub fn serve_command(stores: &Stores, identity: &str, session: &str) -> Command {
+    let mut command = bin();
+    command
+        .arg("serve")
+        .env("FLEET_RETIRE_REGISTRY", &stores.registry)
+        .env("FLEET_RETIRE_LEASES", &stores.leases)
+        .env("GITEA_MCP_CONFIG", &stores.profiles)
+        .env("GITEA_MCP_PROFILE", "controller-prgs")
+        .env("GITEA_MCP_NAMESPACE", "author")
+        .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
+        .env("GITEA_MCP_WORKER_IDENTITY", identity)
+        .env("GITEA_MCP_CLIENT_SESSION", session);
+    command
+}
