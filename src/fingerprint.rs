@@ -112,14 +112,15 @@ fn sorted_by_serialization(rows: Vec<&Row>) -> Vec<&Row> {
         .enumerate()
         .map(|(i, row)| {
             let canon = row.get(Col::WorkerIdentity).canon_cow();
+            let (id, then) = (canon.as_bytes(), next.as_bytes());
+            // The key's first 32 bytes (zeros past its end), copied in at
+            // most two pieces.
             let mut p = [0u8; 32];
-            let mut len = 0;
-            for b in canon.as_bytes().iter().chain(next.as_bytes()) {
-                if len < 32 {
-                    p[len] = *b;
-                }
-                len += 1;
-            }
+            let from_id = id.len().min(32);
+            p[..from_id].copy_from_slice(&id[..from_id]);
+            let from_then = then.len().min(32 - from_id);
+            p[from_id..from_id + from_then].copy_from_slice(&then[..from_then]);
+            let len = id.len() + then.len();
             let word =
                 |w: usize| u64::from_be_bytes(p[w * 8..w * 8 + 8].try_into().expect("8 bytes"));
             ([word(0), word(1), word(2), word(3)], len, i as u32)
