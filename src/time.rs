@@ -15,13 +15,11 @@ pub fn parse_ts(text: &str) -> Option<Micros> {
     if b.len() < 20 {
         return None;
     }
+    // At most four ASCII digits, so the value never overflows.
     let digits = |range: std::ops::Range<usize>| -> Option<u32> {
-        let part = b.get(range)?;
-        if part.iter().all(u8::is_ascii_digit) {
-            std::str::from_utf8(part).ok()?.parse().ok()
-        } else {
-            None
-        }
+        b.get(range)?.iter().try_fold(0u32, |n, c| {
+            c.is_ascii_digit().then(|| n * 10 + u32::from(c - b'0'))
+        })
     };
     let year = digits(0..4)?;
     let month = digits(5..7)?;
@@ -133,6 +131,11 @@ mod tests {
             "",
             "1785412800",
             "２026-07-30T12:00:00Z",
+            "-026-07-30T12:00:00Z",
+            "2026-+7-30T12:00:00Z",
+            "2026-07-30T1a:00:00Z",
+            "2026-07-30T12:00:00+0a:00",
+            "2026-07-30T12:00:00-01:6 ",
         ] {
             assert_eq!(parse_ts(bad), None, "{bad:?} must be unparsable");
         }
