@@ -527,7 +527,7 @@ pub fn load(path: &Path) -> Result<Vec<Row>> {
     let file = file_identity(path);
     let conn = open_read_only(path)?;
     let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
-    map_for_reading(&conn).map_err(Error::sqlite(Store::Registry, path, "cannot read"))?;
+    map_for_reading(&conn).map_err(sql_err)?;
     // One read transaction: the shared lock its first read takes is held
     // until COMMIT, so no writer can commit while the rows are read.
     conn.execute_batch("BEGIN").map_err(sql_err)?;
