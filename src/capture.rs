@@ -108,7 +108,7 @@ pub fn capture(
                 if found.is_empty() {
                     return Err(Error::Input(format!(
                         "no row of {} has worker_identity {:?}; `fleet-retire plan --all` lists them",
-                        source.display(),
+                        crate::store::location::label(source),
                         crate::text::esc(id)
                     )));
                 }
@@ -132,7 +132,7 @@ pub fn capture(
     if chosen.is_empty() {
         return Err(Error::Input(format!(
             "no row of {} matches the selection; nothing to capture",
-            source.display()
+            crate::store::location::label(source)
         )));
     }
     let included = bearing_rows(plan, &chosen);
@@ -236,7 +236,7 @@ pub fn capture(
             "EDIT ME: say what this case shows. Captured by `fleet-retire fixture capture` from {} \
              at {} under policies {}: the chosen rows ({}), every row bearing on their verdict, \
              the active leases protecting any of them, and the probe answers seen then.{}",
-            source.display(),
+            crate::store::location::label(source),
             crate::time::format_ts(plan.facts.now),
             policies.fingerprint,
             if names.len() > 10 {

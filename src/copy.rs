@@ -213,12 +213,12 @@ fn count(
 /// Copy the SQLite registry `from` (and the SQLite lease store `leases`,
 /// when given) into the PostgreSQL database `to`, and prove it.
 pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> {
-    let label = pg::masked(to);
+    let label = crate::store::location::label(Path::new(to));
     if pg::is_postgres(from) {
         return Err(Error::Input(format!(
             "--from {}: copy reads a SQLite registry; to move between PostgreSQL databases, \
              use pg_dump",
-            pg::masked(&from.to_string_lossy())
+            crate::store::location::label(from)
         )));
     }
     if !pg::is_postgres(Path::new(to)) {

@@ -55,7 +55,7 @@ fn pg_cache() -> &'static PgCache {
 impl PgLease {
     fn take(path: &Path) -> Result<PgLease> {
         let url = path.to_string_lossy().into_owned();
-        let label = crate::store::pg::masked(&url);
+        let label = crate::store::location::label(std::path::Path::new(&*url));
         let cached = pg_cache()
             .lock()
             .ok()

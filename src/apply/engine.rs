@@ -59,14 +59,18 @@ impl Connected {
     }
 }
 
-/// A store location for messages and audit rows: a path, or a URL with its
-/// password masked.
+/// A store location for messages and audit rows: a path, or a URL as
+/// [`crate::store::location::PgUrl`] shows it (never its password).
 pub(super) fn label_of(location: &Path) -> String {
-    if pg::is_postgres(location) {
-        pg::masked(&location.to_string_lossy())
-    } else {
-        location.display().to_string()
-    }
+    crate::store::location::label(location)
+}
+
+/// What was seen before the first write ([`RegistryTx::before_writes`]).
+pub(super) enum Mark {
+    /// SQLite's `total_changes`.
+    Changes(u64),
+    /// PostgreSQL's image of the registry and audit table.
+    Image(pg::image::PreImage),
 }
 
 enum Engine<'c> {
@@ -142,12 +146,18 @@ impl RegistryTx<'_> {
         })())
     }
 
-    /// A mark for [`RegistryTx::verify_writes`]: SQLite's count of every
-    /// row changed so far on this connection, triggers included.
-    pub(super) fn changes_mark(&self) -> u64 {
+    /// What [`RegistryTx::verify_writes`] compares with, taken before the
+    /// first write: SQLite's count of every row changed so far on this
+    /// connection (triggers included, and triggers are the only code SQLite
+    /// runs inside a write, refused before this); PostgreSQL's image of the
+    /// registry and audit table ([`pg::image`]).
+    pub(super) fn before_writes(&self, targets: &[String], apply_id: &str) -> Result<Mark> {
         match &self.engine {
-            Engine::Sqlite(tx) => tx.total_changes(),
-            Engine::Postgres(..) => 0,
+            Engine::Sqlite(tx) => Ok(Mark::Changes(tx.total_changes())),
+            Engine::Postgres(tx, _) => {
+                pg::image::pre_image(&mut *tx.borrow_mut(), targets, apply_id, &self.label)
+                    .map(Mark::Image)
+            }
         }
     }
 
@@ -177,43 +187,44 @@ impl RegistryTx<'_> {
         }
     }
 
-    /// Before COMMIT: exactly one UPDATE and one audit row per retirement,
-    /// every row this transaction changed counted (a trigger's too): by
-    /// SQLite's change counter, or by PostgreSQL's row versions.
+    /// Before COMMIT: the transaction changed exactly what it reports. On
+    /// SQLite, one UPDATE and one audit row per retirement and nothing else
+    /// (`total_changes` counts every row written, triggers' included); on
+    /// PostgreSQL, where code can run in places no counter sees, the
+    /// effect itself ([`pg::image::differences`]). `None` when it holds.
     pub(super) fn verify_writes(
         &self,
-        mark: u64,
+        mark: &Mark,
         apply_id: &str,
-        retired: usize,
+        written: &[pg::image::Written<'_>],
     ) -> Result<Option<String>> {
-        let n = retired as u64;
-        match &self.engine {
-            Engine::Sqlite(tx) => {
-                let written = tx.total_changes() - mark;
-                if written != 2 * n {
+        let n = written.len() as u64;
+        match (&self.engine, mark) {
+            (Engine::Sqlite(tx), Mark::Changes(before)) => {
+                let changed = tx.total_changes() - before;
+                if changed != 2 * n {
                     return Ok(Some(format!(
-                        "the transaction changed {written} rows where {} were meant \
-                         (one retirement and one audit row per worker); nothing was retired",
+                        "the transaction changed {changed} rows where {} were meant \
+                         (one retirement and one audit row per worker)",
                         2 * n
                     )));
                 }
                 let audited = crate::store::audit::count_for(tx, apply_id)
                     .map_err(self.sqlite_err("cannot count the audit rows"))?;
-                Ok((audited != retired).then(|| {
-                    format!("{audited} audit rows were found for {retired} retirements; nothing was retired")
-                }))
+                Ok((audited as u64 != n)
+                    .then(|| format!("{audited} audit rows were found for {n} retirements")))
             }
-            Engine::Postgres(tx, _) => {
-                let (registry, audit, audited) =
-                    pg::written_here(&mut *tx.borrow_mut(), apply_id, &self.label)?;
-                Ok(([registry, audit, audited] != [n as i64; 3]).then(|| {
-                    format!(
-                        "the transaction wrote {registry} registry rows and {audit} audit rows \
-                         ({audited} with this apply's id) where {retired} of each were meant; \
-                         nothing was retired"
-                    )
-                }))
+            (Engine::Postgres(tx, _), Mark::Image(pre)) => {
+                let found = pg::image::differences(
+                    &mut *tx.borrow_mut(),
+                    pre,
+                    apply_id,
+                    written,
+                    &self.label,
+                )?;
+                Ok((!found.is_empty()).then(|| found.join("; ")))
             }
+            _ => Ok(Some("the write mark is of another engine".into())),
         }
     }
 

@@ -684,8 +684,10 @@ fn inside(
         lease_store: t.leases.label(),
         retired_at: crate::time::format_ts(crate::time::now()),
     };
-    // Every row changed from here on, triggers included, is counted.
-    let changes_before = t.tx.changes_mark();
+    // What the registry and audit hold before the first write: the
+    // transaction's effect is checked against it before COMMIT.
+    let target_ids: Vec<String> = targets.iter().map(|e| fresh.identity(e)).collect();
+    let changes_before = t.tx.before_writes(&target_ids, &audit.apply_id)?;
     let mut w = Writes {
         fence,
         rejudge: Rejudge::new(&fresh, t.ctx.policies),
@@ -708,7 +710,7 @@ fn inside(
     if let Some(hook) = hooks.before_commit.as_mut() {
         hook();
     }
-    verify_before_commit(t, &w.fence, changes_before, &audit, report)?;
+    verify_before_commit(t, &w.fence, &changes_before, &audit, report)?;
     let written = std::mem::take(&mut w.written);
     drop(w);
     let mut rows = fresh.rows;
@@ -968,23 +970,38 @@ impl Writes<'_> {
     }
 }
 
-/// Before COMMIT: the leases once more, in full; exactly one UPDATE and one
-/// audit row per retirement and nothing else; this apply's audit rows there.
+/// Before COMMIT: the leases once more, in full; then the transaction's
+/// effect, which must be exactly the retirements reported and their audit
+/// rows (`registry_untrusted`, naming what differs, when it is not).
 fn verify_before_commit(
     t: &Txn,
     fence: &leases::Fence,
-    changes_before: u64,
+    mark: &engine::Mark,
     audit: &AuditContext,
     report: &Report,
 ) -> std::result::Result<(), Abort> {
     fence
         .recheck_fully(t.leases)?
         .map_err(|now| fence_moved(fence, &now))?;
-    match t
-        .tx
-        .verify_writes(changes_before, &audit.apply_id, report.retired.len())?
-    {
-        Some(why) => Err(Abort::Fail(why)),
+    let reason = Reason::Eligible.code();
+    let written: Vec<crate::store::pg::image::Written<'_>> = report
+        .retired
+        .iter()
+        .map(|r| crate::store::pg::image::Written {
+            worker_identity: &r.worker_identity,
+            retirement: ["retired", &r.retired_at, &r.retired_by, reason],
+        })
+        .collect();
+    match t.tx.verify_writes(mark, &audit.apply_id, &written)? {
+        Some(why) => Err(Abort::Refuse(
+            Outcome::RegistryUntrusted,
+            format!(
+                "the transaction's effect is not what apply wrote: {why}. Something in the \
+                 registry database ran code inside apply's writes; nothing was retired. \
+                 Inspect the tables' constraints, defaults, indexes, column types and \
+                 triggers (docs/multi-host.md, \"The role apply connects as\")"
+            ),
+        )),
         None => Ok(()),
     }
 }

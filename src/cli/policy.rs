@@ -260,7 +260,7 @@ fn diff(
         let (n, moved) = crate::diff::observe_registry(
             &old_set, &new_set, registry, leases, proc_root, canonical,
         )?;
-        registry_rows = Some((registry.display().to_string(), n));
+        registry_rows = Some((crate::store::location::label(registry), n));
         observed.extend(moved);
     }
     let mut saved = Vec::new();

@@ -60,7 +60,7 @@ fn lease_error(path: &Path, message: impl Into<String>) -> Error {
 pub fn load(path: &Path) -> Result<Vec<Lease>> {
     if crate::store::pg::is_postgres(path) {
         let url = path.to_string_lossy();
-        let label = crate::store::pg::masked(&url);
+        let label = crate::store::location::label(std::path::Path::new(&*url));
         let mut client = crate::store::pg::connect(&url, Store::Leases)?;
         return crate::store::pg::read_leases(&mut client, &label, false);
     }
@@ -134,7 +134,7 @@ impl LeaseSource {
     pub fn open(location: &Path) -> Result<LeaseSource> {
         if crate::store::pg::is_postgres(location) {
             let url = location.to_string_lossy();
-            let label = crate::store::pg::masked(&url);
+            let label = crate::store::location::label(std::path::Path::new(&*url));
             let mut client = crate::store::pg::connect(&url, Store::Leases)?;
             // Fail now, not at the first fence, when the table is not there.
             crate::store::pg::read_leases(&mut client, &label, true)?;
@@ -345,6 +345,9 @@ fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
                 missing.join(", ")
             ),
         ));
+    }
+    if let Some(why) = crate::store::leases::odd_column_names(columns.iter().map(String::as_str)) {
+        return Err(lease_error(path, why));
     }
 
     let mut stmt = match conn.prepare_cached(sql) {

@@ -173,7 +173,7 @@ impl Select {
         }
         let list = present
             .iter()
-            .map(|c| format!("\"{}\"", c.name()))
+            .map(|c| crate::store::quote_ident(c.name()))
             .collect::<Vec<_>>()
             .join(", ");
         let encoding: String = conn
@@ -703,7 +703,7 @@ fn second_reader(path: &Path, file: Option<(u64, u64)>) -> std::result::Result<C
 /// (one snapshot of the table).
 fn load_postgres(location: &Path) -> Result<Vec<Row>> {
     let url = location.to_string_lossy();
-    let label = crate::store::pg::masked(&url);
+    let label = crate::store::location::label(std::path::Path::new(&*url));
     let mut client = crate::store::pg::connect(&url, Store::Registry)?;
     let err = |doing| Error::postgres(Store::Registry, &label, doing);
     let mut tx = client

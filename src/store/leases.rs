@@ -27,6 +27,35 @@ pub const COLUMNS: &[&str] = &[
     "expires_at",
 ];
 
+/// Whether a column name is a plain SQL identifier (`[a-z_][a-z0-9_]*`,
+/// the names PostgreSQL folds to and SQLite keeps as written).
+pub fn plain_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c == '_' || c.is_ascii_lowercase())
+        && chars.all(|c| c == '_' || c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+/// Why a lease table's column names cannot be read, if they cannot: a
+/// column whose name is not a plain identifier. The lease store is not
+/// ours; a name carrying quotes or SQL (`lease_id", public.ev() "y`) is
+/// refused before any statement could hold it.
+pub fn odd_column_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let odd: Vec<String> = names
+        .into_iter()
+        .filter(|n| !plain_identifier(n))
+        .map(|n| format!("{:?}", crate::text::esc(n)))
+        .collect();
+    (!odd.is_empty()).then(|| {
+        format!(
+            "table `{TABLE}` has column(s) whose names are not plain identifiers ({}); a \
+             lease store's columns are named [a-z_][a-z0-9_]*. Rename or drop them",
+            odd.join(", ")
+        )
+    })
+}
+
 /// One lease row: every column as read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Lease {

@@ -18,10 +18,20 @@
 
 pub mod audit;
 pub mod leases;
+pub mod location;
 pub mod pg;
 pub mod registry;
 
 use rusqlite::Connection;
+
+/// An identifier quoted for SQL (SQLite and PostgreSQL alike): in double
+/// quotes, an embedded double quote doubled. Every identifier put into SQL
+/// text goes through here; most are our own constant names, and a name a
+/// store gave us is refused first unless it is a plain identifier
+/// (`leases::odd_column_names`).
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
 
 /// The columns of a table, or `None` when it does not exist.
 pub fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Option<Vec<String>>> {

@@ -33,7 +33,7 @@ pub fn sql_type(col: Col) -> &'static str {
 pub fn create_sql() -> String {
     let cols: Vec<String> = COLUMNS
         .iter()
-        .map(|c| format!("\"{}\" {}", c.name(), sql_type(*c)))
+        .map(|c| format!("{} {}", super::quote_ident(c.name()), sql_type(*c)))
         .collect();
     format!("CREATE TABLE IF NOT EXISTS {TABLE} ({})", cols.join(", "))
 }
@@ -56,8 +56,8 @@ pub fn add_missing_columns(conn: &Connection, path: &Path) -> Result<()> {
     {
         let ty = sql_type(*col).trim_end_matches(" PRIMARY KEY");
         conn.execute_batch(&format!(
-            "ALTER TABLE {TABLE} ADD COLUMN \"{}\" {ty}",
-            col.name()
+            "ALTER TABLE {TABLE} ADD COLUMN {} {ty}",
+            super::quote_ident(col.name())
         ))
         .map_err(|source| Error::Sqlite {
             store: Store::Registry,
@@ -141,7 +141,7 @@ pub fn retire_guarded(
         let guard = GUARD
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("\"{}\" IS ?{}", c.name(), i + 5))
+            .map(|(i, c)| format!("{} IS ?{}", super::quote_ident(c.name()), i + 5))
             .collect::<Vec<_>>()
             .join(" AND ");
         format!(
@@ -180,7 +180,7 @@ pub fn insert(
 ) -> rusqlite::Result<usize> {
     use rusqlite::types::Value as S;
     use serde_json::Value as Json;
-    let names: Vec<String> = row.keys().map(|n| format!("\"{n}\"")).collect();
+    let names: Vec<String> = row.keys().map(|n| super::quote_ident(n)).collect();
     let values: Vec<S> = row
         .values()
         .map(|v| match v {

@@ -21,59 +21,30 @@ use crate::row::{Col, Row, COLUMNS};
 use crate::value::{Val, Value};
 use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient, NoTls};
-use std::path::Path;
 
-/// Whether a store location names a PostgreSQL database.
-pub fn is_postgres(location: &Path) -> bool {
-    location
-        .to_str()
-        .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
-}
+pub mod image;
 
-/// The URL for messages, reports and audit rows: any password masked.
-pub fn masked(url: &str) -> String {
-    let mut out = url.to_string();
-    // postgres://user:password@host/...
-    if let Some(scheme_end) = out.find("://") {
-        let rest_at = scheme_end + 3;
-        let authority_end = out[rest_at..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| rest_at + i);
-        if let Some(at) = out[rest_at..authority_end].rfind('@') {
-            let userinfo = &out[rest_at..rest_at + at];
-            if let Some(colon) = userinfo.find(':') {
-                out.replace_range(rest_at + colon + 1..rest_at + at, "***");
-            }
-        }
-    }
-    // ...?password=secret&...
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
-        let query: Vec<String> = query
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => kv.to_string(),
-            })
-            .collect();
-        out = format!("{head}{}", query.join("&"));
-    }
-    out
-}
+pub use super::location::{is_postgres, PgUrl};
 
 /// How long a connection attempt may take before it is an error.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Connect to the database a store URL names.
+/// Connect to the database a store URL names, with the session's
+/// `search_path` pinned ([`pin_search_path`]).
 pub fn connect(url: &str, store: Store) -> Result<Client> {
-    let label = masked(url);
-    let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
-        let cause = std::error::Error::source(&e).map_or(String::new(), |c| format!(": {c}"));
+    let url = PgUrl::parse(url).map_err(|e| {
         Error::Input(format!(
-            "{store} {label}: not a PostgreSQL URL this program can read ({e}{cause}); write \
+            "{store} postgres://…: not a PostgreSQL URL this program can read ({e}); write \
              it as postgres://USER@HOST:PORT/DATABASE, with the password in PGPASSWORD"
         ))
     })?;
+    connect_to(&url, store)
+}
+
+/// Connect to a parsed URL, with the session's `search_path` pinned.
+pub fn connect_to(url: &PgUrl, store: Store) -> Result<Client> {
+    let label = url.to_string();
+    let mut config = url.config().clone();
     config
         .application_name("fleet-retire")
         .connect_timeout(CONNECT_TIMEOUT);
@@ -84,10 +55,48 @@ pub fn connect(url: &str, store: Store) -> Result<Client> {
             config.password(password.as_encoded_bytes());
         }
     }
-    config
-        .connect(NoTls)
-        .map_err(Error::postgres(store, &label, "cannot connect"))
+    let mut client =
+        config
+            .connect(NoTls)
+            .map_err(Error::postgres(store, &label, "cannot connect"))?;
+    pin_search_path(&mut client, store, &label)?;
+    Ok(client)
 }
+
+/// Name resolution that the database cannot steer. The schema our tables
+/// live in is the one the session starts in (`current_schema()`, asked by
+/// its qualified name before anything else runs); the session's
+/// `search_path` then becomes that schema alone. PostgreSQL searches
+/// `pg_catalog` before every schema of a path that does not name it, so
+/// every function, operator, type and collation we name resolves to
+/// PostgreSQL's own first (an `=` for `text` planted in `public` under
+/// `ALTER DATABASE … SET search_path = public, pg_catalog` is never
+/// chosen), our tables resolve in our schema, and tables we create go
+/// there (the first schema of the path, never `pg_catalog`).
+pub fn pin_search_path(client: &mut Client, store: Store, label: &str) -> Result<()> {
+    let err = Error::postgres(store, label, "cannot pin the session's search_path");
+    let row = client
+        .query_one("SELECT pg_catalog.current_schema()::pg_catalog.text", &[])
+        .map_err(err)?;
+    let schema: Option<String> = row.get(0);
+    let schema = schema.ok_or_else(|| {
+        Error::Input(format!(
+            "{store} {label}: the session has no schema (its search_path names none that \
+             exists); set the role's or database's search_path to the schema holding the \
+             registry tables"
+        ))
+    })?;
+    client
+        .execute(
+            "SELECT pg_catalog.set_config('search_path', \
+             pg_catalog.quote_ident($1::pg_catalog.text), false)",
+            &[&schema],
+        )
+        .map_err(err)?;
+    Ok(())
+}
+
+pub use super::quote_ident;
 
 /// PostgreSQL's type for a registry column.
 pub fn registry_type(col: Col) -> &'static str {
@@ -109,7 +118,7 @@ fn from_sqlite_type(ty: &str) -> String {
 pub fn registry_create_sql() -> String {
     let cols: Vec<String> = COLUMNS
         .iter()
-        .map(|c| format!("\"{}\" {}", c.name(), registry_type(*c)))
+        .map(|c| format!("{} {}", quote_ident(c.name()), registry_type(*c)))
         .collect();
     format!(
         "CREATE TABLE IF NOT EXISTS {} ({})",
@@ -189,9 +198,9 @@ pub fn migrate_registry_in(tx: &mut impl GenericClient, label: &str) -> Result<(
     {
         let ty = registry_type(*col).trim_end_matches(" PRIMARY KEY");
         tx.batch_execute(&format!(
-            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS \"{}\" {ty}",
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {ty}",
             super::registry::TABLE,
-            col.name()
+            quote_ident(col.name())
         ))
         .map_err(err("cannot add a missing column"))?;
     }
@@ -252,7 +261,7 @@ pub fn table_columns(
     let rows = client
         .query(
             "SELECT column_name::text, data_type::text FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
+             WHERE table_schema = pg_catalog.current_schema() AND table_name = $1 ORDER BY ordinal_position",
             &[&table],
         )
         .map_err(Error::postgres(
@@ -360,7 +369,7 @@ pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec
         .map_err(|m| registry_error(label, m))?;
     let list = present
         .iter()
-        .map(|c| format!("\"{}\"", c.name()))
+        .map(|c| quote_ident(c.name()))
         .collect::<Vec<_>>()
         .join(", ");
     // Sorted here, bytewise, rather than by the server: whatever the
@@ -491,10 +500,13 @@ pub fn read_leases(
             ),
         ));
     }
+    if let Some(why) = super::leases::odd_column_names(existing.iter().map(|(n, _)| n.as_str())) {
+        return Err(lease_error(label, why));
+    }
     check_types(&existing, |_| true, table).map_err(|m| lease_error(label, m))?;
     let list = existing
         .iter()
-        .map(|(n, _)| format!("\"{n}\""))
+        .map(|(n, _)| quote_ident(n))
         .collect::<Vec<_>>()
         .join(", ");
     let filter = if active_only {
@@ -646,7 +658,7 @@ pub fn registration_params(
                 ))
             }
         };
-        names.push(format!("\"{name}\""));
+        names.push(quote_ident(name));
         values.push(value);
     }
     Ok((names, values))
@@ -660,7 +672,7 @@ pub fn copy_rows_in(tx: &mut postgres::Transaction<'_>, rows: &[Row], label: &st
     let err = |doing| Error::postgres(Store::Registry, label, doing);
     let list = COLUMNS
         .iter()
-        .map(|c| format!("\"{}\"", c.name()))
+        .map(|c| quote_ident(c.name()))
         .collect::<Vec<_>>()
         .join(", ");
     let types: Vec<Type> = COLUMNS
@@ -757,7 +769,7 @@ pub fn retire_with_audit(
             let guard = GUARD
                 .iter()
                 .enumerate()
-                .map(|(i, c)| format!("\"{}\" IS NOT DISTINCT FROM ${}", c.name(), i + 5))
+                .map(|(i, c)| format!("{} IS NOT DISTINCT FROM ${}", quote_ident(c.name()), i + 5))
                 .collect::<Vec<_>>()
                 .join(" AND ");
             let first_audit = 5 + GUARD.len();
@@ -820,32 +832,6 @@ pub fn retire_with_audit(
     ))
 }
 
-/// What this transaction has written so far: the registry rows and the
-/// audit rows it inserted or updated (their `xmin` is this transaction's
-/// id, whoever issued the write, a trigger included), and the audit rows
-/// carrying this apply's id. PostgreSQL's counterpart of SQLite's
-/// `total_changes`.
-pub fn written_here(
-    tx: &mut impl GenericClient,
-    apply_id: &str,
-    label: &str,
-) -> Result<(i64, i64, i64)> {
-    let err = Error::postgres(Store::Registry, label, "cannot count this apply's writes");
-    let r = tx
-        .query_one(
-            &format!(
-                "SELECT (SELECT count(*) FROM {reg} WHERE xmin = pg_current_xact_id()::xid), \
-                        (SELECT count(*) FROM {audit} WHERE xmin = pg_current_xact_id()::xid), \
-                        (SELECT count(*) FROM {audit} WHERE apply_id = $1)",
-                reg = super::registry::TABLE,
-                audit = super::audit::TABLE
-            ),
-            &[&apply_id],
-        )
-        .map_err(err)?;
-    Ok((r.get(0), r.get(1), r.get(2)))
-}
-
 /// Why the registry database could make apply's writes differ from what
 /// it reports, if it could: a trigger or rule on the registry or audit
 /// table, row-level security on either (rows apply cannot see), or either
@@ -860,13 +846,13 @@ pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result
             "trigger",
             "SELECT t.tgname::text, c.relname::text FROM pg_trigger t \
              JOIN pg_class c ON c.oid = t.tgrelid \
-             WHERE NOT t.tgisinternal AND c.relnamespace = current_schema()::regnamespace \
+             WHERE NOT t.tgisinternal AND c.relnamespace = pg_catalog.current_schema()::regnamespace \
              AND c.relname = ANY($1) ORDER BY 1",
         ),
         (
             "rule",
             "SELECT rulename::text, tablename::text FROM pg_rules \
-             WHERE schemaname = current_schema() AND tablename = ANY($1) ORDER BY 1",
+             WHERE schemaname = pg_catalog.current_schema() AND tablename = ANY($1) ORDER BY 1",
         ),
     ] {
         for r in client.query(sql, &[&&tables[..]]).map_err(err)? {
@@ -880,7 +866,7 @@ pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result
     for r in client
         .query(
             "SELECT relname::text, relkind::text, relrowsecurity FROM pg_class \
-             WHERE relnamespace = current_schema()::regnamespace AND relname = ANY($1) ORDER BY 1",
+             WHERE relnamespace = pg_catalog.current_schema()::regnamespace AND relname = ANY($1) ORDER BY 1",
             &[&&tables[..]],
         )
         .map_err(err)?
@@ -895,6 +881,7 @@ pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result
             ));
         }
     }
+    problems.extend(code_that_writes_can_run(client, &tables, label)?);
     if let Some(existing) = table_columns(client, super::audit::TABLE, Store::Registry, label)? {
         let foreign: Vec<&String> = existing
             .iter()
@@ -926,6 +913,67 @@ pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result
     }))
 }
 
+/// Our tables (by name, in our schema) as a CTE named `ours`.
+const OURS: &str = "WITH ours AS (SELECT c.oid FROM pg_catalog.pg_class c \
+     WHERE c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace \
+     AND c.relname = ANY($1))";
+
+/// Where a write to our tables could run code that is not PostgreSQL's own:
+/// an inheritance child or parent (a trigger on a child fires for rows
+/// written through the parent); a foreign key into or out of our tables
+/// (a cascade writes another table, whose triggers are its own); and any
+/// constraint, column default, generated column or index expression that
+/// calls a function or operator outside `pg_catalog`.
+fn code_that_writes_can_run(
+    client: &mut impl GenericClient,
+    tables: &[&str],
+    label: &str,
+) -> Result<Vec<String>> {
+    let err = Error::postgres(Store::Registry, label, "cannot inspect the schema");
+    let queries = [
+        format!(
+            "{OURS} SELECT pg_catalog.format('inheritance: %s inherits from %s', \
+             i.inhrelid::pg_catalog.regclass, i.inhparent::pg_catalog.regclass) \
+             FROM pg_catalog.pg_inherits i \
+             WHERE i.inhparent IN (SELECT oid FROM ours) OR i.inhrelid IN (SELECT oid FROM ours) \
+             ORDER BY 1"
+        ),
+        format!(
+            "{OURS} SELECT pg_catalog.format('foreign key %I from %s to %s', k.conname, \
+             k.conrelid::pg_catalog.regclass, k.confrelid::pg_catalog.regclass) \
+             FROM pg_catalog.pg_constraint k WHERE k.contype = 'f' \
+             AND (k.conrelid IN (SELECT oid FROM ours) OR k.confrelid IN (SELECT oid FROM ours)) \
+             ORDER BY 1"
+        ),
+        format!(
+            "{OURS}, objs AS ( \
+               SELECT 'pg_catalog.pg_attrdef'::pg_catalog.regclass AS cls, d.oid AS obj \
+                 FROM pg_catalog.pg_attrdef d WHERE d.adrelid IN (SELECT oid FROM ours) \
+               UNION ALL SELECT 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid \
+                 FROM pg_catalog.pg_constraint k WHERE k.conrelid IN (SELECT oid FROM ours) \
+               UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, x.indexrelid \
+                 FROM pg_catalog.pg_index x WHERE x.indrelid IN (SELECT oid FROM ours)) \
+             SELECT pg_catalog.format('%s calls %s', pg_catalog.pg_describe_object(o.cls, o.obj, 0), \
+               pg_catalog.pg_describe_object(dep.refclassid, dep.refobjid, 0)) \
+             FROM objs o JOIN pg_catalog.pg_depend dep ON dep.classid = o.cls AND dep.objid = o.obj \
+             WHERE (dep.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND EXISTS ( \
+                 SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = dep.refobjid \
+                 AND p.pronamespace <> 'pg_catalog'::pg_catalog.regnamespace)) \
+                OR (dep.refclassid = 'pg_catalog.pg_operator'::pg_catalog.regclass AND EXISTS ( \
+                 SELECT 1 FROM pg_catalog.pg_operator p WHERE p.oid = dep.refobjid \
+                 AND p.oprnamespace <> 'pg_catalog'::pg_catalog.regnamespace)) \
+             ORDER BY 1"
+        ),
+    ];
+    let mut problems = Vec::new();
+    for sql in &queries {
+        for r in client.query(sql.as_str(), &[&tables]).map_err(err)? {
+            problems.push(r.get::<_, String>(0));
+        }
+    }
+    Ok(problems)
+}
+
 /// Whether a PostgreSQL error is a serialization failure or a deadlock: the
 /// transaction lost a race with another and may simply be tried again.
 pub fn is_serialization_failure(e: &postgres::Error) -> bool {
@@ -938,27 +986,6 @@ pub fn is_serialization_failure(e: &postgres::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_are_masked() {
-        assert_eq!(
-            masked("postgres://fleet:s3cret@db:5432/reg"),
-            "postgres://fleet:***@db:5432/reg"
-        );
-        assert_eq!(
-            masked("postgresql://db/reg?user=a&password=x&sslmode=disable"),
-            "postgresql://db/reg?user=a&password=***&sslmode=disable"
-        );
-        assert_eq!(masked("postgres://fleet@db/reg"), "postgres://fleet@db/reg");
-    }
-
-    #[test]
-    fn locations_are_told_apart() {
-        assert!(is_postgres(Path::new("postgres://h/d")));
-        assert!(is_postgres(Path::new("postgresql://h/d")));
-        assert!(!is_postgres(Path::new("registry.sqlite")));
-        assert!(!is_postgres(Path::new("./postgres/registry.sqlite")));
-    }
 
     #[test]
     fn values_are_written_only_into_their_own_kind() {

@@ -1,0 +1,254 @@
+//! The effect check of apply's transaction on PostgreSQL: what the
+//! registry and the audit table held before the first write, and the proof
+//! before COMMIT that the transaction changed exactly what the plan
+//! approved.
+//!
+//! Counting the rows a statement reports, or the row versions the
+//! transaction stamped (`xmin`), misses writes made in a subtransaction (a
+//! plpgsql `EXCEPTION` block called from a CHECK, a default, an index
+//! expression, a domain's check, …): there is always one more place a
+//! database can run code. So the check is on the effect, not the route:
+//! both images are read inside apply's own SERIALIZABLE snapshot, where
+//! other transactions' commits are invisible, so every difference between
+//! them is this transaction's own doing, whoever issued it.
+//!
+//! * Every registry row that is not a target: one digest (count, and md5
+//!   over the sorted md5s of each row's full text, every column included,
+//!   ours or not) before and after; they must be equal.
+//! * Each target row: every column but the four retirement columns (as
+//!   JSON text) must be unchanged; the retirement columns must be exactly
+//!   what the guarded UPDATE sets for a retired target, and unchanged for a
+//!   target that was kept.
+//! * The audit table: the rows of other applies, digested the same way,
+//!   unchanged; this apply's rows exactly one per retired worker.
+
+use crate::error::{Error, Result, Store};
+use postgres::GenericClient;
+use std::collections::BTreeMap;
+
+/// The four columns the guarded UPDATE writes.
+const RETIREMENT: [&str; 4] = ["status", "retired_at", "retired_by", "retirement_reason"];
+
+/// A set of rows as a count and a digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Digest {
+    rows: i64,
+    md5: String,
+}
+
+/// A target row: every other column as JSON text, and its retirement
+/// columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    rest: String,
+    retirement: [Option<String>; 4],
+}
+
+/// The registry and audit table as apply's transaction saw them before its
+/// first write.
+#[derive(Debug)]
+pub struct PreImage {
+    targets_requested: Vec<String>,
+    others: Digest,
+    targets: BTreeMap<String, Vec<Target>>,
+    audit: Digest,
+}
+
+/// What one retirement wrote: the target's identity and the four values.
+pub struct Written<'a> {
+    /// The retired worker.
+    pub worker_identity: &'a str,
+    /// `status`, `retired_at`, `retired_by`, `retirement_reason` as set.
+    pub retirement: [&'a str; 4],
+}
+
+fn digest_sql(table: &str, filter: &str) -> String {
+    format!(
+        "SELECT count(*), coalesce(md5(string_agg(h, '' ORDER BY h)), '') \
+         FROM (SELECT md5(t::text) AS h FROM {table} t WHERE {filter}) d"
+    )
+}
+
+fn digest(
+    tx: &mut impl GenericClient,
+    sql: &str,
+    param: &(dyn postgres::types::ToSql + Sync),
+    label: &str,
+) -> Result<Digest> {
+    let err = Error::postgres(Store::Registry, label, "cannot read the registry's image");
+    let r = tx.query_one(sql, &[param]).map_err(err)?;
+    Ok(Digest {
+        rows: r.get(0),
+        md5: r.get(1),
+    })
+}
+
+fn others_sql() -> String {
+    digest_sql(
+        super::super::registry::TABLE,
+        "t.worker_identity IS NULL OR NOT (t.worker_identity = ANY($1::text[]))",
+    )
+}
+
+fn audit_sql() -> String {
+    digest_sql(
+        super::super::audit::TABLE,
+        "t.apply_id IS DISTINCT FROM $1::text",
+    )
+}
+
+fn read_targets(
+    tx: &mut impl GenericClient,
+    ids: &[String],
+    label: &str,
+) -> Result<BTreeMap<String, Vec<Target>>> {
+    let err = Error::postgres(Store::Registry, label, "cannot read the targets' image");
+    let cols = RETIREMENT
+        .iter()
+        .map(|c| format!("t.{}::text", super::quote_ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT t.worker_identity::text, (to_jsonb(t) - $2::text[])::text, {cols} \
+         FROM {} t WHERE t.worker_identity = ANY($1::text[])",
+        super::super::registry::TABLE
+    );
+    let retirement: Vec<&str> = RETIREMENT.to_vec();
+    let mut out: BTreeMap<String, Vec<Target>> = BTreeMap::new();
+    for r in tx.query(&sql, &[&ids, &retirement]).map_err(err)? {
+        out.entry(r.get(0)).or_default().push(Target {
+            rest: r.get(1),
+            retirement: [r.get(2), r.get(3), r.get(4), r.get(5)],
+        });
+    }
+    Ok(out)
+}
+
+/// Read the image before the first write: `targets` are the identities
+/// apply may write, `apply_id` the id its audit rows will carry.
+pub fn pre_image(
+    tx: &mut impl GenericClient,
+    targets: &[String],
+    apply_id: &str,
+    label: &str,
+) -> Result<PreImage> {
+    let requested = targets.to_vec();
+    Ok(PreImage {
+        others: digest(tx, &others_sql(), &requested, label)?,
+        targets: read_targets(tx, &requested, label)?,
+        audit: digest(tx, &audit_sql(), &apply_id, label)?,
+        targets_requested: requested,
+    })
+}
+
+/// Before COMMIT: every way the transaction's effect differs from the
+/// planned one (empty when it is exactly as planned).
+pub fn differences(
+    tx: &mut impl GenericClient,
+    pre: &PreImage,
+    apply_id: &str,
+    written: &[Written<'_>],
+    label: &str,
+) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    if digest(tx, &others_sql(), &pre.targets_requested, label)? != pre.others {
+        out.push(
+            "registry rows that apply did not target changed (or appeared, or vanished)".into(),
+        );
+    }
+    let now = read_targets(tx, &pre.targets_requested, label)?;
+    out.extend(target_differences(pre, &now, written));
+    if digest(tx, &audit_sql(), &apply_id, label)? != pre.audit {
+        out.push("audit rows of other applies changed (or appeared, or vanished)".into());
+    }
+    out.extend(audit_differences(tx, apply_id, written, label)?);
+    Ok(out)
+}
+
+/// Each target: unchanged but for the retirement columns, which hold what
+/// the guarded UPDATE set when it was retired, and are unchanged otherwise.
+fn target_differences(
+    pre: &PreImage,
+    now: &BTreeMap<String, Vec<Target>>,
+    written: &[Written<'_>],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let empty = Vec::new();
+    for id in &pre.targets_requested {
+        let (was, is) = (
+            pre.targets.get(id).unwrap_or(&empty),
+            now.get(id).unwrap_or(&empty),
+        );
+        let show = crate::text::esc(id);
+        let ([was], [is]) = (was.as_slice(), is.as_slice()) else {
+            if was.len() != is.len() {
+                out.push(format!(
+                    "target {show:?}: {} row(s) before, {} now",
+                    was.len(),
+                    is.len()
+                ));
+            } else if was != is {
+                out.push(format!("target {show:?}: its rows changed"));
+            }
+            continue;
+        };
+        if was.rest != is.rest {
+            out.push(format!(
+                "target {show:?}: columns other than the retirement changed"
+            ));
+        }
+        let expected: [Option<String>; 4] = match written.iter().find(|w| w.worker_identity == id) {
+            Some(w) => w.retirement.map(|v| Some(v.to_string())),
+            None => was.retirement.clone(),
+        };
+        if is.retirement != expected {
+            out.push(format!(
+                "target {show:?}: its retirement columns hold {:?} where {:?} was written",
+                is.retirement, expected
+            ));
+        }
+    }
+    out
+}
+
+/// This apply's audit rows: exactly one per retired worker.
+fn audit_differences(
+    tx: &mut impl GenericClient,
+    apply_id: &str,
+    written: &[Written<'_>],
+    label: &str,
+) -> Result<Vec<String>> {
+    let err = Error::postgres(
+        Store::Registry,
+        label,
+        "cannot read this apply's audit rows",
+    );
+    let mut found: Vec<Option<String>> = tx
+        .query(
+            &format!(
+                "SELECT t.worker_identity::text FROM {} t WHERE t.apply_id = $1::text",
+                super::super::audit::TABLE
+            ),
+            &[&apply_id],
+        )
+        .map_err(err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    found.sort();
+    let mut expected: Vec<Option<String>> = written
+        .iter()
+        .map(|w| Some(w.worker_identity.to_string()))
+        .collect();
+    expected.sort();
+    Ok((found != expected)
+        .then(|| {
+            format!(
+                "this apply's audit rows name {} worker(s) where {} were retired",
+                found.len(),
+                expected.len()
+            )
+        })
+        .into_iter()
+        .collect())
+}
