@@ -185,58 +185,6 @@ fn every_plan_fixture_reads_the_same_from_sqlite_and_postgres() {
 
 /// The fleet of `common::fleet` (three dead workers, one running), copied
 /// into PostgreSQL with its lease store; the stores then point there.
-fn pg_fleet(tag: &str) -> Option<(Stores, KillOnDrop, PgDb)> {
-    let db = postgres(tag)?;
-    let (mut stores, live) = fleet();
-    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &db.url).unwrap();
-    stores.registry = PathBuf::from(&db.url);
-    stores.leases = PathBuf::from(&db.url);
-    Some((stores, live, db))
-}
-
-/// Every row of the registry and audit tables, as text, for "nothing
-/// changed" comparisons.
-fn pg_dump(db: &PgDb) -> String {
-    let mut c = db.client();
-    let mut out = String::new();
-    for (table, key) in [
-        ("worker_registrations", "worker_identity"),
-        ("retirement_audit", "audit_id"),
-        ("workflow_leases", "lease_id"),
-    ] {
-        let exists: bool = c
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
-            .unwrap()
-            .get(0);
-        if !exists {
-            out.push_str(&format!("{table}: none\n"));
-            continue;
-        }
-        for r in c
-            .query(
-                &format!("SELECT t::text FROM {table} t ORDER BY {key}"),
-                &[],
-            )
-            .unwrap()
-        {
-            out.push_str(&format!("{table}: {}\n", r.get::<_, String>(0)));
-        }
-    }
-    out
-}
-
-fn pg_statuses(db: &PgDb) -> Vec<(String, String)> {
-    db.client()
-        .query(
-            "SELECT worker_identity, status FROM worker_registrations ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
-}
-
 #[test]
 fn apply_on_postgres_retires_exactly_the_approved_rows_with_audit_then_replays() {
     let Some((stores, live, db)) = pg_fleet("apply") else {

@@ -822,3 +822,197 @@ fn duplicate_keys_in_profiles_json_are_refused_and_look_alikes_flagged() {
     assert!(all.contains("mixes scripts"), "{all}");
     drop(live);
 }
+
+// ---- hostile stores: code the registry database runs inside apply's writes (issue 30.1) ----
+
+/// Plants `ev_retire_live()`: once per transaction it retires the live
+/// worker `w-running`, inside an `EXCEPTION` block, so the write is made
+/// by a subtransaction (another transaction id than apply's), and any
+/// error is swallowed. `ev(s)` calls it when `s` is `'retired'`;
+/// `ev_imm(s)` is the same declared IMMUTABLE (what an index expression or
+/// a generated column requires); `ev_key()` calls it and returns a fresh
+/// key, for a column default.
+const PLANT_RETIRE_LIVE: &str = "\
+CREATE SEQUENCE ev_keys START 1000000; \
+CREATE FUNCTION ev_retire_live() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+  IF pg_catalog.current_setting('ev.done', true) IS DISTINCT FROM 'y' THEN \
+    PERFORM pg_catalog.set_config('ev.done', 'y', true); \
+    BEGIN \
+      UPDATE worker_registrations SET status = 'retired' \
+        WHERE worker_identity OPERATOR(pg_catalog.=) 'w-running'; \
+    EXCEPTION WHEN others THEN NULL; \
+    END; \
+  END IF; END $$; \
+CREATE FUNCTION ev(s text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN \
+  IF s OPERATOR(pg_catalog.=) 'retired' THEN PERFORM ev_retire_live(); END IF; \
+  RETURN true; END $$; \
+CREATE FUNCTION ev_imm(s text) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN \
+  RETURN ev(s); END $$; \
+CREATE FUNCTION ev_key() RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN \
+  PERFORM ev_retire_live(); RETURN pg_catalog.nextval('ev_keys'); END $$;";
+
+/// The fleet on PostgreSQL with `attack` run by the database's owner after
+/// the rows are in, and a saved plan of its three dead workers.
+fn pg_attacked(tag: &str, attack: &str) -> Option<(Stores, KillOnDrop, PgDb, PathBuf)> {
+    let (stores, live, db) = pg_fleet(tag)?;
+    db.client()
+        .batch_execute(PLANT_RETIRE_LIVE)
+        .unwrap_or_else(|e| panic!("planting the function failed: {e}"));
+    db.client()
+        .batch_execute(attack)
+        .unwrap_or_else(|e| panic!("the attack's setup failed: {e}"));
+    let (plan, body) = save_plan(&stores, &[]);
+    assert_eq!(
+        body["candidate_worker_identities"],
+        json!(["w-dead-1", "w-dead-2", "w-dead-3"]),
+        "{body}"
+    );
+    Some((stores, live, db, plan))
+}
+
+/// The live worker's row is as the plan saw it.
+fn assert_live_worker_kept(db: &PgDb, report: &Value) {
+    let live = pg_statuses(db)
+        .into_iter()
+        .find(|(w, _)| w == "w-running")
+        .map(|(_, s)| s);
+    assert_eq!(live.as_deref(), Some("active"), "the live worker was retired: {report}");
+}
+
+/// Apply refused the registry (`registry_untrusted`, naming `names`) and
+/// wrote nothing at all.
+fn assert_refused_untouched(stores: &Stores, db: &PgDb, plan: &Path, names: &str) {
+    let before = pg_dump(db);
+    let (code, report) = apply_cli(stores, plan, "controller-prgs", &[]);
+    assert_live_worker_kept(db, &report);
+    assert_eq!(report["outcome"], "registry_untrusted", "{report}");
+    assert_eq!(code, Some(2), "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(detail.contains(names), "the refusal does not name {names:?}: {detail}");
+    assert_eq!(pg_dump(db), before, "the refused apply changed the database");
+}
+
+#[test]
+fn a_check_constraint_that_retires_a_live_worker_in_a_subtransaction_is_refused() {
+    let Some((stores, _live, db, plan)) = pg_attacked(
+        "check_fn",
+        "ALTER TABLE worker_registrations ADD CONSTRAINT looks_harmless CHECK (ev(status));",
+    ) else {
+        return;
+    };
+    assert_refused_untouched(&stores, &db, &plan, "looks_harmless");
+}
+
+#[test]
+fn the_same_check_constraint_is_refused_when_apply_is_not_the_tables_owner() {
+    let Some((mut stores, _live, db, plan)) = pg_attacked(
+        "check_role",
+        "ALTER TABLE worker_registrations ADD CONSTRAINT looks_harmless CHECK (ev(status)); \
+         DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'fr_applier') \
+           THEN CREATE ROLE fr_applier LOGIN; END IF; END $$; \
+         GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO fr_applier; \
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO fr_applier;",
+    ) else {
+        return;
+    };
+    // Apply connects as a role that owns nothing (the cluster trusts
+    // loopback, so no password is needed).
+    let as_applier = db.url.replacen("://fleet@", "://fr_applier@", 1);
+    assert_ne!(as_applier, db.url, "the test cluster's URL has another user");
+    stores.registry = PathBuf::from(&as_applier);
+    stores.leases = PathBuf::from(&as_applier);
+    assert_refused_untouched(&stores, &db, &plan, "looks_harmless");
+}
+
+#[test]
+fn a_trigger_on_an_inheritance_child_holding_a_target_is_refused() {
+    let Some((stores, _live, db, plan)) = pg_attacked(
+        "inherit",
+        "CREATE TABLE worker_registrations_part () INHERITS (worker_registrations); \
+         WITH moved AS (DELETE FROM ONLY worker_registrations \
+           WHERE worker_identity = 'w-dead-1' RETURNING *) \
+         INSERT INTO worker_registrations_part SELECT * FROM moved; \
+         CREATE FUNCTION ev_trigger() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           PERFORM ev(NEW.status); RETURN NEW; END $$; \
+         CREATE TRIGGER on_child AFTER UPDATE ON worker_registrations_part \
+           FOR EACH ROW EXECUTE FUNCTION ev_trigger();",
+    ) else {
+        return;
+    };
+    assert_refused_untouched(&stores, &db, &plan, "inherits from");
+}
+
+#[test]
+fn a_default_on_the_audit_key_that_retires_a_live_worker_is_refused() {
+    let Some((stores, _live, db, plan)) = pg_attacked(
+        "audit_default",
+        "ALTER TABLE retirement_audit ALTER COLUMN audit_id DROP IDENTITY; \
+         ALTER TABLE retirement_audit ALTER COLUMN audit_id SET DEFAULT ev_key();",
+    ) else {
+        return;
+    };
+    assert_refused_untouched(&stores, &db, &plan, "ev_key");
+}
+
+#[test]
+fn an_expression_index_that_retires_a_live_worker_is_refused() {
+    let Some((stores, _live, db, plan)) = pg_attacked(
+        "index_expr",
+        "CREATE INDEX looks_like_a_speedup ON worker_registrations (ev_imm(status));",
+    ) else {
+        return;
+    };
+    assert_refused_untouched(&stores, &db, &plan, "looks_like_a_speedup");
+}
+
+#[test]
+fn a_generated_column_that_retires_a_live_worker_is_refused() {
+    let Some((stores, _live, db, plan)) = pg_attacked(
+        "generated",
+        "ALTER TABLE worker_registrations \
+           ADD COLUMN checked boolean GENERATED ALWAYS AS (ev_imm(status)) STORED;",
+    ) else {
+        return;
+    };
+    assert_refused_untouched(&stores, &db, &plan, "ev_imm");
+}
+
+#[test]
+fn an_equality_operator_planted_in_the_search_path_is_never_called() {
+    let Some((stores, _live, db, plan)) = pg_attacked(
+        "operator",
+        "CREATE FUNCTION public.text_eq(a text, b text) RETURNS boolean LANGUAGE plpgsql AS $$ \
+           BEGIN IF pg_catalog.texteq(b, 'w-dead-1') OR pg_catalog.texteq(a, 'w-dead-1') THEN \
+             PERFORM ev('retired'); END IF; RETURN pg_catalog.texteq(a, b); END $$; \
+         CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.text_eq);",
+    ) else {
+        return;
+    };
+    // Every new session of this database now finds `public.=` first.
+    let name = db.url.rsplit('/').next().unwrap().to_string();
+    db.client()
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET search_path = public, pg_catalog"
+        ))
+        .unwrap();
+    let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_live_worker_kept(&db, &report);
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["retired_count"], 3, "{report}");
+}
+
+#[test]
+fn a_write_through_code_no_shape_check_names_is_caught_by_the_effect_check() {
+    // A domain's CHECK runs when apply sets `status`; no trigger, rule,
+    // constraint of the table, default or index names the function, so
+    // only the transaction's effect shows it.
+    let Some((stores, _live, db, plan)) = pg_attacked(
+        "domain",
+        "CREATE DOMAIN guarded_status AS text CHECK (ev(VALUE)); \
+         ALTER TABLE worker_registrations ALTER COLUMN status TYPE guarded_status;",
+    ) else {
+        return;
+    };
+    assert_refused_untouched(&stores, &db, &plan, "registry rows that apply did not target changed");
+}

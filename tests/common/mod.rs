@@ -609,3 +609,57 @@ pub fn serve_command(stores: &Stores, identity: &str, session: &str) -> Command 
         .env("GITEA_MCP_CLIENT_SESSION", session);
     command
 }
+
+/// The fleet of [`fleet`] copied into a fresh PostgreSQL database, registry
+/// and leases both there; `None` when no cluster is configured.
+pub fn pg_fleet(tag: &str) -> Option<(Stores, KillOnDrop, PgDb)> {
+    let db = postgres(tag)?;
+    let (mut stores, live) = fleet();
+    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &db.url).unwrap();
+    stores.registry = PathBuf::from(&db.url);
+    stores.leases = PathBuf::from(&db.url);
+    Some((stores, live, db))
+}
+
+/// Every row of the registry and audit tables, as text, for "nothing
+/// changed" comparisons.
+pub fn pg_dump(db: &PgDb) -> String {
+    let mut c = db.client();
+    let mut out = String::new();
+    for (table, key) in [
+        ("worker_registrations", "worker_identity"),
+        ("retirement_audit", "audit_id"),
+        ("workflow_leases", "lease_id"),
+    ] {
+        let exists: bool = c
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .unwrap()
+            .get(0);
+        if !exists {
+            out.push_str(&format!("{table}: none\n"));
+            continue;
+        }
+        for r in c
+            .query(
+                &format!("SELECT t::text FROM {table} t ORDER BY {key}"),
+                &[],
+            )
+            .unwrap()
+        {
+            out.push_str(&format!("{table}: {}\n", r.get::<_, String>(0)));
+        }
+    }
+    out
+}
+
+pub fn pg_statuses(db: &PgDb) -> Vec<(String, String)> {
+    db.client()
+        .query(
+            "SELECT worker_identity, status FROM worker_registrations ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
