@@ -876,7 +876,11 @@ fn assert_live_worker_kept(db: &PgDb, report: &Value) {
         .into_iter()
         .find(|(w, _)| w == "w-running")
         .map(|(_, s)| s);
-    assert_eq!(live.as_deref(), Some("active"), "the live worker was retired: {report}");
+    assert_eq!(
+        live.as_deref(),
+        Some("active"),
+        "the live worker was retired: {report}"
+    );
 }
 
 /// Apply refused the registry (`registry_untrusted`, naming `names`) and
@@ -888,8 +892,15 @@ fn assert_refused_untouched(stores: &Stores, db: &PgDb, plan: &Path, names: &str
     assert_eq!(report["outcome"], "registry_untrusted", "{report}");
     assert_eq!(code, Some(2), "{report}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(detail.contains(names), "the refusal does not name {names:?}: {detail}");
-    assert_eq!(pg_dump(db), before, "the refused apply changed the database");
+    assert!(
+        detail.contains(names),
+        "the refusal does not name {names:?}: {detail}"
+    );
+    assert_eq!(
+        pg_dump(db),
+        before,
+        "the refused apply changed the database"
+    );
 }
 
 #[test]
@@ -918,7 +929,10 @@ fn the_same_check_constraint_is_refused_when_apply_is_not_the_tables_owner() {
     // Apply connects as a role that owns nothing (the cluster trusts
     // loopback, so no password is needed).
     let as_applier = db.url.replacen("://fleet@", "://fr_applier@", 1);
-    assert_ne!(as_applier, db.url, "the test cluster's URL has another user");
+    assert_ne!(
+        as_applier, db.url,
+        "the test cluster's URL has another user"
+    );
     stores.registry = PathBuf::from(&as_applier);
     stores.leases = PathBuf::from(&as_applier);
     assert_refused_untouched(&stores, &db, &plan, "looks_harmless");
@@ -1014,5 +1028,272 @@ fn a_write_through_code_no_shape_check_names_is_caught_by_the_effect_check() {
     ) else {
         return;
     };
-    assert_refused_untouched(&stores, &db, &plan, "registry rows that apply did not target changed");
+    assert_refused_untouched(
+        &stores,
+        &db,
+        &plan,
+        "registry rows that apply did not target changed",
+    );
+}
+
+// ---- hostile stores: SQL from a lease column's name (issue 30.2) ----
+
+#[test]
+fn a_lease_column_whose_name_carries_sql_cannot_run_it_through_plan() {
+    let Some((stores, _live, db)) = pg_fleet("lease_column_sql") else {
+        return;
+    };
+    db.client().batch_execute(PLANT_RETIRE_LIVE).unwrap();
+    // The column's name closes the quote our SELECT would open around it
+    // and calls a function of the attacker's.
+    db.client()
+        .batch_execute(
+            "CREATE FUNCTION public.ev_text() RETURNS text LANGUAGE plpgsql AS $$ BEGIN \
+               PERFORM ev('retired'); RETURN 'x'; END $$; \
+             ALTER TABLE workflow_leases ADD COLUMN \"lease_id\"\",public.ev_text() \"\"y\" text; \
+             INSERT INTO workflow_leases (lease_id, status) VALUES ('l-1', 'active');",
+        )
+        .unwrap();
+    let out = bin()
+        .args(stores.plan_args("controller-prgs"))
+        .output()
+        .unwrap();
+    let live = pg_statuses(&db)
+        .into_iter()
+        .find(|(w, _)| w == "w-running")
+        .map(|(_, s)| s);
+    assert_eq!(
+        live.as_deref(),
+        Some("active"),
+        "plan ran the column's SQL: {}",
+        text(&out)
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("not plain identifiers"),
+        "the refusal does not say why: {}",
+        text(&out)
+    );
+    // The same name in a SQLite lease store is refused the same way.
+    let (sqlite, _live2) = fleet();
+    rusqlite::Connection::open(&sqlite.leases)
+        .unwrap()
+        .execute_batch("ALTER TABLE workflow_leases ADD COLUMN \"lease_id\"\",x \"\"y\" TEXT;")
+        .unwrap();
+    let out = bin()
+        .args(sqlite.plan_args("controller-prgs"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("not plain identifiers"),
+        "{}",
+        text(&out)
+    );
+}
+
+// ---- hostile inputs: passwords in store URLs (issue 30.3) ----
+
+/// The password the URLs below carry: `/` and `?` end the authority for
+/// a naive scanner, while the driver still reads them as the password.
+const PASSWORD: &str = "SE/CR?ET";
+
+fn assert_no_password(what: &str, text: &str) {
+    for leak in [PASSWORD, "SE/CR", "CR?ET", "SE%2FCR", "CR%3FET"] {
+        assert!(
+            !text.contains(leak),
+            "{what} shows the password ({leak}): {text}"
+        );
+    }
+}
+
+#[test]
+fn a_password_in_a_store_url_is_shown_by_no_output_error_audit_row_or_file() {
+    let Some((stores, _live, db)) = pg_fleet("password") else {
+        return;
+    };
+    // The test cluster trusts loopback: any password connects.
+    let url = db
+        .url
+        .replacen("://fleet@", &format!("://fleet:{PASSWORD}@"), 1);
+    assert!(url.contains(PASSWORD));
+    let mut stores = stores;
+    stores.registry = PathBuf::from(&url);
+    stores.leases = PathBuf::from(&url);
+    let dir = stores.dir.path().to_path_buf();
+    let s = |p: &Path| p.display().to_string();
+    let common = |cmd: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        v.extend(
+            [
+                "--registry",
+                &url,
+                "--leases",
+                &url,
+                "--canonical-repository",
+                "prgs/gitea-tools",
+            ]
+            .map(String::from),
+        );
+        v
+    };
+    let profiles = [
+        "--profiles",
+        &s(&stores.profiles),
+        "--profile",
+        "controller-prgs",
+    ]
+    .map(String::from);
+    let capture_out = dir.join("captured.json");
+    let bad_db = format!("{}_missing", url);
+    let runs: Vec<(&str, Vec<String>)> = vec![
+        ("plan", [common(&["plan"]), profiles.to_vec()].concat()),
+        (
+            "plan json",
+            [common(&["--format", "json", "plan"]), profiles.to_vec()].concat(),
+        ),
+        (
+            "snapshot",
+            [
+                [
+                    "snapshot",
+                    "--registry",
+                    &url,
+                    "--canonical-repository",
+                    "prgs/gitea-tools",
+                ]
+                .map(String::from)
+                .to_vec(),
+                profiles.to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "explain",
+            [
+                common(&["explain", "--worker", "w-dead-1"]),
+                profiles.to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "fixture capture",
+            [
+                common(&[
+                    "fixture",
+                    "capture",
+                    "--worker",
+                    "w-dead-1",
+                    "--out",
+                    &s(&capture_out),
+                ]),
+                profiles.to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "fixture capture of an unknown worker",
+            [
+                common(&["fixture", "capture", "--worker", "w-nobody"]),
+                profiles.to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "policy diff",
+            [
+                vec![
+                    "policy".into(),
+                    "diff".into(),
+                    "policies".into(),
+                    "policies".into(),
+                ],
+                common(&[]),
+            ]
+            .concat(),
+        ),
+        (
+            "plan of a database that does not exist",
+            [
+                vec![
+                    "plan".into(),
+                    "--registry".into(),
+                    bad_db.clone(),
+                    "--leases".into(),
+                    bad_db,
+                ],
+                vec!["--canonical-repository".into(), "prgs/gitea-tools".into()],
+                profiles.to_vec(),
+            ]
+            .concat(),
+        ),
+    ];
+    for (what, args) in &runs {
+        let out = bin().args(args).output().unwrap();
+        assert_no_password(what, &text(&out));
+        // Each command ran (or, for the two errors, failed) as meant, so
+        // its output is the one that would show the URL.
+        let failing = what.contains("unknown worker") || what.contains("does not exist");
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(failing)),
+            "{what}: {}",
+            text(&out)
+        );
+    }
+    assert!(capture_out.exists(), "fixture capture wrote no case");
+    assert_no_password(
+        "the captured case",
+        &std::fs::read_to_string(&capture_out).unwrap(),
+    );
+
+    // Apply through the URL: its report, and the audit rows it writes.
+    let (plan_path, _) = save_plan(&stores, &[]);
+    assert_no_password(
+        "the saved plan",
+        &std::fs::read_to_string(&plan_path).unwrap(),
+    );
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_no_password("apply's report", &report.to_string());
+    let audit: Vec<String> = db
+        .client()
+        .query("SELECT t::text FROM retirement_audit t", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(audit.len(), 3);
+    assert_no_password("the audit rows", &audit.join("\n"));
+
+    // registry copy into a second database through a URL with the password.
+    let Some(target) = postgres("password_copy") else {
+        return;
+    };
+    let to = target
+        .url
+        .replacen("://fleet@", &format!("://fleet:{PASSWORD}@"), 1);
+    let (sqlite, _live2) = fleet();
+    for args in [
+        vec![
+            "registry",
+            "copy",
+            "--from",
+            &s(&sqlite.registry),
+            "--to",
+            &to,
+        ],
+        vec![
+            "registry",
+            "copy",
+            "--from",
+            &s(&sqlite.registry),
+            "--to",
+            &to,
+        ],
+    ] {
+        // The second copy is refused (the tables are no longer empty).
+        let out = bin().args(&args).output().unwrap();
+        assert_no_password("registry copy", &text(&out));
+    }
 }
