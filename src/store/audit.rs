@@ -54,7 +54,10 @@ pub fn create_or_migrate(conn: &Connection) -> rusqlite::Result<()> {
                 .filter(|(n, _)| !existing.iter().any(|c| c == n))
             {
                 let ty = ty.trim_end_matches(" NOT NULL");
-                conn.execute_batch(&format!("ALTER TABLE {TABLE} ADD COLUMN {name} {ty}"))?;
+                conn.execute_batch(&format!(
+                    "ALTER TABLE {TABLE} ADD COLUMN {} {ty}",
+                    super::quote_ident(name)
+                ))?;
             }
             Ok(())
         }

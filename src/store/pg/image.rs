@@ -86,7 +86,10 @@ fn digest(
 fn others_sql() -> String {
     digest_sql(
         super::super::registry::TABLE,
-        "t.worker_identity IS NULL OR NOT (t.worker_identity = ANY($1::text[]))",
+        // An anti-join on the targets (hashed), not `<> ALL($1)`, which
+        // compares every row with every target.
+        "NOT EXISTS (SELECT 1 FROM pg_catalog.unnest($1::text[]) u(id) \
+         WHERE u.id = t.worker_identity)",
     )
 }
 

@@ -230,8 +230,9 @@ pub fn migrate_audit_in(tx: &mut impl GenericClient, label: &str) -> Result<()> 
     {
         let ty = from_sqlite_type(ty.trim_end_matches(" NOT NULL"));
         tx.batch_execute(&format!(
-            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {name} {ty}",
-            super::audit::TABLE
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {ty}",
+            super::audit::TABLE,
+            quote_ident(name)
         ))
         .map_err(err("cannot add a missing audit column"))?;
     }
