@@ -822,3 +822,96 @@ fn duplicate_keys_in_profiles_json_are_refused_and_look_alikes_flagged() {
     assert!(all.contains("mixes scripts"), "{all}");
     drop(live);
 }
+
+// ---- hostile inputs: fixture capture secrets and --out, launch --env (items 7, 8) ----
+
+/// `fixture capture` arguments for these stores (the selection comes after).
+fn capture_cli(stores: &Stores) -> Vec<String> {
+    let mut args: Vec<String> = vec!["fixture".into(), "capture".into()];
+    args.extend(stores.plan_args("controller-prgs").into_iter().skip(1));
+    args
+}
+
+// Finding 30.7: secrets in row values survived a capture.
+#[test]
+fn fixture_capture_scrubs_every_secret_in_row_values_and_the_case_still_passes() {
+    let (pid, start) = dead_process();
+    let mut one = stale_row("w-secret-1", pid, &start);
+    // Credentials of a second URL in one value.
+    one["remote"] = json!("https://a:pw-first@h1.example/x https://b:pw-second@h2.example/y");
+    // A password holding `/`.
+    one["transport"] = json!("https://s:ghp_EEEE/secret5@h");
+    one["authenticated_account"] = json!("bot:ghp_AAAA1111");
+    one["client_name"] = json!("Bearer ghp_BBBB2222");
+    let (pid2, start2) = dead_process();
+    let mut two = stale_row("w-secret-2", pid2, &start2);
+    two["remote"] = json!("git https://x-token:glpat-CCCC3333@gitlab.example/g/p");
+    two["authenticated_account"] = json!("xoxb-1234-DDDD4444");
+    two["transport"] = json!("AKIAIOSFODNN7EXAMPLE");
+    two["retirement_reason"] = json!("token Zm9vYmFyX3Rvaw; Authorization: Basic dXNlcjpwYXNz");
+    two["retired_by"] = json!("github_pat_11ABCDEFG_hijkl gho_FFFF5555 ghs_GGGG6666");
+    let stores = Stores::new(&[one, two]);
+    let out_path = stores.dir.path().join("captured.json");
+    let out = bin()
+        .args(capture_cli(&stores))
+        .args(["--worker", "w-secret-1", "--worker", "w-secret-2"])
+        .arg("--out")
+        .arg(&out_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let written = std::fs::read_to_string(&out_path).unwrap();
+    for secret in [
+        "pw-first",
+        "pw-second",
+        "ghp_",
+        "EEEE",
+        "secret5",
+        "AAAA1111",
+        "BBBB2222",
+        "glpat-",
+        "CCCC3333",
+        "x-token",
+        "xoxb-",
+        "DDDD4444",
+        "AKIA",
+        "Zm9vYmFyX3Rvaw",
+        "dXNlcjpwYXNz",
+        "github_pat_",
+        "FFFF5555",
+        "GGGG6666",
+    ] {
+        assert!(!written.contains(secret), "{secret} leaked: {written}");
+    }
+    // Placeholders are stable; the hosts and the scheme words stay.
+    assert!(written.contains("@h1.example/x"), "{written}");
+    assert!(written.contains("@h2.example/y"), "{written}");
+    assert!(written.contains("Bearer redacted-"), "{written}");
+    for column in [
+        "remote",
+        "transport",
+        "authenticated_account",
+        "client_name",
+    ] {
+        assert!(
+            text(&out).contains(&format!("value(s) of {column}")),
+            "{}",
+            text(&out)
+        );
+    }
+    // The scrubbed case still reproduces the verdicts it was captured for.
+    let pass = bin().arg("test").arg(&out_path).output().unwrap();
+    assert!(pass.status.success(), "{}", text(&pass));
+    // Standard output gets the same scrubbed case.
+    let out = bin()
+        .args(capture_cli(&stores))
+        .args(["--worker", "w-secret-1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !printed.contains("ghp_") && !printed.contains("pw-second"),
+        "{printed}"
+    );
+}
