@@ -915,3 +915,70 @@ fn fixture_capture_scrubs_every_secret_in_row_values_and_the_case_still_passes()
         "{printed}"
     );
 }
+
+// Finding 30.7: `--out` onto a symlink overwrote the link's target.
+#[test]
+fn fixture_capture_out_never_writes_through_a_symlink_or_over_a_file() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[stale_row("w-dead", pid, &start)]);
+    let dir = stores.dir.path();
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = dir.join("captured.json");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let capture_to = |path: &Path, extra: &[&str]| {
+        bin()
+            .args(capture_cli(&stores))
+            .args(["--worker", "w-dead", "--out"])
+            .arg(path)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // Onto a symlink: refused, naming the path and --force; the target kept.
+    let out = capture_to(&link, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&link.display().to_string()) && text(&out).contains("--force"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    // A dangling symlink: refused too, and its target is not created.
+    let nowhere = dir.join("created-through-the-link");
+    let dangling = dir.join("dangling.json");
+    std::os::unix::fs::symlink(&nowhere, &dangling).unwrap();
+    let out = capture_to(&dangling, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(!nowhere.exists());
+    // An existing file: refused and unchanged.
+    let existing = dir.join("existing.json");
+    std::fs::write(&existing, "keep me\n").unwrap();
+    let out = capture_to(&existing, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me\n");
+    // --force replaces the link itself, never its target.
+    let out = capture_to(&link, &["--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_file());
+    let case: Value = serde_json::from_str(&std::fs::read_to_string(&link).unwrap()).unwrap();
+    assert!(case["rows"].is_array());
+    let out = capture_to(&dangling, &["--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!nowhere.exists());
+    // A new path is written as before, and no temporary file is left.
+    let fresh = dir.join("fresh.json");
+    assert!(capture_to(&fresh, &[]).status.success());
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.contains(".tmp")),
+        "a temporary file was left: {names:?}"
+    );
+}
