@@ -982,3 +982,57 @@ fn fixture_capture_out_never_writes_through_a_symlink_or_over_a_file() {
         "a temporary file was left: {names:?}"
     );
 }
+
+// Finding 30.8: `launch --env` overrode the keys the launch sets itself.
+#[test]
+fn launch_env_cannot_set_the_launchs_own_keys_or_malformed_keys() {
+    let launch_with = |env: &str| {
+        bin()
+            .args(["launch", "--client", "codex", "--profiles"])
+            .arg("author=a,reviewer=r,merger=m,controller=c,reconciler=x")
+            .args(["--config", "/etc/fleet/profiles.json", "--env", env])
+            .output()
+            .unwrap()
+    };
+    for env in [
+        "GITEA_MCP_PROFILE=evil",
+        "GITEA_MCP_CONFIG=/tmp/evil.json",
+        "GITEA_MCP_CLIENT_SESSION=shared",
+        "GITEA_MCP_WORKER_IDENTITY=w-shared",
+        "GITEA_MCP_CLIENT_INSTANCE=inst-evil",
+        "GITEA_MCP_NAMESPACE=controller",
+        "GITEA_MCP_FLEET_RUN_ID=run-evil",
+        "GITEA_CLIENT_MANAGED=0",
+        "GITEA_MCP_SOMETHING_NEW=1",
+        "gitea_mcp_profile=evil",
+    ] {
+        let out = launch_with(env);
+        let key = env.split_once('=').unwrap().0;
+        assert_eq!(out.status.code(), Some(1), "{env}: {}", text(&out));
+        assert!(out.stdout.is_empty(), "{env}: a config was printed");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--env") && err.contains(key), "{env}: {err}");
+    }
+    for env in ["=x", "A\nB=1", "1A=x", "A-B=x", "A B=x", "NOEQUALS"] {
+        let out = launch_with(env);
+        assert_eq!(out.status.code(), Some(1), "{env:?}: {}", text(&out));
+        assert!(out.stdout.is_empty(), "{env:?}: a config was printed");
+        assert!(text(&out).contains("--env"), "{env:?}: {}", text(&out));
+    }
+    // An ordinary key reaches all five servers; the launch's own keys stand.
+    let out = launch_with("FLEET_RETIRE_REGISTRY=/var/lib/fleet/registry.sqlite");
+    assert!(out.status.success(), "{}", text(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (name, server) in doc["mcpServers"].as_object().unwrap() {
+        let env = &server["env"];
+        assert_eq!(
+            env["FLEET_RETIRE_REGISTRY"], "/var/lib/fleet/registry.sqlite",
+            "{name}"
+        );
+        assert_eq!(
+            env["GITEA_MCP_CONFIG"], "/etc/fleet/profiles.json",
+            "{name}"
+        );
+        assert_ne!(env["GITEA_MCP_PROFILE"], "evil", "{name}");
+    }
+}
