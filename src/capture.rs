@@ -10,9 +10,11 @@
 //! active leases that protect any captured row, the probe answers observed
 //! now for every captured pid, this host's facts and the planning clock.
 //!
-//! Secrets are replaced by stable placeholders (`token_fingerprint`, and the
-//! credentials of any URL with a user part); the capture reports what it
-//! replaced. Before the case is handed out it is planned on its own, and
+//! Secrets are replaced by stable placeholders: a column named for a secret
+//! (`token_fingerprint`) whole, and in every other text value whatever the
+//! one scanner of [`scrub`] finds (URL credentials, authorization
+//! credentials, known token prefixes, private keys); the capture reports
+//! what it replaced. Before the case is handed out it is planned on its own, and
 //! every chosen row must get the verdict it has in the registry: a capture
 //! that cannot reproduce its rows is refused rather than written.
 
@@ -27,6 +29,10 @@ use crate::value::Val;
 use serde_json::{json, Map, Value as Json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
+
+pub mod scrub;
+
+use scrub::Scrubber;
 
 /// Which rows to capture.
 #[derive(Debug, Clone)]
@@ -193,9 +199,10 @@ pub fn capture(
         "canonical_repository": plan.facts.canonical_repository,
     });
     context["pid_namespace"] = json!(host.pid_namespace);
+    redactor.object("context", &mut context);
     let names: Vec<String> = chosen
         .iter()
-        .map(|&i| plan.rows[i].get(Col::WorkerIdentity).canon())
+        .map(|&i| redactor.text(&plan.rows[i].get(Col::WorkerIdentity).canon()))
         .collect();
     let verdicts: Vec<String> = chosen
         .iter()
@@ -338,59 +345,71 @@ fn bearing_rows(plan: &Plan, chosen: &[usize]) -> Vec<usize> {
     out.into_iter().collect()
 }
 
-/// Replaces secrets by placeholders, the same value by the same one.
+/// Replaces secrets by placeholders, the same value by the same one, and
+/// counts what it replaced by column.
 #[derive(Default)]
 struct Redactor {
-    seen: HashMap<String, String>,
+    scrubber: Scrubber,
     counts: BTreeMap<String, usize>,
 }
 
 /// Columns whose every non-blank value is a secret.
 const SECRET_COLUMNS: &[&str] = &["token_fingerprint"];
 
+/// Whether a column's name says its values are secrets.
+fn is_secret_column(column: &str) -> bool {
+    SECRET_COLUMNS.contains(&column)
+        || ["token", "secret", "password", "credential"]
+            .iter()
+            .any(|w| column.contains(w))
+}
+
 impl Redactor {
+    /// A column's value as the case holds it: a secret column's value
+    /// replaced whole, any other text (a blob's text too) scanned.
     fn value(&mut self, column: &str, v: Val<'_>) -> Json {
-        let secret_column = SECRET_COLUMNS.contains(&column)
-            || ["token", "secret", "password", "credential"]
-                .iter()
-                .any(|w| column.contains(w));
-        match v {
-            Val::Text(t) if secret_column && !v.is_blank() => {
-                Json::String(self.placeholder(column, t))
+        let json = v.to_json();
+        let Json::String(text) = &json else {
+            return json;
+        };
+        let clean = if is_secret_column(column) && !v.is_blank() {
+            Some(
+                self.scrubber
+                    .placeholder(text, &format!("redacted-{column}")),
+            )
+        } else {
+            self.scrubber.scrub(text)
+        };
+        match clean {
+            Some(clean) => {
+                *self.counts.entry(column.to_string()).or_default() += 1;
+                Json::String(clean)
             }
-            Val::Text(t) => match url_without_credentials(t) {
-                Some(clean) => {
-                    *self.counts.entry(column.to_string()).or_default() += 1;
-                    Json::String(clean)
-                }
-                None => v.to_json(),
-            },
-            _ => v.to_json(),
+            None => json,
         }
     }
 
-    fn placeholder(&mut self, column: &str, secret: &str) -> String {
-        *self.counts.entry(column.to_string()).or_default() += 1;
-        let n = self.seen.len() + 1;
-        self.seen
-            .entry(secret.to_string())
-            .or_insert_with(|| format!("redacted-{column}-{n}"))
-            .clone()
+    /// Scan the text members of a JSON object (the case's context: the
+    /// repository named on the command line is compared with the rows'
+    /// bindings, so it gets the placeholders they got).
+    fn object(&mut self, place: &str, object: &mut Json) {
+        for (key, member) in object.as_object_mut().into_iter().flatten() {
+            if let Json::String(text) = member {
+                if let Some(clean) = self.scrubber.scrub(text) {
+                    *self.counts.entry(format!("{place}.{key}")).or_default() += 1;
+                    *member = Json::String(clean);
+                }
+            }
+        }
     }
-}
 
-/// `scheme://user:pass@host/...` with the user part replaced, or `None`
-/// when the text holds no credentials.
-fn url_without_credentials(text: &str) -> Option<String> {
-    let scheme_end = text.find("://")? + 3;
-    let rest = &text[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let at = rest[..authority_end].rfind('@')?;
-    Some(format!(
-        "{}redacted@{}",
-        &text[..scheme_end],
-        &rest[at + 1..]
-    ))
+    /// A text the case repeats outside the rows (a chosen row's identity in
+    /// the name), with the placeholders the rows got.
+    fn text(&mut self, text: &str) -> String {
+        self.scrubber
+            .scrub(text)
+            .unwrap_or_else(|| text.to_string())
+    }
 }
 
 #[cfg(test)]
@@ -399,13 +418,27 @@ mod tests {
     use crate::value::Value;
 
     #[test]
-    fn credentials_in_urls_are_replaced() {
-        assert_eq!(
-            url_without_credentials("https://bot:s3cret@git.example/prgs/x").as_deref(),
-            Some("https://redacted@git.example/prgs/x")
+    fn every_text_column_is_scanned() {
+        let mut r = Redactor::default();
+        let v = r.value(
+            "remote",
+            Value::Text("https://bot:s3cret@git.example/prgs/x".into()).as_val(),
         );
-        assert_eq!(url_without_credentials("https://git.example/a@b"), None);
-        assert_eq!(url_without_credentials("prgs"), None);
+        assert_eq!(v, json!("https://redacted-1@git.example/prgs/x"));
+        let v = r.value("client_name", Value::Text("Bearer ghp_X".into()).as_val());
+        assert_eq!(v, json!("Bearer redacted-2"));
+        let v = r.value(
+            "retired_by",
+            Value::Blob(b"glpat-Y".to_vec().into_boxed_slice()).as_val(),
+        );
+        assert_eq!(v, json!("b'redacted-3'"));
+        assert_eq!(r.value("pid", Value::Int(7).as_val()), json!(7));
+        assert_eq!(
+            r.value("role", Value::Text("author".into()).as_val()),
+            json!("author")
+        );
+        assert_eq!(r.text("w-ghp_X"), "w-redacted-2");
+        assert_eq!(r.counts.values().sum::<usize>(), 3);
     }
 
     #[test]

@@ -15,14 +15,73 @@ use std::collections::BTreeMap;
 /// The five namespaces of a launch, in server order.
 pub const NAMESPACES: &[&str] = &["author", "reviewer", "merger", "controller", "reconciler"];
 
-/// Keys a caller's extra environment can never override.
+/// The keys a launch sets itself in every server's environment; a caller's
+/// extra environment can never set them.
 pub const PROTECTED_KEYS: &[&str] = &[
+    env::PROFILE,
     env::NAMESPACE,
+    env::CLIENT_MANAGED,
+    env::CLIENT,
     env::CLIENT_INSTANCE,
     env::INSTANCE_PROVENANCE,
-    env::CLIENT,
-    env::CLIENT_MANAGED,
+    env::CONFIG,
+    env::FLEET_RUN_ID,
+    env::CLIENT_SESSION,
 ];
+
+/// The prefix of the keys a worker reads its identity and configuration
+/// from (`GITEA_MCP_WORKER_IDENTITY` among them); a caller's extra
+/// environment can set none of them.
+pub const RESERVED_PREFIX: &str = "GITEA_MCP_";
+
+/// Whether the launch alone may set `key` (compared without case, as some
+/// platforms compare environment keys).
+pub fn is_reserved_key(key: &str) -> bool {
+    let upper = key.to_ascii_uppercase();
+    upper.starts_with(RESERVED_PREFIX) || PROTECTED_KEYS.contains(&upper.as_str())
+}
+
+/// Check a caller's extra environment: every key a variable name
+/// (`[A-Za-z_][A-Za-z0-9_]*`), none the launch's own, none twice, no value
+/// holding NUL. The first bad entry is named, with what to do instead.
+pub fn check_extra_env(extra: &[(String, String)]) -> Result<()> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (key, value) in extra {
+        let problem = if !is_variable_name(key) {
+            Some(
+                "is not a variable name: a key is a letter or `_`, then letters, digits or `_`"
+                    .to_string(),
+            )
+        } else if is_reserved_key(key) {
+            Some(format!(
+                "is the launch's own to set (so is every {RESERVED_PREFIX}* key and \
+                 {}): a worker's profile, identity, session and configuration come from the \
+                 launch alone; drop it, and use --profiles, --config, --session, \
+                 --fleet-run-id or --instance instead",
+                env::CLIENT_MANAGED
+            ))
+        } else if !seen.insert(key.as_str()) {
+            Some("is given twice; give each key once".to_string())
+        } else if value.contains('\0') {
+            Some("has a value holding a NUL character, which no environment can carry".into())
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(Error::Input(format!("--env {key:?} {problem}")));
+        }
+    }
+    Ok(())
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`.
+fn is_variable_name(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
 
 /// Mint an instance id: `inst-<client>-<%Y%m%dT%H%M%SZ>-<12 hex of
 /// sha256("<client>\x1f<stamp>\x1f<nonce>")>`.
@@ -56,7 +115,8 @@ pub struct LaunchRequest {
     pub command: String,
     /// Arguments.
     pub args: Vec<String>,
-    /// Extra environment (never overriding protected keys).
+    /// Extra environment: a launch carrying a key of its own
+    /// ([`is_reserved_key`]) or a malformed one is refused.
     pub extra_env: Vec<(String, String)>,
     /// The clock.
     pub now: Micros,
@@ -67,6 +127,7 @@ pub struct LaunchRequest {
 /// Build the `mcpServers` document for one launch.
 pub fn launch(req: &LaunchRequest) -> Result<Json> {
     check_profiles(req)?;
+    check_extra_env(&req.extra_env)?;
     let client = normalize_client_name(req.client.as_deref());
     let instance = instance_id(req, client)?;
     let session = match req
@@ -153,7 +214,8 @@ fn instance_id(req: &LaunchRequest, client: &str) -> Result<String> {
 }
 
 /// One server's environment: the identity keys the launcher alone sets,
-/// then the caller's extra keys, which can never override them.
+/// then the caller's extra keys ([`check_extra_env`] has refused any of
+/// the launcher's own; they are skipped here too, should a caller skip it).
 fn server_env(
     req: &LaunchRequest,
     ns: &str,
@@ -177,7 +239,7 @@ fn server_env(
     }
     env.insert(env::CLIENT_SESSION.into(), json!(session));
     for (k, v) in &req.extra_env {
-        if !PROTECTED_KEYS.contains(&k.as_str()) {
+        if !is_reserved_key(k) {
             env.insert(k.clone(), json!(v));
         }
     }
@@ -187,6 +249,41 @@ fn server_env(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn extra(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn extra_environment_is_refused_unless_plain_and_foreign() {
+        assert!(check_extra_env(&extra(&[("RUST_LOG", "debug"), ("_X1", "")])).is_ok());
+        for (key, value, says) in [
+            ("GITEA_MCP_PROFILE", "evil", "launch's own"),
+            ("GITEA_MCP_WORKER_IDENTITY", "w", "launch's own"),
+            ("Gitea_Mcp_Anything", "1", "launch's own"),
+            ("GITEA_CLIENT_MANAGED", "0", "launch's own"),
+            ("", "x", "not a variable name"),
+            ("A\nB", "1", "not a variable name"),
+            ("9LIVES", "1", "not a variable name"),
+            ("A-B", "1", "not a variable name"),
+            ("KEY", "a\0b", "NUL"),
+        ] {
+            let err = check_extra_env(&extra(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(says) && err.starts_with("--env "),
+                "{key:?}: {err}"
+            );
+        }
+        let err = check_extra_env(&extra(&[("A", "1"), ("A", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("twice"), "{err}");
+    }
 
     #[test]
     fn instance_id_matches_the_seed_algorithm() {

@@ -296,10 +296,7 @@ fn request(nonce: Option<&str>) -> LaunchRequest {
             .map(|n| (n.to_string(), format!("{n}-p")))
             .collect(),
         command: "worker".into(),
-        extra_env: vec![
-            ("GITEA_MCP_CLIENT_INSTANCE".into(), "inst-evil".into()),
-            ("EXTRA".into(), "1".into()),
-        ],
+        extra_env: vec![("EXTRA".into(), "1".into())],
         now: fleet_retire::time::parse_ts(NOW).unwrap(),
         nonce: nonce.map(str::to_string),
         ..Default::default()
@@ -342,6 +339,12 @@ fn five_servers_share_one_id_and_two_launches_differ() {
         )
     };
     assert_eq!(fixed["client_instance_id"], expect.as_str());
+    // Extra environment naming a key of the launch's own is refused.
+    let mut evil = request(None);
+    evil.extra_env
+        .push(("GITEA_MCP_CLIENT_INSTANCE".into(), "inst-evil".into()));
+    let err = launch(&evil).unwrap_err().to_string();
+    assert!(err.contains("GITEA_MCP_CLIENT_INSTANCE"), "{err}");
 }
 
 #[test]

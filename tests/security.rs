@@ -1297,3 +1297,217 @@ fn a_password_in_a_store_url_is_shown_by_no_output_error_audit_row_or_file() {
         assert_no_password("registry copy", &text(&out));
     }
 }
+
+// ---- hostile inputs: fixture capture secrets and --out, launch --env (items 7, 8) ----
+
+/// `fixture capture` arguments for these stores (the selection comes after).
+fn capture_cli(stores: &Stores) -> Vec<String> {
+    let mut args: Vec<String> = vec!["fixture".into(), "capture".into()];
+    args.extend(stores.plan_args("controller-prgs").into_iter().skip(1));
+    args
+}
+
+// Finding 30.7: secrets in row values survived a capture.
+#[test]
+fn fixture_capture_scrubs_every_secret_in_row_values_and_the_case_still_passes() {
+    let (pid, start) = dead_process();
+    let mut one = stale_row("w-secret-1", pid, &start);
+    // Credentials of a second URL in one value.
+    one["remote"] = json!("https://a:pw-first@h1.example/x https://b:pw-second@h2.example/y");
+    // A password holding `/`.
+    one["transport"] = json!("https://s:ghp_EEEE/secret5@h");
+    one["authenticated_account"] = json!("bot:ghp_AAAA1111");
+    one["client_name"] = json!("Bearer ghp_BBBB2222");
+    let (pid2, start2) = dead_process();
+    let mut two = stale_row("w-secret-2", pid2, &start2);
+    two["remote"] = json!("git https://x-token:glpat-CCCC3333@gitlab.example/g/p");
+    two["authenticated_account"] = json!("xoxb-1234-DDDD4444");
+    two["transport"] = json!("AKIAIOSFODNN7EXAMPLE");
+    two["retirement_reason"] = json!("token Zm9vYmFyX3Rvaw; Authorization: Basic dXNlcjpwYXNz");
+    two["retired_by"] = json!("github_pat_11ABCDEFG_hijkl gho_FFFF5555 ghs_GGGG6666");
+    let stores = Stores::new(&[one, two]);
+    let out_path = stores.dir.path().join("captured.json");
+    let out = bin()
+        .args(capture_cli(&stores))
+        .args(["--worker", "w-secret-1", "--worker", "w-secret-2"])
+        .arg("--out")
+        .arg(&out_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let written = std::fs::read_to_string(&out_path).unwrap();
+    for secret in [
+        "pw-first",
+        "pw-second",
+        "ghp_",
+        "EEEE",
+        "secret5",
+        "AAAA1111",
+        "BBBB2222",
+        "glpat-",
+        "CCCC3333",
+        "x-token",
+        "xoxb-",
+        "DDDD4444",
+        "AKIA",
+        "Zm9vYmFyX3Rvaw",
+        "dXNlcjpwYXNz",
+        "github_pat_",
+        "FFFF5555",
+        "GGGG6666",
+    ] {
+        assert!(!written.contains(secret), "{secret} leaked: {written}");
+    }
+    // Placeholders are stable; the hosts and the scheme words stay.
+    assert!(written.contains("@h1.example/x"), "{written}");
+    assert!(written.contains("@h2.example/y"), "{written}");
+    assert!(written.contains("Bearer redacted-"), "{written}");
+    for column in [
+        "remote",
+        "transport",
+        "authenticated_account",
+        "client_name",
+    ] {
+        assert!(
+            text(&out).contains(&format!("value(s) of {column}")),
+            "{}",
+            text(&out)
+        );
+    }
+    // The scrubbed case still reproduces the verdicts it was captured for.
+    let pass = bin().arg("test").arg(&out_path).output().unwrap();
+    assert!(pass.status.success(), "{}", text(&pass));
+    // Standard output gets the same scrubbed case.
+    let out = bin()
+        .args(capture_cli(&stores))
+        .args(["--worker", "w-secret-1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !printed.contains("ghp_") && !printed.contains("pw-second"),
+        "{printed}"
+    );
+}
+
+// Finding 30.7: `--out` onto a symlink overwrote the link's target.
+#[test]
+fn fixture_capture_out_never_writes_through_a_symlink_or_over_a_file() {
+    let (pid, start) = dead_process();
+    let stores = Stores::new(&[stale_row("w-dead", pid, &start)]);
+    let dir = stores.dir.path();
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = dir.join("captured.json");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let capture_to = |path: &Path, extra: &[&str]| {
+        bin()
+            .args(capture_cli(&stores))
+            .args(["--worker", "w-dead", "--out"])
+            .arg(path)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // Onto a symlink: refused, naming the path and --force; the target kept.
+    let out = capture_to(&link, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&link.display().to_string()) && text(&out).contains("--force"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    // A dangling symlink: refused too, and its target is not created.
+    let nowhere = dir.join("created-through-the-link");
+    let dangling = dir.join("dangling.json");
+    std::os::unix::fs::symlink(&nowhere, &dangling).unwrap();
+    let out = capture_to(&dangling, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(!nowhere.exists());
+    // An existing file: refused and unchanged.
+    let existing = dir.join("existing.json");
+    std::fs::write(&existing, "keep me\n").unwrap();
+    let out = capture_to(&existing, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me\n");
+    // --force replaces the link itself, never its target.
+    let out = capture_to(&link, &["--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_file());
+    let case: Value = serde_json::from_str(&std::fs::read_to_string(&link).unwrap()).unwrap();
+    assert!(case["rows"].is_array());
+    let out = capture_to(&dangling, &["--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!nowhere.exists());
+    // A new path is written as before, and no temporary file is left.
+    let fresh = dir.join("fresh.json");
+    assert!(capture_to(&fresh, &[]).status.success());
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.contains(".tmp")),
+        "a temporary file was left: {names:?}"
+    );
+}
+
+// Finding 30.8: `launch --env` overrode the keys the launch sets itself.
+#[test]
+fn launch_env_cannot_set_the_launchs_own_keys_or_malformed_keys() {
+    let launch_with = |env: &str| {
+        bin()
+            .args(["launch", "--client", "codex", "--profiles"])
+            .arg("author=a,reviewer=r,merger=m,controller=c,reconciler=x")
+            .args(["--config", "/etc/fleet/profiles.json", "--env", env])
+            .output()
+            .unwrap()
+    };
+    for env in [
+        "GITEA_MCP_PROFILE=evil",
+        "GITEA_MCP_CONFIG=/tmp/evil.json",
+        "GITEA_MCP_CLIENT_SESSION=shared",
+        "GITEA_MCP_WORKER_IDENTITY=w-shared",
+        "GITEA_MCP_CLIENT_INSTANCE=inst-evil",
+        "GITEA_MCP_NAMESPACE=controller",
+        "GITEA_MCP_FLEET_RUN_ID=run-evil",
+        "GITEA_CLIENT_MANAGED=0",
+        "GITEA_MCP_SOMETHING_NEW=1",
+        "gitea_mcp_profile=evil",
+    ] {
+        let out = launch_with(env);
+        let key = env.split_once('=').unwrap().0;
+        assert_eq!(out.status.code(), Some(1), "{env}: {}", text(&out));
+        assert!(out.stdout.is_empty(), "{env}: a config was printed");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--env") && err.contains(key), "{env}: {err}");
+    }
+    for env in ["=x", "A\nB=1", "1A=x", "A-B=x", "A B=x", "NOEQUALS"] {
+        let out = launch_with(env);
+        assert_eq!(out.status.code(), Some(1), "{env:?}: {}", text(&out));
+        assert!(out.stdout.is_empty(), "{env:?}: a config was printed");
+        assert!(text(&out).contains("--env"), "{env:?}: {}", text(&out));
+    }
+    // An ordinary key reaches all five servers; the launch's own keys stand.
+    let out = launch_with("FLEET_RETIRE_REGISTRY=/var/lib/fleet/registry.sqlite");
+    assert!(out.status.success(), "{}", text(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (name, server) in doc["mcpServers"].as_object().unwrap() {
+        let env = &server["env"];
+        assert_eq!(
+            env["FLEET_RETIRE_REGISTRY"], "/var/lib/fleet/registry.sqlite",
+            "{name}"
+        );
+        assert_eq!(
+            env["GITEA_MCP_CONFIG"], "/etc/fleet/profiles.json",
+            "{name}"
+        );
+        assert_ne!(env["GITEA_MCP_PROFILE"], "evil", "{name}");
+    }
+}

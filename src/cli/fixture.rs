@@ -4,7 +4,8 @@ use crate::capture::{capture_from_files, Selection};
 use crate::cli::{Cli, OperatorArgs, StoreArgs};
 use crate::error::{Error, ExitCode, Result};
 use clap::{Args, Subcommand};
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `fixture`.
 #[derive(Debug, Args)]
@@ -43,9 +44,15 @@ pub struct CaptureArgs {
     /// Capture every candidate.
     #[arg(long)]
     pub candidates: bool,
-    /// Write the case here (standard output without it).
+    /// Write the case here, as a new file (standard output without it). An
+    /// existing path, a symbolic link included, is refused without --force.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// Replace an existing --out path: the case is written to a temporary
+    /// file beside it and renamed over the path, so a symbolic link there is
+    /// replaced, never followed.
+    #[arg(long, requires = "out")]
+    pub force: bool,
 }
 
 /// Run `fixture`.
@@ -80,7 +87,7 @@ pub fn run(cli: &Cli, args: &FixtureArgs) -> Result<ExitCode> {
     );
     match &args.out {
         Some(path) => {
-            std::fs::write(path, &text).map_err(Error::io(path, "cannot write the fixture"))?;
+            write_case(path, &text, args.force)?;
             eprintln!(
                 "wrote {}: {} chosen row(s), {} row(s) in all; edit its name and description",
                 path.display(),
@@ -94,4 +101,70 @@ pub fn run(cli: &Cli, args: &FixtureArgs) -> Result<ExitCode> {
         eprintln!("replaced {n} secret value(s) of {column} with placeholders");
     }
     Ok(ExitCode::Ok)
+}
+
+/// Write the case to `path` as a new file: the open fails on any existing
+/// path, a symbolic link (dangling or not) included, so nothing is written
+/// through a link or over a file. With `force`, the path itself is replaced.
+fn write_case(path: &Path, text: &str, force: bool) -> Result<()> {
+    if force {
+        return replace_path(path, text);
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Error::Input(format!(
+                "--out {}: the path exists (a file, folder or symbolic link) and is not \
+                 written over; name a new file, or pass --force to replace the path itself \
+                 (a symbolic link is replaced, never followed)",
+                path.display()
+            )),
+            _ => Error::io(path, "cannot create the fixture")(e),
+        })?;
+    fill(file, text).map_err(Error::io(path, "cannot write the fixture"))
+}
+
+/// Write `text` to a new temporary file in `path`'s folder and rename it
+/// over `path` (the rename replaces a link, not the file it points to).
+fn replace_path(path: &Path, text: &str) -> Result<()> {
+    let name = path.file_name().ok_or_else(|| {
+        Error::Input(format!(
+            "--out {}: names no file; give a file name",
+            path.display()
+        ))
+    })?;
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let temporary = folder.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        crate::evidence::random_hex(8)?
+    ));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temporary)
+        .and_then(|file| fill(file, text))
+        .map_err(Error::io(
+            &temporary,
+            "cannot write the fixture's temporary file",
+        ))
+        .and_then(|()| {
+            std::fs::rename(&temporary, path)
+                .map_err(Error::io(path, "cannot replace the path with the fixture"))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+/// Write all of `text` to `file` and flush it to disk.
+fn fill(mut file: std::fs::File, text: &str) -> std::io::Result<()> {
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
 }

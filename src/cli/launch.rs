@@ -35,7 +35,8 @@ pub struct LaunchArgs {
     /// --command is not given).
     #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
     pub args: Vec<String>,
-    /// Extra environment KEY=VALUE (repeatable; cannot override the identity keys).
+    /// Extra environment KEY=VALUE (repeatable). KEY is `[A-Za-z_][A-Za-z0-9_]*`; the
+    /// keys the launch sets itself and every GITEA_MCP_* key are refused.
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
     /// Launch time (for reproducing an id; default now).
@@ -70,12 +71,11 @@ pub fn parse_profiles(text: &str) -> Result<BTreeMap<String, String>> {
 pub fn run(_cli: &Cli, args: &LaunchArgs) -> Result<ExitCode> {
     let mut extra_env = Vec::new();
     for kv in &args.env {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| Error::Input(format!("--env {kv:?} is not KEY=VALUE")))?;
-        if crate::launcher::PROTECTED_KEYS.contains(&k) {
-            tracing::warn!("--env {k} ignored: the launcher alone sets it");
-        }
+        let (k, v) = kv.split_once('=').ok_or_else(|| {
+            Error::Input(format!(
+                "--env {kv:?} is not KEY=VALUE; write the key, `=`, then the value"
+            ))
+        })?;
         extra_env.push((k.to_string(), v.to_string()));
     }
     let now = match &args.now {
