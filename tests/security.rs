@@ -863,6 +863,29 @@ fn output_within(mut cmd: Command, limit: Duration) -> std::process::Output {
     }
 }
 
+/// A git repository in a temporary folder whose one commit holds `files`
+/// under `policies/`.
+fn git_repo_with_policies(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::create_dir(repo.path().join("policies")).unwrap();
+    for (name, text) in files {
+        std::fs::write(repo.path().join("policies").join(name), text).unwrap();
+    }
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .current_dir(repo.path())
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", text(&out));
+    };
+    git(&["init", "-q"]);
+    git(&["add", "policies"]);
+    git(&["commit", "-q", "-m", "policies"]);
+    repo
+}
+
 fn builtin_policy_files() -> Vec<(&'static str, String)> {
     [
         "schema.cedarschema",
@@ -875,6 +898,76 @@ fn builtin_policy_files() -> Vec<(&'static str, String)> {
         (f, text)
     })
     .collect()
+}
+
+// Finding 30.5: `policy diff` handed a revision starting with `-` to
+// `git show` as an option (`--output=` wrote files), and compared the empty
+// set it read back as if it were a policy set.
+#[test]
+fn policy_diff_passes_no_option_to_git_and_refuses_an_empty_set() {
+    let builtin = builtin_policy_files();
+    let files: Vec<(&str, &str)> = builtin.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let repo = git_repo_with_policies(&files);
+    let here = repo.path();
+    let policy_diff = |old: &str, new: &str| {
+        let mut cmd = bin();
+        cmd.current_dir(here)
+            .args(["policy", "diff", "--", old, new]);
+        output_within(cmd, Duration::from_secs(120))
+    };
+    // `--output=pwn2` makes git write `pwn2:policies/<file>` (a folder the
+    // attacker planted); `--output=pwn3:` writes `pwn3:<file>` right here.
+    std::fs::create_dir(here.join("pwn2:policies")).unwrap();
+    let written = || -> Vec<String> {
+        let names = |d: &Path| -> Vec<String> {
+            std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        let mut all = names(&here.join("pwn2:policies"));
+        all.extend(names(here).into_iter().filter(|n| n.starts_with("pwn3")));
+        all
+    };
+    for (old, new) in [
+        ("policies", "--output=pwn2"),
+        ("--output=pwn3:", "policies"),
+    ] {
+        let out = policy_diff(old, new);
+        let all = text(&out);
+        assert!(written().is_empty(), "git wrote {:?}: {all}", written());
+        assert_eq!(out.status.code(), Some(1), "{old} {new}: {all}");
+        assert!(all.contains("starts with '-'"), "{all}");
+    }
+    // A revision or a folder whose files are empty is no policy set to
+    // compare against: it is an error, whichever side it is on.
+    let empty_repo = git_repo_with_policies(&[
+        ("schema.cedarschema", ""),
+        ("retirement.cedar", ""),
+        ("capabilities.cedar", ""),
+    ]);
+    let empty_dir = empty_repo.path().join("policies");
+    let full_dir = std::fs::canonicalize("policies").unwrap();
+    let (full, empty) = (full_dir.to_str().unwrap(), empty_dir.to_str().unwrap());
+    let in_empty_repo = |old: &str, new: &str| {
+        let mut cmd = bin();
+        cmd.current_dir(empty_repo.path())
+            .args(["policy", "diff", old, new]);
+        output_within(cmd, Duration::from_secs(120))
+    };
+    for (old, new, side) in [
+        (full, empty, "NEW"),
+        (empty, full, "OLD"),
+        (full, "HEAD", "NEW"),
+        ("HEAD:policies", full, "OLD"),
+    ] {
+        let out = in_empty_repo(old, new);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{old} {new}: {all}");
+        assert!(all.contains(&format!("{side} (")), "{all}");
+        assert!(all.contains("holds no policies"), "{all}");
+        assert!(!all.contains("EQUIVALENT"), "{all}");
+    }
 }
 
 /// A copy of the built-in policy folder, with its properties.
