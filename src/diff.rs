@@ -170,10 +170,21 @@ impl PolicyDiff {
 /// git revision (`REV` reads `REV:policies/`, `REV:PATH` reads that folder
 /// of the revision), read with `git show` in the current directory's
 /// repository.
+///
+/// A revision is never an option to git: one starting with `-` is refused
+/// (`--output=FILE` would make git write files), and `--end-of-options`
+/// goes before it all the same.
 pub fn load_named(arg: &str) -> Result<Policies> {
     let path = Path::new(arg);
     if path.is_dir() {
         return Policies::load(&PolicySource::Dir(path.to_path_buf()));
+    }
+    if arg.starts_with('-') {
+        return Err(Error::Input(format!(
+            "{arg:?} is not a policy folder, and as a git revision it starts with '-', which \
+             git would take as an option; name a folder (./{arg} if one is meant) or a revision \
+             such as HEAD~1 or main:policies"
+        )));
     }
     let (rev, dir) = match arg.split_once(':') {
         Some((rev, dir)) => (rev, dir.trim_end_matches('/')),
@@ -186,28 +197,59 @@ pub fn load_named(arg: &str) -> Result<Policies> {
         } else {
             format!("{rev}:{dir}/{name}")
         };
-        let out = std::process::Command::new("git")
-            .args(["show", &spec])
-            .output()
-            .map_err(|e| {
-                Error::Input(format!(
-                    "{arg:?} is not a folder, and git could not be run to read it as a revision ({e})"
-                ))
-            })?;
-        if !out.status.success() {
-            return Err(Error::Input(format!(
-                "{arg:?} is neither a policy folder nor a git revision holding {dir}/{name}: \
-                 `git show {spec}` said: {}. Name a folder with {SCHEMA_FILE} and {}, or a \
-                 revision such as HEAD~1 (its policies/) or main:policies",
-                String::from_utf8_lossy(&out.stderr).trim(),
-                POLICY_FILES.join(", ")
-            )));
-        }
-        let text = String::from_utf8(out.stdout)
-            .map_err(|_| Error::Input(format!("`git show {spec}`: the file is not valid UTF-8")))?;
-        files.push((name.to_string(), text));
+        files.push((name.to_string(), git_show(arg, &spec)?));
     }
     Policies::from_texts(&files, format!("git {rev}:{dir}"))
+}
+
+/// The text of one file of a revision, `git show --end-of-options SPEC`,
+/// bounded as a folder's policy file is.
+fn git_show(arg: &str, spec: &str) -> Result<String> {
+    let out = std::process::Command::new("git")
+        .args(["show", "--end-of-options", spec])
+        .output()
+        .map_err(|e| {
+            Error::Input(format!(
+                "{arg:?} is not a folder, and git could not be run to read it as a revision ({e})"
+            ))
+        })?;
+    if !out.status.success() {
+        return Err(Error::Input(format!(
+            "{arg:?} is neither a policy folder nor a git revision holding {spec}: \
+             `git show {spec}` said: {}. Name a folder with {SCHEMA_FILE} and {}, or a \
+             revision such as HEAD~1 (its policies/) or main:policies",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            POLICY_FILES.join(", ")
+        )));
+    }
+    if out.stdout.len() as u64 > crate::policy::MAX_POLICY_FILE_BYTES {
+        return Err(Error::Policy(format!(
+            "`git show {spec}`: the file is larger than {} bytes, which no policy file is",
+            crate::policy::MAX_POLICY_FILE_BYTES
+        )));
+    }
+    String::from_utf8(out.stdout)
+        .map_err(|_| Error::Input(format!("`git show {spec}`: the file is not valid UTF-8")))
+}
+
+/// A set with no policy, or whose schema declares no action, is not a
+/// policy set to compare: against it any change would look equivalent (or
+/// compare nothing at all). `side` is `OLD` or `NEW`.
+fn refuse_empty(side: &str, set: &Policies) -> Result<()> {
+    let problem = if set.set.policies().next().is_none() {
+        "holds no policies"
+    } else if set.schema.request_envs().next().is_none() {
+        "has a schema that declares no action"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Policy(format!(
+        "{side} ({}) {problem}: an empty policy set is never compared, since every change would \
+         look equivalent against it. Name a folder or git revision whose {SCHEMA_FILE} and {} \
+         hold the policies",
+        crate::text::esc(&set.origin),
+        POLICY_FILES.join(", ")
+    )))
 }
 
 fn applies(policy: &Policy, env: &RequestEnv) -> bool {
@@ -270,6 +312,8 @@ fn case_of(
 /// each policy of NEW contributes. Both sets are compiled under NEW's
 /// schema; an OLD set that does not type-check under it is an error.
 pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
+    refuse_empty("OLD", old)?;
+    refuse_empty("NEW", new)?;
     crate::verify::with_solver(async |compiler| {
         let schema = &new.schema;
         let mut envs: Vec<RequestEnv> = schema.request_envs().collect();

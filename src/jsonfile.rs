@@ -3,7 +3,8 @@
 //! is refused instead of blocking or reading forever), no byte-order mark,
 //! and no duplicate keys (serde_json would silently keep the last one, so a
 //! grant followed by a read-only duplicate would read differently to a
-//! person and to the program).
+//! person and to the program). The policy folder's files are read through
+//! the same bounded, non-blocking open, refusing a symbolic link as well.
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value as Json};
@@ -28,7 +29,25 @@ pub struct FileBytes {
 /// Read a regular file without ever blocking on it: it is opened
 /// non-blocking and must be a regular file of at most `limit` bytes.
 pub fn read_regular(path: &Path, limit: u64) -> Result<FileBytes, String> {
-    let (file, meta) = open_regular(path)?;
+    read_bounded(path, limit, Links::Follow)
+}
+
+/// [`read_regular`] for a file that must be in its folder itself: a
+/// symbolic link in its place is refused, never followed (`O_NOFOLLOW`),
+/// so a link to `/etc/shadow` or `/proc/self/environ` is not read.
+pub fn read_regular_in_place(path: &Path, limit: u64) -> Result<FileBytes, String> {
+    read_bounded(path, limit, Links::Refuse)
+}
+
+/// Whether a symbolic link at the path itself is followed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Links {
+    Follow,
+    Refuse,
+}
+
+fn read_bounded(path: &Path, limit: u64, links: Links) -> Result<FileBytes, String> {
+    let (file, meta) = open_regular(path, links)?;
     let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize);
     file.take(limit + 1)
         .read_to_end(&mut bytes)
@@ -53,13 +72,25 @@ pub fn read_regular(path: &Path, limit: u64) -> Result<FileBytes, String> {
 
 /// Open a file without ever blocking on it (non-blocking open), refusing
 /// anything but a regular file.
-fn open_regular(path: &Path) -> Result<(std::fs::File, std::fs::Metadata), String> {
+fn open_regular(path: &Path, links: Links) -> Result<(std::fs::File, std::fs::Metadata), String> {
+    use nix::fcntl::OFlag;
     use std::os::unix::fs::OpenOptionsExt;
+    let mut flags = OFlag::O_NONBLOCK;
+    if links == Links::Refuse {
+        flags |= OFlag::O_NOFOLLOW;
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .custom_flags(flags.bits())
         .open(path)
-        .map_err(|e| format!("cannot open ({e})"))?;
+        .map_err(|e| {
+            if links == Links::Refuse && e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) {
+                "is a symbolic link, which is never followed here; put the file itself in its place"
+                    .to_string()
+            } else {
+                format!("cannot open ({e})")
+            }
+        })?;
     let meta = file.metadata().map_err(|e| format!("cannot stat ({e})"))?;
     if !meta.is_file() {
         return Err(
@@ -144,7 +175,7 @@ pub fn read_selected<T: de::DeserializeOwned>(
     typed: &str,
 ) -> Result<(Map<String, Json>, Option<T>), String> {
     use std::io::BufRead;
-    let (file, meta) = open_regular(path)?;
+    let (file, meta) = open_regular(path, Links::Follow)?;
     if meta.len() > MAX_STREAMED_BYTES {
         return Err(format!(
             "is larger than {MAX_STREAMED_BYTES} bytes; this is not a file fleet-retire writes or expects"
@@ -326,5 +357,11 @@ mod tests {
         assert!(read_regular(&big, 100).unwrap_err().contains("larger than"));
         std::fs::write(&big, b"{}").unwrap();
         assert_eq!(read_regular(&big, 100).unwrap().text, "{}");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&big, &link).unwrap();
+        assert_eq!(read_regular(&link, 100).unwrap().text, "{}");
+        let e = read_regular_in_place(&link, 100).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(read_regular_in_place(&big, 100).unwrap().text, "{}");
     }
 }

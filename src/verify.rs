@@ -93,17 +93,15 @@ pub fn load_properties(
             names
                 .into_iter()
                 .map(|p| {
-                    std::fs::read_to_string(&p)
-                        .map(|t| {
-                            (
-                                format!(
-                                    "properties/{}",
-                                    p.file_name().unwrap_or_default().to_string_lossy()
-                                ),
-                                t,
-                            )
-                        })
-                        .map_err(|e| Error::Policy(format!("{}: cannot read ({e})", p.display())))
+                    crate::policy::read_folder_file(&p).map(|t| {
+                        (
+                            format!(
+                                "properties/{}",
+                                p.file_name().unwrap_or_default().to_string_lossy()
+                            ),
+                            t,
+                        )
+                    })
                 })
                 .collect::<Result<_>>()?
         };

@@ -301,7 +301,7 @@ fn a_broken_policy_file_names_file_line_and_column() {
 
     std::fs::remove_file(&path).unwrap();
     let out = bin().args(&args).output().unwrap();
-    assert_clean_failure(&out, 3, &["retirement.cedar", "cannot read"]);
+    assert_clean_failure(&out, 3, &["retirement.cedar", "cannot open"]);
 }
 
 #[test]

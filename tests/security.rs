@@ -1511,3 +1511,280 @@ fn launch_env_cannot_set_the_launchs_own_keys_or_malformed_keys() {
         assert_ne!(env["GITEA_MCP_PROFILE"], "evil", "{name}");
     }
 }
+
+// ---- hostile inputs: policy diff's git revisions and policy folder files ----
+
+/// Run `cmd` with its output collected, killing it if it has not ended
+/// within `limit` (a blocked read must fail the test, not hang it).
+fn output_within(mut cmd: Command, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let stdout = pipe(Box::new(child.stdout.take().unwrap()));
+    let stderr = pipe(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the command was still running after {limit:?}: it blocked");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// A git repository in a temporary folder whose one commit holds `files`
+/// under `policies/`.
+fn git_repo_with_policies(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::create_dir(repo.path().join("policies")).unwrap();
+    for (name, text) in files {
+        std::fs::write(repo.path().join("policies").join(name), text).unwrap();
+    }
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .current_dir(repo.path())
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", text(&out));
+    };
+    git(&["init", "-q"]);
+    git(&["add", "policies"]);
+    git(&["commit", "-q", "-m", "policies"]);
+    repo
+}
+
+fn builtin_policy_files() -> Vec<(&'static str, String)> {
+    [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ]
+    .into_iter()
+    .map(|f| {
+        let text = std::fs::read_to_string(Path::new("policies").join(f)).unwrap();
+        (f, text)
+    })
+    .collect()
+}
+
+// Finding 30.5: `policy diff` handed a revision starting with `-` to
+// `git show` as an option (`--output=` wrote files), and compared the empty
+// set it read back as if it were a policy set.
+#[test]
+fn policy_diff_passes_no_option_to_git_and_refuses_an_empty_set() {
+    let builtin = builtin_policy_files();
+    let files: Vec<(&str, &str)> = builtin.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let repo = git_repo_with_policies(&files);
+    let here = repo.path();
+    let policy_diff = |old: &str, new: &str| {
+        let mut cmd = bin();
+        cmd.current_dir(here)
+            .args(["policy", "diff", "--", old, new]);
+        output_within(cmd, Duration::from_secs(120))
+    };
+    // `--output=pwn2` makes git write `pwn2:policies/<file>` (a folder the
+    // attacker planted); `--output=pwn3:` writes `pwn3:<file>` right here.
+    std::fs::create_dir(here.join("pwn2:policies")).unwrap();
+    let written = || -> Vec<String> {
+        let names = |d: &Path| -> Vec<String> {
+            std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        let mut all = names(&here.join("pwn2:policies"));
+        all.extend(names(here).into_iter().filter(|n| n.starts_with("pwn3")));
+        all
+    };
+    for (old, new) in [
+        ("policies", "--output=pwn2"),
+        ("--output=pwn3:", "policies"),
+    ] {
+        let out = policy_diff(old, new);
+        let all = text(&out);
+        assert!(written().is_empty(), "git wrote {:?}: {all}", written());
+        assert_eq!(out.status.code(), Some(1), "{old} {new}: {all}");
+        assert!(all.contains("starts with '-'"), "{all}");
+    }
+    // A revision or a folder whose files are empty is no policy set to
+    // compare against: it is an error, whichever side it is on.
+    let empty_repo = git_repo_with_policies(&[
+        ("schema.cedarschema", ""),
+        ("retirement.cedar", ""),
+        ("capabilities.cedar", ""),
+    ]);
+    let empty_dir = empty_repo.path().join("policies");
+    let full_dir = std::fs::canonicalize("policies").unwrap();
+    let (full, empty) = (full_dir.to_str().unwrap(), empty_dir.to_str().unwrap());
+    let in_empty_repo = |old: &str, new: &str| {
+        let mut cmd = bin();
+        cmd.current_dir(empty_repo.path())
+            .args(["policy", "diff", old, new]);
+        output_within(cmd, Duration::from_secs(120))
+    };
+    for (old, new, side) in [
+        (full, empty, "NEW"),
+        (empty, full, "OLD"),
+        (full, "HEAD", "NEW"),
+        ("HEAD:policies", full, "OLD"),
+    ] {
+        let out = in_empty_repo(old, new);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{old} {new}: {all}");
+        assert!(all.contains(&format!("{side} (")), "{all}");
+        assert!(all.contains("holds no policies"), "{all}");
+        assert!(!all.contains("EQUIVALENT"), "{all}");
+    }
+}
+
+/// A copy of the built-in policy folder, with its properties.
+fn policy_folder_copy(dir: &Path) -> PathBuf {
+    let folder = dir.join("reviewed");
+    std::fs::create_dir_all(folder.join("properties")).unwrap();
+    for (name, text) in builtin_policy_files() {
+        std::fs::write(folder.join(name), text).unwrap();
+    }
+    for entry in std::fs::read_dir("policies/properties").unwrap() {
+        let from = entry.unwrap().path();
+        std::fs::copy(
+            &from,
+            folder.join("properties").join(from.file_name().unwrap()),
+        )
+        .unwrap();
+    }
+    folder
+}
+
+// Finding 30.6: a policy folder's files were followed through symlinks
+// (`/etc/shadow`, `/proc/self/environ`, `/dev/zero`) and read whole, and a
+// parse error printed lines around the one it was about.
+#[test]
+fn a_policy_folder_holds_bounded_regular_files_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("shadow");
+    std::fs::write(
+        &secret,
+        "root:SECRET-HASH-1:19000:0:99999:7:::\nbin:SECRET-HASH-2:19000::::::\n",
+    )
+    .unwrap();
+    let folder = policy_folder_copy(dir.path());
+    let policies_arg = folder.to_str().unwrap().to_string();
+    let run_in = |args: &[&str]| {
+        let mut cmd = bin();
+        cmd.args(["--policies", &policies_arg]).args(args);
+        output_within(cmd, Duration::from_secs(30))
+    };
+    let replace_with = |name: &str, make: &dyn Fn(&Path)| {
+        let path = folder.join(name);
+        std::fs::remove_file(&path).unwrap();
+        make(&path);
+        let out = run_in(&["policy", "validate"]);
+        let builtin = std::fs::read_to_string(Path::new("policies").join(name)).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, builtin).unwrap();
+        out
+    };
+    // A symlink to a file we may read, for each file of the folder and for
+    // a property file: refused, naming the file, printing none of it.
+    let link_to_secret = |p: &Path| std::os::unix::fs::symlink(&secret, p).unwrap();
+    for name in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+        "properties/retirement.cedar",
+    ] {
+        let out = replace_with(name, &link_to_secret);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{name}: {all}");
+        assert!(!all.contains("SECRET-HASH"), "{name}: {all}");
+        assert!(
+            all.contains(name) && all.contains("symbolic link"),
+            "{name}: {all}"
+        );
+    }
+    // /dev/zero behind a symlink, and a FIFO in place of the file: refused
+    // at once, never read until memory runs out or a writer comes. The
+    // address space is capped so that reading /dev/zero cannot take the
+    // machine's memory with it.
+    let link_to_zero = |p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap();
+    let fifo = |p: &Path| nix::unistd::mkfifo(p, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    for (name, make, said) in [
+        (
+            "retirement.cedar",
+            &link_to_zero as &dyn Fn(&Path),
+            "symbolic link",
+        ),
+        ("capabilities.cedar", &fifo, "not a regular file"),
+    ] {
+        let path = folder.join(name);
+        std::fs::remove_file(&path).unwrap();
+        make(&path);
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "ulimit -v 524288; exec \"$0\" \"$@\"", EXE])
+            .args(["--policies", &policies_arg, "policy", "list"]);
+        let out = output_within(cmd, Duration::from_secs(30));
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{name}: {all}");
+        assert!(all.contains(name) && all.contains(said), "{name}: {all}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::copy(Path::new("policies").join(name), &path).unwrap();
+    }
+    // The environment behind a symlink, in `policy diff`: no token shown.
+    let caps = folder.join("capabilities.cedar");
+    std::fs::remove_file(&caps).unwrap();
+    std::os::unix::fs::symlink("/proc/self/environ", &caps).unwrap();
+    let mut cmd = bin();
+    cmd.env("GITEA_TOKEN", "ghp_SECRETTOKENFROMTHEENVIRONMENT")
+        .args(["policy", "diff", "policies", &policies_arg]);
+    let out = output_within(cmd, Duration::from_secs(120));
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(!all.contains("SECRETTOKEN"), "{all}");
+    assert!(all.contains("capabilities.cedar"), "{all}");
+    std::fs::remove_file(&caps).unwrap();
+    std::fs::copy("policies/capabilities.cedar", &caps).unwrap();
+    // A regular file larger than any policy file: refused, not parsed.
+    let retirement = folder.join("retirement.cedar");
+    let mut huge = std::fs::read_to_string(&retirement).unwrap();
+    huge.push_str(&"// padding\n".repeat(200_000));
+    std::fs::write(&retirement, huge).unwrap();
+    let out = run_in(&["policy", "list"]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(all.contains("larger than"), "{all}");
+    // A parse error in a file we accept shows the located line, and not
+    // its neighbours.
+    std::fs::write(
+        &retirement,
+        "// SECRET-NEIGHBOUR-BEFORE\n@id(\"x\")\npermit (principal, action, resource) when { resource.x != };\n// SECRET-NEIGHBOUR-AFTER\n",
+    )
+    .unwrap();
+    let out = run_in(&["policy", "list"]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(all.contains("retirement.cedar:3:"), "{all}");
+    assert!(all.contains("when { resource.x != };"), "{all}");
+    assert!(!all.contains("SECRET-NEIGHBOUR"), "{all}");
+}

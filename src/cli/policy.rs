@@ -77,8 +77,7 @@ fn sources(cli: &Cli) -> Result<Vec<(String, String, Option<std::path::PathBuf>)
         match &cli.policies {
             Some(dir) => {
                 let path = dir.join(name);
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| Error::Policy(format!("{}: cannot read ({e})", path.display())))?;
+                let text = crate::policy::read_folder_file(&path)?;
                 out.push((name.to_string(), text, Some(path)));
             }
             None => out.push((

@@ -2,14 +2,55 @@
 //! `file:line:col: message` line a script can grep, then the snippet with a
 //! caret under the place, as Cedar's own CLI draws it. Lines and columns
 //! come from miette reading the named source, never from counting here.
+//!
+//! The snippet shows the located line and nothing else: only the first
+//! label (the place the grep line names) is drawn, cut at the end of the
+//! line it starts on, and no neighbouring line is read for context. A file
+//! that is not a policy file at all (a secret, the environment) then shows
+//! one line of itself at most.
 
-use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, NamedSource, SourceCode};
+use miette::{
+    Diagnostic, GraphicalReportHandler, GraphicalTheme, MietteError, NamedSource, SourceCode,
+    SourceSpan, SpanContents,
+};
 use std::fmt;
 
 /// A diagnostic seen through the file it is about.
 struct InFile<'a> {
     diag: &'a dyn Diagnostic,
-    source: &'a NamedSource<String>,
+    source: LinesOnly<'a>,
+}
+
+/// The file as the snippet reads it: asked for a span with context, it
+/// gives the whole lines the span covers and not one more, whatever number
+/// of context lines is asked for. (miette's own reading with no context
+/// gives the span alone, not its line.)
+struct LinesOnly<'a>(&'a NamedSource<String>);
+
+impl SourceCode for LinesOnly<'_> {
+    fn read_span<'a>(
+        &'a self,
+        span: &SourceSpan,
+        before: usize,
+        after: usize,
+    ) -> Result<Box<dyn SpanContents<'a> + 'a>, MietteError> {
+        if before == 0 && after == 0 {
+            return self.0.read_span(span, 0, 0);
+        }
+        let text = self.0.inner().as_bytes();
+        let start = span.offset().min(text.len());
+        let end = (span.offset() + span.len()).clamp(start, text.len());
+        let line_start = text[..start]
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |i| i + 1);
+        let line_end = text[end..]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(text.len(), |i| end + i);
+        self.0
+            .read_span(&(line_start, line_end - line_start).into(), 0, 0)
+    }
 }
 
 impl fmt::Debug for InFile<'_> {
@@ -34,10 +75,12 @@ impl Diagnostic for InFile<'_> {
         self.diag.help()
     }
     fn labels(&self) -> Option<Box<dyn Iterator<Item = miette::LabeledSpan> + '_>> {
-        self.diag.labels()
+        let text = self.source.0.inner().as_str();
+        let first = self.diag.labels()?.next()?;
+        Some(Box::new(std::iter::once(within_its_line(first, text))))
     }
     fn source_code(&self) -> Option<&dyn SourceCode> {
-        Some(self.source)
+        Some(&self.source)
     }
 }
 
@@ -47,6 +90,22 @@ pub fn place(text: &str, offset: usize) -> (usize, usize) {
     match text.read_span(&offset.into(), 0, 0) {
         Ok(at) => (at.line() + 1, at.column() + 1),
         Err(_) => (1, 1),
+    }
+}
+
+/// A label cut to end where the line it starts on ends.
+fn within_its_line(label: miette::LabeledSpan, text: &str) -> miette::LabeledSpan {
+    let start = label.offset().min(text.len());
+    let line_end = text.as_bytes()[start..]
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(text.len(), |i| start + i);
+    let span = (start, label.len().min(line_end - start));
+    let name = label.label().map(str::to_string);
+    if label.primary() {
+        miette::LabeledSpan::new_primary_with_span(name, span)
+    } else {
+        miette::LabeledSpan::new_with_span(name, span)
     }
 }
 
@@ -71,7 +130,13 @@ fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, text: &str, out: &mu
             .with_width(100)
             .with_context_lines(1);
         if handler
-            .render_report(&mut drawn, &InFile { diag, source })
+            .render_report(
+                &mut drawn,
+                &InFile {
+                    diag,
+                    source: LinesOnly(source),
+                },
+            )
             .is_ok()
         {
             out.extend(drawn.lines().map(|l| format!("    {l}")));
@@ -109,6 +174,24 @@ mod tests {
             "the snippet names the place: {out}"
         );
         assert!(out.contains("when { resource.x != };"), "{out}");
+    }
+
+    #[test]
+    fn the_snippet_is_the_located_line_alone() {
+        let text =
+            "// before\npermit(principal, action, resource)\nwhen { resource.x != };\n// after\n";
+        let e = cedar_policy::PolicySet::from_str(text).unwrap_err();
+        let out = describe(&e, "p.cedar", text);
+        assert!(out.contains("when { resource.x != };"), "{out}");
+        assert!(!out.contains("before") && !out.contains("after"), "{out}");
+        assert!(!out.contains("permit(principal"), "{out}");
+        // A span over three lines is drawn on its first only.
+        let label = miette::LabeledSpan::new(Some("here".into()), 3, 30);
+        let cut = within_its_line(label, "ab\ncdef\ngh\nij");
+        assert_eq!((cut.offset(), cut.len()), (3, 4));
+        let label = miette::LabeledSpan::new(None, 99, 5);
+        let cut = within_its_line(label, "ab");
+        assert_eq!((cut.offset(), cut.len()), (2, 0));
     }
 
     #[test]

@@ -329,18 +329,32 @@ pub fn builtin_fingerprint() -> &'static str {
     FP.get_or_init(|| fingerprint_of(EMBEDDED.iter().copied()))
 }
 
+/// The largest policy, schema or property file read from a folder (1 MiB;
+/// the built-in set's largest file is 12 KiB).
+pub const MAX_POLICY_FILE_BYTES: u64 = 1 << 20;
+
+/// The text of one file of a policy folder. It must be the file itself: a
+/// regular file of at most [`MAX_POLICY_FILE_BYTES`], opened without
+/// following a symbolic link and without blocking, so a link to a secret
+/// or a device, or a FIFO, is refused before a byte of it is read.
+pub fn read_folder_file(path: &Path) -> Result<String> {
+    crate::jsonfile::read_regular_in_place(path, MAX_POLICY_FILE_BYTES)
+        .map(|bytes| bytes.text)
+        .map_err(|problem| {
+            Error::Policy(format!(
+                "{}: {problem}. A policy folder holds {SCHEMA_FILE}, {} and properties/*.cedar \
+                 as regular files of at most {} MiB (no symbolic links, FIFOs or devices)",
+                crate::text::esc(&path.display().to_string()),
+                POLICY_FILES.join(", "),
+                MAX_POLICY_FILE_BYTES >> 20
+            ))
+        })
+}
+
 fn read_dir_files(dir: &Path) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
-        let path = dir.join(name);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::Policy(format!(
-                "{}: cannot read ({e}); a policy folder holds {SCHEMA_FILE} and {}",
-                path.display(),
-                POLICY_FILES.join(", ")
-            ))
-        })?;
-        out.push((name.to_string(), text));
+        out.push((name.to_string(), read_folder_file(&dir.join(name))?));
     }
     Ok(out)
 }
