@@ -12,8 +12,10 @@
 //! other transactions' commits are invisible, so every difference between
 //! them is this transaction's own doing, whoever issued it.
 //!
-//! * Every registry row that is not a target: one digest (count, and md5
-//!   over the sorted md5s of each row's full text, every column included,
+//! * Every registry row that is not a target: one digest (count, and
+//!   SHA-256 over the sorted SHA-256 digests of each row's full text (MD5
+//!   would let a schema owner plant a chosen-prefix collision), every
+//!   column included,
 //!   ours or not) before and after; they must be equal.
 //! * Each target row: every column but the four retirement columns (as
 //!   JSON text) must be unchanged; the retirement columns must be exactly
@@ -33,7 +35,7 @@ const RETIREMENT: [&str; 4] = ["status", "retired_at", "retired_by", "retirement
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Digest {
     rows: i64,
-    md5: String,
+    sha256: String,
 }
 
 /// A target row: every other column as JSON text, and its retirement
@@ -64,8 +66,8 @@ pub struct Written<'a> {
 
 fn digest_sql(table: &str, filter: &str) -> String {
     format!(
-        "SELECT count(*), coalesce(md5(string_agg(h, '' ORDER BY h)), '') \
-         FROM (SELECT md5(t::text) AS h FROM {table} t WHERE {filter}) d"
+        "SELECT count(*), coalesce(encode(sha256(string_agg(h, ''::bytea ORDER BY h)), 'hex'), '') \
+         FROM (SELECT sha256(textsend(t::text)) AS h FROM {table} t WHERE {filter}) d"
     )
 }
 
@@ -79,7 +81,7 @@ fn digest(
     let r = tx.query_one(sql, &[param]).map_err(err)?;
     Ok(Digest {
         rows: r.get(0),
-        md5: r.get(1),
+        sha256: r.get(1),
     })
 }
 
