@@ -822,3 +822,173 @@ fn duplicate_keys_in_profiles_json_are_refused_and_look_alikes_flagged() {
     assert!(all.contains("mixes scripts"), "{all}");
     drop(live);
 }
+
+// ---- hostile inputs: registry copy's source, leases named by another type (items 9, 10) ----
+
+/// `registry copy` from `from` (and `leases`) into `to`.
+fn registry_copy(from: &Path, leases: Option<&Path>, to: &str) -> std::process::Output {
+    let mut cmd = bin();
+    cmd.args([
+        "registry",
+        "copy",
+        "--from",
+        from.to_str().unwrap(),
+        "--to",
+        to,
+    ]);
+    if let Some(leases) = leases {
+        cmd.args(["--leases", leases.to_str().unwrap()]);
+    }
+    cmd.output().unwrap()
+}
+
+/// How many tables the PostgreSQL database holds.
+fn pg_table_count(db: &PgDb) -> i64 {
+    db.client()
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+// Finding 30.9: `registry copy` copied through a view hiding a row, and
+// reported every row read back value for value.
+#[test]
+fn registry_copy_refuses_a_source_read_through_a_view_or_with_triggers() {
+    let db = postgres("copy_view");
+    // Without a cluster the refusal must still come first, before any
+    // connection is tried.
+    let to = db
+        .as_ref()
+        .map_or("postgres://fleet@127.0.0.1:1/none".to_string(), |d| {
+            d.url.clone()
+        });
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, start) = dead_process();
+    let rows = [
+        stale_row("w-shown", pid, &start),
+        stale_row("w-hidden", pid, &start),
+    ];
+
+    // The table renamed away, a view in its place that hides w-hidden.
+    let viewed = dir.path().join("viewed.sqlite");
+    common::registry(&viewed, &rows);
+    rusqlite::Connection::open(&viewed)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE worker_registrations RENAME TO hidden_rows;
+             CREATE VIEW worker_registrations AS
+                 SELECT * FROM hidden_rows WHERE worker_identity <> 'w-hidden';",
+        )
+        .unwrap();
+    let out = registry_copy(&viewed, None, &to);
+    let message = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("cannot be copied")
+            && message.contains("view \"worker_registrations\"")
+            && message.contains("\"worker_registrations\" is a view, not a table")
+            && message.contains("Nothing was written")
+            && message.contains("then copy again"),
+        "{message}"
+    );
+    assert!(!message.contains("panicked"), "{message}");
+
+    // A plain table, but a trigger beside it: refused as apply refuses it.
+    let triggered = dir.path().join("triggered.sqlite");
+    common::registry(&triggered, &rows);
+    rusqlite::Connection::open(&triggered)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER quiet AFTER UPDATE ON worker_registrations
+             BEGIN UPDATE worker_registrations SET status = 'retired'; END;",
+        )
+        .unwrap();
+    let out = registry_copy(&triggered, None, &to);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("trigger \"quiet\" on \"worker_registrations\""),
+        "{}",
+        text(&out)
+    );
+
+    // A plain registry, but a lease table that is a view hiding a lease.
+    let clean = dir.path().join("clean.sqlite");
+    common::registry(&clean, &rows);
+    let leases = dir.path().join("leases.sqlite");
+    common::leases(
+        &leases,
+        &[
+            json!({"lease_id": "l-shown", "status": "active", "owner_worker_identity": "w-shown"}),
+            json!({"lease_id": "l-hidden", "status": "active", "owner_worker_identity": "w-hidden"}),
+        ],
+    );
+    rusqlite::Connection::open(&leases)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE workflow_leases RENAME TO all_leases;
+             CREATE VIEW workflow_leases AS
+                 SELECT * FROM all_leases WHERE lease_id <> 'l-hidden';",
+        )
+        .unwrap();
+    let out = registry_copy(&clean, Some(&leases), &to);
+    let message = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("lease store")
+            && message.contains("\"workflow_leases\" is a view, not a table")
+            && message.contains("Nothing was written"),
+        "{message}"
+    );
+    if let Some(db) = &db {
+        assert_eq!(pg_table_count(db), 0, "nothing was created either");
+    }
+}
+
+// Finding 30.9: a lease column the copy cannot hold was refused with two
+// equal tokens that "read back differently".
+#[test]
+fn registry_copy_says_which_lease_column_did_not_read_back() {
+    let Some(db) = postgres("copy_lease_column") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, start) = dead_process();
+    let registry = dir.path().join("registry.sqlite");
+    common::registry(&registry, &[stale_row("w-1", pid, &start)]);
+    let leases = dir.path().join("leases.sqlite");
+    common::leases(
+        &leases,
+        &[json!({"lease_id": "l-1", "status": "active", "owner_worker_identity": "w-1"})],
+    );
+    rusqlite::Connection::open(&leases)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE workflow_leases ADD COLUMN note TEXT;
+             UPDATE workflow_leases SET note = 'kept by the control plane';",
+        )
+        .unwrap();
+    let out = registry_copy(&registry, Some(&leases), &db.url);
+    let message = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains(
+            "active lease l-1 column `note` reads back as absent (was text kept by the control plane)"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("drop `note` from the source's table, or copy without --leases"),
+        "{message}"
+    );
+    assert!(message.contains("nothing was committed"), "{message}");
+    assert!(!message.contains("token"), "{message}");
+    let copied: i64 = db
+        .client()
+        .query_one("SELECT count(*) FROM worker_registrations", &[])
+        .map(|r| r.get(0))
+        .unwrap_or(0);
+    assert_eq!(copied, 0, "the copy was rolled back");
+}
