@@ -992,3 +992,91 @@ fn registry_copy_says_which_lease_column_did_not_read_back() {
         .unwrap_or(0);
     assert_eq!(copied, 0, "the copy was rolled back");
 }
+
+/// A lease store whose columns have no declared type, as a control plane
+/// may create it: SQLite keeps each value's own storage class, so a
+/// session can be the REAL 42.0.
+fn untyped_lease_store(path: &Path, leases: &[(&str, &str, f64)]) {
+    let _ = std::fs::remove_file(path);
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role, target, status,
+             session_id, owner_session_id, owner_pid, session_pid, generation,
+             owner_worker_identity, acquired_at, expires_at);",
+    )
+    .unwrap();
+    for (id, column, value) in leases {
+        conn.execute(
+            &format!("INSERT INTO workflow_leases (lease_id, status, {column}) VALUES (?1, 'active', ?2)"),
+            rusqlite::params![id, value],
+        )
+        .unwrap();
+    }
+}
+
+// Finding 30.10: a lease naming a session or an identity as a REAL
+// (`42.0`) did not protect the row naming it as text (`"42"`), though the
+// two have one canonical text; plan listed the row as a candidate, and
+// apply (whose re-plan reads the leases the same way) would retire it.
+#[test]
+fn a_lease_naming_a_session_or_identity_by_another_type_still_protects_it() {
+    let mut rows = Vec::new();
+    for id in ["w-session", "9000", "w-free"] {
+        let (pid, start) = dead_process();
+        rows.push(stale_row(id, pid, &start));
+    }
+    rows[0]["session_id"] = json!("42");
+    let stores = Stores::new(&rows);
+    // A plan made before the control plane took the leases.
+    let (old_plan, planned) = common::save_plan(&stores);
+    assert_eq!(
+        planned["candidate_worker_identities"],
+        json!(["w-session", "9000", "w-free"])
+    );
+    untyped_lease_store(
+        &stores.leases,
+        &[
+            ("l-session", "owner_session_id", 42.0),
+            ("l-owner", "owner_worker_identity", 9000.0),
+        ],
+    );
+    let stored: String = rusqlite::Connection::open(&stores.leases)
+        .unwrap()
+        .query_row(
+            "SELECT typeof(owner_session_id) FROM workflow_leases WHERE lease_id = 'l-session'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, "real");
+
+    // Plan now protects both rows.
+    let plan = stores.plan_json();
+    let (candidates, preserved) = verdicts(&plan);
+    assert_eq!(candidates, vec!["w-free".to_string()], "{plan}");
+    for w in ["w-session", "9000"] {
+        assert!(
+            preserved.contains(&(w.into(), "protected_active_workflow_owner".into())),
+            "{w}: {preserved:?}"
+        );
+    }
+    let sessions = &plan["protected_inputs"]["session_ids"];
+    assert_eq!(sessions, &json!(["42", "42.0"]), "{plan}");
+
+    // Apply of the plan made before the leases: its re-plan under the lock
+    // sees the same protections, so it retires nothing.
+    let (code, report) = common::apply_cli(&stores, &old_plan, "controller-prgs", &[]);
+    assert_ne!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "candidate_set_moved", "{report}");
+    assert_eq!(report["retired_count"], 0, "{report}");
+    for w in ["w-session", "9000", "w-free"] {
+        assert_eq!(status_of(&stores.registry, w), "active", "{w}");
+    }
+    // Apply of the fresh plan retires the unprotected row only.
+    let (fresh_plan, _) = common::save_plan(&stores);
+    let (code, report) = common::apply_cli(&stores, &fresh_plan, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(status_of(&stores.registry, "w-free"), "retired");
+    assert_eq!(status_of(&stores.registry, "w-session"), "active");
+    assert_eq!(status_of(&stores.registry, "9000"), "active");
+}
