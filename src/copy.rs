@@ -210,6 +210,62 @@ fn count(
         ))
 }
 
+/// Refuse a source registry whose reads could differ from its rows: the
+/// shape checks apply makes before it writes (`crate::store::untrusted_objects`).
+/// A view named `worker_registrations` would be copied as what it shows
+/// (hiding rows, or showing rows no table holds), and then "read back value
+/// for value" from the copy; a trigger or foreign audit columns have no
+/// place in a registry either. Called inside the source's read transaction,
+/// so the rows read are those of the schema checked.
+fn refuse_untrusted_source(conn: &rusqlite::Connection, from: &Path) -> Result<()> {
+    let problems =
+        crate::store::untrusted_object_list(conn, crate::store::registry::TABLE).map_err(
+            Error::sqlite(Store::Registry, from, "cannot read the registry's schema"),
+        )?;
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Registry {
+        path: from.to_path_buf(),
+        message: format!(
+            "cannot be copied: it holds {}. Nothing was written. A copy reads plain tables \
+             only, so that what it copies is what the file holds; a registry needs none of \
+             these. Inspect and drop them (sqlite3 {} '.schema'), then copy again",
+            problems.join("; "),
+            crate::text::esc(&from.display().to_string())
+        ),
+    })
+}
+
+/// Every lease of the lease store at `path`. A SQLite store's
+/// `workflow_leases` must be a plain table (a view would be copied as what
+/// it shows, hiding leases), checked in the same read transaction as the
+/// leases are read.
+fn read_lease_source(path: &Path) -> Result<Vec<crate::store::leases::Lease>> {
+    if pg::is_postgres(path) {
+        return crate::evidence::leases::load(path);
+    }
+    let conn = crate::evidence::leases::open_read_only(path)?;
+    let sql = |doing| Error::sqlite(Store::Leases, path, doing);
+    conn.execute_batch("BEGIN")
+        .map_err(sql("cannot begin a read"))?;
+    if let Some(problem) = crate::store::not_a_table(&conn, crate::store::leases::TABLE) {
+        return Err(Error::Leases {
+            path: path.to_path_buf(),
+            message: format!(
+                "cannot be copied: {problem}. Nothing was written. A copy reads the lease \
+                 table itself, so that every lease it holds is copied; point --leases at the \
+                 control-plane lease store, whose `{}` is a table",
+                crate::store::leases::TABLE
+            ),
+        });
+    }
+    let leases = crate::evidence::leases::read(&conn, path)?;
+    conn.execute_batch("COMMIT")
+        .map_err(sql("cannot end the read"))?;
+    Ok(leases)
+}
+
 /// Copy the SQLite registry `from` (and the SQLite lease store `leases`,
 /// when given) into the PostgreSQL database `to`, and prove it.
 pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> {
@@ -233,6 +289,7 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
     source
         .execute_batch("BEGIN")
         .map_err(sql("cannot begin a read"))?;
+    refuse_untrusted_source(&source, from)?;
     let rows = crate::evidence::registry::read_rows(&source, from)?;
     let audit = sqlite_audit_rows(&source, from)?;
     source
@@ -240,7 +297,7 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
         .map_err(sql("cannot end the read"))?;
     drop(source);
     check_representable(&rows, from)?;
-    let lease_rows = leases.map(crate::evidence::leases::load).transpose()?;
+    let lease_rows = leases.map(read_lease_source).transpose()?;
 
     let mut client = pg::connect(to, Store::Registry)?;
     let err = |doing| Error::postgres(Store::Registry, &label, doing);
@@ -314,8 +371,9 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
                 return Err(Error::Leases {
                     path: label.into(),
                     message: format!(
-                        "the copied leases read back differently (token {now}, source {was}); \
-                         nothing was committed"
+                        "the copied leases do not read back as the source: {}; nothing was \
+                         committed",
+                        lease_difference(source, &back)
                     ),
                 });
             }
@@ -371,4 +429,75 @@ fn prove_rows(source: &[Row], copied: &[Row], label: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What differs between the source's leases and the copy's, as the lease
+/// check sees them (every column's kind and canonical text of the active
+/// leases, and how many leases there are): the first lease and column that
+/// differ, so a refusal says what to correct rather than showing two tokens.
+fn lease_difference(
+    source: &[crate::store::leases::Lease],
+    copied: &[crate::store::leases::Lease],
+) -> String {
+    use crate::store::leases::Lease;
+    let name = |l: &Lease| crate::text::esc(&l.get("lease_id").canon()).into_owned();
+    let by_id: std::collections::HashMap<String, &Lease> =
+        copied.iter().map(|l| (name(l), l)).collect();
+    for lease in source.iter().filter(|l| l.is_active()) {
+        let id = name(lease);
+        let Some(back) = by_id.get(&id) else {
+            return format!("active lease {id} is missing from the copy");
+        };
+        if let Some(why) = column_difference(lease, back) {
+            return format!("active lease {id} {why}");
+        }
+    }
+    let active = |l: &[Lease]| l.iter().filter(|l| l.is_active()).count();
+    format!(
+        "{} leases ({} active) read back where {} ({} active) were written",
+        copied.len(),
+        active(copied),
+        source.len(),
+        active(source)
+    )
+}
+
+/// The first column (in name order) where a lease and its copy differ in
+/// kind or canonical text, or where one has a column the other lacks.
+fn column_difference(
+    lease: &crate::store::leases::Lease,
+    back: &crate::store::leases::Lease,
+) -> Option<String> {
+    use crate::store::leases::{COLUMNS, TABLE};
+    let was: std::collections::BTreeMap<&str, &Value> = lease.fields().collect();
+    let now: std::collections::BTreeMap<&str, &Value> = back.fields().collect();
+    let shown = |v: Option<&&Value>| match v {
+        None => "absent".to_string(),
+        Some(v) => format!("{} {}", v.kind(), crate::text::esc(&v.canon())),
+    };
+    let column = was
+        .keys()
+        .chain(now.keys())
+        .copied()
+        .filter(|c| match (was.get(c), now.get(c)) {
+            (Some(a), Some(b)) => !same(a.as_val(), b.as_val()),
+            _ => true,
+        })
+        .min()?;
+    let hint = if now.contains_key(column) {
+        String::new()
+    } else {
+        format!(
+            ". The copy's `{TABLE}` has only the lease schema's columns ({}): drop `{}` \
+             from the source's table, or copy without --leases",
+            COLUMNS.join(", "),
+            crate::text::esc(column)
+        )
+    };
+    Some(format!(
+        "column `{}` reads back as {} (was {}){hint}",
+        crate::text::esc(column),
+        shown(now.get(column)),
+        shown(was.get(column)),
+    ))
 }

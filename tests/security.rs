@@ -1788,3 +1788,261 @@ fn a_policy_folder_holds_bounded_regular_files_only() {
     assert!(all.contains("when { resource.x != };"), "{all}");
     assert!(!all.contains("SECRET-NEIGHBOUR"), "{all}");
 }
+
+// ---- hostile inputs: registry copy's source, leases named by another type (items 9, 10) ----
+
+/// `registry copy` from `from` (and `leases`) into `to`.
+fn registry_copy(from: &Path, leases: Option<&Path>, to: &str) -> std::process::Output {
+    let mut cmd = bin();
+    cmd.args([
+        "registry",
+        "copy",
+        "--from",
+        from.to_str().unwrap(),
+        "--to",
+        to,
+    ]);
+    if let Some(leases) = leases {
+        cmd.args(["--leases", leases.to_str().unwrap()]);
+    }
+    cmd.output().unwrap()
+}
+
+/// How many tables the PostgreSQL database holds.
+fn pg_table_count(db: &PgDb) -> i64 {
+    db.client()
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+// Finding 30.9: `registry copy` copied through a view hiding a row, and
+// reported every row read back value for value.
+#[test]
+fn registry_copy_refuses_a_source_read_through_a_view_or_with_triggers() {
+    let db = postgres("copy_view");
+    // Without a cluster the refusal must still come first, before any
+    // connection is tried.
+    let to = db
+        .as_ref()
+        .map_or("postgres://fleet@127.0.0.1:1/none".to_string(), |d| {
+            d.url.clone()
+        });
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, start) = dead_process();
+    let rows = [
+        stale_row("w-shown", pid, &start),
+        stale_row("w-hidden", pid, &start),
+    ];
+
+    // The table renamed away, a view in its place that hides w-hidden.
+    let viewed = dir.path().join("viewed.sqlite");
+    common::registry(&viewed, &rows);
+    rusqlite::Connection::open(&viewed)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE worker_registrations RENAME TO hidden_rows;
+             CREATE VIEW worker_registrations AS
+                 SELECT * FROM hidden_rows WHERE worker_identity <> 'w-hidden';",
+        )
+        .unwrap();
+    let out = registry_copy(&viewed, None, &to);
+    let message = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("cannot be copied")
+            && message.contains("view \"worker_registrations\"")
+            && message.contains("\"worker_registrations\" is a view, not a table")
+            && message.contains("Nothing was written")
+            && message.contains("then copy again"),
+        "{message}"
+    );
+    assert!(!message.contains("panicked"), "{message}");
+
+    // A plain table, but a trigger beside it: refused as apply refuses it.
+    let triggered = dir.path().join("triggered.sqlite");
+    common::registry(&triggered, &rows);
+    rusqlite::Connection::open(&triggered)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER quiet AFTER UPDATE ON worker_registrations
+             BEGIN UPDATE worker_registrations SET status = 'retired'; END;",
+        )
+        .unwrap();
+    let out = registry_copy(&triggered, None, &to);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("trigger \"quiet\" on \"worker_registrations\""),
+        "{}",
+        text(&out)
+    );
+
+    // A plain registry, but a lease table that is a view hiding a lease.
+    let clean = dir.path().join("clean.sqlite");
+    common::registry(&clean, &rows);
+    let leases = dir.path().join("leases.sqlite");
+    common::leases(
+        &leases,
+        &[
+            json!({"lease_id": "l-shown", "status": "active", "owner_worker_identity": "w-shown"}),
+            json!({"lease_id": "l-hidden", "status": "active", "owner_worker_identity": "w-hidden"}),
+        ],
+    );
+    rusqlite::Connection::open(&leases)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE workflow_leases RENAME TO all_leases;
+             CREATE VIEW workflow_leases AS
+                 SELECT * FROM all_leases WHERE lease_id <> 'l-hidden';",
+        )
+        .unwrap();
+    let out = registry_copy(&clean, Some(&leases), &to);
+    let message = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("lease store")
+            && message.contains("\"workflow_leases\" is a view, not a table")
+            && message.contains("Nothing was written"),
+        "{message}"
+    );
+    if let Some(db) = &db {
+        assert_eq!(pg_table_count(db), 0, "nothing was created either");
+    }
+}
+
+// Finding 30.9: a lease column the copy cannot hold was refused with two
+// equal tokens that "read back differently".
+#[test]
+fn registry_copy_says_which_lease_column_did_not_read_back() {
+    let Some(db) = postgres("copy_lease_column") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, start) = dead_process();
+    let registry = dir.path().join("registry.sqlite");
+    common::registry(&registry, &[stale_row("w-1", pid, &start)]);
+    let leases = dir.path().join("leases.sqlite");
+    common::leases(
+        &leases,
+        &[json!({"lease_id": "l-1", "status": "active", "owner_worker_identity": "w-1"})],
+    );
+    rusqlite::Connection::open(&leases)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE workflow_leases ADD COLUMN note TEXT;
+             UPDATE workflow_leases SET note = 'kept by the control plane';",
+        )
+        .unwrap();
+    let out = registry_copy(&registry, Some(&leases), &db.url);
+    let message = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains(
+            "active lease l-1 column `note` reads back as absent (was text kept by the control plane)"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("drop `note` from the source's table, or copy without --leases"),
+        "{message}"
+    );
+    assert!(message.contains("nothing was committed"), "{message}");
+    assert!(!message.contains("token"), "{message}");
+    let copied: i64 = db
+        .client()
+        .query_one("SELECT count(*) FROM worker_registrations", &[])
+        .map(|r| r.get(0))
+        .unwrap_or(0);
+    assert_eq!(copied, 0, "the copy was rolled back");
+}
+
+/// A lease store whose columns have no declared type, as a control plane
+/// may create it: SQLite keeps each value's own storage class, so a
+/// session can be the REAL 42.0.
+fn untyped_lease_store(path: &Path, leases: &[(&str, &str, f64)]) {
+    let _ = std::fs::remove_file(path);
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE workflow_leases (lease_id TEXT PRIMARY KEY, role, target, status,
+             session_id, owner_session_id, owner_pid, session_pid, generation,
+             owner_worker_identity, acquired_at, expires_at);",
+    )
+    .unwrap();
+    for (id, column, value) in leases {
+        conn.execute(
+            &format!("INSERT INTO workflow_leases (lease_id, status, {column}) VALUES (?1, 'active', ?2)"),
+            rusqlite::params![id, value],
+        )
+        .unwrap();
+    }
+}
+
+// Finding 30.10: a lease naming a session or an identity as a REAL
+// (`42.0`) did not protect the row naming it as text (`"42"`), though the
+// two have one canonical text; plan listed the row as a candidate, and
+// apply (whose re-plan reads the leases the same way) would retire it.
+#[test]
+fn a_lease_naming_a_session_or_identity_by_another_type_still_protects_it() {
+    let mut rows = Vec::new();
+    for id in ["w-session", "9000", "w-free"] {
+        let (pid, start) = dead_process();
+        rows.push(stale_row(id, pid, &start));
+    }
+    rows[0]["session_id"] = json!("42");
+    let stores = Stores::new(&rows);
+    // A plan made before the control plane took the leases.
+    let (old_plan, planned) = common::save_plan(&stores);
+    assert_eq!(
+        planned["candidate_worker_identities"],
+        json!(["w-session", "9000", "w-free"])
+    );
+    untyped_lease_store(
+        &stores.leases,
+        &[
+            ("l-session", "owner_session_id", 42.0),
+            ("l-owner", "owner_worker_identity", 9000.0),
+        ],
+    );
+    let stored: String = rusqlite::Connection::open(&stores.leases)
+        .unwrap()
+        .query_row(
+            "SELECT typeof(owner_session_id) FROM workflow_leases WHERE lease_id = 'l-session'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, "real");
+
+    // Plan now protects both rows.
+    let plan = stores.plan_json();
+    let (candidates, preserved) = verdicts(&plan);
+    assert_eq!(candidates, vec!["w-free".to_string()], "{plan}");
+    for w in ["w-session", "9000"] {
+        assert!(
+            preserved.contains(&(w.into(), "protected_active_workflow_owner".into())),
+            "{w}: {preserved:?}"
+        );
+    }
+    let sessions = &plan["protected_inputs"]["session_ids"];
+    assert_eq!(sessions, &json!(["42", "42.0"]), "{plan}");
+
+    // Apply of the plan made before the leases: its re-plan under the lock
+    // sees the same protections, so it retires nothing.
+    let (code, report) = common::apply_cli(&stores, &old_plan, "controller-prgs", &[]);
+    assert_ne!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "candidate_set_moved", "{report}");
+    assert_eq!(report["retired_count"], 0, "{report}");
+    for w in ["w-session", "9000", "w-free"] {
+        assert_eq!(status_of(&stores.registry, w), "active", "{w}");
+    }
+    // Apply of the fresh plan retires the unprotected row only.
+    let (fresh_plan, _) = common::save_plan(&stores);
+    let (code, report) = common::apply_cli(&stores, &fresh_plan, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(status_of(&stores.registry, "w-free"), "retired");
+    assert_eq!(status_of(&stores.registry, "w-session"), "active");
+    assert_eq!(status_of(&stores.registry, "9000"), "active");
+}

@@ -13,11 +13,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// What the active leases protect.
+///
+/// A row's identity and session are matched by their canonical text
+/// (docs/semantics.md §5), so a lease names them by its canonical text too:
+/// `42`, `42.0` and `"42"` are one session, as they are one value in every
+/// token. The seed compared `str()` of the lease value instead, which left a
+/// REAL `42.0` lease protecting nothing of a row whose session is `42`. Both
+/// texts are kept (they differ only for whole reals and booleans), so every
+/// row the seed protected stays protected: a protection is only ever added
+/// (docs/semantics.md §16).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Protections {
-    /// `owner_worker_identity` values (non-empty).
+    /// `owner_worker_identity` values, by canonical text and `str()`
+    /// ([`names`]).
     pub worker_identities: BTreeSet<String>,
-    /// `session_id` and `owner_session_id` values (non-empty).
+    /// `session_id` and `owner_session_id` values, by canonical text and
+    /// `str()` ([`names`]).
     pub session_ids: BTreeSet<String>,
     /// `owner_pid` and `session_pid` values, canonical text (non-NULL).
     pub pids: BTreeSet<String>,
@@ -28,15 +39,9 @@ impl Protections {
     pub fn from_leases<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> Protections {
         let mut p = Protections::default();
         for lease in leases.into_iter().filter(|l| l.is_active()) {
-            let owner = lease.get("owner_worker_identity");
-            if owner.truthy() {
-                p.worker_identities.insert(owner.py_str());
-            }
+            names(&mut p.worker_identities, lease.get("owner_worker_identity"));
             for name in ["session_id", "owner_session_id"] {
-                let v = lease.get(name);
-                if v.truthy() {
-                    p.session_ids.insert(v.py_str());
-                }
+                names(&mut p.session_ids, lease.get(name));
             }
             for name in ["owner_pid", "session_pid"] {
                 let v = lease.get(name);
@@ -46,6 +51,19 @@ impl Protections {
             }
         }
         p
+    }
+}
+
+/// Add the texts by which a lease's value names a row: its canonical text
+/// when that is not empty (NULL and `""` name nothing), and the seed's
+/// `str()` of a truthy value, where the two differ.
+fn names(set: &mut BTreeSet<String>, v: &Value) {
+    let canon = v.canon();
+    if !canon.is_empty() {
+        set.insert(canon);
+    }
+    if v.truthy() {
+        set.insert(v.py_str());
     }
 }
 
@@ -440,6 +458,60 @@ mod tests {
             let now = again.recheck(&source).unwrap().unwrap_err();
             assert_ne!(now.digest, again.digest, "{journal}");
         }
+    }
+
+    fn lease(fields: &[(&str, Value)]) -> Lease {
+        let mut all: BTreeMap<String, Value> = fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        all.insert("status".into(), Value::Text("active".into()));
+        Lease::from_fields(all)
+    }
+
+    /// A lease names a session or identity by its canonical text, and
+    /// still by the seed's `str()`: `42.0` protects `42` and `"42.0"`.
+    #[test]
+    fn a_lease_names_rows_by_canonical_text_and_by_the_seeds_str() {
+        let cases: &[(Value, &[&str])] = &[
+            (Value::Real(42.0), &["42", "42.0"]),
+            (Value::Int(42), &["42"]),
+            (Value::Text("42".into()), &["42"]),
+            (Value::Text("42.0".into()), &["42.0"]),
+            (Value::Real(1e16), &["10000000000000000", "1e+16"]),
+            (Value::Real(0.5), &["0.5"]),
+            (Value::Bool(true), &["true", "True"]),
+            (Value::Int(0), &["0"]),
+            (Value::Real(-0.0), &["0"]),
+            (Value::Text("".into()), &[]),
+            (Value::Null, &[]),
+        ];
+        for (v, want) in cases {
+            let p = Protections::from_leases([&lease(&[
+                ("owner_session_id", v.clone()),
+                ("owner_worker_identity", v.clone()),
+            ])]);
+            let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+            assert_eq!(p.session_ids, want, "{v:?}");
+            assert_eq!(p.worker_identities, want, "{v:?}");
+        }
+    }
+
+    /// Protections follow the lease's kind as well as its canonical text
+    /// (`42` and `42.0` protect different sets of rows), so a change of
+    /// kind alone must move the fence: the digest covers the kind, though
+    /// the seed's token does not.
+    #[test]
+    fn a_change_of_kind_alone_moves_the_fence() {
+        let int = [lease(&[("owner_session_id", Value::Int(42))])];
+        let real = [lease(&[("owner_session_id", Value::Real(42.0))])];
+        let (a, b) = (Fence::of(&int, "v".into()), Fence::of(&real, "v".into()));
+        assert_eq!(a.token, b.token);
+        assert_ne!(a.digest, b.digest);
+        assert_ne!(
+            Protections::from_leases(&int),
+            Protections::from_leases(&real)
+        );
     }
 
     /// A store switched to WAL mode after the fence was read no longer

@@ -14,7 +14,8 @@
 //! (`untrusted_objects`): any trigger (one on `worker_registrations` retired
 //! live rows beside the target), any view (a view named `retirement_audit`
 //! swallowed the audit rows), a registry or audit object that is not a plain
-//! table, or an audit table with columns that are not ours.
+//! table, or an audit table with columns that are not ours. `registry copy`
+//! refuses the same objects in the registry it copies from.
 
 pub mod audit;
 pub mod leases;
@@ -42,11 +43,44 @@ pub fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Option<
     Ok(if names.is_empty() { None } else { Some(names) })
 }
 
+/// `"NAME" is a view, not a table` when the object named `table` (in any
+/// letter case, as SQLite resolves names) exists and is not a plain table.
+pub fn not_a_table(conn: &Connection, table: &str) -> Option<String> {
+    let kind: Option<String> = conn
+        .query_row(
+            "SELECT type FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
+            [table],
+            |r| r.get(0),
+        )
+        .ok();
+    kind.filter(|k| k != "table")
+        .map(|kind| format!("{table:?} is a {kind}, not a table"))
+}
+
 /// Why a registry cannot be written safely, if it cannot.
 pub fn untrusted_objects(
     conn: &Connection,
     registry_table: &str,
 ) -> rusqlite::Result<Option<String>> {
+    let problems = untrusted_object_list(conn, registry_table)?;
+    Ok((!problems.is_empty()).then(|| {
+        format!(
+            "the registry holds objects that could make apply's writes differ from its report: {}. \
+             Nothing was written. A registry needs none of them: inspect and drop them \
+             (sqlite3 REGISTRY '.schema'), then apply again",
+            problems.join("; ")
+        )
+    }))
+}
+
+/// Each object of a registry that makes it untrustworthy (any trigger or
+/// view, a registry or audit object that is not a table, foreign audit
+/// columns), one phrase each; empty for a plain registry. Apply and
+/// `registry copy` (`crate::copy`) both refuse on these.
+pub fn untrusted_object_list(
+    conn: &Connection,
+    registry_table: &str,
+) -> rusqlite::Result<Vec<String>> {
     let mut problems = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('trigger', 'view') ORDER BY name",
@@ -62,16 +96,7 @@ pub fn untrusted_objects(
         });
     }
     for table in [registry_table, audit::TABLE] {
-        let kind: Option<String> = conn
-            .query_row(
-                "SELECT type FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
-                [table],
-                |r| r.get(0),
-            )
-            .ok();
-        if let Some(kind) = kind.filter(|k| k != "table") {
-            problems.push(format!("{table:?} is a {kind}, not a table"));
-        }
+        problems.extend(not_a_table(conn, table));
     }
     if let Some(existing) = table_columns(conn, audit::TABLE)? {
         let foreign: Vec<&String> = existing
@@ -86,12 +111,5 @@ pub fn untrusted_objects(
             ));
         }
     }
-    Ok((!problems.is_empty()).then(|| {
-        format!(
-            "the registry holds objects that could make apply's writes differ from its report: {}. \
-             Nothing was written. A registry needs none of them: inspect and drop them \
-             (sqlite3 REGISTRY '.schema'), then apply again",
-            problems.join("; ")
-        )
-    }))
+    Ok(problems)
 }
