@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result, Store};
 use crate::row::{Row, COLUMNS};
-use crate::store::pg;
+use crate::store::postgres as pg;
 use crate::value::{Val, Value};
 use std::path::Path;
 

@@ -30,7 +30,7 @@ enum Writable {
 
 /// Open (creating if needed) a registry for a worker's writes.
 fn open_any(path: &Path) -> Result<Writable> {
-    if crate::store::pg::is_postgres(path) {
+    if crate::store::postgres::is_postgres(path) {
         return PgLease::take(path).map(|p| Writable::Postgres(Box::new(p)));
     }
     open(path).map(Writable::Sqlite)
@@ -64,16 +64,16 @@ impl PgLease {
         let client = match cached {
             Some(c) => c,
             None => {
-                let mut c = crate::store::pg::connect(&url, Store::Registry)?;
+                let mut c = crate::store::postgres::connect(&url, Store::Registry)?;
                 let complete =
-                    crate::store::pg::table_columns(&mut c, TABLE, Store::Registry, &label)?
+                    crate::store::postgres::table_columns(&mut c, TABLE, Store::Registry, &label)?
                         .is_some_and(|cols| {
                             COLUMNS
                                 .iter()
                                 .all(|col| cols.iter().any(|(n, _)| n == col.name()))
                         });
                 if !complete {
-                    crate::store::pg::create_or_migrate_registry(&mut c, &label)?;
+                    crate::store::postgres::create_or_migrate_registry(&mut c, &label)?;
                 }
                 c
             }
@@ -138,7 +138,7 @@ impl Writable {
                 .map_err(Error::sqlite(Store::Registry, path, "cannot register")),
             Writable::Postgres(pg) => {
                 let label = pg.label.clone();
-                let (names, values) = crate::store::pg::registration_params(row, &label)?;
+                let (names, values) = crate::store::postgres::registration_params(row, &label)?;
                 pg.run("cannot register", |c| {
                     let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
                         values.iter().map(|b| b.as_ref()).collect();

@@ -237,8 +237,8 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    fleet_retire::store::pg::create_or_migrate_registry(&mut db.client(), "test").unwrap();
-    fleet_retire::store::pg::create_leases(&mut db.client(), "test").unwrap();
+    fleet_retire::store::postgres::create_or_migrate_registry(&mut db.client(), "test").unwrap();
+    fleet_retire::store::postgres::create_leases(&mut db.client(), "test").unwrap();
     let profiles = profiles(dir.path());
     let hosts: Vec<Host> = [("host-a", 3), ("host-b", 2), ("host-c", 1)]
         .iter()

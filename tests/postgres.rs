@@ -136,7 +136,7 @@ fn every_plan_fixture_reads_the_same_from_sqlite_and_postgres() {
             assert!(
                 from_sqlite
                     .iter()
-                    .any(|r| fleet_retire::store::pg::unrepresentable(r).is_some())
+                    .any(|r| fleet_retire::store::postgres::unrepresentable(r).is_some())
                     || message.contains("both have worker_identity"),
                 "{}: {message}",
                 file.display()
@@ -622,7 +622,7 @@ fn a_postgres_registry_of_another_shape_stops_the_plan_with_what_to_do() {
         .batch_execute("DROP TABLE worker_registrations")
         .unwrap();
     db.client()
-        .batch_execute(&fleet_retire::store::pg::registry_create_sql())
+        .batch_execute(&fleet_retire::store::postgres::registry_create_sql())
         .unwrap();
     let out = plan();
     assert_eq!(out.status.code(), Some(1));

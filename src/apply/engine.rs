@@ -9,7 +9,7 @@ use crate::error::{Error, Result, Store};
 use crate::evidence::leases::{Fence, Lease};
 use crate::row::Row;
 use crate::store::audit::AuditRow;
-use crate::store::pg;
+use crate::store::postgres as pg;
 use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;

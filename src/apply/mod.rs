@@ -296,7 +296,7 @@ impl From<Error> for Abort {
             // (another apply, a lease taken) made the two unserializable:
             // what this apply read is no longer the registry.
             Error::Postgres { source, .. }
-                if crate::store::pg::is_serialization_failure(source) =>
+                if crate::store::postgres::is_serialization_failure(source) =>
             {
                 Abort::Refuse(
                     Outcome::RegistryRevisionMoved,
@@ -984,10 +984,10 @@ fn verify_before_commit(
         .recheck_fully(t.leases)?
         .map_err(|now| fence_moved(fence, &now))?;
     let reason = Reason::Eligible.code();
-    let written: Vec<crate::store::pg::image::Written<'_>> = report
+    let written: Vec<crate::store::postgres::image::Written<'_>> = report
         .retired
         .iter()
-        .map(|r| crate::store::pg::image::Written {
+        .map(|r| crate::store::postgres::image::Written {
             worker_identity: &r.worker_identity,
             retirement: ["retired", &r.retired_at, &r.retired_by, reason],
         })

@@ -76,11 +76,11 @@ fn lease_error(path: &Path, message: impl Into<String>) -> Error {
 
 /// Read every lease row from an existing lease store (read-only).
 pub fn load(path: &Path) -> Result<Vec<Lease>> {
-    if crate::store::pg::is_postgres(path) {
+    if crate::store::postgres::is_postgres(path) {
         let url = path.to_string_lossy();
         let label = crate::store::location::label(std::path::Path::new(&*url));
-        let mut client = crate::store::pg::connect(&url, Store::Leases)?;
-        return crate::store::pg::read_leases(&mut client, &label, false);
+        let mut client = crate::store::postgres::connect(&url, Store::Leases)?;
+        return crate::store::postgres::read_leases(&mut client, &label, false);
     }
     let conn = open_read_only(path)?;
     read(&conn, path)
@@ -150,12 +150,12 @@ pub enum LeaseSource {
 impl LeaseSource {
     /// Open the lease store at `location` for fencing.
     pub fn open(location: &Path) -> Result<LeaseSource> {
-        if crate::store::pg::is_postgres(location) {
+        if crate::store::postgres::is_postgres(location) {
             let url = location.to_string_lossy();
             let label = crate::store::location::label(std::path::Path::new(&*url));
-            let mut client = crate::store::pg::connect(&url, Store::Leases)?;
+            let mut client = crate::store::postgres::connect(&url, Store::Leases)?;
             // Fail now, not at the first fence, when the table is not there.
-            crate::store::pg::read_leases(&mut client, &label, true)?;
+            crate::store::postgres::read_leases(&mut client, &label, true)?;
             return Ok(LeaseSource::Postgres {
                 client: std::cell::RefCell::new(client),
                 label,
@@ -184,7 +184,7 @@ impl LeaseSource {
                 data_version(conn, path).map(|v| v.to_string())
             }
             LeaseSource::Postgres { client, label } => {
-                crate::store::pg::active_lease_version(&mut *client.borrow_mut(), label)
+                crate::store::postgres::active_lease_version(&mut *client.borrow_mut(), label)
             }
         }
     }
@@ -223,7 +223,7 @@ impl LeaseSource {
             LeaseSource::Sqlite { conn, path, .. } => read_active(conn, path),
             LeaseSource::Postgres { client, label } => {
                 let mut leases =
-                    crate::store::pg::read_leases(&mut *client.borrow_mut(), label, true)?;
+                    crate::store::postgres::read_leases(&mut *client.borrow_mut(), label, true)?;
                 leases.retain(Lease::is_active);
                 Ok(leases)
             }

@@ -520,7 +520,7 @@ impl Recent {
 /// Open read-only and read every registration: from the SQLite file, or
 /// (for a `postgres://` location) in one read-only transaction.
 pub fn load(path: &Path) -> Result<Vec<Row>> {
-    if crate::store::pg::is_postgres(path) {
+    if crate::store::postgres::is_postgres(path) {
         return load_postgres(path);
     }
     // The file the path names now; a second connection must find the same.
@@ -704,7 +704,7 @@ fn second_reader(path: &Path, file: Option<(u64, u64)>) -> std::result::Result<C
 fn load_postgres(location: &Path) -> Result<Vec<Row>> {
     let url = location.to_string_lossy();
     let label = crate::store::location::label(std::path::Path::new(&*url));
-    let mut client = crate::store::pg::connect(&url, Store::Registry)?;
+    let mut client = crate::store::postgres::connect(&url, Store::Registry)?;
     let err = |doing| Error::postgres(Store::Registry, &label, doing);
     let mut tx = client
         .build_transaction()
@@ -712,7 +712,7 @@ fn load_postgres(location: &Path) -> Result<Vec<Row>> {
         .isolation_level(postgres::IsolationLevel::RepeatableRead)
         .start()
         .map_err(err("cannot begin a read"))?;
-    let rows = crate::store::pg::read_registry(&mut tx, &label)?;
+    let rows = crate::store::postgres::read_registry(&mut tx, &label)?;
     tx.commit().map_err(err("cannot end the read"))?;
     Ok(rows)
 }

@@ -20,7 +20,7 @@
 pub mod audit;
 pub mod leases;
 pub mod location;
-pub mod pg;
+pub mod postgres;
 pub mod registry;
 
 use rusqlite::Connection;
