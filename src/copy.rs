@@ -11,6 +11,7 @@
 
 use crate::error::{Error, Result, Store};
 use crate::row::{Row, COLUMNS};
+use crate::store::location::Location;
 use crate::store::postgres as pg;
 use crate::value::{Val, Value};
 use std::path::Path;
@@ -242,10 +243,10 @@ fn refuse_untrusted_source(conn: &rusqlite::Connection, from: &Path) -> Result<(
 /// it shows, hiding leases), checked in the same read transaction as the
 /// leases are read.
 fn read_lease_source(path: &Path) -> Result<Vec<crate::store::leases::Lease>> {
-    if pg::is_postgres(path) {
+    let Location::Sqlite(_) = Location::parse(path)? else {
         return crate::evidence::leases::load(path);
-    }
-    let conn = crate::evidence::leases::open_read_only(path)?;
+    };
+    let conn = crate::store::sqlite::leases::open_read_only(path)?;
     let sql = |doing| Error::sqlite(Store::Leases, path, doing);
     conn.execute_batch("BEGIN")
         .map_err(sql("cannot begin a read"))?;
@@ -260,7 +261,7 @@ fn read_lease_source(path: &Path) -> Result<Vec<crate::store::leases::Lease>> {
             ),
         });
     }
-    let leases = crate::evidence::leases::read(&conn, path)?;
+    let leases = crate::store::sqlite::leases::read(&conn, path)?;
     conn.execute_batch("COMMIT")
         .map_err(sql("cannot end the read"))?;
     Ok(leases)
@@ -269,28 +270,30 @@ fn read_lease_source(path: &Path) -> Result<Vec<crate::store::leases::Lease>> {
 /// Copy the SQLite registry `from` (and the SQLite lease store `leases`,
 /// when given) into the PostgreSQL database `to`, and prove it.
 pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> {
-    let label = crate::store::location::label(Path::new(to));
-    if pg::is_postgres(from) {
+    // The one command that names its engines: it moves a SQLite registry
+    // into PostgreSQL.
+    let from_location = Location::parse(from)?;
+    let Location::Sqlite(_) = from_location else {
         return Err(Error::Input(format!(
-            "--from {}: copy reads a SQLite registry; to move between PostgreSQL databases, \
-             use pg_dump",
-            crate::store::location::label(from)
+            "--from {from_location}: copy reads a SQLite registry; to move between PostgreSQL \
+             databases, use pg_dump"
         )));
-    }
-    if !pg::is_postgres(Path::new(to)) {
+    };
+    let Location::Postgres(target) = Location::parse(Path::new(to))? else {
         return Err(Error::Input(format!(
             "--to {to}: not a PostgreSQL URL; give postgres://USER@HOST:PORT/DATABASE"
         )));
-    }
+    };
+    let label = target.to_string();
     // Rows and audit from one read transaction: one state of the file,
     // even while workers write it.
-    let source = crate::evidence::registry::open_read_only(from)?;
+    let source = crate::store::sqlite::read::open_read_only(from)?;
     let sql = |doing| Error::sqlite(Store::Registry, from, doing);
     source
         .execute_batch("BEGIN")
         .map_err(sql("cannot begin a read"))?;
     refuse_untrusted_source(&source, from)?;
-    let rows = crate::evidence::registry::read_rows(&source, from)?;
+    let rows = crate::store::sqlite::read::read_rows(&source, from)?;
     let audit = sqlite_audit_rows(&source, from)?;
     source
         .execute_batch("COMMIT")
@@ -299,7 +302,7 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
     check_representable(&rows, from)?;
     let lease_rows = leases.map(read_lease_source).transpose()?;
 
-    let mut client = pg::connect(to, Store::Registry)?;
+    let mut client = pg::connect_to(&target, Store::Registry)?;
     let err = |doing| Error::postgres(Store::Registry, &label, doing);
     let mut tx = client
         .build_transaction()

@@ -26,7 +26,7 @@ impl From<ExitCode> for std::process::ExitCode {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The worker registry could not be opened or read as one.
-    #[error("registry {}: {message}", crate::store::location::label(path))]
+    #[error("registry {}: {message}", crate::pgurl::label(path))]
     Registry {
         /// The registry file.
         path: PathBuf,
@@ -34,7 +34,7 @@ pub enum Error {
         message: String,
     },
     /// The lease store could not be read (never taken as "no leases").
-    #[error("lease store {}: {message}", crate::store::location::label(path))]
+    #[error("lease store {}: {message}", crate::pgurl::label(path))]
     Leases {
         /// The lease database.
         path: PathBuf,

@@ -23,6 +23,7 @@ pub mod jsonfile;
 pub mod launcher;
 pub mod liveness;
 pub mod observe;
+pub mod pgurl;
 pub mod plan;
 pub mod policy;
 pub mod pool;

@@ -8,241 +8,23 @@
 //! a missing or untrusted instance id stays missing or untrusted, and an
 //! unknown host, boot or start time is stored as NULL, never guessed.
 
-use crate::error::{Error, Result, Store};
+use crate::error::{Error, Result};
 use crate::evidence::probe::{process_start_time, HostFacts};
 use crate::evidence::random_hex;
 use crate::identity::assess_instance_identity;
 use crate::identity::{env, LAUNCHER_PROVENANCE};
-use crate::row::COLUMNS;
-use crate::store::registry::TABLE;
-use crate::store::table_columns;
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::seam::WorkerRows;
 use serde_json::{json, Value as Json};
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
 
-/// A registry opened for a worker's writes.
-enum Writable {
-    Sqlite(Connection),
-    Postgres(Box<PgLease>),
+/// Open (creating if needed) a registry for a worker's writes, on
+/// whatever engine its location names.
+fn open_any(path: &Path) -> Result<Box<dyn WorkerRows>> {
+    crate::store::open::engine(path)?.worker_rows()
 }
 
-/// Open (creating if needed) a registry for a worker's writes.
-fn open_any(path: &Path) -> Result<Writable> {
-    if crate::store::postgres::is_postgres(path) {
-        return PgLease::take(path).map(|p| Writable::Postgres(Box::new(p)));
-    }
-    open(path).map(Writable::Sqlite)
-}
-
-/// A PostgreSQL connection borrowed from this process's cache, one per URL:
-/// a worker heartbeating every few seconds does not reconnect each time. It
-/// goes back to the cache when dropped, unless it failed.
-struct PgLease {
-    url: String,
-    label: String,
-    client: Option<postgres::Client>,
-}
-
-type PgCache = std::sync::Mutex<HashMap<String, Vec<postgres::Client>>>;
-
-fn pg_cache() -> &'static PgCache {
-    static CACHE: std::sync::OnceLock<PgCache> = std::sync::OnceLock::new();
-    CACHE.get_or_init(Default::default)
-}
-
-impl PgLease {
-    fn take(path: &Path) -> Result<PgLease> {
-        let url = path.to_string_lossy().into_owned();
-        let label = crate::store::location::label(std::path::Path::new(&*url));
-        let cached = pg_cache()
-            .lock()
-            .ok()
-            .and_then(|mut c| c.get_mut(&url).and_then(Vec::pop))
-            .filter(|c| !c.is_closed());
-        let client = match cached {
-            Some(c) => c,
-            None => {
-                let mut c = crate::store::postgres::connect(&url, Store::Registry)?;
-                let complete =
-                    crate::store::postgres::table_columns(&mut c, TABLE, Store::Registry, &label)?
-                        .is_some_and(|cols| {
-                            COLUMNS
-                                .iter()
-                                .all(|col| cols.iter().any(|(n, _)| n == col.name()))
-                        });
-                if !complete {
-                    crate::store::postgres::create_or_migrate_registry(&mut c, &label)?;
-                }
-                c
-            }
-        };
-        Ok(PgLease {
-            url,
-            label,
-            client: Some(client),
-        })
-    }
-
-    fn client(&mut self) -> &mut postgres::Client {
-        self.client.as_mut().expect("the client is here until drop")
-    }
-
-    /// Run one statement; a failed connection is not returned to the cache.
-    fn run<T>(
-        &mut self,
-        doing: &'static str,
-        f: impl FnOnce(&mut postgres::Client) -> std::result::Result<T, postgres::Error>,
-    ) -> Result<T> {
-        let result = f(self.client());
-        result.map_err(|e| {
-            if e.is_closed() || e.as_db_error().is_none() {
-                self.client = None;
-            }
-            Error::postgres(Store::Registry, &self.label, doing)(e)
-        })
-    }
-}
-
-impl Drop for PgLease {
-    fn drop(&mut self) {
-        if let (Some(client), Ok(mut cache)) = (self.client.take(), pg_cache().lock()) {
-            cache
-                .entry(std::mem::take(&mut self.url))
-                .or_default()
-                .push(client);
-        }
-    }
-}
-
-impl Writable {
-    fn status_of(&mut self, path: &Path, identity: &str) -> Result<Option<String>> {
-        match self {
-            Writable::Sqlite(conn) => crate::store::registry::status_of(conn, identity)
-                .map_err(Error::sqlite(Store::Registry, path, "cannot read")),
-            Writable::Postgres(pg) => pg.run("cannot read", |c| {
-                c.query_opt(
-                    &format!("SELECT status FROM {TABLE} WHERE worker_identity = $1"),
-                    &[&identity],
-                )
-                .map(|r| r.map(|r| r.get::<_, Option<String>>(0).unwrap_or_default()))
-            }),
-        }
-    }
-
-    fn insert(&mut self, path: &Path, row: &serde_json::Map<String, Json>) -> Result<()> {
-        match self {
-            Writable::Sqlite(conn) => crate::store::registry::insert(conn, row)
-                .map(|_| ())
-                .map_err(Error::sqlite(Store::Registry, path, "cannot register")),
-            Writable::Postgres(pg) => {
-                let label = pg.label.clone();
-                let (names, values) = crate::store::postgres::registration_params(row, &label)?;
-                pg.run("cannot register", |c| {
-                    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                        values.iter().map(|b| b.as_ref()).collect();
-                    c.execute(
-                        &format!(
-                            "INSERT INTO {TABLE} ({}) VALUES ({})",
-                            names.join(", "),
-                            (1..=names.len())
-                                .map(|i| format!("${i}"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                        &refs,
-                    )
-                    .map(|_| ())
-                })
-            }
-        }
-    }
-
-    /// The active row's pid, start time and fencing facts.
-    fn owner_of(&mut self, path: &Path, worker: &str) -> Result<Option<(Owner, Json)>> {
-        match self {
-            Writable::Sqlite(conn) => owner_of(conn, path, worker),
-            Writable::Postgres(pg) => pg.run("cannot read the registration", |c| {
-                let row = c.query_opt(
-                    &format!(
-                        "SELECT pid, process_start_time, host_id, boot_id, pid_namespace                          FROM {TABLE} WHERE worker_identity = $1 AND status = 'active'"
-                    ),
-                    &[&worker],
-                )?;
-                Ok(row.and_then(|r| {
-                    let pid: Option<i64> = r.get(0);
-                    let text = |i: usize| r.get::<_, Option<String>>(i);
-                    let fencing =
-                        json!({"host_id": text(2), "boot_id": text(3), "pid_namespace": text(4)});
-                    pid.map(|pid| {
-                        (
-                            Owner {
-                                pid,
-                                start: text(1),
-                            },
-                            fencing,
-                        )
-                    })
-                }))
-            }),
-        }
-    }
-
-    /// Set one column of the worker's active row, if it is still its pid's.
-    fn set(
-        &mut self,
-        path: &Path,
-        column: &'static str,
-        value: &str,
-        worker: &str,
-        pid: i64,
-        doing: &'static str,
-    ) -> Result<u64> {
-        match self {
-            Writable::Sqlite(conn) => conn
-                .execute(
-                    &format!(
-                        "UPDATE {TABLE} SET {column} = ?1 WHERE worker_identity = ?2 \
-                         AND status = 'active' AND pid = ?3"
-                    ),
-                    params![value, worker, pid],
-                )
-                .map(|n| n as u64)
-                .map_err(Error::sqlite(Store::Registry, path, doing)),
-            Writable::Postgres(pg) => pg.run(doing, |c| {
-                c.execute(
-                    &format!(
-                        "UPDATE {TABLE} SET {column} = $1 WHERE worker_identity = $2 \
-                         AND status = 'active' AND pid = $3"
-                    ),
-                    &[&value, &worker, &pid],
-                )
-            }),
-        }
-    }
-}
-
-/// Open (creating if needed) a SQLite registry for a worker's writes.
-pub fn open(path: &Path) -> Result<Connection> {
-    let err = |doing| Error::sqlite(Store::Registry, path, doing);
-    let conn = Connection::open(path).map_err(err("cannot open or create"))?;
-    conn.busy_timeout(Duration::from_secs(5))
-        .map_err(err("cannot set the busy timeout"))?;
-    let complete = |conn: &Connection| -> Result<bool> {
-        let existing = table_columns(conn, TABLE).map_err(err("cannot read"))?;
-        Ok(existing
-            .is_some_and(|names| COLUMNS.iter().all(|c| names.iter().any(|n| n == c.name()))))
-    };
-    if complete(&conn)? {
-        return Ok(conn);
-    }
-    // Creating or migrating: under the write lock, deciding again there, so
-    // workers starting together do not each add the same column (the
-    // second would fail with "duplicate column name").
-    crate::store::registry::create_or_migrate_locked(&conn, path)?;
-    Ok(conn)
-}
+pub use crate::store::sqlite::worker::open;
 
 /// What a worker registers.
 #[derive(Debug, Clone, Default)]
@@ -276,12 +58,12 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
     let mut store = open_any(path)?;
     let row = registration_row(reg, proc_root)?;
     let identity = row["worker_identity"].as_str().unwrap_or_default();
-    if let Some(status) = store.status_of(path, identity)? {
+    if let Some(status) = store.status_of(identity)? {
         return Err(Error::Input(format!(
             "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
         )));
     }
-    store.insert(path, row.as_object().expect("row is an object"))?;
+    store.insert(row.as_object().expect("row is an object"))?;
     Ok(row)
 }
 
@@ -346,41 +128,6 @@ pub enum Writer<'a> {
     Owner,
 }
 
-/// The registered process, as the row records it.
-struct Owner {
-    pid: i64,
-    start: Option<String>,
-}
-
-fn owner_of(conn: &Connection, path: &Path, worker: &str) -> Result<Option<(Owner, Json)>> {
-    let sql = format!(
-        "SELECT pid, process_start_time, host_id, boot_id, pid_namespace FROM {TABLE} \
-         WHERE worker_identity = ?1 AND status = 'active'"
-    );
-    conn.query_row(&sql, [worker], |r| {
-        let pid: Option<i64> = r.get::<_, rusqlite::types::Value>(0).map(|v| match v {
-            rusqlite::types::Value::Integer(i) => Some(i),
-            _ => None,
-        })?;
-        let text = |i: usize| -> rusqlite::Result<Option<String>> {
-            Ok(match r.get::<_, rusqlite::types::Value>(i)? {
-                rusqlite::types::Value::Text(t) => Some(t),
-                _ => None,
-            })
-        };
-        let start = text(1)?;
-        let fencing = json!({"host_id": text(2)?, "boot_id": text(3)?, "pid_namespace": text(4)?});
-        Ok(pid.map(|pid| (Owner { pid, start }, fencing)))
-    })
-    .optional()
-    .map(Option::flatten)
-    .map_err(Error::sqlite(
-        Store::Registry,
-        path,
-        "cannot read the registration",
-    ))
-}
-
 /// The parent pid of `pid`, from `<proc_root>/<pid>/stat` (field 4).
 fn parent_of(proc_root: &Path, pid: i64) -> Option<i64> {
     let raw = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
@@ -390,8 +137,8 @@ fn parent_of(proc_root: &Path, pid: i64) -> Option<i64> {
 
 /// Refuse unless the writer is entitled to the row of `worker`.
 /// Returns the row's pid, which the write then asserts unchanged.
-fn prove(store: &mut Writable, path: &Path, worker: &str, writer: Writer) -> Result<i64> {
-    let Some((owner, fencing)) = store.owner_of(path, worker)? else {
+fn prove(store: &mut dyn WorkerRows, worker: &str, writer: Writer) -> Result<i64> {
+    let Some(owner) = store.owner_of(worker)? else {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?} (with a pid); register it first"
         )));
@@ -412,7 +159,7 @@ fn prove(store: &mut Writable, path: &Path, worker: &str, writer: Writer) -> Res
         ("boot_id", &host.boot_id),
         ("pid_namespace", &host.pid_namespace),
     ] {
-        let theirs = fencing[name].as_str().map(str::trim);
+        let theirs = owner.fencing[name].as_str().map(str::trim);
         if mine.is_none() || theirs != mine.as_deref() {
             let show =
                 |v: Option<&str>, none: &str| v.map_or(none.to_string(), |t| format!("{t:?}"));
@@ -452,16 +199,9 @@ fn prove(store: &mut Writable, path: &Path, worker: &str, writer: Writer) -> Res
 /// Move an active worker's heartbeat to now.
 pub fn heartbeat(path: &Path, worker: &str, writer: Writer) -> Result<String> {
     let mut store = open_any(path)?;
-    let pid = prove(&mut store, path, worker, writer)?;
+    let pid = prove(&mut *store, worker, writer)?;
     let now = crate::time::format_ts(crate::time::now());
-    let n = store.set(
-        path,
-        "last_heartbeat_at",
-        &now,
-        worker,
-        pid,
-        "cannot heartbeat",
-    )?;
+    let n = store.set("last_heartbeat_at", &now, worker, pid, "cannot heartbeat")?;
     if n == 0 {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?}; register it first"
@@ -478,8 +218,8 @@ pub fn release(path: &Path, worker: &str, status: &str, writer: Writer) -> Resul
         )));
     }
     let mut store = open_any(path)?;
-    let pid = prove(&mut store, path, worker, writer)?;
-    let n = store.set(path, "status", status, worker, pid, "cannot release")?;
+    let pid = prove(&mut *store, worker, writer)?;
+    let n = store.set("status", status, worker, pid, "cannot release")?;
     if n == 0 {
         return Err(Error::Input(format!(
             "no active registration for worker {worker:?}"

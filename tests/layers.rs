@@ -11,6 +11,7 @@ use std::path::Path;
 /// Lowest first. Modules on one line are peers that never import each
 /// other (the test checks that too).
 const LAYERS: &[&[&str]] = &[
+    &["pgurl"],
     &["error", "value", "time", "reasons", "pool"],
     &["row", "text"],
     &["store"],

@@ -16,16 +16,12 @@ use crate::plan::{plan, Rejudge};
 use crate::policy::Policies;
 use crate::reasons::Reason;
 use crate::row::{Col, Row};
+use crate::store::seam::{ApplyConnection, ApplyTx, FenceSource, Written};
 use crate::value::Value;
-use engine::{Connected, RegistryTx};
-use leases::LeaseSource;
-use rusqlite::{Connection, OpenFlags};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
-
-mod engine;
 
 /// How an apply ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -226,61 +222,6 @@ impl Report {
             post_apply: None,
         }
     }
-}
-
-/// Open the registry for writing (it must exist). Columns are added, and
-/// the audit table created, inside apply's transaction, so a refused or
-/// failed apply leaves the file exactly as it was.
-pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    let err = |message: String| Error::Registry {
-        path: path.to_path_buf(),
-        message,
-    };
-    if !path.is_file() {
-        return Err(err(
-            "no such file; pass the worker registry with --registry".into(),
-        ));
-    }
-    let sql = |doing| Error::sqlite(crate::error::Store::Registry, path, doing);
-    // One thread uses the connection at a time (rusqlite's `Connection` is
-    // not `Sync`), so SQLite's per-call connection mutex only costs time.
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(sql("cannot open for writing"))?;
-    conn.busy_timeout(busy_timeout)
-        .map_err(sql("cannot set the busy timeout"))?;
-    // Apply re-reads the whole registry and writes every target inside one
-    // transaction: a page cache of SQLite's default 2 MiB spills dirty pages
-    // to the file (and syncs the journal) mid-transaction. This is a bound,
-    // not an allocation: only the pages touched are held.
-    conn.execute_batch("PRAGMA cache_size = -262144")
-        .map_err(sql("cannot size the page cache"))?;
-    // SQLite quietly opens a file it may not write read-only; say so now
-    // rather than fail at the first write. The journal is created beside the
-    // file, so its folder must be writable too.
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let uid = nix::unistd::getuid();
-    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
-        return Err(err(format!(
-            "is not writable by this user (uid {uid}); apply needs write permission on the \
-             file and on its folder {} (for SQLite's journal): run apply as the registry's \
-             owner, or grant that user write access",
-            folder.display()
-        )));
-    }
-    if nix::unistd::access(folder, nix::unistd::AccessFlags::W_OK).is_err() {
-        return Err(err(format!(
-            "its folder {} is not writable by this user (uid {uid}), and SQLite writes its \
-             journal there; run apply as the registry's owner, or grant write access to the folder",
-            folder.display()
-        )));
-    }
-    Ok(conn)
 }
 
 /// Why a transaction must be rolled back, as opposed to a refusal.
@@ -484,13 +425,13 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
         return Ok((refused, None));
     }
     // 4. Open the registry and the lease store.
-    let (mut conn, lease_source) = match open_stores(ctx) {
+    let (mut conn, mut lease_source) = match open_stores(ctx) {
         Ok(stores) => stores,
         Err((outcome, why)) => return Ok((Report::new(req, outcome, why), None)),
     };
     // 5. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
-    let tx = match conn.begin(ctx.registry) {
+    let mut tx = match conn.begin() {
         Ok(tx) => tx,
         Err(why) => {
             report.outcome = Outcome::TransactionFailed;
@@ -503,11 +444,11 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
     let fail_commit = hooks.fail_commit;
     let mut committed = None;
     let result = inside(
-        &Txn {
+        &mut Txn {
             req,
             ctx,
-            tx: &tx,
-            leases: &lease_source,
+            tx: &mut *tx,
+            leases: &mut *lease_source,
         },
         hooks,
         &mut standing,
@@ -551,10 +492,14 @@ fn refuse_before_lock(req: &Request, ctx: &Context) -> Option<Report> {
 
 /// The registry opened for writing and the lease store for reading; a
 /// store that cannot be opened is a refusal naming it.
-fn open_stores(ctx: &Context) -> std::result::Result<(Connected, LeaseSource), (Outcome, String)> {
-    let conn = Connected::open(ctx.registry, ctx.busy_timeout)
+#[allow(clippy::type_complexity)]
+fn open_stores(
+    ctx: &Context,
+) -> std::result::Result<(Box<dyn ApplyConnection>, Box<dyn FenceSource>), (Outcome, String)> {
+    let conn = crate::store::open::engine(ctx.registry)
+        .and_then(|e| e.apply_connection(ctx.busy_timeout))
         .map_err(|e| (Outcome::RegistryUnavailable, e.to_string()))?;
-    let lease_source = LeaseSource::open(ctx.leases)
+    let lease_source = leases::open_fence(ctx.leases)
         .map_err(|e| (Outcome::LeaseStoreUnavailable, e.to_string()))?;
     Ok((conn, lease_source))
 }
@@ -562,7 +507,7 @@ fn open_stores(ctx: &Context) -> std::result::Result<(Connected, LeaseSource), (
 /// COMMIT what `inside` did, or roll it back, and say which in the report.
 fn conclude(
     req: &Request,
-    tx: RegistryTx,
+    tx: Box<dyn ApplyTx + '_>,
     result: std::result::Result<(), Abort>,
     mut report: Report,
     locked_at: std::time::Instant,
@@ -644,8 +589,8 @@ struct AuditContext {
 struct Txn<'a, 'c> {
     req: &'a Request,
     ctx: &'a Context<'a>,
-    tx: &'a RegistryTx<'c>,
-    leases: &'a LeaseSource,
+    tx: &'a mut (dyn ApplyTx + 'c),
+    leases: &'a mut dyn FenceSource,
 }
 
 /// Everything apply does under the lock, in the order of docs/semantics.md
@@ -653,7 +598,7 @@ struct Txn<'a, 'c> {
 /// each behind its own checks, and verify before COMMIT. Returns the rows
 /// as they stand once this transaction commits.
 fn inside(
-    t: &Txn,
+    t: &mut Txn,
     mut hooks: Hooks,
     standing: &mut Standing,
     report: &mut Report,
@@ -662,8 +607,9 @@ fn inside(
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
     let (fence, active_leases) =
-        t.tx.read_fence_here(t.ctx.leases)
-            .unwrap_or_else(|| leases::Fence::read(t.leases))
+        t.tx.read_leases_here(t.ctx.leases)
+            .map(|read| read.map(|(version, active)| (leases::Fence::of(&active, version), active)))
+            .unwrap_or_else(|| leases::Fence::read(&mut *t.leases))
             .map_err(|e| match Abort::from(e) {
                 Abort::Fail(why) => Abort::Refuse(Outcome::LeaseStoreUnavailable, why),
                 refused => refused,
@@ -687,7 +633,7 @@ fn inside(
     // What the registry and audit hold before the first write: the
     // transaction's effect is checked against it before COMMIT.
     let target_ids: Vec<String> = targets.iter().map(|e| fresh.identity(e)).collect();
-    let changes_before = t.tx.before_writes(&target_ids, &audit.apply_id)?;
+    t.tx.before_writes(&target_ids, &audit.apply_id)?;
     let mut w = Writes {
         fence,
         rejudge: Rejudge::new(&fresh, t.ctx.policies),
@@ -710,7 +656,7 @@ fn inside(
     if let Some(hook) = hooks.before_commit.as_mut() {
         hook();
     }
-    verify_before_commit(t, &w.fence, &changes_before, &audit, report)?;
+    verify_before_commit(t, &w.fence, &audit, report)?;
     let written = std::mem::take(&mut w.written);
     drop(w);
     let mut rows = fresh.rows;
@@ -733,7 +679,7 @@ fn inside(
 
 /// Nothing in the file may turn our writes into other writes; migrations
 /// run inside the transaction, so a refusal undoes them too.
-fn prepare_registry(t: &Txn) -> std::result::Result<(), Abort> {
+fn prepare_registry(t: &mut Txn) -> std::result::Result<(), Abort> {
     if let Some(why) = t.tx.untrusted_objects()? {
         return Err(Abort::Refuse(Outcome::RegistryUntrusted, why));
     }
@@ -890,7 +836,7 @@ impl Writes<'_> {
     /// fence last, the guarded UPDATE, then its audit row.
     fn retire(
         &mut self,
-        t: &Txn,
+        t: &mut Txn,
         entry: &crate::plan::Entry,
         profiles_sha256: &str,
         report: &mut Report,
@@ -916,7 +862,7 @@ impl Writes<'_> {
         // The lease fence last, right before the write.
         self.fence = self
             .fence
-            .recheck(t.leases)?
+            .recheck(&mut *t.leases)?
             .map_err(|now| fence_moved(&self.fence, &now))?;
         let retired_at = &self.audit.retired_at;
         let mut evidence = Vec::with_capacity(1024);
@@ -974,25 +920,24 @@ impl Writes<'_> {
 /// effect, which must be exactly the retirements reported and their audit
 /// rows (`registry_untrusted`, naming what differs, when it is not).
 fn verify_before_commit(
-    t: &Txn,
+    t: &mut Txn,
     fence: &leases::Fence,
-    mark: &engine::Mark,
     audit: &AuditContext,
     report: &Report,
 ) -> std::result::Result<(), Abort> {
     fence
-        .recheck_fully(t.leases)?
+        .recheck_fully(&mut *t.leases)?
         .map_err(|now| fence_moved(fence, &now))?;
     let reason = Reason::Eligible.code();
-    let written: Vec<crate::store::postgres::image::Written<'_>> = report
+    let written: Vec<Written<'_>> = report
         .retired
         .iter()
-        .map(|r| crate::store::postgres::image::Written {
+        .map(|r| Written {
             worker_identity: &r.worker_identity,
             retirement: ["retired", &r.retired_at, &r.retired_by, reason],
         })
         .collect();
-    match t.tx.verify_writes(mark, &audit.apply_id, &written)? {
+    match t.tx.verify_writes(&audit.apply_id, &written)? {
         Some(why) => Err(Abort::Refuse(
             Outcome::RegistryUntrusted,
             format!(

@@ -4,12 +4,11 @@
 //! `expires_at` says. A store that is named but missing, unreadable, or
 //! without the table is an error: it is never read as "no leases".
 
-use crate::error::{Error, Result, Store};
-use crate::evidence::registry::value_from_sql;
+use crate::error::Result;
 pub use crate::store::leases::{Lease, COLUMNS, TABLE};
+pub use crate::store::seam::FenceSource;
 use crate::value::Value;
-use rusqlite::{Connection, OpenFlags};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 /// What the active leases protect.
@@ -67,168 +66,16 @@ fn names(set: &mut BTreeSet<String>, v: &Value) {
     }
 }
 
-fn lease_error(path: &Path, message: impl Into<String>) -> Error {
-    Error::Leases {
-        path: path.to_path_buf(),
-        message: message.into(),
-    }
+/// Read every lease row of the store at `location` (a SQLite file or a
+/// PostgreSQL URL), read-only; a store that cannot be read is an error,
+/// never "no leases".
+pub fn load(location: &Path) -> Result<Vec<Lease>> {
+    crate::store::open::engine(location)?.read_leases()
 }
 
-/// Read every lease row from an existing lease store (read-only).
-pub fn load(path: &Path) -> Result<Vec<Lease>> {
-    if crate::store::postgres::is_postgres(path) {
-        let url = path.to_string_lossy();
-        let label = crate::store::location::label(std::path::Path::new(&*url));
-        let mut client = crate::store::postgres::connect(&url, Store::Leases)?;
-        return crate::store::postgres::read_leases(&mut client, &label, false);
-    }
-    let conn = open_read_only(path)?;
-    read(&conn, path)
-}
-
-/// Open an existing lease store read-only.
-pub fn open_read_only(path: &Path) -> Result<Connection> {
-    if !path.is_file() {
-        return Err(lease_error(
-            path,
-            "no such file; a named lease store must exist (it is never read as \"no leases\"); \
-             fix the --leases path",
-        ));
-    }
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(Error::sqlite(Store::Leases, path, "cannot open as SQLite"))?;
-    conn.busy_timeout(crate::evidence::registry::READ_BUSY_TIMEOUT)
-        .map_err(Error::sqlite(
-            Store::Leases,
-            path,
-            "cannot set the busy timeout",
-        ))?;
-    crate::evidence::registry::recover_hot_journal(path, "lease store")
-        .map_err(|m| lease_error(path, m))?;
-    Ok(conn)
-}
-
-/// Read every lease row through an open connection.
-pub fn read(conn: &Connection, path: &Path) -> Result<Vec<Lease>> {
-    query(conn, path, &format!("SELECT * FROM {TABLE}"))
-}
-
-/// Read the active leases only (the ones that protect anything).
-pub fn read_active(conn: &Connection, path: &Path) -> Result<Vec<Lease>> {
-    let mut leases = query(
-        conn,
-        path,
-        &format!("SELECT * FROM {TABLE} WHERE status = 'active'"),
-    )?;
-    leases.retain(Lease::is_active);
-    Ok(leases)
-}
-
-/// A lease store apply reads its fence from: a SQLite file, or a
-/// PostgreSQL database read through a connection of its own (outside
-/// apply's registry transaction, so it sees leases committed meanwhile).
-pub enum LeaseSource {
-    /// A SQLite lease store, opened read-only.
-    Sqlite {
-        /// The connection.
-        conn: Connection,
-        /// Its file.
-        path: std::path::PathBuf,
-        /// The same file opened once more, to read its header's change
-        /// counter without taking SQLite's lock ([`LeaseSource::header`]).
-        header: Option<std::fs::File>,
-    },
-    /// A PostgreSQL lease store.
-    Postgres {
-        /// An autocommit connection: each read sees the latest commit.
-        client: std::cell::RefCell<postgres::Client>,
-        /// The URL, password masked.
-        label: String,
-    },
-}
-
-impl LeaseSource {
-    /// Open the lease store at `location` for fencing.
-    pub fn open(location: &Path) -> Result<LeaseSource> {
-        if crate::store::postgres::is_postgres(location) {
-            let url = location.to_string_lossy();
-            let label = crate::store::location::label(std::path::Path::new(&*url));
-            let mut client = crate::store::postgres::connect(&url, Store::Leases)?;
-            // Fail now, not at the first fence, when the table is not there.
-            crate::store::postgres::read_leases(&mut client, &label, true)?;
-            return Ok(LeaseSource::Postgres {
-                client: std::cell::RefCell::new(client),
-                label,
-            });
-        }
-        Ok(LeaseSource::Sqlite {
-            conn: open_read_only(location)?,
-            path: location.to_path_buf(),
-            header: std::fs::File::open(location).ok(),
-        })
-    }
-
-    /// The store's name for messages and audit rows (password masked).
-    pub fn label(&self) -> String {
-        match self {
-            LeaseSource::Sqlite { path, .. } => path.display().to_string(),
-            LeaseSource::Postgres { label, .. } => label.clone(),
-        }
-    }
-
-    /// Something that changes whenever the active leases may have: SQLite's
-    /// `data_version`, or PostgreSQL's digest of the active lease rows.
-    fn version(&self) -> Result<String> {
-        match self {
-            LeaseSource::Sqlite { conn, path, .. } => {
-                data_version(conn, path).map(|v| v.to_string())
-            }
-            LeaseSource::Postgres { client, label } => {
-                crate::store::postgres::active_lease_version(&mut *client.borrow_mut(), label)
-            }
-        }
-    }
-
-    /// A SQLite store's file format versions and change counter, read
-    /// straight from its header (bytes 18 to 27) with one `pread`, when the
-    /// store is in rollback-journal mode; `None` otherwise (WAL mode, where
-    /// the counter is not kept up to date, an unreadable file, PostgreSQL).
-    ///
-    /// In rollback-journal mode every commit increments the counter before
-    /// it releases its lock (SQLite's file format, "File change counter"),
-    /// and SQLite itself relies on that to notice other connections'
-    /// commits. So an equal counter, read after the fence's own read began,
-    /// proves no commit has completed since; `data_version` would say the
-    /// same at several times the cost (a lock cycle and a statement). A
-    /// counter read mid-commit reads old (that commit orders after the
-    /// check, as it would with `data_version`) or different (the full check
-    /// runs). Read first, before the version and the leases, so that a
-    /// commit racing the read shows as a changed counter later.
-    fn header(&self) -> Option<[u8; 10]> {
-        use std::os::unix::fs::FileExt;
-        let LeaseSource::Sqlite {
-            header: Some(file), ..
-        } = self
-        else {
-            return None;
-        };
-        let mut bytes = [0u8; 10];
-        file.read_exact_at(&mut bytes, 18).ok()?;
-        // Write and read format versions 1: legacy (rollback journal).
-        (bytes[0] == 1 && bytes[1] == 1).then_some(bytes)
-    }
-
-    fn read_active(&self) -> Result<Vec<Lease>> {
-        match self {
-            LeaseSource::Sqlite { conn, path, .. } => read_active(conn, path),
-            LeaseSource::Postgres { client, label } => {
-                let mut leases =
-                    crate::store::postgres::read_leases(&mut *client.borrow_mut(), label, true)?;
-                leases.retain(Lease::is_active);
-                Ok(leases)
-            }
-        }
-    }
+/// The lease store at `location` opened for apply's fence.
+pub fn open_fence(location: &Path) -> Result<Box<dyn FenceSource>> {
+    crate::store::open::engine(location)?.fence_source()
 }
 
 /// What apply holds the lease store to while it writes: the seed's
@@ -242,17 +89,17 @@ pub struct Fence {
     pub token: String,
     /// `sha256:<hex>` over the full content of the active leases.
     pub digest: String,
-    /// The store's version when the leases were read ([`LeaseSource`]).
+    /// The store's version when the leases were read ([`FenceSource`]).
     pub version: String,
     /// A SQLite store's header, read before the version
-    /// ([`LeaseSource::header`]): unchanged, it proves the leases are too.
+    /// ([`FenceSource::header`]): unchanged, it proves the leases are too.
     header: Option<[u8; 10]>,
 }
 
 impl Fence {
     /// Read the active leases and fence them. The version is read first,
     /// so a commit racing the read shows as a changed version later.
-    pub fn read(source: &LeaseSource) -> Result<(Fence, Vec<Lease>)> {
+    pub fn read(source: &mut dyn FenceSource) -> Result<(Fence, Vec<Lease>)> {
         let header = source.header();
         let version = source.version()?;
         let active = source.read_active()?;
@@ -278,7 +125,10 @@ impl Fence {
     /// (the version) when nobody committed, a full re-read and comparison
     /// when someone did. Returns the fence now in force, or the new one
     /// that differs.
-    pub fn recheck(&self, source: &LeaseSource) -> Result<std::result::Result<Fence, Fence>> {
+    pub fn recheck(
+        &self,
+        source: &mut dyn FenceSource,
+    ) -> Result<std::result::Result<Fence, Fence>> {
         let header = source.header();
         if header.is_some() && header == self.header {
             return Ok(Ok(self.clone()));
@@ -295,7 +145,10 @@ impl Fence {
     }
 
     /// Re-read the active leases whatever the version says and compare.
-    pub fn recheck_fully(&self, source: &LeaseSource) -> Result<std::result::Result<Fence, Fence>> {
+    pub fn recheck_fully(
+        &self,
+        source: &mut dyn FenceSource,
+    ) -> Result<std::result::Result<Fence, Fence>> {
         let (now, _) = Fence::read(source)?;
         Ok(if now.token == self.token && now.digest == self.digest {
             Ok(now)
@@ -303,15 +156,6 @@ impl Fence {
             Err(now)
         })
     }
-}
-
-fn data_version(conn: &Connection, path: &Path) -> Result<i64> {
-    conn.query_row("PRAGMA data_version", [], |r| r.get(0))
-        .map_err(Error::sqlite(
-            Store::Leases,
-            path,
-            "cannot read data_version",
-        ))
 }
 
 /// sha256 over every column (name, storage class and canonical text) of
@@ -343,63 +187,11 @@ pub fn full_digest(leases: &[Lease]) -> String {
     format!("sha256:{}", crate::fingerprint::hex(&h.finalize()))
 }
 
-fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
-    let sql_err = Error::sqlite(Store::Leases, path, "cannot read");
-    let columns = crate::store::table_columns(conn, TABLE)
-        .map_err(sql_err)?
-        .unwrap_or_default();
-    let missing: Vec<&str> = COLUMNS
-        .iter()
-        .copied()
-        .filter(|c| !columns.iter().any(|n| n == c))
-        .collect();
-    if !missing.is_empty() {
-        return Err(lease_error(
-            path,
-            format!(
-                "table `{TABLE}` lacks the column(s) {}; a lease store with another shape \
-                 cannot be read safely (a lease it cannot read would protect nothing). \
-                 Point --leases at the control-plane lease store, or add the column(s)",
-                missing.join(", ")
-            ),
-        ));
-    }
-    if let Some(why) = crate::store::leases::odd_column_names(columns.iter().map(String::as_str)) {
-        return Err(lease_error(path, why));
-    }
-
-    let mut stmt = match conn.prepare_cached(sql) {
-        Ok(s) => s,
-        Err(e) if e.to_string().contains("no such table") => {
-            return Err(lease_error(
-                path,
-                format!("has no `{TABLE}` table; is this the control-plane lease store?"),
-            ))
-        }
-        Err(e) => return Err(sql_err(e)),
-    };
-    let columns: Vec<String> = stmt
-        .column_names()
-        .into_iter()
-        .map(str::to_string)
-        .collect();
-    let mut cursor = stmt.query([]).map_err(sql_err)?;
-    let mut out = Vec::new();
-    while let Some(r) = cursor.next().map_err(sql_err)? {
-        let mut fields = BTreeMap::new();
-        for (i, name) in columns.iter().enumerate() {
-            let v = value_from_sql(r.get_ref(i).map_err(sql_err)?)
-                .map_err(|e| lease_error(path, format!("column `{name}`: {e}")))?;
-            fields.insert(name.clone(), v);
-        }
-        out.push(Lease::from_fields(fields));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::Connection;
+    use std::collections::BTreeMap;
 
     fn store(dir: &Path, journal: &str) -> std::path::PathBuf {
         let path = dir.join(format!("leases-{journal}.sqlite"));
@@ -428,12 +220,12 @@ mod tests {
                 &path,
                 "INSERT INTO workflow_leases (lease_id, status, owner_pid) VALUES ('l-1', 'active', 7)",
             );
-            let source = LeaseSource::open(&path).unwrap();
-            let (fence, active) = Fence::read(&source).unwrap();
+            let mut source = open_fence(&path).unwrap();
+            let (fence, active) = Fence::read(&mut *source).unwrap();
             assert_eq!(active.len(), 1);
             assert_eq!(fence.header.is_some(), journal == "delete", "{journal}");
             // Nothing committed: the fence stands.
-            let same = fence.recheck(&source).unwrap().unwrap();
+            let same = fence.recheck(&mut *source).unwrap().unwrap();
             assert_eq!(same, fence);
             // A commit that leaves the active leases as they were: the
             // full comparison runs and the fence stands, with the new
@@ -442,20 +234,20 @@ mod tests {
                 &path,
                 "INSERT INTO workflow_leases (lease_id, status) VALUES ('l-2', 'released')",
             );
-            let moved_on = fence.recheck(&source).unwrap().unwrap();
+            let moved_on = fence.recheck(&mut *source).unwrap().unwrap();
             assert_eq!(moved_on.token, fence.token);
             assert_ne!(moved_on.version, fence.version, "{journal}");
             if journal == "delete" {
                 assert_ne!(moved_on.header, fence.header);
             }
-            let again = moved_on.recheck(&source).unwrap().unwrap();
+            let again = moved_on.recheck(&mut *source).unwrap().unwrap();
             assert_eq!(again.header, moved_on.header);
             // A commit that takes a lease, after the header vouched.
             commit(
                 &path,
                 "INSERT INTO workflow_leases (lease_id, status, owner_pid) VALUES ('l-3', 'active', 8)",
             );
-            let now = again.recheck(&source).unwrap().unwrap_err();
+            let now = again.recheck(&mut *source).unwrap().unwrap_err();
             assert_ne!(now.digest, again.digest, "{journal}");
         }
     }
@@ -520,8 +312,8 @@ mod tests {
     fn a_store_switched_to_wal_is_checked_by_its_version() {
         let dir = tempfile::tempdir().unwrap();
         let path = store(dir.path(), "delete");
-        let source = LeaseSource::open(&path).unwrap();
-        let (fence, _) = Fence::read(&source).unwrap();
+        let mut source = open_fence(&path).unwrap();
+        let (fence, _) = Fence::read(&mut *source).unwrap();
         assert!(fence.header.is_some());
         Connection::open(&path)
             .unwrap()
@@ -535,7 +327,7 @@ mod tests {
                 [],
             )
             .unwrap();
-        let now = fence.recheck(&source).unwrap().unwrap_err();
+        let now = fence.recheck(&mut *source).unwrap().unwrap_err();
         assert_ne!(now.digest, fence.digest);
     }
 }

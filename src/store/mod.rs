@@ -20,8 +20,11 @@
 pub mod audit;
 pub mod leases;
 pub mod location;
+pub mod open;
 pub mod postgres;
 pub mod registry;
+pub mod seam;
+pub mod sqlite;
 
 use rusqlite::Connection;
 

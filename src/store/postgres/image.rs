@@ -56,13 +56,7 @@ pub struct PreImage {
     audit: Digest,
 }
 
-/// What one retirement wrote: the target's identity and the four values.
-pub struct Written<'a> {
-    /// The retired worker.
-    pub worker_identity: &'a str,
-    /// `status`, `retired_at`, `retired_by`, `retirement_reason` as set.
-    pub retirement: [&'a str; 4],
-}
+pub use crate::store::seam::Written;
 
 fn digest_sql(table: &str, filter: &str) -> String {
     format!(

@@ -22,9 +22,72 @@ use crate::value::{Val, Value};
 use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient, NoTls};
 
+pub mod apply;
 pub mod image;
+pub mod leases;
+pub mod worker;
 
 pub use super::location::{is_postgres, PgUrl};
+
+/// A store in the PostgreSQL database a URL names.
+pub struct Postgres {
+    url: PgUrl,
+    /// The location as given: two stores given the same text are one
+    /// database (the leases beside the registry).
+    location: std::path::PathBuf,
+}
+
+impl Postgres {
+    /// The store at `url` (connected to by each job as it needs).
+    pub fn at(url: PgUrl, location: &std::path::Path) -> Postgres {
+        Postgres {
+            url,
+            location: location.to_path_buf(),
+        }
+    }
+}
+
+impl crate::store::seam::Engine for Postgres {
+    fn label(&self) -> String {
+        self.url.to_string()
+    }
+
+    /// In one read-only transaction: one snapshot of the table.
+    fn read_registry(&self) -> Result<Vec<Row>> {
+        let label = self.url.to_string();
+        let mut client = connect_to(&self.url, Store::Registry)?;
+        let err = |doing| Error::postgres(Store::Registry, &label, doing);
+        let mut tx = client
+            .build_transaction()
+            .read_only(true)
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .start()
+            .map_err(err("cannot begin a read"))?;
+        let rows = read_registry(&mut tx, &label)?;
+        tx.commit().map_err(err("cannot end the read"))?;
+        Ok(rows)
+    }
+
+    fn read_leases(&self) -> Result<Vec<super::leases::Lease>> {
+        let mut client = connect_to(&self.url, Store::Leases)?;
+        read_leases(&mut client, &self.url.to_string(), false)
+    }
+
+    fn fence_source(&self) -> Result<Box<dyn crate::store::seam::FenceSource>> {
+        Ok(Box::new(leases::Fence::open(&self.url)?))
+    }
+
+    fn apply_connection(
+        &self,
+        _busy_timeout: std::time::Duration,
+    ) -> Result<Box<dyn crate::store::seam::ApplyConnection>> {
+        Ok(Box::new(apply::Postgres::open(&self.url, &self.location)?))
+    }
+
+    fn worker_rows(&self) -> Result<Box<dyn crate::store::seam::WorkerRows>> {
+        Ok(Box::new(worker::PgLease::take(&self.url, &self.location)?))
+    }
+}
 
 /// How long a connection attempt may take before it is an error.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

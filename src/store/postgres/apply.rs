@@ -1,0 +1,133 @@
+//! Apply's transaction on a PostgreSQL registry: `SERIALIZABLE` (writers of
+//! other rows undisturbed; a transaction that lost a race with another is
+//! aborted by the server and becomes a refusal), with the effect of its
+//! writes checked before COMMIT ([`super::image`]).
+
+use super::PgUrl;
+use crate::error::{Error, Result, Store};
+use crate::row::Row;
+use crate::store::audit::AuditRow;
+use crate::store::leases::Lease;
+use crate::store::seam::{ApplyConnection, ApplyTx, Written};
+use std::path::{Path, PathBuf};
+
+/// A PostgreSQL registry opened for apply.
+pub struct Postgres {
+    client: postgres::Client,
+    /// The location as given, to tell whether the leases live here.
+    location: PathBuf,
+    label: String,
+}
+
+impl Postgres {
+    /// Connect to the registry's database.
+    pub fn open(url: &PgUrl, location: &Path) -> Result<Postgres> {
+        Ok(Postgres {
+            client: super::connect_to(url, Store::Registry)?,
+            location: location.to_path_buf(),
+            label: url.to_string(),
+        })
+    }
+}
+
+impl ApplyConnection for Postgres {
+    fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String> {
+        let label = self.label.clone();
+        let tx = self
+            .client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::Serializable)
+            .start()
+            .map_err(|e| {
+                Error::postgres(Store::Registry, &label, "could not begin the transaction")(e)
+                    .to_string()
+            })?;
+        Ok(Box::new(Tx {
+            tx,
+            prepared: super::Prepared::default(),
+            location: &self.location,
+            label,
+            image: None,
+        }))
+    }
+}
+
+/// Apply's transaction on a PostgreSQL registry.
+struct Tx<'c> {
+    tx: postgres::Transaction<'c>,
+    prepared: super::Prepared,
+    location: &'c Path,
+    label: String,
+    /// The image before the first write.
+    image: Option<super::image::PreImage>,
+}
+
+impl ApplyTx for Tx<'_> {
+    fn untrusted_objects(&mut self) -> Result<Option<String>> {
+        super::untrusted_objects(&mut self.tx, &self.label)
+    }
+
+    fn migrate_registry(&mut self) -> Result<()> {
+        super::migrate_registry_in(&mut self.tx, &self.label)
+    }
+
+    fn migrate_audit(&mut self) -> Result<()> {
+        super::migrate_audit_in(&mut self.tx, &self.label)
+    }
+
+    fn read_rows(&mut self) -> Result<Vec<Row>> {
+        super::read_registry(&mut self.tx, &self.label)
+    }
+
+    /// When the leases live in this same database, read them inside this
+    /// transaction: the leases and the registry rows are then one
+    /// snapshot, and a lease written concurrently conflicts with this
+    /// transaction instead of passing unseen.
+    fn read_leases_here(&mut self, leases: &Path) -> Option<Result<(String, Vec<Lease>)>> {
+        if leases != self.location {
+            return None;
+        }
+        Some((|| {
+            let version = super::active_lease_version(&mut self.tx, &self.label)?;
+            let mut active = super::read_leases(&mut self.tx, &self.label, true)?;
+            active.retain(Lease::is_active);
+            Ok((version, active))
+        })())
+    }
+
+    fn before_writes(&mut self, targets: &[String], apply_id: &str) -> Result<()> {
+        let image = super::image::pre_image(&mut self.tx, targets, apply_id, &self.label)?;
+        self.image = Some(image);
+        Ok(())
+    }
+
+    /// The guarded UPDATE and its audit row are one statement (one round
+    /// trip).
+    fn retire_with_audit(&mut self, row: &Row, audit: &AuditRow) -> Result<u64> {
+        super::retire_with_audit(&mut self.tx, &mut self.prepared, row, audit, &self.label)
+    }
+
+    /// The effect itself: code can run inside a write in places no counter
+    /// sees ([`super::image::differences`]).
+    fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>> {
+        let Some(pre) = self.image.as_ref() else {
+            return Ok(Some("no image was taken before the first write".into()));
+        };
+        let found = super::image::differences(&mut self.tx, pre, apply_id, written, &self.label)?;
+        Ok((!found.is_empty()).then(|| found.join("; ")))
+    }
+
+    fn commit(self: Box<Self>) -> Result<()> {
+        let label = self.label;
+        self.tx
+            .commit()
+            .map_err(Error::postgres(Store::Registry, &label, "commit failed"))
+    }
+
+    fn rollback(self: Box<Self>) -> Option<String> {
+        self.tx
+            .rollback()
+            .err()
+            .map(|e| format!("{e}; PostgreSQL discards the transaction when the connection closes"))
+    }
+}

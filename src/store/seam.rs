@@ -1,0 +1,159 @@
+//! The seam between the program and a storage engine: the four jobs every
+//! engine does, as traits. Everything above `store` (observe, judge, plan,
+//! apply's story, the worker commands, serve) is written once against these
+//! and never asks which engine it runs on; each engine is one folder under
+//! `store/` (`sqlite/`, `postgres/`) implementing them, and
+//! [`super::open::engine`] is the one place a location picks its engine.
+//!
+//! 1. Reading the registry: [`Engine::read_registry`].
+//! 2. Reading leases: [`Engine::read_leases`], and [`FenceSource`] for the
+//!    fence apply re-reads while it writes.
+//! 3. The guarded apply transaction: [`ApplyConnection`] and [`ApplyTx`],
+//!    one method per step of docs/semantics.md §10 that an engine says its
+//!    own way (shapes refused, migrations, the authoritative read, the
+//!    image before the first write, the guarded write with its audit row,
+//!    the check of the effect before COMMIT, COMMIT).
+//! 4. A worker's own row: [`WorkerRows`] (register, heartbeat, release).
+
+use super::audit::AuditRow;
+use super::leases::Lease;
+use crate::error::Result;
+use crate::row::Row;
+use std::path::Path;
+use std::time::Duration;
+
+/// One storage engine at one location.
+pub trait Engine {
+    /// The location for messages, reports and audit rows (a URL's password
+    /// never shows).
+    fn label(&self) -> String;
+
+    /// Every registration, read-only, in one snapshot of the table.
+    fn read_registry(&self) -> Result<Vec<Row>>;
+
+    /// Every lease row, read-only (never "no leases" for a store that
+    /// cannot be read).
+    fn read_leases(&self) -> Result<Vec<Lease>>;
+
+    /// The lease store opened for apply's fence.
+    fn fence_source(&self) -> Result<Box<dyn FenceSource>>;
+
+    /// The registry opened for apply's transaction (it must exist).
+    fn apply_connection(&self, busy_timeout: Duration) -> Result<Box<dyn ApplyConnection>>;
+
+    /// The registry opened for a worker's writes to its own row (created or
+    /// migrated when needed).
+    fn worker_rows(&self) -> Result<Box<dyn WorkerRows>>;
+}
+
+/// A lease store as apply's fence reads it, again and again while it
+/// writes: each read sees what other connections have committed.
+pub trait FenceSource {
+    /// The store's name for messages and audit rows.
+    fn label(&self) -> String;
+
+    /// Something that changes whenever the active leases may have.
+    fn version(&mut self) -> Result<String>;
+
+    /// A cheaper proof than [`FenceSource::version`] that nothing was
+    /// committed, where the engine has one (SQLite's file header in
+    /// rollback-journal mode); `None` where it has not.
+    fn header(&self) -> Option<[u8; 10]> {
+        None
+    }
+
+    /// The active leases (status exactly `active`).
+    fn read_active(&mut self) -> Result<Vec<Lease>>;
+}
+
+/// An open registry, before apply's transaction.
+pub trait ApplyConnection {
+    /// Begin the transaction (SQLite: the write lock; PostgreSQL:
+    /// SERIALIZABLE); the failure as the report says it.
+    fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String>;
+}
+
+/// Apply's transaction on the registry: the steps of docs/semantics.md §10
+/// that each engine says its own way. Dropping it rolls it back.
+pub trait ApplyTx {
+    /// Why the registry could make apply's writes differ from its report,
+    /// if it could (triggers, views, rules, code run by a write, …).
+    fn untrusted_objects(&mut self) -> Result<Option<String>>;
+
+    /// Add the registry columns the table lacks.
+    fn migrate_registry(&mut self) -> Result<()>;
+
+    /// Create the audit table, or add the columns it lacks.
+    fn migrate_audit(&mut self) -> Result<()>;
+
+    /// The authoritative read of every registration.
+    fn read_rows(&mut self) -> Result<Vec<Row>>;
+
+    /// When the lease store at `leases` is this same database, its version
+    /// and active leases read inside this transaction (one snapshot with
+    /// the registry); `None` when it is elsewhere.
+    fn read_leases_here(&mut self, leases: &Path) -> Option<Result<(String, Vec<Lease>)>>;
+
+    /// Before the first write: what [`ApplyTx::verify_writes`] compares
+    /// with. `targets` are the identities apply may write, `apply_id` the
+    /// id its audit rows will carry.
+    fn before_writes(&mut self, targets: &[String], apply_id: &str) -> Result<()>;
+
+    /// The guarded UPDATE of one row and, when it changed exactly one row,
+    /// its audit row; the number of rows the UPDATE changed.
+    fn retire_with_audit(&mut self, row: &Row, audit: &AuditRow) -> Result<u64>;
+
+    /// Before COMMIT: whether the transaction changed exactly the
+    /// retirements in `written` and their audit rows; what differs when it
+    /// did not.
+    fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>>;
+
+    /// COMMIT.
+    fn commit(self: Box<Self>) -> Result<()>;
+
+    /// ROLLBACK; the failure, if it failed, for the report.
+    fn rollback(self: Box<Self>) -> Option<String>;
+}
+
+/// What one retirement wrote: the target and its four retirement columns.
+pub struct Written<'a> {
+    /// The retired worker.
+    pub worker_identity: &'a str,
+    /// `status`, `retired_at`, `retired_by`, `retirement_reason` as set.
+    pub retirement: [&'a str; 4],
+}
+
+/// The registered process of a worker's active row, as the row records it.
+#[derive(Debug, Clone)]
+pub struct ActiveOwner {
+    /// Its pid.
+    pub pid: i64,
+    /// Its recorded start time.
+    pub start: Option<String>,
+    /// `host_id`, `boot_id` and `pid_namespace` as recorded (text or null).
+    pub fencing: serde_json::Value,
+}
+
+/// A worker's writes to its own row. Each is one short statement touching
+/// only that row, so an apply running meanwhile never makes it wait long.
+pub trait WorkerRows {
+    /// The status of the row with this identity, if there is one.
+    fn status_of(&mut self, identity: &str) -> Result<Option<String>>;
+
+    /// Insert a new registration, given as column → JSON value.
+    fn insert(&mut self, row: &serde_json::Map<String, serde_json::Value>) -> Result<()>;
+
+    /// The active row's registered process, when it has a pid.
+    fn owner_of(&mut self, worker: &str) -> Result<Option<ActiveOwner>>;
+
+    /// Set `column` of the worker's active row to `value` if its pid is
+    /// still `pid`; the rows changed. `column` is one of ours, never input.
+    fn set(
+        &mut self,
+        column: &'static str,
+        value: &str,
+        worker: &str,
+        pid: i64,
+        doing: &'static str,
+    ) -> Result<u64>;
+}

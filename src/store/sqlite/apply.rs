@@ -1,0 +1,188 @@
+//! Apply's transaction on a SQLite registry: `BEGIN IMMEDIATE` (one writer
+//! at a time, readers undisturbed). A trigger is the only code SQLite runs
+//! inside a write, and triggers are refused before the first write, so
+//! `total_changes` (which counts every row written, a trigger's included)
+//! accounts for every write; the check before COMMIT needs nothing more
+//! and keeps the write lock short.
+
+use crate::error::{Error, Result, Store};
+use crate::row::Row;
+use crate::store::audit::AuditRow;
+use crate::store::leases::Lease;
+use crate::store::seam::{ApplyConnection, ApplyTx, Written};
+use rusqlite::{Connection, OpenFlags};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Open the registry for writing (it must exist). Columns are added, and
+/// the audit table created, inside apply's transaction, so a refused or
+/// failed apply leaves the file exactly as it was.
+pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection> {
+    let err = |message: String| Error::Registry {
+        path: path.to_path_buf(),
+        message,
+    };
+    if !path.is_file() {
+        return Err(err(
+            "no such file; pass the worker registry with --registry".into(),
+        ));
+    }
+    let sql = |doing| Error::sqlite(crate::error::Store::Registry, path, doing);
+    // One thread uses the connection at a time (rusqlite's `Connection` is
+    // not `Sync`), so SQLite's per-call connection mutex only costs time.
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sql("cannot open for writing"))?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(sql("cannot set the busy timeout"))?;
+    // Apply re-reads the whole registry and writes every target inside one
+    // transaction: a page cache of SQLite's default 2 MiB spills dirty pages
+    // to the file (and syncs the journal) mid-transaction. This is a bound,
+    // not an allocation: only the pages touched are held.
+    conn.execute_batch("PRAGMA cache_size = -262144")
+        .map_err(sql("cannot size the page cache"))?;
+    // SQLite quietly opens a file it may not write read-only; say so now
+    // rather than fail at the first write. The journal is created beside the
+    // file, so its folder must be writable too.
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let uid = nix::unistd::getuid();
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
+        return Err(err(format!(
+            "is not writable by this user (uid {uid}); apply needs write permission on the \
+             file and on its folder {} (for SQLite's journal): run apply as the registry's \
+             owner, or grant that user write access",
+            folder.display()
+        )));
+    }
+    if nix::unistd::access(folder, nix::unistd::AccessFlags::W_OK).is_err() {
+        return Err(err(format!(
+            "its folder {} is not writable by this user (uid {uid}), and SQLite writes its \
+             journal there; run apply as the registry's owner, or grant write access to the folder",
+            folder.display()
+        )));
+    }
+    Ok(conn)
+}
+
+/// A SQLite registry opened for apply.
+pub struct Sqlite {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Sqlite {
+    /// Open the registry at `path` for apply's transaction.
+    pub fn open(path: &Path, busy_timeout: Duration) -> Result<Sqlite> {
+        Ok(Sqlite {
+            conn: open_for_writing(path, busy_timeout)?,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl ApplyConnection for Sqlite {
+    fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| format!("could not take the registry's write lock: {e}"))?;
+        Ok(Box::new(Tx {
+            tx,
+            path: &self.path,
+            changes_before: 0,
+        }))
+    }
+}
+
+/// Apply's transaction on a SQLite registry.
+struct Tx<'c> {
+    tx: rusqlite::Transaction<'c>,
+    path: &'c Path,
+    /// `total_changes` before the first write.
+    changes_before: u64,
+}
+
+impl Tx<'_> {
+    fn err(&self, doing: &'static str) -> impl Fn(rusqlite::Error) -> Error + '_ {
+        Error::sqlite(Store::Registry, self.path, doing)
+    }
+}
+
+impl ApplyTx for Tx<'_> {
+    fn untrusted_objects(&mut self) -> Result<Option<String>> {
+        crate::store::untrusted_objects(&self.tx, crate::store::registry::TABLE)
+            .map_err(self.err("cannot inspect the schema"))
+    }
+
+    fn migrate_registry(&mut self) -> Result<()> {
+        crate::store::registry::add_missing_columns(&self.tx, self.path)
+    }
+
+    fn migrate_audit(&mut self) -> Result<()> {
+        crate::store::audit::create_or_migrate(&self.tx)
+            .map_err(self.err("cannot create or migrate the audit table"))
+    }
+
+    fn read_rows(&mut self) -> Result<Vec<Row>> {
+        super::read::read_rows(&self.tx, self.path)
+    }
+
+    /// A SQLite registry file never holds the lease store's table.
+    fn read_leases_here(&mut self, _leases: &Path) -> Option<Result<(String, Vec<Lease>)>> {
+        None
+    }
+
+    fn before_writes(&mut self, _targets: &[String], _apply_id: &str) -> Result<()> {
+        self.changes_before = self.tx.total_changes();
+        Ok(())
+    }
+
+    fn retire_with_audit(&mut self, row: &Row, audit: &AuditRow) -> Result<u64> {
+        let (at, by, reason) = (audit.retired_at, audit.retired_by, audit.retirement_reason);
+        let changed = crate::store::registry::retire_guarded(&self.tx, row, at, by, reason)
+            .map(|n| n as u64)
+            .map_err(self.err("the guarded UPDATE failed"))?;
+        if changed == 1 {
+            crate::store::audit::insert(&self.tx, audit)
+                .map_err(self.err("cannot write the audit row"))?;
+        }
+        Ok(changed)
+    }
+
+    /// One UPDATE and one audit row per retirement and nothing else, and
+    /// this apply's audit rows there.
+    fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>> {
+        let n = written.len() as u64;
+        let changed = self.tx.total_changes() - self.changes_before;
+        if changed != 2 * n {
+            return Ok(Some(format!(
+                "the transaction changed {changed} rows where {} were meant \
+                 (one retirement and one audit row per worker)",
+                2 * n
+            )));
+        }
+        let audited = crate::store::audit::count_for(&self.tx, apply_id)
+            .map_err(self.err("cannot count the audit rows"))?;
+        Ok((audited as u64 != n)
+            .then(|| format!("{audited} audit rows were found for {n} retirements")))
+    }
+
+    fn commit(self: Box<Self>) -> Result<()> {
+        let path = self.path;
+        self.tx
+            .commit()
+            .map_err(Error::sqlite(Store::Registry, path, "commit failed"))
+    }
+
+    fn rollback(self: Box<Self>) -> Option<String> {
+        self.tx
+            .rollback()
+            .err()
+            .map(|e| format!("{e}; SQLite discards the transaction when the connection closes"))
+    }
+}

@@ -1,0 +1,51 @@
+//! The SQLite engine: a registry and a lease store are files.
+
+pub mod apply;
+pub mod leases;
+pub mod read;
+pub mod worker;
+
+use crate::error::Result;
+use crate::row::Row;
+use crate::store::leases::Lease;
+use crate::store::seam::{ApplyConnection, Engine, FenceSource, WorkerRows};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A store in the SQLite file at `path`.
+pub struct Sqlite {
+    path: PathBuf,
+}
+
+impl Sqlite {
+    /// The store in the file at `path` (opened by each job as it needs).
+    pub fn at(path: PathBuf) -> Sqlite {
+        Sqlite { path }
+    }
+}
+
+impl Engine for Sqlite {
+    fn label(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn read_registry(&self) -> Result<Vec<Row>> {
+        read::load(&self.path)
+    }
+
+    fn read_leases(&self) -> Result<Vec<Lease>> {
+        leases::load(&self.path)
+    }
+
+    fn fence_source(&self) -> Result<Box<dyn FenceSource>> {
+        Ok(Box::new(leases::Fence::open(&self.path)?))
+    }
+
+    fn apply_connection(&self, busy_timeout: Duration) -> Result<Box<dyn ApplyConnection>> {
+        Ok(Box::new(apply::Sqlite::open(&self.path, busy_timeout)?))
+    }
+
+    fn worker_rows(&self) -> Result<Box<dyn WorkerRows>> {
+        Ok(Box::new(worker::Rows::open(&self.path)?))
+    }
+}

@@ -1,0 +1,971 @@
+//! Reading a SQLite worker registry (docs/semantics.md §5).
+//!
+//! Planning opens the file read-only and never alters it: a registry from
+//! before the fencing or `retired_*` columns simply reads those columns as
+//! NULL. Columns the program does not know are ignored.
+
+use crate::error::{Error, Result, Store};
+use crate::row::{Col, PendingRow, Row, COLUMNS};
+use crate::value::{TextBuf, Value};
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
+
+pub use crate::store::registry::TABLE;
+
+fn registry_error(path: &Path, message: impl Into<String>) -> Error {
+    Error::Registry {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Open an existing registry without any possibility of writing to it.
+pub fn open_read_only(path: &Path) -> Result<Connection> {
+    if !path.is_file() {
+        return Err(registry_error(
+            path,
+            "no such file; pass the worker registry's SQLite file with --registry \
+             (or FLEET_RETIRE_REGISTRY)",
+        ));
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot open as SQLite",
+    ))?;
+    // Workers heartbeat into a live registry; wait out their short write
+    // locks rather than failing at once.
+    conn.busy_timeout(READ_BUSY_TIMEOUT).map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot set the busy timeout",
+    ))?;
+    recover_hot_journal(path, "registry").map_err(|m| registry_error(path, m))?;
+    Ok(conn)
+}
+
+/// A writer killed mid-transaction (rollback-journal mode) leaves a "hot"
+/// journal beside the database. SQLite rolls it back on the next open that
+/// can write, restoring the state before that transaction; a read-only
+/// connection cannot, and every read fails with "attempt to write a readonly
+/// database". Readers here recover it when they can write the file (nothing
+/// committed is lost: only the interrupted transaction is undone), and
+/// otherwise say who must run what.
+pub fn recover_hot_journal(path: &Path, what: &str) -> std::result::Result<(), String> {
+    let mut journal = path.as_os_str().to_owned();
+    journal.push("-journal");
+    let journal = std::path::PathBuf::from(journal);
+    if !std::fs::metadata(&journal).is_ok_and(|m| m.len() > 0) {
+        return Ok(());
+    }
+    let readable = |flags: OpenFlags| -> rusqlite::Result<Connection> {
+        let c = Connection::open_with_flags(path, flags)?;
+        c.busy_timeout(READ_BUSY_TIMEOUT)?;
+        c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+            r.get::<_, i64>(0)
+        })?;
+        Ok(c)
+    };
+    let read_only_fails = match readable(OpenFlags::SQLITE_OPEN_READ_ONLY) {
+        Ok(_) => false,
+        Err(e) => matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::ReadOnly)),
+    };
+    if !read_only_fails {
+        return Ok(());
+    }
+    match Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE) {
+        Ok(c) if !c.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) => {
+            c.busy_timeout(READ_BUSY_TIMEOUT).ok();
+            c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(|e| format!("rolling back the interrupted transaction failed: {e}"))?;
+            tracing::warn!(
+                "the {what} {} had a hot journal left by a writer that stopped mid-transaction; \
+                 SQLite rolled that transaction back (the file is as it was before it)",
+                path.display()
+            );
+            Ok(())
+        }
+        _ => Err(format!(
+            "holds a hot journal ({}) left by a writer that stopped mid-transaction. SQLite must \
+             roll it back, which needs write access to the file and its folder. Run this same \
+             command as a user who can write them (the registry's owner): it rolls the journal \
+             back, returning the file to its state before that transaction",
+            journal.display()
+        )),
+    }
+}
+
+/// How long a reader waits for a writer's lock.
+pub const READ_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Convert one SQLite value, keeping its storage class.
+pub fn value_from_sql(v: ValueRef<'_>) -> std::result::Result<Value, String> {
+    Ok(match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Int(i),
+        ValueRef::Real(f) => Value::Real(f),
+        ValueRef::Text(t) => Value::Text(
+            std::str::from_utf8(t)
+                .map_err(|_| "text is not valid UTF-8".to_string())?
+                .into(),
+        ),
+        ValueRef::Blob(b) => Value::Blob(b.into()),
+    })
+}
+
+/// Read every registration, in registry (rowid) order, on this connection
+/// (inside whatever transaction the caller holds).
+pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
+    let select = Select::of(conn, path)?;
+    let mut stmt = select.prepare(conn, Part::All, path)?;
+    read_part(&mut stmt, &select.present).map_err(|e| e.at(0, path))
+}
+
+/// What a read selects: the known columns the table has, in our order.
+struct Select {
+    present: Vec<Col>,
+    list: String,
+    /// The text is UTF-8 as stored (so it is read without conversion).
+    utf8: bool,
+}
+
+/// Which rows a statement reads.
+#[derive(Clone, Copy)]
+enum Part {
+    All,
+    UpTo(i64),
+    After(i64),
+}
+
+impl Select {
+    fn of(conn: &Connection, path: &Path) -> Result<Select> {
+        let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
+        let existing = crate::store::table_columns(conn, TABLE)
+            .map_err(sql_err)?
+            .ok_or_else(|| {
+                registry_error(
+                    path,
+                    format!(
+                        "has no `{TABLE}` table; is this the worker registry? \
+                     (`fleet-retire register` creates one)"
+                    ),
+                )
+            })?;
+        let present: Vec<Col> = COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| existing.iter().any(|n| n == c.name()))
+            .collect();
+        if !present.contains(&Col::WorkerIdentity) {
+            return Err(registry_error(
+                path,
+                format!(
+                    "table `{TABLE}` has no `worker_identity` column; it is not a worker registry"
+                ),
+            ));
+        }
+        let list = present
+            .iter()
+            .map(|c| crate::store::quote_ident(c.name()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let encoding: String = conn
+            .query_row("PRAGMA encoding", [], |r| r.get(0))
+            .map_err(sql_err)?;
+        Ok(Select {
+            present,
+            list,
+            utf8: encoding.eq_ignore_ascii_case("UTF-8"),
+        })
+    }
+
+    /// The statement for `part`. A WITHOUT ROWID table has no rowid: its
+    /// natural order is the key's, and it is only ever read whole.
+    fn prepare<'c>(&self, conn: &'c Connection, part: Part, path: &Path) -> Result<RawStmt<'c>> {
+        let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
+        match (RawStmt::prepare(conn, &self.sql(part), self.utf8), part) {
+            (Ok(s), _) => Ok(s),
+            (Err(_), Part::All) => RawStmt::prepare(
+                conn,
+                &format!("SELECT {} FROM {TABLE}", self.list),
+                self.utf8,
+            )
+            .map_err(sql_err),
+            (Err(e), _) => Err(sql_err(e)),
+        }
+    }
+
+    fn sql(&self, part: Part) -> String {
+        let list = &self.list;
+        match part {
+            Part::All => format!("SELECT {list} FROM {TABLE} ORDER BY rowid"),
+            Part::UpTo(n) => {
+                format!("SELECT {list} FROM {TABLE} WHERE rowid <= {n} ORDER BY rowid")
+            }
+            Part::After(n) => {
+                format!("SELECT {list} FROM {TABLE} WHERE rowid > {n} ORDER BY rowid")
+            }
+        }
+    }
+}
+
+/// A statement stepped through SQLite's C interface directly, so that a
+/// row's columns are read without copies: rusqlite's text accessor asks
+/// SQLite for a NUL-terminated string, which copies each text into a fresh
+/// allocation first (about a third of a large registry's reading time).
+struct RawStmt<'c> {
+    stmt: std::ptr::NonNull<rusqlite::ffi::sqlite3_stmt>,
+    db: *mut rusqlite::ffi::sqlite3,
+    /// Texts are stored as UTF-8, so their bytes are read as they are.
+    utf8: bool,
+    _conn: std::marker::PhantomData<&'c Connection>,
+}
+
+/// One column of the current row, borrowed from SQLite until the next step.
+enum Cell<'s> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'s [u8]),
+    Blob(&'s [u8]),
+}
+
+impl<'c> RawStmt<'c> {
+    fn prepare(conn: &'c Connection, sql: &str, utf8: bool) -> rusqlite::Result<RawStmt<'c>> {
+        use rusqlite::ffi;
+        let sql = std::ffi::CString::new(sql).map_err(|_| rusqlite::Error::InvalidQuery)?;
+        // SAFETY: the handle is the connection's own, which outlives the
+        // statement (`'c`); SQLite writes the statement pointer or NULL.
+        unsafe {
+            let db = conn.handle();
+            let mut stmt = std::ptr::null_mut();
+            let rc = ffi::sqlite3_prepare_v2(db, sql.as_ptr(), -1, &mut stmt, std::ptr::null_mut());
+            if rc != ffi::SQLITE_OK {
+                ffi::sqlite3_finalize(stmt);
+                return Err(Self::error(db, rc));
+            }
+            let stmt = std::ptr::NonNull::new(stmt).ok_or(rusqlite::Error::InvalidQuery)?;
+            Ok(RawStmt {
+                stmt,
+                db,
+                utf8,
+                _conn: std::marker::PhantomData,
+            })
+        }
+    }
+
+    fn error(db: *mut rusqlite::ffi::sqlite3, rc: std::ffi::c_int) -> rusqlite::Error {
+        // SAFETY: `db` is a live connection; its message is copied at once.
+        let message = unsafe {
+            let m = rusqlite::ffi::sqlite3_errmsg(db);
+            (!m.is_null()).then(|| std::ffi::CStr::from_ptr(m).to_string_lossy().into_owned())
+        };
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rc), message)
+    }
+
+    /// The next row: `true` when there is one.
+    fn step(&mut self) -> rusqlite::Result<bool> {
+        use rusqlite::ffi;
+        // SAFETY: the statement is live until drop.
+        match unsafe { ffi::sqlite3_step(self.stmt.as_ptr()) } {
+            ffi::SQLITE_ROW => Ok(true),
+            ffi::SQLITE_DONE => Ok(false),
+            rc => Err(Self::error(self.db, rc)),
+        }
+    }
+
+    /// Column `i` of the current row (`i` below the statement's width).
+    fn cell(&self, i: usize) -> Cell<'_> {
+        use rusqlite::ffi;
+        let bytes = |p: *const std::ffi::c_void, n: std::ffi::c_int| -> &[u8] {
+            match usize::try_from(n) {
+                // SAFETY: SQLite gives `n` bytes at `p`, valid until the
+                // statement steps again or is finalized, which needs
+                // `&mut self` and so ends this borrow first.
+                Ok(n) if n > 0 && !p.is_null() => unsafe {
+                    std::slice::from_raw_parts(p.cast::<u8>(), n)
+                },
+                _ => &[],
+            }
+        };
+        // SAFETY: the statement is live and on a row. The value is SQLite's
+        // own (unprotected: it does not take the connection's mutex), which
+        // is sound because one thread uses this connection throughout.
+        // Asking for the blob of a text gives its stored bytes without the
+        // NUL-terminated copy that asking for its text makes; that is the
+        // text itself when the database stores UTF-8, and otherwise SQLite
+        // converts it to UTF-8.
+        unsafe {
+            let v = ffi::sqlite3_column_value(self.stmt.as_ptr(), i as std::ffi::c_int);
+            match ffi::sqlite3_value_type(v) {
+                ffi::SQLITE_INTEGER => Cell::Int(ffi::sqlite3_value_int64(v)),
+                ffi::SQLITE_FLOAT => Cell::Real(ffi::sqlite3_value_double(v)),
+                ffi::SQLITE_TEXT if self.utf8 => {
+                    let p = ffi::sqlite3_value_blob(v);
+                    Cell::Text(bytes(p, ffi::sqlite3_value_bytes(v)))
+                }
+                ffi::SQLITE_TEXT => {
+                    let p = ffi::sqlite3_value_text(v);
+                    Cell::Text(bytes(p.cast(), ffi::sqlite3_value_bytes(v)))
+                }
+                ffi::SQLITE_BLOB => {
+                    let p = ffi::sqlite3_value_blob(v);
+                    Cell::Blob(bytes(p, ffi::sqlite3_value_bytes(v)))
+                }
+                _ => Cell::Null,
+            }
+        }
+    }
+}
+
+impl Drop for RawStmt<'_> {
+    fn drop(&mut self) {
+        // SAFETY: finalized once, here.
+        unsafe {
+            rusqlite::ffi::sqlite3_finalize(self.stmt.as_ptr());
+        }
+    }
+}
+
+/// Why reading a part of the registry stopped; `row` counts from the
+/// part's first row.
+enum PartError {
+    Sql(rusqlite::Error),
+    NotUtf8 { row: usize, col: Col },
+    TooLong { row: usize, col: Col },
+}
+
+impl PartError {
+    /// The error, with rows counted from the registry's first when the
+    /// part starts at row `first_row`.
+    fn at(self, first_row: usize, path: &Path) -> Error {
+        match self {
+            PartError::Sql(e) => Error::sqlite(Store::Registry, path, "cannot read")(e),
+            PartError::NotUtf8 { row, col } => registry_error(
+                path,
+                format!(
+                    "row {}: column `{}`: text is not valid UTF-8",
+                    first_row + row + 1,
+                    col.name()
+                ),
+            ),
+            PartError::TooLong { row, col } => registry_error(
+                path,
+                format!(
+                    "row {}: column `{}`: a text past 4 GiB into its batch of rows; \
+                     no registry text is that long, so the file is likely damaged \
+                     (`PRAGMA integrity_check` tells)",
+                    first_row + row + 1,
+                    col.name()
+                ),
+            ),
+        }
+    }
+}
+
+/// A batch's text buffer stops growing past this (the texts' offsets are
+/// 32-bit); the batch is finished early instead.
+const BATCH_TEXT_LIMIT: usize = 1 << 30;
+
+const BATCH_ROWS: usize = 1024;
+
+/// Step through one statement, building rows as SQLite gives them. A
+/// batch's texts are copied into one buffer (a text its column repeats,
+/// once), checked as UTF-8 in one pass, and shared by the batch's rows.
+fn read_part(stmt: &mut RawStmt<'_>, present: &[Col]) -> std::result::Result<Vec<Row>, PartError> {
+    let mut recent: Vec<Recent> = (0..present.len()).map(|_| Recent::default()).collect();
+    let mut rows = Vec::new();
+    let mut batch = Batch::default();
+    while stmt.step().map_err(PartError::Sql)? {
+        let mut row = PendingRow::default();
+        for (i, (col, recent)) in present.iter().zip(recent.iter_mut()).enumerate() {
+            match stmt.cell(i) {
+                Cell::Null => {}
+                Cell::Int(x) => row.set_int(*col, x),
+                Cell::Real(x) => row.set_real(*col, x),
+                Cell::Text(t) => {
+                    let (start, len) = batch.text(t, recent);
+                    let (Ok(start), Ok(len)) = (u32::try_from(start), u32::try_from(len)) else {
+                        return Err(PartError::TooLong {
+                            row: rows.len() + batch.rows.len(),
+                            col: *col,
+                        });
+                    };
+                    row.set_range(*col, start, len);
+                }
+                Cell::Blob(b) => row.set(*col, Value::Blob(b.into())),
+            }
+        }
+        batch.rows.push(row);
+        if batch.rows.len() == BATCH_ROWS || batch.text.len() > BATCH_TEXT_LIMIT {
+            batch.finish_into(&mut rows)?;
+            recent.iter_mut().for_each(Recent::forget);
+        }
+    }
+    batch.finish_into(&mut rows)?;
+    Ok(rows)
+}
+
+/// Rows read whose texts wait for their buffer.
+#[derive(Default)]
+struct Batch {
+    rows: Vec<PendingRow>,
+    text: Vec<u8>,
+}
+
+impl Batch {
+    /// Where text `t` is in the buffer: stored now, or found stored.
+    fn text(&mut self, t: &[u8], recent: &mut Recent) -> (usize, usize) {
+        if let Some(range) = recent.find(&self.text, t) {
+            return (range.start, range.len());
+        }
+        let at = self.text.len();
+        self.text.extend_from_slice(t);
+        recent.remember(&(at..self.text.len()));
+        (at, t.len())
+    }
+
+    /// The batch's rows, each slicing the one checked buffer, appended to
+    /// `rows`; the batch is empty again.
+    fn finish_into(&mut self, rows: &mut Vec<Row>) -> std::result::Result<(), PartError> {
+        let pending = std::mem::take(&mut self.rows);
+        let text = std::mem::take(&mut self.text);
+        let first = rows.len();
+        let buf = match String::from_utf8(text) {
+            Ok(t) => TextBuf::new(t),
+            Err(e) => {
+                // Name the first value that is not UTF-8.
+                let bytes = e.into_bytes();
+                let (row, col) = pending
+                    .iter()
+                    .enumerate()
+                    .find_map(|(n, p)| {
+                        p.text_ranges()
+                            .find(|(_, r)| std::str::from_utf8(&bytes[r.clone()]).is_err())
+                            .map(|(col, _)| (n, col))
+                    })
+                    .unwrap_or((0, Col::WorkerIdentity));
+                return Err(PartError::NotUtf8 {
+                    row: first + row,
+                    col,
+                });
+            }
+        };
+        rows.reserve(pending.len());
+        for (n, p) in pending.into_iter().enumerate() {
+            // Each text was valid on its own, so its bounds are character
+            // boundaries of the whole; a row whose are not is refused.
+            let row = p.finish(buf.clone()).map_err(|col| PartError::NotUtf8 {
+                row: first + n,
+                col,
+            })?;
+            rows.push(row);
+        }
+        Ok(())
+    }
+}
+
+/// A column's last few distinct texts in the current batch, so a repeated
+/// text (a role, a status, a revision: half of a real registry's text) is
+/// stored once per batch and its values share the bytes. A column whose
+/// texts rarely repeat stops looking after a sample.
+#[derive(Default)]
+struct Recent {
+    ranges: [(u32, u32); RECENT],
+    known: usize,
+    tries: u32,
+    hits: u32,
+}
+
+const RECENT: usize = 8;
+
+impl Recent {
+    /// The range of an equal text already in `buf`, if one is known.
+    fn find(&mut self, buf: &[u8], t: &[u8]) -> Option<std::ops::Range<usize>> {
+        if self.tries >= 1024 && self.hits < self.tries / 4 {
+            return None;
+        }
+        self.tries = self.tries.saturating_add(1);
+        let found = self.ranges[..self.known]
+            .iter()
+            .map(|&(at, len)| at as usize..(at + len) as usize)
+            .find(|r| crate::text::same_bytes(&buf[r.clone()], t))?;
+        self.hits = self.hits.saturating_add(1);
+        Some(found)
+    }
+
+    /// Remember a text just stored at `range`.
+    fn remember(&mut self, range: &std::ops::Range<usize>) {
+        let (Ok(at), Ok(len)) = (u32::try_from(range.start), u32::try_from(range.len())) else {
+            return;
+        };
+        self.ranges.copy_within(0..RECENT - 1, 1);
+        self.ranges[0] = (at, len);
+        self.known = (self.known + 1).min(RECENT);
+    }
+
+    /// A new batch (a new buffer): nothing in it is known yet.
+    fn forget(&mut self) {
+        self.known = 0;
+    }
+}
+
+/// Open read-only and read every registration from the SQLite file, in
+/// one read transaction.
+pub fn load(path: &Path) -> Result<Vec<Row>> {
+    // The file the path names now; a second connection must find the same.
+    let file = file_identity(path);
+    let conn = open_read_only(path)?;
+    let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
+    map_for_reading(&conn).map_err(sql_err)?;
+    // One read transaction: the shared lock its first read takes is held
+    // until COMMIT, so no writer can commit while the rows are read.
+    conn.execute_batch("BEGIN").map_err(sql_err)?;
+    let rows = read_in_parts(&conn, path, &|| second_reader(path, file))?;
+    conn.execute_batch("COMMIT").map_err(sql_err)?;
+    Ok(rows)
+}
+
+/// How much of the registry file a reading connection maps into memory.
+/// SQLite then reads those pages where they lie in the kernel's page
+/// cache, instead of copying each into its own cache with a `pread`: a
+/// 100,000-row plan spent about a tenth of its CPU in those calls and
+/// copies (docs/performance.md, eighth round). The bound keeps the mapped
+/// pages, which count as the process's memory while mapped, small beside
+/// the rows read from them; a larger registry reads the rest as before.
+///
+/// A mapped page that cannot be read (a disk error, or the file cut short
+/// by a process that ignores SQLite's locks) raises SIGBUS instead of
+/// returning an error; `main` turns that signal into a plain message and
+/// exit 1 (`error::on_bus_error`). Only read-only paths map: apply's
+/// reads inside its write transaction never do.
+const READ_MMAP_BYTES: i64 = 64 << 20;
+
+fn map_for_reading(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(&format!("PRAGMA mmap_size = {READ_MMAP_BYTES}"))
+}
+
+/// Registries whose rowids span at least this many are read in two parts
+/// at once, one per core; smaller ones are not worth a second connection.
+const SPLIT_ROWS: i64 = 20_000;
+
+/// The device and inode a path names, if it can be read.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Read every row through `conn`, which is inside a read transaction. A
+/// large registry in rollback-journal mode is read in two halves of its
+/// rowids at once, the second through a connection from `second` that
+/// joins the same state; when there is none, `conn` reads it all.
+///
+/// Why the halves are one state: `conn` holds its shared lock from before
+/// the second connection takes its own until it has read its half, and
+/// while any shared lock is held no writer can commit (a commit needs the
+/// exclusive lock). So no commit lands between the two locks or during
+/// either read. In WAL mode each connection reads its own snapshot and a
+/// commit may land between the two, so a WAL registry is read whole.
+fn read_in_parts(
+    conn: &Connection,
+    path: &Path,
+    second: &(dyn Fn() -> std::result::Result<Connection, String> + Sync),
+) -> Result<Vec<Row>> {
+    let select = Select::of(conn, path)?;
+    let whole = || -> Result<Vec<Row>> {
+        let mut stmt = select.prepare(conn, Part::All, path)?;
+        read_part(&mut stmt, &select.present).map_err(|e| e.at(0, path))
+    };
+    let Some(mid) = split_point(conn) else {
+        return whole();
+    };
+    std::thread::scope(|scope| {
+        let (ready, joined) = std::sync::mpsc::channel::<bool>();
+        let select = &select;
+        let other = scope.spawn(
+            move || -> Option<std::result::Result<Vec<Row>, PartError>> {
+                let conn = match second() {
+                    Ok(c) => c,
+                    Err(why) => {
+                        tracing::debug!("registry read on one connection: {why}");
+                        let _ = ready.send(false);
+                        return None;
+                    }
+                };
+                let _ = ready.send(true);
+                let mut stmt =
+                    match RawStmt::prepare(&conn, &select.sql(Part::After(mid)), select.utf8) {
+                        Ok(s) => s,
+                        Err(e) => return Some(Err(PartError::Sql(e))),
+                    };
+                let rows = read_part(&mut stmt, &select.present);
+                drop(stmt);
+                let _ = conn.execute_batch("COMMIT");
+                Some(rows)
+            },
+        );
+        if !joined.recv().unwrap_or(false) {
+            let _ = other.join();
+            return whole();
+        }
+        let first = select
+            .prepare(conn, Part::UpTo(mid), path)
+            .and_then(|mut s| read_part(&mut s, &select.present).map_err(|e| e.at(0, path)));
+        let second = other.join().map_err(|_| {
+            registry_error(
+                path,
+                "the thread reading the second half of the rows stopped unexpectedly; \
+                     nothing was changed. Run the command again, and report it if it repeats",
+            )
+        })?;
+        let mut rows = first?;
+        match second {
+            Some(Ok(more)) => rows.extend(more),
+            Some(Err(e)) => return Err(e.at(rows.len(), path)),
+            None => {
+                return Err(registry_error(
+                    path,
+                    "the thread reading the second half of the rows ended without them; \
+                     nothing was changed. Run the command again, and report it if it repeats",
+                ))
+            }
+        }
+        Ok(rows)
+    })
+}
+
+/// The rowid that splits the registry in two halves, when it is worth
+/// reading them at once and sound to (see `read_in_parts`).
+fn split_point(conn: &Connection) -> Option<i64> {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return None;
+    }
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .ok()?;
+    if mode.eq_ignore_ascii_case("wal") {
+        return None;
+    }
+    // Fails for a WITHOUT ROWID table, which is read whole. Two queries:
+    // SQLite answers a lone min() or max() of the rowid from the b-tree's
+    // edge, but scans the whole table for the two in one SELECT.
+    let edge = |f: &str| -> Option<i64> {
+        conn.query_row(&format!("SELECT {f}(rowid) FROM {TABLE}"), [], |r| {
+            r.get::<_, Option<i64>>(0)
+        })
+        .ok()
+        .flatten()
+    };
+    let (lo, hi) = (i128::from(edge("min")?), i128::from(edge("max")?));
+    if hi - lo < i128::from(SPLIT_ROWS) {
+        return None;
+    }
+    i64::try_from(lo + (hi - lo) / 2).ok()
+}
+
+/// A second read-only connection to the registry, inside a read
+/// transaction that already holds its shared lock, on the same file as the
+/// first (`file`, as the path named it before the first was opened).
+fn second_reader(path: &Path, file: Option<(u64, u64)>) -> std::result::Result<Connection, String> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| e.to_string())?;
+    // Never wait: a writer waiting to commit holds a lock that keeps new
+    // readers out until the first connection, which holds its shared lock
+    // until its half is read, lets it through. Waiting would stall both.
+    conn.busy_timeout(std::time::Duration::ZERO)
+        .map_err(|e| e.to_string())?;
+    map_for_reading(&conn).map_err(|e| e.to_string())?;
+    conn.execute_batch("BEGIN").map_err(|e| e.to_string())?;
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map_err(|e| e.to_string())?;
+    if file.is_none() || file_identity(path) != file {
+        return Err("the path names another file than the one the first connection opened".into());
+    }
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Texts a column repeats are stored once per batch; every value still
+    /// reads as SQLite holds it, across batch boundaries, beside texts of
+    /// equal length that differ, NULLs and integers in the same column, and
+    /// columns with more distinct texts than are remembered.
+    #[test]
+    fn repeated_texts_read_as_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE worker_registrations (worker_identity TEXT PRIMARY KEY, role TEXT,
+             remote TEXT, status, boot_id TEXT, namespace TEXT)",
+        )
+        .unwrap();
+        let tx = conn.unchecked_transaction().unwrap();
+        for i in 0..5000u32 {
+            let status: rusqlite::types::Value = match i % 7 {
+                0 => rusqlite::types::Value::Null,
+                1 => rusqlite::types::Value::Integer(i64::from(i % 3)),
+                2 => "aaab".to_string().into(),
+                _ => "aaaa".to_string().into(),
+            };
+            tx.execute(
+                "INSERT INTO worker_registrations VALUES (?1, ?2, 'prgs', ?3, ?4, ?5)",
+                rusqlite::params![
+                    format!("w-{i}"),
+                    ["author", "reviewer", "merger", "controller", "reconciler"][(i % 5) as usize],
+                    status,
+                    format!("boot-{:02}", (i * 7) % 13),
+                    if i % 11 == 0 {
+                        String::new()
+                    } else {
+                        format!("ns-{}", i % 2)
+                    },
+                ],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+        let rows = read_rows(&conn, &path).unwrap();
+        let mut stmt = conn
+            .prepare(
+                "SELECT worker_identity, role, remote, status, boot_id, namespace \
+                 FROM worker_registrations ORDER BY rowid",
+            )
+            .unwrap();
+        let cols = [
+            Col::WorkerIdentity,
+            Col::Role,
+            Col::Remote,
+            Col::Status,
+            Col::BootId,
+            Col::Namespace,
+        ];
+        let mut cursor = stmt.query([]).unwrap();
+        let mut n = 0;
+        while let Some(r) = cursor.next().unwrap() {
+            for (i, col) in cols.iter().enumerate() {
+                let expected = value_from_sql(r.get_ref(i).unwrap()).unwrap();
+                assert_eq!(rows[n].get(*col), expected, "row {n} column {col:?}");
+            }
+            n += 1;
+        }
+        assert_eq!(n, rows.len());
+        assert_eq!(n, 5000);
+    }
+
+    /// A registry of `n` rows with every storage class, non-ASCII text and
+    /// a gap in its rowids; `tag` makes two registries' texts differ.
+    fn registry_of(path: &Path, n: i64, tag: &str) {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE worker_registrations (worker_identity TEXT PRIMARY KEY, role TEXT,
+             pid, heartbeat_ttl_seconds, boot_id, namespace TEXT)",
+        )
+        .unwrap();
+        let tx = conn.unchecked_transaction().unwrap();
+        {
+            let mut insert = tx
+                .prepare(
+                    "INSERT INTO worker_registrations (rowid, worker_identity, role, pid,
+                     heartbeat_ttl_seconds, boot_id, namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .unwrap();
+            for i in 0..n {
+                let rowid = if i < n / 3 { i + 1 } else { i + 1000 };
+                let boot: rusqlite::types::Value = match i % 4 {
+                    0 => rusqlite::types::Value::Null,
+                    1 => rusqlite::types::Value::Blob(vec![i as u8, 0, 0xff]),
+                    2 => rusqlite::types::Value::Real(i as f64 / 8.0),
+                    _ => format!("boot-{}", i % 13).into(),
+                };
+                insert
+                    .execute(rusqlite::params![
+                        rowid,
+                        format!("w-{tag}-{i}"),
+                        ["author", "réviewer", "merger"][(i % 3) as usize],
+                        i * 7,
+                        30.5,
+                        boot,
+                        if i % 5 == 0 {
+                            "ns-😀".to_string()
+                        } else {
+                            format!("ns-{i}")
+                        },
+                    ])
+                    .unwrap();
+            }
+        }
+        tx.commit().unwrap();
+    }
+
+    fn whole(path: &Path) -> Vec<Row> {
+        read_rows(&open_read_only(path).unwrap(), path).unwrap()
+    }
+
+    /// A registry large enough to be read in two halves at once reads as
+    /// the same rows, in the same order, as reading it whole.
+    #[test]
+    fn halves_read_as_the_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        registry_of(&path, 3 * SPLIT_ROWS / 2, "a");
+        let conn = open_read_only(&path).unwrap();
+        assert!(split_point(&conn).is_some(), "large enough to split");
+        let rows = load(&path).unwrap();
+        assert_eq!(rows.len() as i64, 3 * SPLIT_ROWS / 2);
+        assert!(rows == whole(&path), "the halves read as the whole");
+        assert_eq!(rows[4].get(Col::Role), crate::value::Val::Text("réviewer"));
+    }
+
+    /// Text that is not UTF-8 in the second half is named by its row in
+    /// the whole registry.
+    #[test]
+    fn bad_text_in_the_second_half_names_its_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        let n = 3 * SPLIT_ROWS / 2;
+        registry_of(&path, n, "a");
+        let conn = Connection::open(&path).unwrap();
+        let last: i64 = conn
+            .query_row("SELECT max(rowid) FROM worker_registrations", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        conn.execute(
+            "UPDATE worker_registrations SET namespace = CAST(x'6e73ff' AS TEXT) WHERE rowid = ?1",
+            [last - 1],
+        )
+        .unwrap();
+        drop(conn);
+        let e = load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("row {}: column `namespace`", n - 1)),
+            "{e}"
+        );
+    }
+
+    /// A writer waiting to commit keeps a second reader out; the read does
+    /// not wait for it (which would stall both) but reads everything on the
+    /// first connection, in the state from before the writer's commit,
+    /// which lands once the read is over.
+    #[test]
+    fn a_writer_waiting_to_commit_leaves_the_read_on_one_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        registry_of(&path, 3 * SPLIT_ROWS / 2, "a");
+        let before = whole(&path);
+        let conn = open_read_only(&path).unwrap();
+        conn.execute_batch("BEGIN").unwrap();
+        let writer_done = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            let second = || {
+                // The read holds its shared lock now; a writer commits.
+                let p = path.clone();
+                let done = &writer_done;
+                scope.spawn(move || {
+                    let w = Connection::open(&p).unwrap();
+                    w.busy_timeout(std::time::Duration::from_secs(30)).unwrap();
+                    w.execute_batch("BEGIN IMMEDIATE").unwrap();
+                    w.execute("UPDATE worker_registrations SET role = 'changed'", [])
+                        .unwrap();
+                    let committed = w.execute_batch("COMMIT");
+                    *done.lock().unwrap() = Some(committed.is_ok());
+                });
+                // Until the writer holds its pending lock, a new reader
+                // still gets in; wait for the moment it cannot.
+                let started = std::time::Instant::now();
+                loop {
+                    let probe = Connection::open(&path).unwrap();
+                    let shut_out = probe
+                        .query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+                            r.get::<_, i64>(0)
+                        })
+                        .is_err();
+                    if shut_out {
+                        break;
+                    }
+                    assert!(started.elapsed().as_secs() < 20, "the writer never waited");
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                let refused = second_reader(&path, file_identity(&path));
+                assert!(refused.is_err(), "a second reader does not get in");
+                refused
+            };
+            let rows = read_in_parts(&conn, &path, &second).unwrap();
+            assert!(rows == before, "read whole, before the writer's commit");
+            conn.execute_batch("COMMIT").unwrap();
+        });
+        assert_eq!(
+            *writer_done.lock().unwrap(),
+            Some(true),
+            "the writer committed after"
+        );
+        assert_eq!(
+            whole(&path)[0].get(Col::Role),
+            crate::value::Val::Text("changed")
+        );
+    }
+
+    /// A registry file replaced (renamed over) after the first connection
+    /// opened it is not read as the second half: the first connection reads
+    /// all of the file it opened.
+    #[test]
+    fn a_replaced_file_is_not_read_as_the_second_half() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        let other = dir.path().join("other.sqlite");
+        registry_of(&path, 3 * SPLIT_ROWS / 2, "a");
+        registry_of(&other, 3 * SPLIT_ROWS / 2, "b");
+        let before = whole(&path);
+        let file = file_identity(&path);
+        let conn = open_read_only(&path).unwrap();
+        conn.execute_batch("BEGIN").unwrap();
+        let second = || {
+            std::fs::rename(&other, &path).unwrap();
+            let refused = second_reader(&path, file);
+            assert!(
+                refused.as_ref().is_err_and(|e| e.contains("another file")),
+                "refused: {:?}",
+                refused.as_ref().err()
+            );
+            refused
+        };
+        let rows = read_in_parts(&conn, &path, &second).unwrap();
+        assert!(rows == before, "only the file first opened");
+    }
+
+    /// In WAL mode each connection reads its own snapshot, so a registry
+    /// there is read whole, on one connection.
+    #[test]
+    fn a_wal_registry_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.sqlite");
+        registry_of(&path, 3 * SPLIT_ROWS / 2, "a");
+        let conn = Connection::open(&path).unwrap();
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        drop(conn);
+        let read = open_read_only(&path).unwrap();
+        read.execute_batch("BEGIN").unwrap();
+        Select::of(&read, &path).unwrap();
+        assert_eq!(split_point(&read), None);
+        read.execute_batch("COMMIT").unwrap();
+        assert_eq!(load(&path).unwrap().len() as i64, 3 * SPLIT_ROWS / 2);
+    }
+}

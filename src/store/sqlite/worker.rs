@@ -1,0 +1,127 @@
+//! A worker's writes to its own row of a SQLite registry: each one short
+//! statement, under SQLite's busy timeout.
+
+use crate::error::{Error, Result, Store};
+use crate::row::COLUMNS;
+use crate::store::registry::TABLE;
+use crate::store::seam::{ActiveOwner, WorkerRows};
+use crate::store::table_columns;
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A SQLite registry opened for a worker's writes.
+pub struct Rows {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Rows {
+    /// Open (creating or migrating if needed) the registry at `path`.
+    pub fn open(path: &Path) -> Result<Rows> {
+        Ok(Rows {
+            conn: open(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl WorkerRows for Rows {
+    fn status_of(&mut self, identity: &str) -> Result<Option<String>> {
+        crate::store::registry::status_of(&self.conn, identity).map_err(Error::sqlite(
+            Store::Registry,
+            &self.path,
+            "cannot read",
+        ))
+    }
+
+    fn insert(&mut self, row: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+        crate::store::registry::insert(&self.conn, row)
+            .map(|_| ())
+            .map_err(Error::sqlite(
+                Store::Registry,
+                &self.path,
+                "cannot register",
+            ))
+    }
+
+    fn owner_of(&mut self, worker: &str) -> Result<Option<ActiveOwner>> {
+        owner_of(&self.conn, &self.path, worker)
+    }
+
+    fn set(
+        &mut self,
+        column: &'static str,
+        value: &str,
+        worker: &str,
+        pid: i64,
+        doing: &'static str,
+    ) -> Result<u64> {
+        let column = crate::store::quote_ident(column);
+        self.conn
+            .execute(
+                &format!(
+                    "UPDATE {TABLE} SET {column} = ?1 WHERE worker_identity = ?2 \
+                     AND status = 'active' AND pid = ?3"
+                ),
+                params![value, worker, pid],
+            )
+            .map(|n| n as u64)
+            .map_err(Error::sqlite(Store::Registry, &self.path, doing))
+    }
+}
+
+/// Open (creating if needed) a SQLite registry for a worker's writes.
+pub fn open(path: &Path) -> Result<Connection> {
+    let err = |doing| Error::sqlite(Store::Registry, path, doing);
+    let conn = Connection::open(path).map_err(err("cannot open or create"))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(err("cannot set the busy timeout"))?;
+    let complete = |conn: &Connection| -> Result<bool> {
+        let existing = table_columns(conn, TABLE).map_err(err("cannot read"))?;
+        Ok(existing
+            .is_some_and(|names| COLUMNS.iter().all(|c| names.iter().any(|n| n == c.name()))))
+    };
+    if complete(&conn)? {
+        return Ok(conn);
+    }
+    // Creating or migrating: under the write lock, deciding again there, so
+    // workers starting together do not each add the same column (the
+    // second would fail with "duplicate column name").
+    crate::store::registry::create_or_migrate_locked(&conn, path)?;
+    Ok(conn)
+}
+
+fn owner_of(conn: &Connection, path: &Path, worker: &str) -> Result<Option<ActiveOwner>> {
+    let sql = format!(
+        "SELECT pid, process_start_time, host_id, boot_id, pid_namespace FROM {TABLE} \
+         WHERE worker_identity = ?1 AND status = 'active'"
+    );
+    conn.query_row(&sql, [worker], |r| {
+        let pid: Option<i64> = r.get::<_, rusqlite::types::Value>(0).map(|v| match v {
+            rusqlite::types::Value::Integer(i) => Some(i),
+            _ => None,
+        })?;
+        let text = |i: usize| -> rusqlite::Result<Option<String>> {
+            Ok(match r.get::<_, rusqlite::types::Value>(i)? {
+                rusqlite::types::Value::Text(t) => Some(t),
+                _ => None,
+            })
+        };
+        let start = text(1)?;
+        let fencing = json!({"host_id": text(2)?, "boot_id": text(3)?, "pid_namespace": text(4)?});
+        Ok(pid.map(|pid| ActiveOwner {
+            pid,
+            start,
+            fencing,
+        }))
+    })
+    .optional()
+    .map(Option::flatten)
+    .map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot read the registration",
+    ))
+}
