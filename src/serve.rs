@@ -5,7 +5,11 @@
 //! server starts, from its command line and environment: the registry, the
 //! lease store, `profiles.json`, the profile, the policy set and the
 //! canonical repository. No tool argument can name any of them (each tool's
-//! input schema, and the parser behind it, refuse unknown fields). The
+//! input schema, and the parser behind it, refuse unknown fields), except
+//! that a tool may restate the bound repository for the seed's callers; a
+//! call naming another is refused (`repository_not_bound`). The raw request
+//! lines are checked before rmcp parses them (`strict`): a key given twice
+//! in one object is refused rather than read as its last value. The
 //! capability is decided by `capabilities.cedar` at every call, from a fresh
 //! read of `profiles.json`, and apply re-reads it before every write.
 //!
@@ -38,6 +42,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod strict;
+
 /// What a server is bound to at launch.
 #[derive(Debug)]
 pub struct Binding {
@@ -51,8 +57,8 @@ pub struct Binding {
     pub profile: String,
     /// The policy set (built-in, or a folder; apply needs it pinned).
     pub policies: Policies,
-    /// The canonical repository (a tool may restate it, never change it
-    /// for an apply of a plan this server issued).
+    /// The canonical repository. A tool may restate it, never name
+    /// another; without one, plan and apply refuse to run.
     pub canonical_repository: Option<String>,
     /// `/proc`.
     pub proc_root: PathBuf,
@@ -77,7 +83,6 @@ pub struct Lifecycle {
 pub const KEEP_PLANS: usize = 8;
 
 struct Issued {
-    canonical_repository: String,
     rows: Arc<PlannedRows>,
 }
 
@@ -136,7 +141,8 @@ fn schema(mut props: Json, required: &[&str]) -> Arc<JsonObject> {
 
 fn canonical_property() -> Json {
     json!({"type": "string", "minLength": 1,
-           "description": "Expected repository binding (OWNER/REPO); defaults to the server's own binding."})
+           "description": "The server's own repository binding (OWNER/REPO), fixed at launch; \
+                           may be restated, and any other value is refused (repository_not_bound)."})
 }
 
 /// The tools, each under its name and its `gitea_` alias.
@@ -366,17 +372,50 @@ impl FleetServer {
         }
     }
 
+    /// The repository this server was bound to at launch, if any. A call
+    /// may restate it (the seed's callers do); naming any other is refused,
+    /// whether or not the server has one.
+    fn bound(
+        &self,
+        given: Option<String>,
+    ) -> std::result::Result<Option<String>, Box<CallToolResult>> {
+        let bound = self.binding.canonical_repository.clone();
+        match given {
+            Some(named) if bound.as_deref() != Some(named.as_str()) => {
+                let detail = match &bound {
+                    Some(b) => format!(
+                        "this server is bound to canonical repository {b:?} at launch; \
+                         the call named {named:?}"
+                    ),
+                    None => format!(
+                        "this server was launched without a canonical repository; \
+                         the call named {named:?}"
+                    ),
+                };
+                Err(Box::new(tool_error(
+                    "repository_not_bound",
+                    detail,
+                    "leave canonical_repository out or give the bound one; to work on another \
+                     repository the operator launches a server bound to it \
+                     (FLEET_RETIRE_CANONICAL_REPOSITORY)",
+                    json!({"canonical_repository": named, "bound_repository": bound}),
+                )))
+            }
+            _ => Ok(bound),
+        }
+    }
+
+    /// The bound repository, which plan and apply need.
     fn canonical(&self, given: Option<String>) -> std::result::Result<String, Box<CallToolResult>> {
-        given
-            .or_else(|| self.binding.canonical_repository.clone())
-            .ok_or_else(|| {
-                Box::new(tool_error(
-                    "canonical_repository_missing",
-                    "this server has no canonical repository and the call gave none".into(),
-                    "pass canonical_repository, or start the server with FLEET_RETIRE_CANONICAL_REPOSITORY",
-                    json!({}),
-                ))
-            })
+        self.bound(given)?.ok_or_else(|| {
+            Box::new(tool_error(
+                "canonical_repository_missing",
+                "this server was launched without a canonical repository".into(),
+                "the operator restarts the server with FLEET_RETIRE_CANONICAL_REPOSITORY \
+                 (--canonical-repository); a tool call cannot choose it",
+                json!({}),
+            ))
+        })
     }
 
     /// Run one tool call (blocking: SQLite, /proc, Cedar).
@@ -421,7 +460,7 @@ impl FleetServer {
             &b.registry,
             &b.leases,
             &b.proc_root,
-            canonical.clone(),
+            canonical,
             &b.policies,
         ) {
             Ok(p) => p,
@@ -457,7 +496,6 @@ impl FleetServer {
             plan.policy_fingerprint
         );
         self.remember(Issued {
-            canonical_repository: canonical,
             rows: Arc::new(PlannedRows::of(&plan)),
         });
         success(summary, body)
@@ -472,18 +510,22 @@ impl FleetServer {
         list.push_back(issued);
     }
 
-    fn recall(&self, registry_fingerprint: &str) -> Option<(String, Arc<PlannedRows>)> {
+    fn recall(&self, registry_fingerprint: &str) -> Option<Arc<PlannedRows>> {
         let list = self.issued.lock().unwrap_or_else(|p| p.into_inner());
         list.iter()
             .rev()
             .find(|i| i.rows.registry_fingerprint == registry_fingerprint)
-            .map(|i| (i.canonical_repository.clone(), i.rows.clone()))
+            .map(|i| i.rows.clone())
     }
 
     fn snapshot(&self, a: SnapshotArgs, canonical: Option<String>) -> CallToolResult {
         if let Err(denied) = self.capability("snapshot") {
             return *denied;
         }
+        let canonical = match self.bound(canonical) {
+            Ok(c) => c,
+            Err(refused) => return *refused,
+        };
         let b = &self.binding;
         if let Some(list) = &a.expected_manifest {
             if let Some(i) = list
@@ -504,7 +546,7 @@ impl FleetServer {
         };
         let opts = crate::snapshot::Options {
             now: crate::time::now(),
-            canonical_repository: canonical.or_else(|| b.canonical_repository.clone()),
+            canonical_repository: canonical,
             expected_live_revision: a.expected_revision.filter(|r| !r.is_empty()),
             manifest: a.expected_manifest,
             host_id: crate::evidence::probe::HostFacts::observe(&b.proc_root).host_id,
@@ -517,6 +559,12 @@ impl FleetServer {
 
     fn apply(&self, a: ApplyArgs, canonical: Option<String>) -> CallToolResult {
         let b = &self.binding;
+        // Every plan this server issued used its bound repository, so the
+        // recalled rows and the repository always agree.
+        let canonical = match self.canonical(canonical) {
+            Ok(c) => c,
+            Err(refused) => return *refused,
+        };
         let workers = match a.worker_identities {
             Workers::List(list) => list,
             Workers::Text(text) => match parse_workers(&text) {
@@ -532,23 +580,6 @@ impl FleetServer {
             },
         };
         let recalled = self.recall(&a.registry_fingerprint);
-        let canonical = match (&recalled, canonical) {
-            (Some((planned, _)), Some(given)) if *planned != given => {
-                return tool_error(
-                    "canonical_repository_mismatch",
-                    format!(
-                        "the plan used canonical repository {planned:?} but {given:?} was given"
-                    ),
-                    "apply with the canonical repository the plan used",
-                    json!({}),
-                )
-            }
-            (Some((planned, _)), _) => planned.clone(),
-            (None, given) => match self.canonical(given) {
-                Ok(c) => c,
-                Err(e) => return *e,
-            },
-        };
         let req = Request {
             registry_fingerprint: a.registry_fingerprint,
             candidate_fingerprint: a.candidate_fingerprint,
@@ -556,7 +587,7 @@ impl FleetServer {
             workers,
             canonical_repository: Some(canonical),
             max_retire: b.max_retire,
-            planned: recalled.map(|(_, rows)| rows),
+            planned: recalled,
         };
         let probe = SystemProbe::new(&b.proc_root);
         let ctx = Context {
@@ -596,10 +627,14 @@ impl FleetServer {
 impl ServerHandler for FleetServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("fleet-retire", env!("CARGO_PKG_VERSION")))
+            .with_server_info(Implementation::new(
+                "fleet-retire",
+                env!("CARGO_PKG_VERSION"),
+            ))
             .with_instructions(
                 "Plan, then apply, the retirement of stale worker registrations. This server's \
-                 profile, files and policies are fixed at launch; tool arguments cannot change them.",
+                 profile, files, policies and canonical repository are fixed at launch; tool \
+                 arguments cannot change them.",
             )
     }
 
@@ -753,7 +788,7 @@ async fn serve_until_stopped(
         lost.clone(),
     ));
     let stop = tokio::select! {
-        started = server.serve(rmcp::transport::stdio()) => match started {
+        started = server.serve(strict::stdio()) => match started {
             Err(e) => {
                 tracing::warn!("the MCP session did not start: {e}");
                 Stop::Closed

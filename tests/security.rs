@@ -2046,3 +2046,56 @@ fn a_lease_naming_a_session_or_identity_by_another_type_still_protects_it() {
     assert_eq!(status_of(&stores.registry, "w-session"), "active");
     assert_eq!(status_of(&stores.registry, "9000"), "active");
 }
+
+// ---- hostile inputs: serve's repository and duplicated keys (item 4) ----
+
+/// Stores with three dead workers bound to the canonical repository and a
+/// dead one, `w-other`, bound to `other/repo`, attacked by
+/// `tests/mcp_client/hostile.py ATTACK` (the official Python MCP SDK's
+/// client, talking to a real `serve` bound to `prgs/gitea-tools`). `None`
+/// when the SDK is missing.
+fn attack_serve(attack: &str) -> Option<(Stores, String)> {
+    let mut rows = Vec::new();
+    for i in 1..=3 {
+        let (pid, start) = dead_process();
+        rows.push(stale_row(&format!("w-dead-{i}"), pid, &start));
+    }
+    let (pid, start) = dead_process();
+    let mut other = stale_row("w-other", pid, &start);
+    other["repository_binding"] = json!("other/repo");
+    rows.push(other);
+    let stores = Stores::new(&rows);
+    let out = run_mcp_client(
+        "hostile.py",
+        &[EXE.as_ref(), stores.dir.path().as_os_str(), attack.as_ref()],
+        Duration::from_secs(120),
+    )?;
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("all attacks refused"), "{all}");
+    Some((stores, all))
+}
+
+#[test]
+fn a_serve_tool_call_cannot_pick_another_canonical_repository() {
+    let Some((stores, all)) = attack_serve("repository") else {
+        return;
+    };
+    assert!(
+        all.contains("a plan naming another repository is refused"),
+        "{all}"
+    );
+    assert_eq!(status_of(&stores.registry, "w-other"), "active");
+    assert_eq!(status_of(&stores.registry, "w-dead-1"), "active");
+}
+
+#[test]
+fn a_duplicated_key_in_serve_tool_arguments_is_refused() {
+    let Some((stores, all)) = attack_serve("duplicate-key") else {
+        return;
+    };
+    assert!(all.contains("a JSON-RPC error naming the key"), "{all}");
+    for w in ["w-dead-1", "w-dead-2", "w-dead-3"] {
+        assert_eq!(status_of(&stores.registry, w), "active", "{w}");
+    }
+}

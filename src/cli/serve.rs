@@ -23,7 +23,8 @@ pub struct ServeArgs {
     /// The profile this server acts as.
     #[arg(long, env = "GITEA_MCP_PROFILE", value_name = "NAME")]
     pub profile: String,
-    /// The expected repository binding (the tools' default).
+    /// The canonical repository, fixed for the server's life: a tool call
+    /// may restate it, and one naming another is refused.
     #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO",
           value_parser = crate::text::nonblank_repository)]
     pub canonical_repository: Option<String>,

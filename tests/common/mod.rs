@@ -663,3 +663,41 @@ pub fn pg_statuses(db: &PgDb) -> Vec<(String, String)> {
         .map(|r| (r.get(0), r.get(1)))
         .collect()
 }
+
+/// Run `tests/mcp_client/<script>` with python3 and `args`: a client of the
+/// official Python MCP SDK, which this project did not write. `None` when
+/// python3 or its `mcp` package is missing (see [`skip_unless`]); a script
+/// still running after `limit` is killed and the test fails.
+pub fn run_mcp_client(
+    script: &str,
+    args: &[&std::ffi::OsStr],
+    limit: std::time::Duration,
+) -> Option<Output> {
+    let sdk = Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if skip_unless(sdk, "python3 with the `mcp` package") {
+        return None;
+    }
+    let child = Command::new("python3")
+        .arg(Path::new("tests/mcp_client").join(script))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    match finished.recv_timeout(limit) {
+        Ok(out) => Some(out.unwrap()),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("{script} was still running after {limit:?}; killed it");
+        }
+    }
+}
