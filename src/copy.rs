@@ -443,7 +443,9 @@ fn lease_difference(
     copied: &[crate::store::leases::Lease],
 ) -> String {
     use crate::store::leases::Lease;
-    let name = |l: &Lease| crate::text::esc(&l.get("lease_id").canon()).into_owned();
+    let name = |l: &Lease| {
+        crate::text::esc(&l.get(crate::store::leases::LeaseCol::LeaseId).canon()).into_owned()
+    };
     let by_id: std::collections::HashMap<String, &Lease> =
         copied.iter().map(|l| (name(l), l)).collect();
     for lease in source.iter().filter(|l| l.is_active()) {

@@ -5,7 +5,7 @@
 //! not change.
 
 use crate::row::{Col, Row};
-use crate::store::leases::Lease;
+use crate::store::leases::{Lease, LeaseCol};
 use sha2::{Digest, Sha256};
 
 /// The registry-token field list, in contract order. `instance_id_source`,
@@ -39,16 +39,16 @@ pub const FINGERPRINT_FIELDS: &[Col] = &[
 ];
 
 /// Lease fields that take part in the external-state token.
-pub const LEASE_FENCE_FIELDS: &[&str] = &[
-    "lease_id",
-    "role",
-    "target",
-    "status",
-    "session_id",
-    "owner_session_id",
-    "owner_pid",
-    "session_pid",
-    "generation",
+pub const LEASE_FENCE_FIELDS: &[LeaseCol] = &[
+    LeaseCol::LeaseId,
+    LeaseCol::Role,
+    LeaseCol::Target,
+    LeaseCol::Status,
+    LeaseCol::SessionId,
+    LeaseCol::OwnerSessionId,
+    LeaseCol::OwnerPid,
+    LeaseCol::SessionPid,
+    LeaseCol::Generation,
 ];
 
 const UNIT: char = '\u{1f}';
@@ -306,13 +306,13 @@ pub fn external_state_fingerprint<'a>(leases: impl IntoIterator<Item = &'a Lease
         .into_iter()
         .map(|lease| {
             let mut out = String::new();
-            for (i, name) in LEASE_FENCE_FIELDS.iter().enumerate() {
+            for (i, col) in LEASE_FENCE_FIELDS.iter().enumerate() {
                 if i > 0 {
                     out.push(UNIT);
                 }
-                out.push_str(name);
+                out.push_str(col.name());
                 out.push('=');
-                out.push_str(&lease.get(name).canon());
+                out.push_str(&lease.get(*col).canon());
             }
             out
         })

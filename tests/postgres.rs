@@ -47,9 +47,9 @@ fn sqlite_leases(path: &Path, leases: &[fleet_retire::store::leases::Lease]) {
     let names = fleet_retire::store::leases::COLUMNS;
     let marks: Vec<String> = (1..=names.len()).map(|i| format!("?{i}")).collect();
     for l in leases {
-        let values: Vec<rusqlite::types::Value> = names
+        let values: Vec<rusqlite::types::Value> = fleet_retire::store::leases::LEASE_COLUMNS
             .iter()
-            .map(|n| fleet_retire::store::registry::sql_value(l.get(n).as_val()))
+            .map(|c| fleet_retire::store::registry::sql_value(l.get(*c).as_val()))
             .collect();
         conn.execute(
             &format!(

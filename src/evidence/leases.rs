@@ -5,7 +5,7 @@
 //! without the table is an error: it is never read as "no leases".
 
 use crate::error::Result;
-pub use crate::store::leases::{Lease, COLUMNS, TABLE};
+pub use crate::store::leases::{Lease, LeaseCol, COLUMNS, TABLE};
 pub use crate::store::seam::FenceSource;
 use crate::value::Value;
 use std::collections::BTreeSet;
@@ -38,12 +38,15 @@ impl Protections {
     pub fn from_leases<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> Protections {
         let mut p = Protections::default();
         for lease in leases.into_iter().filter(|l| l.is_active()) {
-            names(&mut p.worker_identities, lease.get("owner_worker_identity"));
-            for name in ["session_id", "owner_session_id"] {
-                names(&mut p.session_ids, lease.get(name));
+            names(
+                &mut p.worker_identities,
+                lease.get(LeaseCol::OwnerWorkerIdentity),
+            );
+            for col in [LeaseCol::SessionId, LeaseCol::OwnerSessionId] {
+                names(&mut p.session_ids, lease.get(col));
             }
-            for name in ["owner_pid", "session_pid"] {
-                let v = lease.get(name);
+            for col in [LeaseCol::OwnerPid, LeaseCol::SessionPid] {
+                let v = lease.get(col);
                 if *v != Value::Null {
                     p.pids.insert(v.canon());
                 }

@@ -56,28 +56,104 @@ pub fn odd_column_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<
     })
 }
 
-/// One lease row: every column as read.
+/// A column of the lease table (docs/semantics.md §6), named once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseCol {
+    /// `lease_id`.
+    LeaseId,
+    /// `role`.
+    Role,
+    /// `target`.
+    Target,
+    /// `status`: only exactly `active` counts.
+    Status,
+    /// `session_id`.
+    SessionId,
+    /// `owner_session_id`.
+    OwnerSessionId,
+    /// `owner_pid`.
+    OwnerPid,
+    /// `session_pid`.
+    SessionPid,
+    /// `generation`.
+    Generation,
+    /// `owner_worker_identity`.
+    OwnerWorkerIdentity,
+    /// `acquired_at`.
+    AcquiredAt,
+    /// `expires_at` (never consulted: a lease counts by its status).
+    ExpiresAt,
+}
+
+/// Every lease column, in the table's order (the order of [`COLUMNS`]).
+pub const LEASE_COLUMNS: [LeaseCol; 12] = [
+    LeaseCol::LeaseId,
+    LeaseCol::Role,
+    LeaseCol::Target,
+    LeaseCol::Status,
+    LeaseCol::SessionId,
+    LeaseCol::OwnerSessionId,
+    LeaseCol::OwnerPid,
+    LeaseCol::SessionPid,
+    LeaseCol::Generation,
+    LeaseCol::OwnerWorkerIdentity,
+    LeaseCol::AcquiredAt,
+    LeaseCol::ExpiresAt,
+];
+
+impl LeaseCol {
+    /// The column's name in the table.
+    pub fn name(self) -> &'static str {
+        COLUMNS[self as usize]
+    }
+
+    /// The column of that name, if it is one of ours.
+    pub fn from_name(name: &str) -> Option<LeaseCol> {
+        LEASE_COLUMNS.iter().copied().find(|c| c.name() == name)
+    }
+}
+
+/// One lease row: our columns by [`LeaseCol`], and any other column the
+/// store has, by name (kept so the fence digests every column). A column
+/// absent from the row (a fixture may leave some out) reads as NULL and is
+/// not listed by [`Lease::fields`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Lease {
-    fields: BTreeMap<String, Value>,
+    known: [Option<Value>; 12],
+    extra: BTreeMap<String, Value>,
 }
 
 const NULL: Value = Value::Null;
 
 impl Lease {
     /// A column's value (NULL when absent).
-    pub fn get(&self, name: &str) -> &Value {
-        self.fields.get(name).unwrap_or(&NULL)
+    pub fn get(&self, col: LeaseCol) -> &Value {
+        self.known[col as usize].as_ref().unwrap_or(&NULL)
     }
 
     /// A lease from its columns, as read.
     pub fn from_fields(fields: BTreeMap<String, Value>) -> Lease {
-        Lease { fields }
+        let mut lease = Lease::default();
+        for (name, value) in fields {
+            match LeaseCol::from_name(&name) {
+                Some(col) => lease.known[col as usize] = Some(value),
+                None => {
+                    lease.extra.insert(name, value);
+                }
+            }
+        }
+        lease
     }
 
-    /// Every column as read, in column-name order.
+    /// Every column the row has, ours and others, in column-name order.
     pub fn fields(&self) -> impl Iterator<Item = (&str, &Value)> {
-        self.fields.iter().map(|(k, v)| (k.as_str(), v))
+        let mut all: Vec<(&str, &Value)> = LEASE_COLUMNS
+            .iter()
+            .filter_map(|c| self.known[*c as usize].as_ref().map(|v| (c.name(), v)))
+            .chain(self.extra.iter().map(|(k, v)| (k.as_str(), v)))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        all.into_iter()
     }
 
     /// Build from a JSON object (fixtures).
@@ -89,12 +165,12 @@ impl Lease {
                 Value::from_json(v).map_err(|e| format!("field `{k}`: {e}"))?,
             );
         }
-        Ok(Lease { fields })
+        Ok(Lease::from_fields(fields))
     }
 
     /// `status` is exactly the text `active`.
     pub fn is_active(&self) -> bool {
-        self.get("status").as_text() == Some("active")
+        self.get(LeaseCol::Status).as_text() == Some("active")
     }
 }
 

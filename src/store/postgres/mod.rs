@@ -787,10 +787,11 @@ pub fn insert_leases_in(
         .prepare(&sql)
         .map_err(Error::postgres(Store::Leases, label, "cannot prepare"))?;
     for (n, lease) in leases.iter().enumerate() {
-        let values = names
+        let values = super::leases::LEASE_COLUMNS
             .iter()
-            .map(|c| {
-                to_sql(lease.get(c).as_val(), Kind::of_lease(c))
+            .map(|col| {
+                let c = col.name();
+                to_sql(lease.get(*col).as_val(), Kind::of_lease(c))
                     .map_err(|e| lease_error(label, format!("lease {} column `{c}` {e}", n + 1)))
             })
             .collect::<Result<Vec<_>>>()?;
