@@ -18,6 +18,7 @@
 //! refuses the same objects in the registry it copies from.
 
 pub mod audit;
+pub mod batch;
 pub mod leases;
 pub mod location;
 pub mod open;

@@ -444,17 +444,24 @@ pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec
         .query_raw(&sql, std::iter::empty::<&(dyn ToSql + Sync)>())
         .map_err(err)?;
     let mut rows = Vec::new();
-    let mut batch = Batch::default();
+    let mut batch = crate::store::batch::RowBatch::new(present.len());
     while let Some(r) = fallible_iterator::FallibleIterator::next(&mut stream).map_err(err)? {
-        for i in 0..present.len() {
-            batch.push(&r, i).map_err(err)?;
-        }
-        // Texts are sliced with 32-bit offsets: a batch stops well before.
-        if batch.values.len() >= BATCH_ROWS * present.len() || batch.text.len() > 1 << 30 {
-            batch.drain_into(&present, &mut rows);
+        let cells = (0..present.len())
+            .map(|i| cell_at(&r, i))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(err)?;
+        batch
+            .push_row(&present, rows.len(), |i| cells[i])
+            .map_err(|e| registry_error(label, e.to_string()))?;
+        if batch.full() {
+            batch
+                .finish_into(&mut rows)
+                .map_err(|e| registry_error(label, e.to_string()))?;
         }
     }
-    batch.drain_into(&present, &mut rows);
+    batch
+        .finish_into(&mut rows)
+        .map_err(|e| registry_error(label, e.to_string()))?;
     rows.sort_by(|a, b| {
         let id = |r: &Row| r.get(Col::WorkerIdentity).canon_cow().into_owned();
         match (
@@ -468,72 +475,26 @@ pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec
     Ok(rows)
 }
 
-const BATCH_ROWS: usize = 1024;
-
-/// One value of a result row as received: text goes to the batch's buffer.
-enum Raw {
-    Null,
-    Int(i64),
-    Real(f64),
-    Text(std::ops::Range<usize>),
-}
-
-/// Rows as received, their texts in one buffer that becomes the texts'
-/// shared buffer (as the SQLite reader does): no allocation per value.
-#[derive(Default)]
-struct Batch {
-    values: Vec<Raw>,
-    text: String,
-}
-
-impl Batch {
-    fn push(&mut self, row: &postgres::Row, i: usize) -> std::result::Result<(), postgres::Error> {
-        let ty = row.columns()[i].type_();
-        let raw = if *ty == Type::TEXT || *ty == Type::VARCHAR {
-            match row.try_get::<_, Option<&str>>(i)? {
-                None => Raw::Null,
-                Some(t) => {
-                    let at = self.text.len();
-                    self.text.push_str(t);
-                    Raw::Text(at..self.text.len())
-                }
-            }
-        } else {
-            match value_at(row, i)? {
-                Value::Int(x) => Raw::Int(x),
-                Value::Real(x) => Raw::Real(x),
-                // `value_at` gives nothing else for the other readable types.
-                _ => Raw::Null,
-            }
-        };
-        self.values.push(raw);
-        Ok(())
+/// One value of a result row as a cell for the row-batch builder: text
+/// as its bytes, the other readable types by their kind.
+fn cell_at(
+    row: &postgres::Row,
+    i: usize,
+) -> std::result::Result<crate::store::batch::Cell<'_>, postgres::Error> {
+    use crate::store::batch::Cell;
+    let ty = row.columns()[i].type_();
+    if *ty == Type::TEXT || *ty == Type::VARCHAR {
+        return Ok(match row.try_get::<_, Option<&str>>(i)? {
+            None => Cell::Null,
+            Some(t) => Cell::Text(t.as_bytes()),
+        });
     }
-
-    fn drain_into(&mut self, present: &[Col], rows: &mut Vec<Row>) {
-        if self.values.is_empty() {
-            return;
-        }
-        let buf = crate::value::TextBuf::new(std::mem::take(&mut self.text));
-        for raw in self.values.chunks_exact(present.len()) {
-            let mut row = Row::in_buffer(buf.clone());
-            for (col, v) in present.iter().zip(raw) {
-                match v {
-                    Raw::Null => {}
-                    Raw::Int(x) => row.set(*col, Value::Int(*x)),
-                    Raw::Real(x) => row.set(*col, Value::Real(*x)),
-                    // Each text was a whole string, so its bounds are
-                    // character boundaries of the buffer (and a range that
-                    // were not would leave the field NULL).
-                    Raw::Text(r) => {
-                        row.set_slice(*col, r.clone());
-                    }
-                }
-            }
-            rows.push(row);
-        }
-        self.values.clear();
-    }
+    Ok(match value_at(row, i)? {
+        Value::Int(x) => Cell::Int(x),
+        Value::Real(x) => Cell::Real(x),
+        // `value_at` gives nothing else for the other readable types.
+        _ => Cell::Null,
+    })
 }
 
 /// Read lease rows (all, or the active ones only).

@@ -5,8 +5,9 @@
 //! NULL. Columns the program does not know are ignored.
 
 use crate::error::{Error, Result, Store};
-use crate::row::{Col, PendingRow, Row, COLUMNS};
-use crate::value::{TextBuf, Value};
+use crate::row::{Col, Row, COLUMNS};
+use crate::store::batch::{BatchError, Cell, RowBatch};
+use crate::value::Value;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use std::path::Path;
@@ -228,15 +229,6 @@ struct RawStmt<'c> {
     _conn: std::marker::PhantomData<&'c Connection>,
 }
 
-/// One column of the current row, borrowed from SQLite until the next step.
-enum Cell<'s> {
-    Null,
-    Int(i64),
-    Real(f64),
-    Text(&'s [u8]),
-    Blob(&'s [u8]),
-}
-
 impl<'c> RawStmt<'c> {
     fn prepare(conn: &'c Connection, sql: &str, utf8: bool) -> rusqlite::Result<RawStmt<'c>> {
         use rusqlite::ffi;
@@ -342,6 +334,15 @@ enum PartError {
     TooLong { row: usize, col: Col },
 }
 
+impl From<BatchError> for PartError {
+    fn from(e: BatchError) -> PartError {
+        match e {
+            BatchError::NotUtf8 { row, col } => PartError::NotUtf8 { row, col },
+            BatchError::TooLong { row, col } => PartError::TooLong { row, col },
+        }
+    }
+}
+
 impl PartError {
     /// The error, with rows counted from the registry's first when the
     /// part starts at row `first_row`.
@@ -370,151 +371,19 @@ impl PartError {
     }
 }
 
-/// A batch's text buffer stops growing past this (the texts' offsets are
-/// 32-bit); the batch is finished early instead.
-const BATCH_TEXT_LIMIT: usize = 1 << 30;
-
-const BATCH_ROWS: usize = 1024;
-
-/// Step through one statement, building rows as SQLite gives them. A
-/// batch's texts are copied into one buffer (a text its column repeats,
-/// once), checked as UTF-8 in one pass, and shared by the batch's rows.
+/// Step through one statement, building rows as SQLite gives them into
+/// the shared row-batch builder ([`crate::store::batch`]).
 fn read_part(stmt: &mut RawStmt<'_>, present: &[Col]) -> std::result::Result<Vec<Row>, PartError> {
-    let mut recent: Vec<Recent> = (0..present.len()).map(|_| Recent::default()).collect();
     let mut rows = Vec::new();
-    let mut batch = Batch::default();
+    let mut batch = RowBatch::new(present.len());
     while stmt.step().map_err(PartError::Sql)? {
-        let mut row = PendingRow::default();
-        for (i, (col, recent)) in present.iter().zip(recent.iter_mut()).enumerate() {
-            match stmt.cell(i) {
-                Cell::Null => {}
-                Cell::Int(x) => row.set_int(*col, x),
-                Cell::Real(x) => row.set_real(*col, x),
-                Cell::Text(t) => {
-                    let (start, len) = batch.text(t, recent);
-                    let (Ok(start), Ok(len)) = (u32::try_from(start), u32::try_from(len)) else {
-                        return Err(PartError::TooLong {
-                            row: rows.len() + batch.rows.len(),
-                            col: *col,
-                        });
-                    };
-                    row.set_range(*col, start, len);
-                }
-                Cell::Blob(b) => row.set(*col, Value::Blob(b.into())),
-            }
-        }
-        batch.rows.push(row);
-        if batch.rows.len() == BATCH_ROWS || batch.text.len() > BATCH_TEXT_LIMIT {
+        batch.push_row(present, rows.len(), |i| stmt.cell(i))?;
+        if batch.full() {
             batch.finish_into(&mut rows)?;
-            recent.iter_mut().for_each(Recent::forget);
         }
     }
     batch.finish_into(&mut rows)?;
     Ok(rows)
-}
-
-/// Rows read whose texts wait for their buffer.
-#[derive(Default)]
-struct Batch {
-    rows: Vec<PendingRow>,
-    text: Vec<u8>,
-}
-
-impl Batch {
-    /// Where text `t` is in the buffer: stored now, or found stored.
-    fn text(&mut self, t: &[u8], recent: &mut Recent) -> (usize, usize) {
-        if let Some(range) = recent.find(&self.text, t) {
-            return (range.start, range.len());
-        }
-        let at = self.text.len();
-        self.text.extend_from_slice(t);
-        recent.remember(&(at..self.text.len()));
-        (at, t.len())
-    }
-
-    /// The batch's rows, each slicing the one checked buffer, appended to
-    /// `rows`; the batch is empty again.
-    fn finish_into(&mut self, rows: &mut Vec<Row>) -> std::result::Result<(), PartError> {
-        let pending = std::mem::take(&mut self.rows);
-        let text = std::mem::take(&mut self.text);
-        let first = rows.len();
-        let buf = match String::from_utf8(text) {
-            Ok(t) => TextBuf::new(t),
-            Err(e) => {
-                // Name the first value that is not UTF-8.
-                let bytes = e.into_bytes();
-                let (row, col) = pending
-                    .iter()
-                    .enumerate()
-                    .find_map(|(n, p)| {
-                        p.text_ranges()
-                            .find(|(_, r)| std::str::from_utf8(&bytes[r.clone()]).is_err())
-                            .map(|(col, _)| (n, col))
-                    })
-                    .unwrap_or((0, Col::WorkerIdentity));
-                return Err(PartError::NotUtf8 {
-                    row: first + row,
-                    col,
-                });
-            }
-        };
-        rows.reserve(pending.len());
-        for (n, p) in pending.into_iter().enumerate() {
-            // Each text was valid on its own, so its bounds are character
-            // boundaries of the whole; a row whose are not is refused.
-            let row = p.finish(buf.clone()).map_err(|col| PartError::NotUtf8 {
-                row: first + n,
-                col,
-            })?;
-            rows.push(row);
-        }
-        Ok(())
-    }
-}
-
-/// A column's last few distinct texts in the current batch, so a repeated
-/// text (a role, a status, a revision: half of a real registry's text) is
-/// stored once per batch and its values share the bytes. A column whose
-/// texts rarely repeat stops looking after a sample.
-#[derive(Default)]
-struct Recent {
-    ranges: [(u32, u32); RECENT],
-    known: usize,
-    tries: u32,
-    hits: u32,
-}
-
-const RECENT: usize = 8;
-
-impl Recent {
-    /// The range of an equal text already in `buf`, if one is known.
-    fn find(&mut self, buf: &[u8], t: &[u8]) -> Option<std::ops::Range<usize>> {
-        if self.tries >= 1024 && self.hits < self.tries / 4 {
-            return None;
-        }
-        self.tries = self.tries.saturating_add(1);
-        let found = self.ranges[..self.known]
-            .iter()
-            .map(|&(at, len)| at as usize..(at + len) as usize)
-            .find(|r| crate::text::same_bytes(&buf[r.clone()], t))?;
-        self.hits = self.hits.saturating_add(1);
-        Some(found)
-    }
-
-    /// Remember a text just stored at `range`.
-    fn remember(&mut self, range: &std::ops::Range<usize>) {
-        let (Ok(at), Ok(len)) = (u32::try_from(range.start), u32::try_from(range.len())) else {
-            return;
-        };
-        self.ranges.copy_within(0..RECENT - 1, 1);
-        self.ranges[0] = (at, len);
-        self.known = (self.known + 1).min(RECENT);
-    }
-
-    /// A new batch (a new buffer): nothing in it is known yet.
-    fn forget(&mut self) {
-        self.known = 0;
-    }
 }
 
 /// Open read-only and read every registration from the SQLite file, in
