@@ -1,8 +1,12 @@
 //! fleet-retire: decide by Cedar policy which stale worker registrations may
-//! be retired, and retire them in one guarded SQLite transaction.
+//! be retired, and retire them in one guarded transaction, on a SQLite
+//! registry or a PostgreSQL one.
 //!
-//! The data flows one way: `evidence` (the only code touching the world) →
-//! `observe` (Rust measures) → `policy` (Cedar judges) → `plan` → `report`.
+//! The data flows one way: the stores (`store`, one folder per engine behind
+//! one seam) and `evidence` (the host: `/proc`, `kill(2)`, host identity,
+//! randomness) are what touch the world → `observe` (Rust measures) →
+//! `policy` (Cedar judges) → `plan` → `report`. Apply, the worker commands,
+//! `serve`, `launch` and `copy` write, each through the store's seam.
 #![deny(missing_docs)]
 
 pub mod apply;

@@ -1,5 +1,7 @@
-//! Apply: retire exactly what a plan approved, inside one `BEGIN IMMEDIATE`
-//! transaction, or nothing at all.
+//! Apply: retire exactly what a plan approved, inside one transaction of the
+//! registry's engine (SQLite's `BEGIN IMMEDIATE`, PostgreSQL's
+//! `SERIALIZABLE`; `store::seam::ApplyTx`), or nothing at all. This is the
+//! story, written once; each engine says its steps in its own folder.
 //!
 //! The order of refusals is docs/semantics.md §10, step for step. Inside the lock the
 //! plan is re-derived from what is read there with the same `plan` function,
