@@ -96,7 +96,9 @@ impl ApplyTx for Tx<'_> {
     }
 
     fn before_writes(&mut self, targets: &[String], apply_id: &str) -> Result<()> {
+        let started = std::time::Instant::now();
         let image = super::image::pre_image(&mut self.tx, targets, apply_id, &self.label)?;
+        tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before the first write");
         self.image = Some(image);
         Ok(())
     }
@@ -113,7 +115,9 @@ impl ApplyTx for Tx<'_> {
         let Some(pre) = self.image.as_ref() else {
             return Ok(Some("no image was taken before the first write".into()));
         };
+        let started = std::time::Instant::now();
         let found = super::image::differences(&mut self.tx, pre, apply_id, written, &self.label)?;
+        tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before COMMIT");
         Ok((!found.is_empty()).then(|| found.join("; ")))
     }
 
