@@ -1,6 +1,13 @@
-//! Apply, end to end: real SQLite files, real child processes, the real
-//! binary where the path goes through the command line, and the library's
-//! test seams where a step must happen inside the transaction.
+//! Apply, end to end: real SQLite files and a real PostgreSQL database,
+//! real child processes, the real binary where the path goes through the
+//! command line, and the library's test seams where a step must happen
+//! inside the transaction.
+//!
+//! Every test body takes an [`Engine`] and runs twice, as
+//! `<body>::on_sqlite` and `<body>::on_postgres`: the checks apply makes
+//! are the same on both engines, so they are written once. The PostgreSQL
+//! half needs a cluster (FLEET_RETIRE_TEST_POSTGRES; `.ci/run` starts
+//! one); without it it says so and passes, except under `CI=true`.
 
 mod common;
 
@@ -11,43 +18,49 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-fn statuses(path: &Path) -> Vec<(String, String, Option<String>)> {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    let mut stmt = conn
-        .prepare("SELECT worker_identity, status, retired_by FROM worker_registrations ORDER BY worker_identity")
-        .unwrap();
-    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+/// Each name is a test body taking an [`Engine`]; it becomes a module of
+/// two tests, `on_sqlite` and `on_postgres`. Attributes written before a
+/// name go on its PostgreSQL half only: an `#[ignore = "why"]` there is a
+/// finding against the PostgreSQL engine, kept until the engine is fixed.
+macro_rules! on_both_engines {
+    ($($(#[$postgres:meta])* $body:ident),* $(,)?) => {$(
+        mod $body {
+            #[test]
+            fn on_sqlite() {
+                super::$body(super::Engine::Sqlite)
+            }
+
+            #[test]
+            $(#[$postgres])*
+            fn on_postgres() {
+                super::$body(super::Engine::Postgres)
+            }
+        }
+    )*};
 }
 
-fn audit_rows(path: &Path) -> Vec<(String, String)> {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    let exists: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE name = 'retirement_audit'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    if exists == 0 {
-        return Vec::new();
-    }
-    let mut stmt = conn
-        .prepare(
-            "SELECT worker_identity, registry_fingerprint FROM retirement_audit ORDER BY audit_id",
-        )
-        .unwrap();
-    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
-}
+on_both_engines!(
+    happy_path_retires_exactly_the_approved_rows_then_replays_idempotently,
+    a_lease_acquired_between_plan_and_apply_moves_the_candidate_set,
+    a_heartbeat_between_plan_and_apply_moves_the_registry,
+    another_hosts_heartbeat_is_tolerated_though_its_pid_is_free_here,
+    author_reviewer_and_merger_are_denied_even_with_the_permission,
+    the_blast_radius_limit_refuses_and_can_be_raised,
+    a_subset_may_be_requested_and_repeats_and_strangers_are_reported,
+    a_changed_policy_set_is_refused,
+    two_applies_at_once_retire_each_row_once,
+    apply_migrates_an_old_registry_first,
+    a_lease_acquired_inside_the_transaction_rolls_everything_back,
+    a_revoked_permission_before_the_first_write_retires_nothing,
+    a_failure_at_commit_leaves_the_registry_as_it_was,
+    a_locked_registry_is_waited_for_within_the_busy_timeout,
+    the_post_apply_summary_is_the_registry_as_committed,
+);
 
-#[test]
-fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently() {
-    let (stores, live) = fleet();
+fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "happy") else {
+        return;
+    };
     let (plan_path, plan) = save_plan(&stores);
     assert_eq!(
         plan["candidate_worker_identities"],
@@ -58,7 +71,7 @@ fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently() {
     assert_eq!(report["outcome"], "applied");
     assert_eq!(report["retired_count"], 3);
     assert_eq!(report["mutation_performed"], true);
-    let st = statuses(&stores.registry);
+    let st = access.statuses();
     for (id, status, by) in &st {
         if id == "w-running" {
             assert_eq!(status, "active");
@@ -69,100 +82,86 @@ fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently() {
         }
     }
     assert_eq!(st.len(), 4, "nothing is deleted");
-    let audit = audit_rows(&stores.registry);
+    let audit = access.audit_rows();
     assert_eq!(audit.len(), 3);
     assert!(audit
         .iter()
         .all(|(_, fp)| fp == plan["registry_fingerprint"].as_str().unwrap()));
 
-    let before = dump(&stores.registry);
+    let before = access.dump();
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["outcome"], "already_retired");
     assert_eq!(report["mutation_performed"], false);
-    assert_eq!(dump(&stores.registry), before, "a replay changes nothing");
+    assert_eq!(access.dump(), before, "a replay changes nothing");
     drop(live);
 }
 
-#[test]
-fn a_lease_acquired_between_plan_and_apply_moves_the_candidate_set() {
-    let (stores, live) = fleet();
+fn a_lease_acquired_between_plan_and_apply_moves_the_candidate_set(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "lease_between") else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
-    let conn = rusqlite::Connection::open(&stores.leases).unwrap();
-    conn.execute(
-        "INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) VALUES ('l-new', 'active', 'w-dead-2')",
-        [],
-    )
-    .unwrap();
-    let before = dump(&stores.registry);
+    access.insert_lease(&json!({
+        "lease_id": "l-new", "status": "active", "owner_worker_identity": "w-dead-2"
+    }));
+    let before = access.dump();
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
     assert_eq!(code, Some(2), "{report}");
     assert_eq!(report["outcome"], "candidate_set_moved");
     assert_eq!(report["retired_count"], 0);
-    assert_eq!(dump(&stores.registry), before);
+    assert_eq!(access.dump(), before);
     drop(live);
 }
 
-#[test]
-fn a_heartbeat_between_plan_and_apply_moves_the_registry() {
-    let (stores, live) = fleet();
+fn a_heartbeat_between_plan_and_apply_moves_the_registry(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "heartbeat_between") else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
-    rusqlite::Connection::open(&stores.registry)
-        .unwrap()
-        .execute(
-            "UPDATE worker_registrations SET last_heartbeat_at = '2026-01-01T00:20:00Z' WHERE worker_identity = 'w-dead-1'",
-            [],
-        )
-        .unwrap();
-    let before = dump(&stores.registry);
+    access.set_heartbeat("w-dead-1", "2026-01-01T00:20:00Z");
+    let before = access.dump();
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
     assert_eq!(code, Some(2));
     assert_eq!(report["outcome"], "registry_revision_moved");
-    assert_eq!(dump(&stores.registry), before);
+    assert_eq!(access.dump(), before);
     drop(live);
 }
 
-#[test]
-fn another_hosts_heartbeat_is_tolerated_though_its_pid_is_free_here() {
+fn another_hosts_heartbeat_is_tolerated_though_its_pid_is_free_here(engine: Engine) {
     // A live worker of host B whose pid is free on this host: this host's
     // probe says "dead", yet its heartbeat (it is live on B) must not
     // refuse the apply of this host's dead workers.
-    let (stores, live) = fleet();
+    let Some((stores, live, access)) = fleet_on(engine, "other_host") else {
+        return;
+    };
     let now = |offset_s: i64| {
         fleet_retire::time::format_ts(fleet_retire::time::now() + offset_s * 1_000_000)
     };
     let mut other = stale_row("w-host-b", 4_000_123, "ticks-1");
     other["host_id"] = json!("host-b");
     other["last_heartbeat_at"] = json!(now(0));
-    insert_row(
-        &rusqlite::Connection::open(&stores.registry).unwrap(),
-        &other,
-    );
+    access.insert_row(&other);
     let (plan_path, plan) = save_plan(&stores);
     assert_eq!(
         plan["fencing_context"]["other_host_rows"], 1,
         "{}",
         plan["fencing_context"]
     );
-    rusqlite::Connection::open(&stores.registry)
-        .unwrap()
-        .execute(
-            "UPDATE worker_registrations SET last_heartbeat_at = ?1 WHERE worker_identity = 'w-host-b'",
-            [now(2)],
-        )
-        .unwrap();
+    access.set_heartbeat("w-host-b", &now(2));
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["outcome"], "applied");
     assert_eq!(report["retired_count"], 3);
     assert_eq!(report["heartbeats_tolerated_workers"], json!(["w-host-b"]));
-    assert_eq!(status_of(&stores.registry, "w-host-b"), "active");
+    assert_eq!(access.status_of("w-host-b"), "active");
     drop(live);
 }
 
-#[test]
-fn author_reviewer_and_merger_are_denied_even_with_the_permission() {
-    let (stores, live) = fleet();
+fn author_reviewer_and_merger_are_denied_even_with_the_permission(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "denied") else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
     std::fs::write(
         &stores.profiles,
@@ -175,7 +174,7 @@ fn author_reviewer_and_merger_are_denied_even_with_the_permission() {
         .to_string(),
     )
     .unwrap();
-    let before = dump(&stores.registry);
+    let before = access.dump();
     for profile in [
         "author-prgs",
         "reviewer-prgs",
@@ -187,15 +186,16 @@ fn author_reviewer_and_merger_are_denied_even_with_the_permission() {
         assert_eq!(report["outcome"], "permission_denied", "{profile}");
         assert!(report["detail"].as_str().unwrap().contains(profile));
     }
-    assert_eq!(dump(&stores.registry), before);
+    assert_eq!(access.dump(), before);
     drop(live);
 }
 
-#[test]
-fn the_blast_radius_limit_refuses_and_can_be_raised() {
-    let (stores, live) = fleet();
+fn the_blast_radius_limit_refuses_and_can_be_raised(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "blast") else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
-    let before = dump(&stores.registry);
+    let before = access.dump();
     let (code, report) = apply_cli(
         &stores,
         &plan_path,
@@ -205,7 +205,7 @@ fn the_blast_radius_limit_refuses_and_can_be_raised() {
     assert_eq!(code, Some(2));
     assert_eq!(report["outcome"], "blast_radius_exceeded");
     assert!(report["detail"].as_str().unwrap().contains("--max-retire"));
-    assert_eq!(dump(&stores.registry), before);
+    assert_eq!(access.dump(), before);
     let (code, report) = apply_cli(
         &stores,
         &plan_path,
@@ -217,9 +217,10 @@ fn the_blast_radius_limit_refuses_and_can_be_raised() {
     drop(live);
 }
 
-#[test]
-fn a_subset_may_be_requested_and_repeats_and_strangers_are_reported() {
-    let (stores, live) = fleet();
+fn a_subset_may_be_requested_and_repeats_and_strangers_are_reported(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "subset") else {
+        return;
+    };
     let (_, plan) = save_plan(&stores);
     let out = bin()
         .args(stores.apply_args("controller-prgs"))
@@ -260,14 +261,15 @@ fn a_subset_may_be_requested_and_repeats_and_strangers_are_reported() {
             ("w-ghost".to_string(), "registration_missing".to_string())
         ]
     );
-    let st = statuses(&stores.registry);
+    let st = access.statuses();
     assert_eq!(st.iter().filter(|(_, s, _)| s == "retired").count(), 1);
     drop(live);
 }
 
-#[test]
-fn a_changed_policy_set_is_refused() {
-    let (stores, live) = fleet();
+fn a_changed_policy_set_is_refused(engine: Engine) {
+    let Some((stores, live, _access)) = fleet_on(engine, "policy_moved") else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
     let mut plan: Value =
         serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
@@ -279,9 +281,10 @@ fn a_changed_policy_set_is_refused() {
     drop(live);
 }
 
-#[test]
-fn two_applies_at_once_retire_each_row_once() {
-    let (stores, live) = fleet();
+fn two_applies_at_once_retire_each_row_once(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "two_at_once") else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
     let spawn = || {
         bin()
@@ -313,13 +316,12 @@ fn two_applies_at_once_retire_each_row_once() {
             .any(|o| o == "registry_revision_moved" || o == "already_retired"),
         "{outcomes:?}"
     );
-    let audit = audit_rows(&stores.registry);
+    let audit = access.audit_rows();
     assert_eq!(audit.len(), 3, "each row retired exactly once: {audit:?}");
     drop(live);
 }
 
-#[test]
-fn apply_migrates_an_old_registry_first() {
+fn apply_migrates_an_old_registry_first(engine: Engine) {
     let (pid, start) = dead_process();
     let stores = Stores::new(&[]);
     std::fs::remove_file(&stores.registry).unwrap();
@@ -341,30 +343,27 @@ fn apply_migrates_an_old_registry_first() {
         Some(&old),
         &[stale_row("w-old", pid, &start)],
     );
+    let Some((stores, access)) = onto(engine, "migrate", stores) else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["retired_count"], 1);
-    assert_eq!(
-        statuses(&stores.registry)[0].2.as_deref(),
-        Some("controller-prgs")
-    );
+    assert_eq!(access.statuses()[0].2.as_deref(), Some("controller-prgs"));
 }
 
 // --- Steps inside the transaction, through the library's test seams (common::Lib). ---
 
-#[test]
-fn a_lease_acquired_inside_the_transaction_rolls_everything_back() {
-    let (stores, live) = fleet();
+fn a_lease_acquired_inside_the_transaction_rolls_everything_back(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "lease_inside") else {
+        return;
+    };
     let lib = Lib::new(stores);
     let req = lib.request();
-    let before = dump(&lib.stores.registry);
-    let leases = lib.stores.leases.clone();
-    let mut hook = move || {
-        rusqlite::Connection::open(&leases)
-            .unwrap()
-            .execute("INSERT INTO workflow_leases (lease_id, status, owner_pid) VALUES ('l-late', 'active', 1)", [])
-            .unwrap();
+    let before = access.dump();
+    let mut hook = || {
+        access.insert_lease(&json!({"lease_id": "l-late", "status": "active", "owner_pid": 1}));
     };
     let report = lib.run(
         &req,
@@ -387,20 +386,17 @@ fn a_lease_acquired_inside_the_transaction_rolls_everything_back() {
         "{}",
         report.detail
     );
-    assert_eq!(
-        dump(&lib.stores.registry),
-        before,
-        "no retired row, no audit table"
-    );
+    assert_eq!(access.dump(), before, "no retired row, no audit table");
     drop(live);
 }
 
-#[test]
-fn a_revoked_permission_before_the_first_write_retires_nothing() {
-    let (stores, live) = fleet();
+fn a_revoked_permission_before_the_first_write_retires_nothing(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "revoked") else {
+        return;
+    };
     let lib = Lib::new(stores);
     let req = lib.request();
-    let before = dump(&lib.stores.registry);
+    let before = access.dump();
     let profiles = lib.stores.profiles.clone();
     let mut hook = move || {
         std::fs::write(
@@ -424,16 +420,17 @@ fn a_revoked_permission_before_the_first_write_retires_nothing() {
         report.detail
     );
     assert_eq!(report.retired_count, 0);
-    assert_eq!(dump(&lib.stores.registry), before);
+    assert_eq!(access.dump(), before);
     drop(live);
 }
 
-#[test]
-fn a_failure_at_commit_leaves_the_registry_as_it_was() {
-    let (stores, live) = fleet();
+fn a_failure_at_commit_leaves_the_registry_as_it_was(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "fail_commit") else {
+        return;
+    };
     let lib = Lib::new(stores);
     let req = lib.request();
-    let before = dump(&lib.stores.registry);
+    let before = access.dump();
     let report = lib.run(
         &req,
         Hooks {
@@ -446,35 +443,39 @@ fn a_failure_at_commit_leaves_the_registry_as_it_was() {
     assert!(!report.success);
     assert!(!report.mutation_performed);
     assert_eq!(report.retired_count, 0);
-    assert_eq!(dump(&lib.stores.registry), before);
+    assert_eq!(access.dump(), before);
     drop(live);
 }
 
-#[test]
-fn a_locked_registry_is_waited_for_within_the_busy_timeout() {
-    let (stores, live) = fleet();
+fn a_locked_registry_is_waited_for_within_the_busy_timeout(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "locked") else {
+        return;
+    };
     let (plan_path, _) = save_plan(&stores);
-    let holder = rusqlite::Connection::open(&stores.registry).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Another connection holds the write lock (SQLite: `BEGIN IMMEDIATE`;
+    // PostgreSQL: `LOCK TABLE ... IN EXCLUSIVE MODE`), as a writer would.
+    let holder = access.hold_write_lock();
+    let before = access.dump();
     // Short timeout while the lock is held: fails cleanly, retires nothing.
-    let (code, report) = apply_cli(
+    let (code, report) = apply_cli_within(
         &stores,
         &plan_path,
-        "controller-prgs",
         &["--busy-timeout-ms", "200"],
+        Duration::from_secs(30),
     );
     assert_eq!(code, Some(1), "{report}");
     assert_eq!(report["outcome"], "transaction_failed");
+    assert_eq!(access.dump(), before);
     // Released soon after: a patient apply goes through.
     let release = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(500));
-        holder.execute_batch("COMMIT").unwrap();
+        holder.release();
     });
-    let (code, report) = apply_cli(
+    let (code, report) = apply_cli_within(
         &stores,
         &plan_path,
-        "controller-prgs",
         &["--busy-timeout-ms", "10000"],
+        Duration::from_secs(60),
     );
     release.join().unwrap();
     assert_eq!(code, Some(0), "{report}");
@@ -484,9 +485,10 @@ fn a_locked_registry_is_waited_for_within_the_busy_timeout() {
 
 /// The summary after COMMIT is built from the transaction's own rows with
 /// its writes applied: it must say what a fresh read of the file says.
-#[test]
-fn the_post_apply_summary_is_the_registry_as_committed() {
-    let (stores, live) = fleet();
+fn the_post_apply_summary_is_the_registry_as_committed(engine: Engine) {
+    let Some((stores, live, _access)) = fleet_on(engine, "summary") else {
+        return;
+    };
     let lib = Lib::new(stores);
     let mut req = lib.request();
     assert_eq!(req.workers.len(), 3, "{:?}", req.workers);

@@ -701,3 +701,347 @@ pub fn run_mcp_client(
         }
     }
 }
+
+// --- One test body, both engines: the fleet on SQLite or PostgreSQL, and
+// what a test reads and writes beside the program, said once for each. ---
+
+/// Where a test keeps its registry and leases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// Two SQLite files in the test's temp dir.
+    Sqlite,
+    /// One fresh database of the test cluster (FLEET_RETIRE_TEST_POSTGRES).
+    Postgres,
+}
+
+/// A test's own way into its stores, beside the program: the SQLite files,
+/// or the PostgreSQL database (dropped when this drops).
+pub enum StoreAccess {
+    /// The registry file and the lease file.
+    Sqlite { registry: PathBuf, leases: PathBuf },
+    /// The database holding the registry, audit and lease tables.
+    Postgres(PgDb),
+}
+
+/// The SQLite `stores` as they are, on `engine`: unchanged for SQLite; for
+/// PostgreSQL copied (`registry copy`) into a fresh database named after
+/// `tag`, with only the registry columns the SQLite file has, and the
+/// stores pointed there. `None` when no cluster is configured.
+pub fn onto(engine: Engine, tag: &str, mut stores: Stores) -> Option<(Stores, StoreAccess)> {
+    if engine == Engine::Sqlite {
+        let access = StoreAccess::Sqlite {
+            registry: stores.registry.clone(),
+            leases: stores.leases.clone(),
+        };
+        return Some((stores, access));
+    }
+    let db = postgres(tag)?;
+    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &db.url).unwrap();
+    drop_columns_sqlite_lacks(&db, &stores.registry);
+    stores.registry = PathBuf::from(&db.url);
+    stores.leases = PathBuf::from(&db.url);
+    Some((stores, StoreAccess::Postgres(db)))
+}
+
+/// Drop the registry columns `copy` created in `db` that the SQLite file
+/// at `sqlite` does not have, so both hold a registry of the same shape.
+fn drop_columns_sqlite_lacks(db: &PgDb, sqlite: &Path) {
+    let conn = Connection::open(sqlite).unwrap();
+    let present: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('worker_registrations')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut client = db.client();
+    for (name, _) in COLUMNS
+        .iter()
+        .filter(|(n, _)| !present.iter().any(|p| p == n))
+    {
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE worker_registrations DROP COLUMN {name}"
+            ))
+            .unwrap();
+    }
+}
+
+/// The fleet of [`fleet`] (three dead workers, one running) on `engine`;
+/// `None` when that engine is PostgreSQL and no cluster is configured.
+pub fn fleet_on(engine: Engine, tag: &str) -> Option<(Stores, KillOnDrop, StoreAccess)> {
+    let (stores, live) = fleet();
+    let (stores, access) = onto(engine, tag, stores)?;
+    Some((stores, live, access))
+}
+
+/// Another connection's write lock on the registry, held until
+/// [`WriteLock::release`]: it stops writers, not readers.
+pub enum WriteLock {
+    /// `BEGIN IMMEDIATE` on the file.
+    Sqlite(Connection),
+    /// `LOCK TABLE worker_registrations IN EXCLUSIVE MODE` in an open
+    /// transaction.
+    Postgres(::postgres::Client),
+}
+
+impl WriteLock {
+    /// Commit the holder's transaction, which wrote nothing.
+    pub fn release(self) {
+        match self {
+            WriteLock::Sqlite(conn) => conn.execute_batch("COMMIT").unwrap(),
+            WriteLock::Postgres(mut client) => client.batch_execute("COMMIT").unwrap(),
+        }
+    }
+}
+
+impl StoreAccess {
+    /// Every registration's identity, status and `retired_by`, by identity.
+    pub fn statuses(&self) -> Vec<(String, String, Option<String>)> {
+        let sql = "SELECT worker_identity, status, retired_by FROM worker_registrations \
+                   ORDER BY worker_identity";
+        match self {
+            StoreAccess::Sqlite { registry, .. } => Connection::open(registry)
+                .unwrap()
+                .prepare(sql)
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect(),
+            StoreAccess::Postgres(db) => db
+                .client()
+                .query(sql, &[])
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect(),
+        }
+    }
+
+    /// The status of one worker's row.
+    pub fn status_of(&self, worker: &str) -> String {
+        let (_, status, _) = self
+            .statuses()
+            .into_iter()
+            .find(|(id, _, _)| id == worker)
+            .unwrap_or_else(|| panic!("no row for {worker}"));
+        status
+    }
+
+    /// Each audit row's worker and registry token, in the order written;
+    /// none when there is no audit table.
+    pub fn audit_rows(&self) -> Vec<(String, String)> {
+        let sql = "SELECT worker_identity, registry_fingerprint FROM retirement_audit \
+                   ORDER BY audit_id";
+        match self {
+            StoreAccess::Sqlite { registry, .. } => {
+                let conn = Connection::open(registry).unwrap();
+                let exists: i64 = conn
+                    .query_row(
+                        "SELECT count(*) FROM sqlite_master WHERE name = 'retirement_audit'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                if exists == 0 {
+                    return Vec::new();
+                }
+                let mut stmt = conn.prepare(sql).unwrap();
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+            StoreAccess::Postgres(db) => {
+                let mut client = db.client();
+                let exists: bool = client
+                    .query_one("SELECT to_regclass('retirement_audit') IS NOT NULL", &[])
+                    .unwrap()
+                    .get(0);
+                if !exists {
+                    return Vec::new();
+                }
+                client
+                    .query(sql, &[])
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect()
+            }
+        }
+    }
+
+    /// The registry side as text, for "nothing changed": on SQLite the
+    /// whole file ([`dump`]); on PostgreSQL the registry and audit tables
+    /// ([`pg_registry_dump`]), without the lease table beside them.
+    pub fn dump(&self) -> String {
+        match self {
+            StoreAccess::Sqlite { registry, .. } => dump(registry),
+            StoreAccess::Postgres(db) => pg_registry_dump(db),
+        }
+    }
+
+    /// Set one worker's `last_heartbeat_at`, as the worker would.
+    pub fn set_heartbeat(&self, worker: &str, at: &str) {
+        match self {
+            StoreAccess::Sqlite { registry, .. } => {
+                Connection::open(registry)
+                    .unwrap()
+                    .execute(
+                        "UPDATE worker_registrations SET last_heartbeat_at = ?1 \
+                         WHERE worker_identity = ?2",
+                        [at, worker],
+                    )
+                    .unwrap();
+            }
+            StoreAccess::Postgres(db) => {
+                db.client()
+                    .execute(
+                        "UPDATE worker_registrations SET last_heartbeat_at = $1 \
+                         WHERE worker_identity = $2",
+                        &[&at, &worker],
+                    )
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Insert one registration, given as JSON (types as in fixtures).
+    pub fn insert_row(&self, row: &Value) {
+        self.insert("worker_registrations", row)
+    }
+
+    /// Insert one lease, given as JSON; the columns it leaves out are NULL.
+    pub fn insert_lease(&self, lease: &Value) {
+        self.insert("workflow_leases", lease)
+    }
+
+    /// Insert `object`'s keys as columns of `table` (the lease table when
+    /// it is `workflow_leases`, else the registry).
+    fn insert(&self, table: &str, object: &Value) {
+        match self {
+            StoreAccess::Sqlite { registry, leases } => {
+                let path = if table == "workflow_leases" {
+                    leases
+                } else {
+                    registry
+                };
+                let cols: Vec<&String> = object.as_object().unwrap().keys().collect();
+                let marks: Vec<String> = (1..=cols.len()).map(|i| format!("?{i}")).collect();
+                let sql = format!(
+                    "INSERT INTO {table} ({}) VALUES ({})",
+                    cols.iter()
+                        .map(|c| c.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    marks.join(", ")
+                );
+                let values = cols.iter().map(|c| sql_value(&object[c.as_str()]));
+                Connection::open(path)
+                    .unwrap()
+                    .execute(&sql, params_from_iter(values))
+                    .unwrap();
+            }
+            StoreAccess::Postgres(db) => {
+                let sql = format!(
+                    "INSERT INTO {table} SELECT * FROM json_populate_record(NULL::{table}, $1::text::json)"
+                );
+                db.client().execute(&sql, &[&object.to_string()]).unwrap();
+            }
+        }
+    }
+
+    /// Take the registry's write lock from another connection.
+    pub fn hold_write_lock(&self) -> WriteLock {
+        match self {
+            StoreAccess::Sqlite { registry, .. } => {
+                let conn = Connection::open(registry).unwrap();
+                conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                WriteLock::Sqlite(conn)
+            }
+            StoreAccess::Postgres(db) => {
+                let mut client = db.client();
+                client
+                    .batch_execute("BEGIN; LOCK TABLE worker_registrations IN EXCLUSIVE MODE")
+                    .unwrap();
+                WriteLock::Postgres(client)
+            }
+        }
+    }
+}
+
+/// The registry and audit tables of `db` as text, for "nothing changed"
+/// comparisons: each table's columns, indexes and triggers, then its rows
+/// in key order (a missing table says so).
+pub fn pg_registry_dump(db: &PgDb) -> String {
+    let mut c = db.client();
+    let mut out = String::new();
+    for (table, key) in [
+        ("worker_registrations", "worker_identity"),
+        ("retirement_audit", "audit_id"),
+    ] {
+        let exists: bool = c
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .unwrap()
+            .get(0);
+        if !exists {
+            out.push_str(&format!("table {table}: none\n"));
+            continue;
+        }
+        let objects = c
+            .query(
+                "SELECT 'column ' || column_name || ' ' || data_type FROM information_schema.columns \
+                   WHERE table_schema = current_schema() AND table_name = $1 \
+                 UNION ALL SELECT 'index ' || indexdef FROM pg_indexes \
+                   WHERE schemaname = current_schema() AND tablename = $1 \
+                 UNION ALL SELECT 'trigger ' || tgname FROM pg_trigger \
+                   WHERE tgrelid = $1::regclass AND NOT tgisinternal \
+                 ORDER BY 1",
+                &[&table],
+            )
+            .unwrap();
+        for r in objects {
+            out.push_str(&format!("table {table}: {}\n", r.get::<_, String>(0)));
+        }
+        for r in c
+            .query(
+                &format!("SELECT t::text FROM {table} t ORDER BY {key}"),
+                &[],
+            )
+            .unwrap()
+        {
+            out.push_str(&format!("{table}: {}\n", r.get::<_, String>(0)));
+        }
+    }
+    out
+}
+
+/// Apply a saved plan through the binary, as [`apply_cli`], but give up
+/// after `deadline`: the child is killed and the test fails saying so,
+/// rather than waiting forever on a lock.
+pub fn apply_cli_within(
+    stores: &Stores,
+    plan: &Path,
+    extra: &[&str],
+    deadline: std::time::Duration,
+) -> (Option<i32>, Value) {
+    let child = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .arg(plan)
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || sender.send(child.wait_with_output().unwrap()));
+    let Ok(out) = receiver.recv_timeout(deadline) else {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        panic!("apply {extra:?} was still running after {deadline:?}: killed");
+    };
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
+    (out.status.code(), report)
+}

@@ -10,6 +10,7 @@ use crate::store::audit::AuditRow;
 use crate::store::leases::Lease;
 use crate::store::seam::{ApplyConnection, ApplyTx, Written};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A PostgreSQL registry opened for apply.
 pub struct Postgres {
@@ -20,12 +21,25 @@ pub struct Postgres {
 }
 
 impl Postgres {
-    /// Connect to the registry's database.
-    pub fn open(url: &PgUrl, location: &Path) -> Result<Postgres> {
+    /// Connect to the registry's database. A lock held by another session
+    /// is waited for at most `busy_timeout` (PostgreSQL's `lock_timeout`),
+    /// as SQLite's busy timeout bounds its wait for the write lock; past it
+    /// the statement fails and the apply is `transaction_failed`.
+    pub fn open(url: &PgUrl, location: &Path, busy_timeout: Duration) -> Result<Postgres> {
+        let label = url.to_string();
+        let mut client = super::connect_to(url, Store::Registry)?;
+        let millis = busy_timeout.as_millis().clamp(1, i32::MAX as u128);
+        client
+            .batch_execute(&format!("SET lock_timeout = {millis}"))
+            .map_err(Error::postgres(
+                Store::Registry,
+                &label,
+                "cannot set the lock timeout",
+            ))?;
         Ok(Postgres {
-            client: super::connect_to(url, Store::Registry)?,
+            client,
             location: location.to_path_buf(),
-            label: url.to_string(),
+            label,
         })
     }
 }

@@ -79,9 +79,13 @@ impl crate::store::seam::Engine for Postgres {
 
     fn apply_connection(
         &self,
-        _busy_timeout: std::time::Duration,
+        busy_timeout: std::time::Duration,
     ) -> Result<Box<dyn crate::store::seam::ApplyConnection>> {
-        Ok(Box::new(apply::Postgres::open(&self.url, &self.location)?))
+        Ok(Box::new(apply::Postgres::open(
+            &self.url,
+            &self.location,
+            busy_timeout,
+        )?))
     }
 
     fn worker_rows(&self) -> Result<Box<dyn crate::store::seam::WorkerRows>> {
