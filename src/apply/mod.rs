@@ -9,7 +9,6 @@
 //! and guarded `UPDATE`. Any error rolls the whole transaction back. Rows are
 //! never deleted: a retired row keeps its history and gains an audit row.
 
-use crate::capability::{check, Profiles};
 use crate::error::{Error, Result};
 use crate::evidence::leases;
 use crate::evidence::probe::ProcessProbe;
@@ -19,59 +18,18 @@ use crate::policy::Policies;
 use crate::reasons::Reason;
 use crate::row::{Col, Row};
 use crate::store::seam::{ApplyConnection, ApplyTx, FenceSource, Written};
+use standing::Standing;
+
+mod report;
+mod standing;
+mod workers;
+
 use crate::value::Value;
-use serde::Serialize;
+pub use report::{Kept, Outcome, Report, Retired};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
-
-/// How an apply ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The transaction ran and committed (see `retired` / `preserved`).
-    Applied,
-    /// The registry changed since the plan.
-    RegistryRevisionMoved,
-    /// The eligibility verdict changed since the plan.
-    CandidateSetMoved,
-    /// The plan was made under other policies.
-    PolicySetMoved,
-    /// Every requested row is already retired (idempotent replay).
-    AlreadyRetired,
-    /// The request named no worker.
-    NothingRequested,
-    /// More targets than the blast-radius limit.
-    BlastRadiusExceeded,
-    /// The capability policies refused (at entry or before a write).
-    PermissionDenied,
-    /// The loaded policy set is neither the built-in one nor pinned by the
-    /// operator in `profiles.json`.
-    PolicySetNotPinned,
-    /// The registry holds triggers, views or a foreign audit table that
-    /// could make apply's writes differ from its report.
-    RegistryUntrusted,
-    /// The lease store could not be opened.
-    LeaseStoreUnavailable,
-    /// The registry could not be opened or migrated.
-    RegistryUnavailable,
-    /// Something failed inside the transaction; it was rolled back.
-    TransactionFailed,
-}
-
-impl Outcome {
-    /// The exit code this outcome maps to.
-    pub fn exit_code(self) -> crate::error::ExitCode {
-        use crate::error::ExitCode;
-        match self {
-            Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => ExitCode::Ok,
-            Outcome::RegistryUnavailable
-            | Outcome::TransactionFailed
-            | Outcome::LeaseStoreUnavailable => ExitCode::Error,
-            _ => ExitCode::Refused,
-        }
-    }
-}
+pub use workers::parse_workers;
 
 /// What an operator asks apply to retire: the tokens and identities of a plan.
 #[derive(Debug, Clone, Default)]
@@ -129,101 +87,6 @@ pub struct Hooks<'a> {
     pub before_commit: Option<&'a mut dyn FnMut()>,
     /// Fail instead of committing (the failure path must leave nothing).
     pub fail_commit: bool,
-}
-
-/// One retired worker.
-#[derive(Debug, Clone, Serialize)]
-pub struct Retired {
-    /// Its identity.
-    pub worker_identity: String,
-    /// When.
-    pub retired_at: String,
-    /// By which profile.
-    pub retired_by: String,
-}
-
-/// One requested worker that was not retired.
-#[derive(Debug, Clone, Serialize)]
-pub struct Kept {
-    /// Its identity.
-    pub worker_identity: String,
-    /// Why.
-    pub reason_code: &'static str,
-    /// In words.
-    pub detail: String,
-}
-
-/// The report of an apply.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// How it ended.
-    pub outcome: Outcome,
-    /// Whether it did what was asked without a failure.
-    pub success: bool,
-    /// Always false: apply is the mutating operation.
-    pub read_only: bool,
-    /// Whether any row was retired (and committed).
-    pub mutation_performed: bool,
-    /// Rows retired.
-    pub retired_count: usize,
-    /// The retired workers.
-    pub retired: Vec<Retired>,
-    /// Requested workers kept, with reasons.
-    pub preserved: Vec<Kept>,
-    /// What was asked.
-    pub requested: Vec<String>,
-    /// The token presented.
-    pub registry_fingerprint: String,
-    /// The token presented.
-    pub candidate_fingerprint: String,
-    /// The policy fingerprint presented.
-    pub policy_fingerprint: String,
-    /// The external fence captured inside the transaction, if it got there.
-    pub external_state_fingerprint: Option<String>,
-    /// The blast-radius limit.
-    pub max_retire: usize,
-    /// How many rows differed from the plan only by a heartbeat on a worker
-    /// live then and now (tolerated; see docs/apply.md).
-    pub heartbeats_tolerated: usize,
-    /// Those workers.
-    pub heartbeats_tolerated_workers: Vec<String>,
-    /// How long the registry's write lock was held (BEGIN IMMEDIATE to
-    /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
-    /// meanwhile.
-    pub lock_held_ms: u64,
-    /// A sentence for a person.
-    pub detail: String,
-    /// The fleet after the transaction: retiring stale rows does not by
-    /// itself make an untrusted fleet safe.
-    pub post_apply: Option<serde_json::Value>,
-}
-
-impl Report {
-    fn new(req: &Request, outcome: Outcome, detail: impl Into<String>) -> Report {
-        Report {
-            outcome,
-            success: matches!(
-                outcome,
-                Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested
-            ),
-            read_only: false,
-            mutation_performed: false,
-            retired_count: 0,
-            retired: Vec::new(),
-            preserved: Vec::new(),
-            requested: req.workers.clone(),
-            registry_fingerprint: req.registry_fingerprint.clone(),
-            candidate_fingerprint: req.candidate_fingerprint.clone(),
-            policy_fingerprint: req.policy_fingerprint.clone(),
-            external_state_fingerprint: None,
-            max_retire: req.max_retire,
-            heartbeats_tolerated: 0,
-            heartbeats_tolerated_workers: Vec::new(),
-            lock_held_ms: 0,
-            detail: detail.into(),
-            post_apply: None,
-        }
-    }
 }
 
 /// Why a transaction must be rolled back, as opposed to a refusal.
@@ -307,110 +170,6 @@ pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
         report.post_apply = Some(post_apply(req, ctx, &rows));
     }
     Ok(report)
-}
-
-/// The operator's standing, read from `profiles.json`: decided before the
-/// lock and re-read (without blocking: regular files only) before every
-/// write, so revoking the grant or the policy pin stops an apply under way.
-struct Standing<'a> {
-    ctx: &'a Context<'a>,
-    /// sha256 of the profiles.json that was last found to allow apply.
-    allowed_sha256: String,
-    /// That file's identity and times when it was read, if they can vouch
-    /// that it has not changed since (see `FileStamp`).
-    stamp: Option<FileStamp>,
-}
-
-/// What `stat` says of a file: device, inode, size, modification and
-/// change times. Any write changes the change time, and a replacement
-/// changes the inode, so an equal stamp means unchanged content, except
-/// for writes within one tick of the kernel's coarse clock. A stamp whose
-/// change time is recent therefore vouches for nothing, and the file is
-/// read again (as git does for racily clean files).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct FileStamp([i64; 7]);
-
-impl FileStamp {
-    fn of(path: &Path) -> Option<FileStamp> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).ok()?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?
-            .as_nanos() as i128;
-        let changed = m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128;
-        if !m.is_file() || changed >= now - 2_000_000_000 {
-            return None;
-        }
-        Some(FileStamp([
-            m.dev() as i64,
-            m.ino() as i64,
-            m.size() as i64,
-            m.mtime(),
-            m.mtime_nsec(),
-            m.ctime(),
-            m.ctime_nsec(),
-        ]))
-    }
-}
-
-impl<'a> Standing<'a> {
-    /// Why `profiles` does not let this apply run, if it does not.
-    fn refusal(ctx: &Context, profiles: &Profiles) -> Result<Option<(Outcome, String)>> {
-        if let Some(why) = profiles.pin_refusal(ctx.policies, ctx.profiles) {
-            return Ok(Some((Outcome::PolicySetNotPinned, why)));
-        }
-        let decision = check(ctx.policies, profiles, ctx.profile, "apply")?;
-        Ok((!decision.allowed).then_some((Outcome::PermissionDenied, decision.explanation)))
-    }
-
-    /// Read and decide at entry.
-    fn at_entry(ctx: &'a Context<'a>) -> Result<std::result::Result<Self, (Outcome, String)>> {
-        // The stamp is taken before the read: a write during the read
-        // makes the next stamp differ.
-        let stamp = FileStamp::of(ctx.profiles);
-        let profiles = Profiles::load(ctx.profiles)?;
-        if let Some(refused) = Self::refusal(ctx, &profiles)? {
-            return Ok(Err(refused));
-        }
-        Ok(Ok(Standing {
-            ctx,
-            allowed_sha256: profiles.sha256,
-            stamp,
-        }))
-    }
-
-    /// Read again; an unchanged file keeps its decision, a changed one is
-    /// decided afresh. Any failure to read is a refusal.
-    fn recheck(&mut self) -> std::result::Result<(), Abort> {
-        let refused = |why: String| {
-            Abort::Refuse(
-                Outcome::PermissionDenied,
-                format!("capability re-read before a write: {why}; nothing was retired"),
-            )
-        };
-        let stamp = FileStamp::of(self.ctx.profiles);
-        if stamp.is_some() && stamp == self.stamp {
-            return Ok(());
-        }
-        let profiles = Profiles::load(self.ctx.profiles).map_err(|e| refused(e.to_string()))?;
-        if profiles.sha256 == self.allowed_sha256 {
-            self.stamp = stamp;
-            return Ok(());
-        }
-        match Self::refusal(self.ctx, &profiles) {
-            Ok(None) => {
-                self.allowed_sha256 = profiles.sha256;
-                self.stamp = stamp;
-                Ok(())
-            }
-            Ok(Some((outcome, why))) => Err(Abort::Refuse(
-                outcome,
-                format!("re-read before a write: {why}; nothing was retired"),
-            )),
-            Err(e) => Err(refused(e.to_string())),
-        }
-    }
 }
 
 /// The report, and after a COMMIT the registry's rows as committed.
@@ -951,23 +710,4 @@ fn verify_before_commit(
         )),
         None => Ok(()),
     }
-}
-
-/// Parse `--workers`: a JSON list of strings, or comma-separated names.
-pub fn parse_workers(text: &str) -> Result<Vec<String>> {
-    let trimmed = text.trim();
-    if trimmed.starts_with('[') {
-        let list: Vec<String> = serde_json::from_str(trimmed).map_err(|e| {
-            Error::Input(format!(
-                "the worker list looks like JSON but is not a list of strings: {e}"
-            ))
-        })?;
-        return Ok(list);
-    }
-    Ok(trimmed
-        .split([',', '\n'])
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect())
 }

@@ -1,0 +1,148 @@
+//! What an apply says happened: its outcome, the workers it retired and
+//! kept, and the tokens it held the registry to.
+
+use super::Request;
+use serde::Serialize;
+
+/// How an apply ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The transaction ran and committed (see `retired` / `preserved`).
+    Applied,
+    /// The registry changed since the plan.
+    RegistryRevisionMoved,
+    /// The eligibility verdict changed since the plan.
+    CandidateSetMoved,
+    /// The plan was made under other policies.
+    PolicySetMoved,
+    /// Every requested row is already retired (idempotent replay).
+    AlreadyRetired,
+    /// The request named no worker.
+    NothingRequested,
+    /// More targets than the blast-radius limit.
+    BlastRadiusExceeded,
+    /// The capability policies refused (at entry or before a write).
+    PermissionDenied,
+    /// The loaded policy set is neither the built-in one nor pinned by the
+    /// operator in `profiles.json`.
+    PolicySetNotPinned,
+    /// The registry holds triggers, views or a foreign audit table that
+    /// could make apply's writes differ from its report.
+    RegistryUntrusted,
+    /// The lease store could not be opened.
+    LeaseStoreUnavailable,
+    /// The registry could not be opened or migrated.
+    RegistryUnavailable,
+    /// Something failed inside the transaction; it was rolled back.
+    TransactionFailed,
+}
+
+impl Outcome {
+    /// The exit code this outcome maps to.
+    pub fn exit_code(self) -> crate::error::ExitCode {
+        use crate::error::ExitCode;
+        match self {
+            Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => ExitCode::Ok,
+            Outcome::RegistryUnavailable
+            | Outcome::TransactionFailed
+            | Outcome::LeaseStoreUnavailable => ExitCode::Error,
+            _ => ExitCode::Refused,
+        }
+    }
+}
+
+/// One retired worker.
+#[derive(Debug, Clone, Serialize)]
+pub struct Retired {
+    /// Its identity.
+    pub worker_identity: String,
+    /// When.
+    pub retired_at: String,
+    /// By which profile.
+    pub retired_by: String,
+}
+
+/// One requested worker that was not retired.
+#[derive(Debug, Clone, Serialize)]
+pub struct Kept {
+    /// Its identity.
+    pub worker_identity: String,
+    /// Why.
+    pub reason_code: &'static str,
+    /// In words.
+    pub detail: String,
+}
+
+/// The report of an apply.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Whether it did what was asked without a failure.
+    pub success: bool,
+    /// Always false: apply is the mutating operation.
+    pub read_only: bool,
+    /// Whether any row was retired (and committed).
+    pub mutation_performed: bool,
+    /// Rows retired.
+    pub retired_count: usize,
+    /// The retired workers.
+    pub retired: Vec<Retired>,
+    /// Requested workers kept, with reasons.
+    pub preserved: Vec<Kept>,
+    /// What was asked.
+    pub requested: Vec<String>,
+    /// The token presented.
+    pub registry_fingerprint: String,
+    /// The token presented.
+    pub candidate_fingerprint: String,
+    /// The policy fingerprint presented.
+    pub policy_fingerprint: String,
+    /// The external fence captured inside the transaction, if it got there.
+    pub external_state_fingerprint: Option<String>,
+    /// The blast-radius limit.
+    pub max_retire: usize,
+    /// How many rows differed from the plan only by a heartbeat on a worker
+    /// live then and now (tolerated; see docs/apply.md).
+    pub heartbeats_tolerated: usize,
+    /// Those workers.
+    pub heartbeats_tolerated_workers: Vec<String>,
+    /// How long the registry's write lock was held (BEGIN IMMEDIATE to
+    /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
+    /// meanwhile.
+    pub lock_held_ms: u64,
+    /// A sentence for a person.
+    pub detail: String,
+    /// The fleet after the transaction: retiring stale rows does not by
+    /// itself make an untrusted fleet safe.
+    pub post_apply: Option<serde_json::Value>,
+}
+
+impl Report {
+    pub(super) fn new(req: &Request, outcome: Outcome, detail: impl Into<String>) -> Report {
+        Report {
+            outcome,
+            success: matches!(
+                outcome,
+                Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested
+            ),
+            read_only: false,
+            mutation_performed: false,
+            retired_count: 0,
+            retired: Vec::new(),
+            preserved: Vec::new(),
+            requested: req.workers.clone(),
+            registry_fingerprint: req.registry_fingerprint.clone(),
+            candidate_fingerprint: req.candidate_fingerprint.clone(),
+            policy_fingerprint: req.policy_fingerprint.clone(),
+            external_state_fingerprint: None,
+            max_retire: req.max_retire,
+            heartbeats_tolerated: 0,
+            heartbeats_tolerated_workers: Vec::new(),
+            lock_held_ms: 0,
+            detail: detail.into(),
+            post_apply: None,
+        }
+    }
+}
