@@ -4,7 +4,7 @@
 //! Rust only reads the entry as written (never normalising case, trimming or
 //! expanding wildcards) and renders the denial; Cedar decides.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::policy::eval::judge;
 use crate::policy::Policies;
 use cedar_policy::{
@@ -200,8 +200,12 @@ pub fn operator_entity(name: &str, profile: Option<&Profile>) -> Result<Entity> 
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    Entity::new(uid("FleetRetire::Operator", name), attrs, HashSet::new())
-        .map_err(|e| Error::Input(format!("building the operator entity: {e}")))
+    Entity::new(uid("FleetRetire::Operator", name), attrs, HashSet::new()).map_err(|e| {
+        Error::input(
+            About::PolicySet,
+            format!("building the operator entity: {e}"),
+        )
+    })
 }
 
 /// The answer to "may this profile do this operation?".
@@ -223,8 +227,13 @@ pub fn request_parts(
 ) -> Result<(Entities, EntityUid, EntityUid, EntityUid)> {
     let operator = operator_entity(profile, profiles.profiles.get(profile))?;
     let registry = Entity::new_no_attrs(uid("FleetRetire::Registry", "registry"), HashSet::new());
-    let entities = Entities::from_entities([operator, registry], Some(&policies.schema))
-        .map_err(|e| Error::Policy(format!("operator entity does not fit the schema: {e}")))?;
+    let entities =
+        Entities::from_entities([operator, registry], Some(&policies.schema)).map_err(|e| {
+            Error::policy(
+                About::PolicySet,
+                format!("operator entity does not fit the schema: {e}"),
+            )
+        })?;
     Ok((
         entities,
         uid("FleetRetire::Operator", profile),

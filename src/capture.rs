@@ -18,7 +18,7 @@
 //! every chosen row must get the verdict it has in the registry: a capture
 //! that cannot reproduce its rows is refused rather than written.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::evidence::leases::Protections;
 use crate::evidence::probe::{RecordingProbe, SystemProbe};
 use crate::observe::{conflict_keys, RunFacts};
@@ -112,7 +112,7 @@ pub fn capture(
                     .map(|e| e.index)
                     .collect();
                 if found.is_empty() {
-                    return Err(Error::Input(format!(
+                    return Err(Error::input(About::Worker(id.to_string()), format!(
                         "no row of {} has worker_identity {:?}; `fleet-retire plan --all` lists them",
                         crate::store::location::label(source),
                         crate::text::esc(id)
@@ -124,9 +124,10 @@ pub fn capture(
         }
         Selection::PreservedBy(code) => {
             if crate::reasons::Reason::from_code(code).is_none() {
-                return Err(Error::Input(format!(
-                    "{code:?} is not a reason code (docs/reason-codes.md lists them)"
-                )));
+                return Err(Error::input(
+                    About::Option("fixture capture"),
+                    format!("{code:?} is not a reason code (docs/reason-codes.md lists them)"),
+                ));
             }
             plan.preserved()
                 .filter(|e| e.reason().code() == code)
@@ -136,10 +137,13 @@ pub fn capture(
         Selection::Candidates => plan.candidates().map(|e| e.index).collect(),
     };
     if chosen.is_empty() {
-        return Err(Error::Input(format!(
-            "no row of {} matches the selection; nothing to capture",
-            crate::store::location::label(source)
-        )));
+        return Err(Error::input(
+            About::Option("fixture capture"),
+            format!(
+                "no row of {} matches the selection; nothing to capture",
+                crate::store::location::label(source)
+            ),
+        ));
     }
     let included = bearing_rows(plan, &chosen);
 

@@ -9,7 +9,7 @@
 //! (a value PostgreSQL's typed column cannot hold as it is, two rows with
 //! one identity) is refused before anything is written, naming the rows.
 
-use crate::error::{Error, Result, Store};
+use crate::error::{About, Error, Result, Store};
 use crate::row::{Row, COLUMNS};
 use crate::store::location::Location;
 use crate::store::postgres as pg;
@@ -274,15 +274,19 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
     // into PostgreSQL.
     let from_location = Location::parse(from)?;
     let Location::Sqlite(_) = from_location else {
-        return Err(Error::Input(format!(
-            "--from {from_location}: copy reads a SQLite registry; to move between PostgreSQL \
+        return Err(Error::input(
+            About::Option("registry copy"),
+            format!(
+                "--from {from_location}: copy reads a SQLite registry; to move between PostgreSQL \
              databases, use pg_dump"
-        )));
+            ),
+        ));
     };
     let Location::Postgres(target) = Location::parse(Path::new(to))? else {
-        return Err(Error::Input(format!(
-            "--to {to}: not a PostgreSQL URL; give postgres://USER@HOST:PORT/DATABASE"
-        )));
+        return Err(Error::input(
+            About::Option("registry copy"),
+            format!("--to {to}: not a PostgreSQL URL; give postgres://USER@HOST:PORT/DATABASE"),
+        ));
     };
     let label = target.to_string();
     // Rows and audit from one read transaction: one state of the file,

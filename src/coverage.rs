@@ -9,7 +9,7 @@
 //! each row, a capability case asks each profile and operation, a Cedar-level
 //! case asks its one request.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::fixture::Case;
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
@@ -279,7 +279,7 @@ fn one_request(
         Context::empty(),
         None,
     )
-    .map_err(|e| Error::Input(format!("request: {e}")))?;
+    .map_err(|e| Error::input(About::PolicySet, format!("request: {e}")))?;
     let authorizer = Authorizer::new();
     let mut fired = Vec::new();
     let mut forbids = Vec::new();
@@ -292,7 +292,7 @@ fn one_request(
         let mut alone = PolicySet::new();
         alone
             .add(p.clone())
-            .map_err(|e| Error::Policy(e.to_string()))?;
+            .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
         let response = authorizer.is_authorized(&request, &alone, entities);
         errored |= response.diagnostics().errors().next().is_some();
         let satisfied = match rule.effect {

@@ -18,7 +18,7 @@
 //! that expects OLD's decision: saved and run with NEW's policies, it
 //! fails until the change is reverted or the case is flipped on purpose.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::policy::{Policies, PolicySource, POLICY_FILES, SCHEMA_FILE};
 use crate::verify::sym_err;
 use cedar_policy::{ActionConstraint, Effect, Policy, PolicySet, RequestEnv};
@@ -180,11 +180,14 @@ pub fn load_named(arg: &str) -> Result<Policies> {
         return Policies::load(&PolicySource::Dir(path.to_path_buf()));
     }
     if arg.starts_with('-') {
-        return Err(Error::Input(format!(
-            "{arg:?} is not a policy folder, and as a git revision it starts with '-', which \
+        return Err(Error::input(
+            About::Option("policy diff"),
+            format!(
+                "{arg:?} is not a policy folder, and as a git revision it starts with '-', which \
              git would take as an option; name a folder (./{arg} if one is meant) or a revision \
              such as HEAD~1 or main:policies"
-        )));
+            ),
+        ));
     }
     let (rev, dir) = match arg.split_once(':') {
         Some((rev, dir)) => (rev, dir.trim_end_matches('/')),
@@ -209,27 +212,40 @@ fn git_show(arg: &str, spec: &str) -> Result<String> {
         .args(["show", "--end-of-options", spec])
         .output()
         .map_err(|e| {
-            Error::Input(format!(
+            Error::input(
+                About::Option("policy diff"),
+                format!(
                 "{arg:?} is not a folder, and git could not be run to read it as a revision ({e})"
-            ))
+            ),
+            )
         })?;
     if !out.status.success() {
-        return Err(Error::Input(format!(
-            "{arg:?} is neither a policy folder nor a git revision holding {spec}: \
+        return Err(Error::input(
+            About::Option("policy diff"),
+            format!(
+                "{arg:?} is neither a policy folder nor a git revision holding {spec}: \
              `git show {spec}` said: {}. Name a folder with {SCHEMA_FILE} and {}, or a \
              revision such as HEAD~1 (its policies/) or main:policies",
-            String::from_utf8_lossy(&out.stderr).trim(),
-            POLICY_FILES.join(", ")
-        )));
+                String::from_utf8_lossy(&out.stderr).trim(),
+                POLICY_FILES.join(", ")
+            ),
+        ));
     }
     if out.stdout.len() as u64 > crate::policy::MAX_POLICY_FILE_BYTES {
-        return Err(Error::Policy(format!(
-            "`git show {spec}`: the file is larger than {} bytes, which no policy file is",
-            crate::policy::MAX_POLICY_FILE_BYTES
-        )));
+        return Err(Error::policy(
+            About::PolicySet,
+            format!(
+                "`git show {spec}`: the file is larger than {} bytes, which no policy file is",
+                crate::policy::MAX_POLICY_FILE_BYTES
+            ),
+        ));
     }
-    String::from_utf8(out.stdout)
-        .map_err(|_| Error::Input(format!("`git show {spec}`: the file is not valid UTF-8")))
+    String::from_utf8(out.stdout).map_err(|_| {
+        Error::input(
+            About::Option("policy diff"),
+            format!("`git show {spec}`: the file is not valid UTF-8"),
+        )
+    })
 }
 
 /// A set with no policy, or whose schema declares no action, is not a
@@ -243,13 +259,16 @@ fn refuse_empty(side: &str, set: &Policies) -> Result<()> {
     } else {
         return Ok(());
     };
-    Err(Error::Policy(format!(
+    Err(Error::policy(
+        About::PolicySet,
+        format!(
         "{side} ({}) {problem}: an empty policy set is never compared, since every change would \
          look equivalent against it. Name a folder or git revision whose {SCHEMA_FILE} and {} \
          hold the policies",
         crate::text::esc(&set.origin),
         POLICY_FILES.join(", ")
-    )))
+    ),
+    ))
 }
 
 fn applies(policy: &Policy, env: &RequestEnv) -> bool {
@@ -332,10 +351,13 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
             let action = env.action().id().unescaped().to_string();
             let n = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
             let o = CompiledPolicySet::compile(&old.set, env, schema).map_err(|e| {
-                Error::Policy(format!(
-                    "OLD's policies do not type-check under NEW's schema for {action} ({e}); \
+                Error::policy(
+                    About::PolicySet,
+                    format!(
+                        "OLD's policies do not type-check under NEW's schema for {action} ({e}); \
                      policy diff compares both sets under one schema"
-                ))
+                    ),
+                )
             })?;
             // NEW allows ⇒ OLD allows; a counterexample: NEW allows, OLD refuses.
             let more = compiler
@@ -394,7 +416,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
             for p in new.set.policies().filter(|p| p.id() != &id) {
                 without
                     .add(p.clone())
-                    .map_err(|e| Error::Policy(e.to_string()))?;
+                    .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
             }
             let (mut never, mut always, mut redundant) = (true, true, true);
             for env in envs.iter().filter(|e| applies(policy, e)) {

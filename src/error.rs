@@ -84,9 +84,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A policy or the schema failed to parse or validate.
-    #[error("{0}")]
-    Policy(String),
+    /// A policy, a property or the schema failed to parse or validate, or
+    /// a proof could not be made.
+    #[error("{message}")]
+    Policy {
+        /// What it is about.
+        about: About,
+        /// What is wrong and what to do.
+        message: String,
+    },
     /// A fixture file is malformed.
     #[error("fixture {}: {message}", path.display())]
     Fixture {
@@ -107,8 +113,13 @@ pub enum Error {
     #[error("{0}")]
     Refused(String),
     /// Anything else the operator got wrong on the command line or in a file.
-    #[error("{0}")]
-    Input(String),
+    #[error("{message}")]
+    Input {
+        /// What it is about.
+        about: About,
+        /// What is wrong and what to do.
+        message: String,
+    },
     /// Something this program needs of the machine failed (an async
     /// runtime, rendering a document): not the operator's doing.
     #[error("{doing}: {source}")]
@@ -123,6 +134,56 @@ pub enum Error {
     /// a failure: `main` ends quietly with exit 0.
     #[error("writing the output: {0}")]
     Output(#[source] std::io::Error),
+}
+
+/// What an [`Error::Input`] or [`Error::Policy`] is about, carried beside
+/// its message (as cargo-deny's diagnostics carry their labels), so a
+/// caller can tell a bad option from a bad file, an unknown worker or an
+/// invalid policy without reading the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum About {
+    /// A command-line option or argument, as written (`--out`), or a
+    /// command's arguments as a whole (`explain`).
+    Option(&'static str),
+    /// A file or folder that was named.
+    File(PathBuf),
+    /// A worker identity.
+    Worker(String),
+    /// One policy or property, by its id or its file's name.
+    Policy(String),
+    /// The policy set as a whole, or its schema.
+    PolicySet,
+    /// The arguments of a tool call to `serve`.
+    ToolCall,
+    /// Something of this machine the command needs (a process, the
+    /// solver, a signal), not the operator's words.
+    Machine,
+}
+
+impl Error {
+    /// An [`Error::Input`].
+    pub fn input(about: About, message: impl Into<String>) -> Error {
+        Error::Input {
+            about,
+            message: message.into(),
+        }
+    }
+
+    /// An [`Error::Policy`].
+    pub fn policy(about: About, message: impl Into<String>) -> Error {
+        Error::Policy {
+            about,
+            message: message.into(),
+        }
+    }
+
+    /// What an input or policy error is about.
+    pub fn about(&self) -> Option<&About> {
+        match self {
+            Error::Input { about, .. } | Error::Policy { about, .. } => Some(about),
+            _ => None,
+        }
+    }
 }
 
 /// The stores an [`Error::Sqlite`] names.
@@ -271,7 +332,7 @@ impl Error {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::Ok,
-            Error::Policy(_) => ExitCode::InvalidPolicy,
+            Error::Policy { .. } => ExitCode::InvalidPolicy,
             Error::Refused(_) => ExitCode::Refused,
             _ => ExitCode::Error,
         }
@@ -328,6 +389,18 @@ pub fn on_bus_error() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn input_and_policy_errors_carry_their_subject_and_read_as_their_message() {
+        let e = Error::input(About::Option("--out"), "--out x: the path exists");
+        assert_eq!(e.to_string(), "--out x: the path exists");
+        assert_eq!(e.about(), Some(&About::Option("--out")));
+        assert_eq!(e.exit_code(), ExitCode::Error);
+        let p = Error::policy(About::Policy("worker-live".into()), "worker-live: bad");
+        assert_eq!(p.to_string(), "worker-live: bad");
+        assert_eq!(p.exit_code(), ExitCode::InvalidPolicy);
+        assert_eq!(Error::Refused("no".into()).about(), None);
+    }
 
     /// Another connection holding the write lock is contention, told apart
     /// by SQLite's own code rather than by the words of its message, and the

@@ -9,7 +9,7 @@
 //! choice among policies that share a reason code.
 
 use crate::capability::operator_entity;
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::fixture::{Case, PlanCase};
 use crate::policy::entities::{run_entity, worker_entity};
 use crate::policy::{embedded, Policies, POLICY_FILES, SCHEMA_FILE};
@@ -19,7 +19,10 @@ use std::path::Path;
 
 fn entities_json(list: Vec<Entity>) -> Result<Json> {
     let err = |e: cedar_policy::entities_errors::EntitiesError| {
-        Error::Input(format!("exporting entities: {e}"))
+        Error::input(
+            About::Option("--export-cedar"),
+            format!("exporting entities: {e}"),
+        )
     };
     Entities::from_entities(list, None)
         .map_err(err)?
@@ -131,7 +134,12 @@ fn script_safe_name(n: usize, file: &Path) -> String {
 /// Write `DIR/<n>-<fixture>.tests.json` for every fixture, plus the policies,
 /// schema and a `run.sh` that runs them all with `cedar run-tests`.
 pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> Result<usize> {
-    let io = |e: std::io::Error| Error::Input(format!("{}: {e}", dir.display()));
+    let io = |e: std::io::Error| {
+        Error::input(
+            About::Option("--export-cedar"),
+            format!("{}: {e}", dir.display()),
+        )
+    };
     std::fs::create_dir_all(dir).map_err(io)?;
     let policy_text: Vec<&str> = POLICY_FILES.iter().map(|f| embedded(f)).collect();
     std::fs::write(dir.join("policies.cedar"), policy_text.join("\n")).map_err(io)?;

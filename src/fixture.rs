@@ -2,7 +2,7 @@
 //! process probes given rather than taken, so a case means the same on every
 //! machine.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::evidence::leases::{Lease, Protections};
 use crate::evidence::probe::{GivenProbe, HostFacts, PidObservation};
 use crate::observe::RunFacts;
@@ -791,10 +791,10 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         } else if p.is_file() {
             out.push(p.clone());
         } else {
-            return Err(Error::Input(format!(
-                "{}: no such fixture file or folder",
-                p.display()
-            )));
+            return Err(Error::input(
+                About::File(p.to_path_buf()),
+                format!("{}: no such fixture file or folder", p.display()),
+            ));
         }
     }
     Ok(out)

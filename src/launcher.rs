@@ -4,7 +4,7 @@
 //!
 //! Workers never mint a trusted id; the launcher does, once per launch.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::evidence::random_hex;
 use crate::identity::{assess_instance_identity, env, normalize_client_name, LAUNCHER_PROVENANCE};
 use crate::time::Micros;
@@ -68,7 +68,10 @@ pub fn check_extra_env(extra: &[(String, String)]) -> Result<()> {
             None
         };
         if let Some(problem) = problem {
-            return Err(Error::Input(format!("--env {key:?} {problem}")));
+            return Err(Error::input(
+                About::Option("--env"),
+                format!("--env {key:?} {problem}"),
+            ));
         }
     }
     Ok(())
@@ -181,15 +184,18 @@ fn check_profiles(req: &LaunchRequest) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    Err(Error::Input(format!(
-        "a launch needs a profile for every namespace; missing: {}. Pass --profiles {}",
-        missing.join(", "),
-        NAMESPACES
-            .iter()
-            .map(|n| format!("{n}=PROFILE"))
-            .collect::<Vec<_>>()
-            .join(",")
-    )))
+    Err(Error::input(
+        About::Option("--profiles"),
+        format!(
+            "a launch needs a profile for every namespace; missing: {}. Pass --profiles {}",
+            missing.join(", "),
+            NAMESPACES
+                .iter()
+                .map(|n| format!("{n}=PROFILE"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    ))
 }
 
 /// The launch's instance id: a given one only when it is launcher-minted

@@ -24,7 +24,7 @@
 
 use crate::apply::{apply, parse_workers, Context, Hooks, Outcome, Request};
 use crate::capability::{check, Profiles};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
 use crate::plan::planned::PlannedRows;
 use crate::policy::Policies;
@@ -315,7 +315,7 @@ fn error_result(e: &Error) -> CallToolResult {
             "profiles_unreadable",
             "fix profiles.json (GITEA_MCP_CONFIG); the next call reads it again",
         ),
-        Error::Policy(_) => (
+        Error::Policy { .. } => (
             "policy_error",
             "the server's policy set is invalid; restart it with a valid one",
         ),
@@ -606,7 +606,7 @@ impl FleetServer {
         };
         let mut body = match serde_json::to_value(&report) {
             Ok(v) => v,
-            Err(e) => return error_result(&Error::Input(e.to_string())),
+            Err(e) => return error_result(&Error::input(About::ToolCall, e.to_string())),
         };
         body["audit_context"] = audit_context(&a.remote, &a.host, &a.org, &a.repo);
         let code = body["outcome"].as_str().unwrap_or("").to_string();
@@ -825,7 +825,7 @@ async fn heartbeat_loop(
         let (r, w) = (registry.clone(), identity.clone());
         match tokio::task::spawn_blocking(move || heartbeat(&r, &w, Writer::Owner)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(Error::Input(why))) => {
+            Ok(Err(Error::Input { message: why, .. })) => {
                 tracing::error!("heartbeat refused: {why}");
                 lost.notify_one();
                 return;

@@ -11,7 +11,7 @@
 //!
 //! A failed proof carries the counterexample request and entities.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::policy::{Policies, ELIGIBILITY_FILE};
 use cedar_policy::{ActionConstraint, Policy, PolicySet, RequestEnv};
 use cedar_policy_symcc::solver::LocalSolver;
@@ -85,7 +85,12 @@ pub fn load_properties(
         }
         let files: Vec<(String, String)> = {
             let mut names: Vec<PathBuf> = std::fs::read_dir(&pd)
-                .map_err(|e| Error::Policy(format!("{}: cannot list ({e})", pd.display())))?
+                .map_err(|e| {
+                    Error::policy(
+                        About::PolicySet,
+                        format!("{}: cannot list ({e})", pd.display()),
+                    )
+                })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
                 .collect();
@@ -121,28 +126,41 @@ pub fn load_properties(
 fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result<Vec<Property>> {
     let mut out = Vec::new();
     for (name, text) in files {
-        let set = PolicySet::from_str(&text).map_err(|e| Error::Policy(format!("{name}: {e}")))?;
+        let set = PolicySet::from_str(&text)
+            .map_err(|e| Error::policy(About::Policy(name.to_string()), format!("{name}: {e}")))?;
         let validation = cedar_policy::Validator::new(policies.schema.clone())
             .validate(&set, cedar_policy::ValidationMode::Strict);
         if let Some(e) = validation.validation_errors().next() {
-            return Err(Error::Policy(format!("{name}: {e}")));
+            return Err(Error::policy(
+                About::Policy(name.to_string()),
+                format!("{name}: {e}"),
+            ));
         }
         for p in set.policies() {
             let get = |k: &str| p.annotation(k).map(str::to_string);
-            let id =
-                get("id").ok_or_else(|| Error::Policy(format!("{name}: a property has no @id")))?;
-            let subject = get("subject")
-                .ok_or_else(|| Error::Policy(format!("{name}: property {id} has no @subject")))?;
+            let id = get("id").ok_or_else(|| {
+                Error::policy(
+                    About::Policy(name.to_string()),
+                    format!("{name}: a property has no @id"),
+                )
+            })?;
+            let subject = get("subject").ok_or_else(|| {
+                Error::policy(
+                    About::Policy(id.clone()),
+                    format!("{name}: property {id} has no @subject"),
+                )
+            })?;
             let proof = get("proof").unwrap_or_default();
             if !["subject_implies_property", "property_implies_subject"].contains(&proof.as_str()) {
-                return Err(Error::Policy(format!(
+                return Err(Error::policy(About::Policy(id.clone()), format!(
                     "{name}: property {id} needs @proof(\"subject_implies_property\") or @proof(\"property_implies_subject\")"
                 )));
             }
             if !["retirement", "capabilities"].contains(&subject.as_str()) {
-                return Err(Error::Policy(format!(
-                    "{name}: property {id}: @subject must be retirement or capabilities"
-                )));
+                return Err(Error::policy(
+                    About::Policy(id.clone()),
+                    format!("{name}: property {id}: @subject must be retirement or capabilities"),
+                ));
             }
             out.push(Property {
                 description: get("description").unwrap_or_default(),
@@ -164,7 +182,8 @@ fn subset(policies: &Policies, file: &str) -> Result<PolicySet> {
             .policy(&cedar_policy::PolicyId::new(&rule.id))
             .expect("every rule is in the set")
             .clone();
-        set.add(p).map_err(|e| Error::Policy(e.to_string()))?;
+        set.add(p)
+            .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
     }
     Ok(set)
 }
@@ -202,10 +221,13 @@ pub fn with_solver<T>(
 
 /// A failure of the solver itself, with what to install.
 pub fn sym_err(e: impl std::fmt::Display) -> Error {
-    Error::Input(format!(
-        "the symbolic check failed to run: {e}. The proofs need the cvc5 solver: \
+    Error::input(
+        About::Machine,
+        format!(
+            "the symbolic check failed to run: {e}. The proofs need the cvc5 solver: \
          install the Debian package cvc5, or set CVC5 to its path"
-    ))
+        ),
+    )
 }
 
 fn describe(cex: &cedar_policy_symcc::Env) -> String {
@@ -303,7 +325,7 @@ async fn forbid_roles_with(
             {
                 without
                     .add(p.clone())
-                    .map_err(|e| Error::Policy(e.to_string()))?;
+                    .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
             }
             let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
             let cex = compiler
@@ -340,12 +362,19 @@ pub fn shadowed_forbids(policies: &Policies) -> Result<std::collections::BTreeMa
 /// The same policy with the effect `permit`: its condition as an allow, so
 /// that "this forbid matches" can be compared by policy-set implication.
 fn as_permit(policy: &Policy) -> Result<Policy> {
-    let mut json = policy
-        .to_json()
-        .map_err(|e| Error::Policy(format!("{}: {e}", policy.id())))?;
+    let mut json = policy.to_json().map_err(|e| {
+        Error::policy(
+            About::Policy(policy.id().to_string()),
+            format!("{}: {e}", policy.id()),
+        )
+    })?;
     json["effect"] = serde_json::Value::from("permit");
-    Policy::from_json(Some(policy.id().clone()), json)
-        .map_err(|e| Error::Policy(format!("{}: {e}", policy.id())))
+    Policy::from_json(Some(policy.id().clone()), json).map_err(|e| {
+        Error::policy(
+            About::Policy(policy.id().to_string()),
+            format!("{}: {e}", policy.id()),
+        )
+    })
 }
 
 /// Per forbid, whether it can never be the deciding one: proved that for
@@ -376,7 +405,7 @@ pub fn never_primary_forbids(
             let mut alone = PolicySet::new();
             alone
                 .add(as_permit(&p)?)
-                .map_err(|e| Error::Policy(e.to_string()))?;
+                .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
             let mut earlier = PolicySet::new();
             for q in forbids
                 .iter()
@@ -384,7 +413,7 @@ pub fn never_primary_forbids(
             {
                 earlier
                     .add(as_permit(&policy(q))?)
-                    .map_err(|e| Error::Policy(e.to_string()))?;
+                    .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
             }
             let mut never = true;
             for env in envs.iter().filter(|e| applies(&p, e)) {
@@ -414,7 +443,7 @@ async fn prove_with(
         let mut prop_set = PolicySet::new();
         prop_set
             .add(prop.policy.clone())
-            .map_err(|e| Error::Policy(e.to_string()))?;
+            .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
         for env in envs.iter().filter(|e| applies(&prop.policy, e)) {
             let s = CompiledPolicySet::compile(&subject, env, schema).map_err(sym_err)?;
             let p = CompiledPolicySet::compile(&prop_set, env, schema).map_err(sym_err)?;

@@ -8,7 +8,7 @@
 //! a missing or untrusted instance id stays missing or untrusted, and an
 //! unknown host, boot or start time is stored as NULL, never guessed.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::evidence::probe::{process_start_time, HostFacts};
 use crate::evidence::random_hex;
 use crate::identity::assess_instance_identity;
@@ -59,7 +59,7 @@ pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Jso
     let row = registration_row(reg, proc_root)?;
     let identity = row["worker_identity"].as_str().unwrap_or_default();
     if let Some(status) = store.status_of(identity)? {
-        return Err(Error::Input(format!(
+        return Err(Error::input(About::Worker(identity.to_string()), format!(
             "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
         )));
     }
@@ -139,9 +139,10 @@ fn parent_of(proc_root: &Path, pid: i64) -> Option<i64> {
 /// Returns the row's pid, which the write then asserts unchanged.
 fn prove(store: &mut dyn WorkerRows, worker: &str, writer: Writer) -> Result<i64> {
     let Some(owner) = store.owner_of(worker)? else {
-        return Err(Error::Input(format!(
-            "no active registration for worker {worker:?} (with a pid); register it first"
-        )));
+        return Err(Error::input(
+            About::Worker(worker.to_string()),
+            format!("no active registration for worker {worker:?} (with a pid); register it first"),
+        ));
     };
     let Writer::Descendant(proc_root) = writer else {
         return Ok(owner.pid);
@@ -203,9 +204,10 @@ pub fn heartbeat(path: &Path, worker: &str, writer: Writer) -> Result<String> {
     let now = crate::time::format_ts(crate::time::now());
     let n = store.set("last_heartbeat_at", &now, worker, pid, "cannot heartbeat")?;
     if n == 0 {
-        return Err(Error::Input(format!(
-            "no active registration for worker {worker:?}; register it first"
-        )));
+        return Err(Error::input(
+            About::Worker(worker.to_string()),
+            format!("no active registration for worker {worker:?}; register it first"),
+        ));
     }
     Ok(now)
 }
@@ -213,17 +215,21 @@ pub fn heartbeat(path: &Path, worker: &str, writer: Writer) -> Result<String> {
 /// Give an active registration a historical status (released or superseded).
 pub fn release(path: &Path, worker: &str, status: &str, writer: Writer) -> Result<()> {
     if !["released", "superseded"].contains(&status) {
-        return Err(Error::Input(format!(
+        return Err(Error::input(
+            About::Option("release --status"),
+            format!(
             "release status must be released or superseded, not {status:?} (retired is apply's)"
-        )));
+        ),
+        ));
     }
     let mut store = open_any(path)?;
     let pid = prove(&mut *store, worker, writer)?;
     let n = store.set("status", status, worker, pid, "cannot release")?;
     if n == 0 {
-        return Err(Error::Input(format!(
-            "no active registration for worker {worker:?}"
-        )));
+        return Err(Error::input(
+            About::Worker(worker.to_string()),
+            format!("no active registration for worker {worker:?}"),
+        ));
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use crate::apply::{apply, parse_workers, Context, Hooks, Request};
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
 use clap::Args;
 use serde_json::Value as Json;
@@ -48,7 +48,12 @@ pub struct ApplyArgs {
 /// Read the apply request out of a saved plan: its head, as
 /// [`PlanHead`](crate::plan::head::PlanHead) reads it, then checked.
 pub fn request_from_plan(path: &Path) -> Result<Request> {
-    let err = |m: String| Error::Input(format!("plan {}: {m}", path.display()));
+    let err = |m: String| {
+        Error::input(
+            About::File(path.to_path_buf()),
+            format!("plan {}: {m}", path.display()),
+        )
+    };
     // A plan of a large registry is gigabytes of evidence apply never
     // reads: only the head and `planned_rows` are kept.
     let (doc, planned) = crate::jsonfile::read_selected::<crate::plan::planned::PlannedRows>(
@@ -93,9 +98,18 @@ fn workers_arg(given: &str) -> Result<Vec<String>> {
         Some(file) => {
             let path = Path::new(file);
             let bytes = crate::jsonfile::read_regular(path, crate::jsonfile::MAX_INPUT_BYTES)
-                .map_err(|e| Error::Input(format!("--workers {}: {e}", path.display())))?;
-            parse_workers(&bytes.text)
-                .map_err(|e| Error::Input(format!("--workers {}: {e}", path.display())))
+                .map_err(|e| {
+                    Error::input(
+                        About::Option("--workers"),
+                        format!("--workers {}: {e}", path.display()),
+                    )
+                })?;
+            parse_workers(&bytes.text).map_err(|e| {
+                Error::input(
+                    About::Option("--workers"),
+                    format!("--workers {}: {e}", path.display()),
+                )
+            })
         }
         None => parse_workers(given),
     }
@@ -116,10 +130,10 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
             max_retire: 0,
             planned: None,
         },
-        (None, None) => return Err(Error::Input(
+        (None, None) => return Err(Error::input(
+            About::Option("apply"),
             "apply needs a saved plan (fleet-retire apply PLAN.json) or --registry-fingerprint, \
-                 --candidate-fingerprint, --policy-fingerprint and --workers"
-                .into(),
+                 --candidate-fingerprint, --policy-fingerprint and --workers",
         )),
     };
     req.max_retire = args.max_retire;
@@ -133,9 +147,9 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
         _ => {}
     }
     if req.canonical_repository.is_none() {
-        return Err(Error::Input(
-            "apply needs the canonical repository the plan used: pass --canonical-repository"
-                .into(),
+        return Err(Error::input(
+            About::Option("apply"),
+            "apply needs the canonical repository the plan used: pass --canonical-repository",
         ));
     }
     let probe = SystemProbe::new(&args.store.proc_root);

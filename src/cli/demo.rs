@@ -9,7 +9,7 @@
 
 use crate::apply::{apply, Context, Hooks, Request};
 use crate::cli::Cli;
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
 use crate::evidence::registry;
 use crate::launcher::{launch, LaunchRequest, NAMESPACES};
@@ -77,9 +77,9 @@ fn catch_signals() {
 
 fn check_interrupted() -> Result<()> {
     if INTERRUPTED.load(Ordering::SeqCst) {
-        return Err(Error::Input(
-            "demo interrupted by a signal; its workers are stopped and its directory removed"
-                .into(),
+        return Err(Error::input(
+            About::Machine,
+            "demo interrupted by a signal; its workers are stopped and its directory removed",
         ));
     }
     Ok(())
@@ -118,9 +118,10 @@ fn spawn_worker(scratch: &mut Scratch) -> Result<u32> {
         });
     }
     let child = command.spawn().map_err(|e| {
-        Error::Input(format!(
-            "demo: cannot start a worker process (`sleep`): {e}"
-        ))
+        Error::input(
+            About::Machine,
+            format!("demo: cannot start a worker process (`sleep`): {e}"),
+        )
     })?;
     let pid = child.id();
     scratch.children.push(child);

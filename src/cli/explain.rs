@@ -1,7 +1,7 @@
 //! `fleet-retire explain --worker ID`: why one worker is kept or would be retired.
 
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::explain::{explain_entry, render};
 use clap::Args;
 use std::path::PathBuf;
@@ -41,22 +41,30 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitCode> {
             crate::fixture::Case::Capability(_)
             | crate::fixture::Case::Snapshot(_)
             | crate::fixture::Case::Entity(_) => {
-                return Err(Error::Input(format!(
-                    "{}: explain reads plan fixtures (rows and expect); this one is not",
-                    path.display()
-                )))
+                return Err(Error::input(
+                    About::Option("explain"),
+                    format!(
+                        "{}: explain reads plan fixtures (rows and expect); this one is not",
+                        path.display()
+                    ),
+                ))
             }
         },
         None => {
             args.operator.require(&policies, "plan")?;
             let store = StoreArgs {
                 registry: args.registry.clone().ok_or_else(|| {
-                    Error::Input("explain needs --registry (or --fixture)".into())
+                    Error::input(
+                        About::Option("explain"),
+                        "explain needs --registry (or --fixture)",
+                    )
                 })?,
-                leases: args
-                    .leases
-                    .clone()
-                    .ok_or_else(|| Error::Input("explain needs --leases (or --fixture)".into()))?,
+                leases: args.leases.clone().ok_or_else(|| {
+                    Error::input(
+                        About::Option("explain"),
+                        "explain needs --leases (or --fixture)",
+                    )
+                })?,
                 canonical_repository: args.canonical_repository.clone(),
                 proc_root: args.proc_root.clone(),
             };
@@ -69,10 +77,10 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitCode> {
         .filter(|e| plan.identity(e) == args.worker)
         .collect();
     if found.is_empty() {
-        return Err(Error::Input(format!(
-            "no registry row has worker_identity {:?}",
-            args.worker
-        )));
+        return Err(Error::input(
+            About::Worker(args.worker.clone()),
+            format!("no registry row has worker_identity {:?}", args.worker),
+        ));
     }
     let explained: Vec<_> = found
         .iter()

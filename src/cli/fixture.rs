@@ -2,7 +2,7 @@
 
 use crate::capture::{capture_from_files, Selection};
 use crate::cli::{Cli, OperatorArgs, StoreArgs};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use clap::{Args, Subcommand};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -61,9 +61,9 @@ pub fn run(cli: &Cli, args: &FixtureArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     args.operator.require(&policies, "plan")?;
     let canonical = args.store.canonical_repository.clone().ok_or_else(|| {
-        Error::Input(
+        Error::input(About::Option("--canonical-repository"), 
             "fixture capture needs the expected repository binding: pass --canonical-repository OWNER/REPO"
-                .into(),
+                ,
         )
     })?;
     let selection = if let Some(code) = &args.all_preserved_by {
@@ -115,12 +115,15 @@ fn write_case(path: &Path, text: &str, force: bool) -> Result<()> {
         .create_new(true)
         .open(path)
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => Error::Input(format!(
-                "--out {}: the path exists (a file, folder or symbolic link) and is not \
+            std::io::ErrorKind::AlreadyExists => Error::input(
+                About::Option("--out"),
+                format!(
+                    "--out {}: the path exists (a file, folder or symbolic link) and is not \
                  written over; name a new file, or pass --force to replace the path itself \
                  (a symbolic link is replaced, never followed)",
-                path.display()
-            )),
+                    path.display()
+                ),
+            ),
             _ => Error::io(path, "cannot create the fixture")(e),
         })?;
     fill(file, text).map_err(Error::io(path, "cannot write the fixture"))
@@ -130,10 +133,10 @@ fn write_case(path: &Path, text: &str, force: bool) -> Result<()> {
 /// over `path` (the rename replaces a link, not the file it points to).
 fn replace_path(path: &Path, text: &str) -> Result<()> {
     let name = path.file_name().ok_or_else(|| {
-        Error::Input(format!(
-            "--out {}: names no file; give a file name",
-            path.display()
-        ))
+        Error::input(
+            About::Option("--out"),
+            format!("--out {}: names no file; give a file name", path.display()),
+        )
     })?;
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,

@@ -4,7 +4,7 @@
 
 use crate::capability::{check, Profiles, OPERATIONS};
 use crate::cli::{Cli, Format};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::policy::Policies;
 use clap::Args;
 use serde_json::json;
@@ -102,7 +102,8 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
             }
             crate::outln!(
                 "{}",
-                serde_json::to_string_pretty(&doc).map_err(|e| Error::Input(e.to_string()))?
+                serde_json::to_string_pretty(&doc)
+                    .map_err(|e| Error::input(About::Machine, e.to_string()))?
             )?;
         }
         Format::Human => {

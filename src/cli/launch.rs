@@ -2,7 +2,7 @@
 //! `mcpServers` configuration that carries it.
 
 use crate::cli::Cli;
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::launcher::{launch, LaunchRequest};
 use clap::Args;
 use std::collections::BTreeMap;
@@ -52,15 +52,19 @@ pub fn parse_profiles(text: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (ns, profile) = part.split_once('=').ok_or_else(|| {
-            Error::Input(format!(
-                "--profiles entry {part:?} is not NAMESPACE=PROFILE"
-            ))
+            Error::input(
+                About::Option("launch"),
+                format!("--profiles entry {part:?} is not NAMESPACE=PROFILE"),
+            )
         })?;
         if !crate::launcher::NAMESPACES.contains(&ns.trim()) {
-            return Err(Error::Input(format!(
-                "--profiles names {ns:?}, which is not a namespace ({})",
-                crate::launcher::NAMESPACES.join(", ")
-            )));
+            return Err(Error::input(
+                About::Option("launch"),
+                format!(
+                    "--profiles names {ns:?}, which is not a namespace ({})",
+                    crate::launcher::NAMESPACES.join(", ")
+                ),
+            ));
         }
         out.insert(ns.trim().to_string(), profile.trim().to_string());
     }
@@ -72,24 +76,30 @@ pub fn run(_cli: &Cli, args: &LaunchArgs) -> Result<ExitCode> {
     let mut extra_env = Vec::new();
     for kv in &args.env {
         let (k, v) = kv.split_once('=').ok_or_else(|| {
-            Error::Input(format!(
-                "--env {kv:?} is not KEY=VALUE; write the key, `=`, then the value"
-            ))
+            Error::input(
+                About::Option("launch"),
+                format!("--env {kv:?} is not KEY=VALUE; write the key, `=`, then the value"),
+            )
         })?;
         extra_env.push((k.to_string(), v.to_string()));
     }
     let now = match &args.now {
-        Some(t) => crate::time::parse_ts(t)
-            .ok_or_else(|| Error::Input(format!("--now {t:?} is not a strict UTC stamp")))?,
+        Some(t) => crate::time::parse_ts(t).ok_or_else(|| {
+            Error::input(
+                About::Option("launch"),
+                format!("--now {t:?} is not a strict UTC stamp"),
+            )
+        })?,
         None => crate::time::now(),
     };
     let (command, worker_args) = match &args.command {
         Some(c) => (c.clone(), args.args.clone()),
         None => {
             let exe = std::env::current_exe().map_err(|e| {
-                Error::Input(format!(
-                    "cannot find this executable's path ({e}); pass --command"
-                ))
+                Error::input(
+                    About::Option("launch"),
+                    format!("cannot find this executable's path ({e}); pass --command"),
+                )
             })?;
             let mut a = vec!["serve".to_string()];
             a.extend(args.args.iter().cloned());

@@ -1,7 +1,7 @@
 //! `fleet-retire plan`: the dry run.
 
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::plan::Plan;
 use crate::policy::Policies;
 use clap::Args;
@@ -32,9 +32,9 @@ pub struct PlanArgs {
 /// Gather evidence from the world and plan (for `plan` and `explain`).
 pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
     let canonical = store.canonical_repository.clone().ok_or_else(|| {
-        Error::Input(
-            "plan needs the expected repository binding: pass --canonical-repository OWNER/REPO"
-                .into(),
+        Error::input(
+            About::Option("plan"),
+            "plan needs the expected repository binding: pass --canonical-repository OWNER/REPO",
         )
     })?;
     crate::plan::plan_from_files(

@@ -2,7 +2,7 @@
 //! read and edit the policies.
 
 use crate::cli::{Cli, Format};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::policy::{POLICY_FILES, SCHEMA_FILE};
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -100,7 +100,7 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
             continue;
         }
         let pretty = cedar_policy_formatter::policies_str_to_pretty(&text, &config)
-            .map_err(|e| Error::Policy(format!("{name}: cannot format: {e}")))?;
+            .map_err(|e| Error::policy(About::PolicySet, format!("{name}: cannot format: {e}")))?;
         if pretty.trim_end() != text.trim_end() {
             let line = pretty
                 .lines()
@@ -111,7 +111,10 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
             match (&path, fix) {
                 (Some(p), true) => {
                     std::fs::write(p, format!("{}\n", pretty.trim_end())).map_err(|e| {
-                        Error::Policy(format!("{}: cannot rewrite ({e})", p.display()))
+                        Error::policy(
+                            About::File(p.to_path_buf()),
+                            format!("{}: cannot rewrite ({e})", p.display()),
+                        )
                     })?;
                     eprintln!("{name}: reformatted");
                 }
@@ -123,7 +126,7 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
         }
     }
     if !problems.is_empty() {
-        return Err(Error::Policy(problems.join("\n")));
+        return Err(Error::policy(About::PolicySet, problems.join("\n")));
     }
     crate::outln!(
         "policies valid ({} policies, strict validation, canonical layout); policy_fingerprint {}",

@@ -1,7 +1,7 @@
 //! `fleet-retire registry copy`: move a SQLite registry onto PostgreSQL.
 
 use crate::cli::{Cli, Format};
-use crate::error::{ExitCode, Result};
+use crate::error::{About, ExitCode, Result};
 use crate::outln;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -43,8 +43,9 @@ pub fn run(cli: &Cli, args: &RegistryArgs) -> Result<ExitCode> {
             let report = crate::copy::copy(&c.from, c.leases.as_deref(), &c.to)?;
             match cli.format {
                 Format::Json => {
-                    let doc = serde_json::to_string_pretty(&report)
-                        .map_err(|e| crate::error::Error::Input(e.to_string()))?;
+                    let doc = serde_json::to_string_pretty(&report).map_err(|e| {
+                        crate::error::Error::input(About::Option("registry copy"), e.to_string())
+                    })?;
                     outln!("{doc}")?;
                 }
                 Format::Human => {

@@ -1,7 +1,7 @@
 //! `fleet-retire serve`: the MCP server over stdio, bound at launch.
 
 use crate::cli::Cli;
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::serve::{run as serve, Binding, Lifecycle};
 use clap::Args;
 use std::path::PathBuf;
@@ -57,25 +57,34 @@ pub struct ServeArgs {
 /// Run `serve`.
 pub fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitCode> {
     if !(args.heartbeat_ttl.is_finite() && args.heartbeat_ttl >= 1.0) {
-        return Err(Error::Input(format!(
-            "--heartbeat-ttl {} must be a number of seconds, at least 1",
-            args.heartbeat_ttl
-        )));
+        return Err(Error::input(
+            About::Option("serve"),
+            format!(
+                "--heartbeat-ttl {} must be a number of seconds, at least 1",
+                args.heartbeat_ttl
+            ),
+        ));
     }
     let interval = args.heartbeat_interval.unwrap_or(args.heartbeat_ttl / 4.0);
     if !(interval.is_finite() && interval >= 0.1 && interval <= args.heartbeat_ttl / 2.0) {
-        return Err(Error::Input(format!(
-            "--heartbeat-interval {interval} must be between 0.1 s and half the TTL ({} s), \
+        return Err(Error::input(
+            About::Option("serve"),
+            format!(
+                "--heartbeat-interval {interval} must be between 0.1 s and half the TTL ({} s), \
              so one late heartbeat never lets the row lapse",
-            args.heartbeat_ttl / 2.0
-        )));
+                args.heartbeat_ttl / 2.0
+            ),
+        ));
     }
     if !crate::launcher::NAMESPACES.contains(&args.namespace.as_str()) {
-        return Err(Error::Input(format!(
-            "--namespace {:?} is not one of {}",
-            args.namespace,
-            crate::launcher::NAMESPACES.join(", ")
-        )));
+        return Err(Error::input(
+            About::Option("serve"),
+            format!(
+                "--namespace {:?} is not one of {}",
+                args.namespace,
+                crate::launcher::NAMESPACES.join(", ")
+            ),
+        ));
     }
     let binding = Binding {
         registry: args.registry.clone(),

@@ -1,7 +1,7 @@
 //! `fleet-retire snapshot`: the live fleet, its instances and its blockers.
 
 use crate::cli::{Cli, Format, OperatorArgs};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
 use crate::evidence::registry;
 use crate::snapshot::{compare, Options, Snapshot};
@@ -41,7 +41,12 @@ pub struct SnapshotArgs {
 fn read_json(path: &Path, what: &str) -> Result<Json> {
     crate::jsonfile::read_json(path)
         .map(|(doc, _)| doc)
-        .map_err(|e| Error::Input(format!("{what} {}: {e}", path.display())))
+        .map_err(|e| {
+            Error::input(
+                About::Option("snapshot"),
+                format!("{what} {}: {e}", path.display()),
+            )
+        })
 }
 
 /// Read a manifest: an object with `instances`, or a bare list.
@@ -54,24 +59,33 @@ pub fn load_manifest(path: &Path) -> Result<Vec<Json>> {
             .and_then(Json::as_array)
             .cloned()
             .ok_or_else(|| {
-                Error::Input(format!(
-                    "manifest {}: expected {{\"instances\": [...]}}",
-                    path.display()
-                ))
+                Error::input(
+                    About::Option("snapshot"),
+                    format!(
+                        "manifest {}: expected {{\"instances\": [...]}}",
+                        path.display()
+                    ),
+                )
             })?,
         _ => {
-            return Err(Error::Input(format!(
-                "manifest {}: expected {{\"instances\": [...]}}",
-                path.display()
-            )))
+            return Err(Error::input(
+                About::Option("snapshot"),
+                format!(
+                    "manifest {}: expected {{\"instances\": [...]}}",
+                    path.display()
+                ),
+            ))
         }
     };
     for (i, item) in list.iter().enumerate() {
         if !item.get("client_instance_id").is_some_and(Json::is_string) {
-            return Err(Error::Input(format!(
-                "manifest {}: instances[{i}] needs a string client_instance_id",
-                path.display()
-            )));
+            return Err(Error::input(
+                About::Option("snapshot"),
+                format!(
+                    "manifest {}: instances[{i}] needs a string client_instance_id",
+                    path.display()
+                ),
+            ));
         }
     }
     Ok(list)

@@ -9,7 +9,7 @@
 //! ancestor. Touching another worker's row is what `apply` is for.
 
 use crate::cli::Cli;
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::worker::{heartbeat, register, release, Registration, Writer};
 use clap::Args;
 use std::path::PathBuf;
@@ -65,10 +65,13 @@ fn identity_from_env() -> Option<String> {
 
 fn required_identity(command: &str) -> Result<String> {
     identity_from_env().ok_or_else(|| {
-        Error::Input(format!(
-            "{command} writes the caller's own registration, named by {WORKER_IDENTITY_ENV}, \
+        Error::input(
+            About::Option("GITEA_MCP_WORKER_IDENTITY"),
+            format!(
+                "{command} writes the caller's own registration, named by {WORKER_IDENTITY_ENV}, \
              which is not set; run it from the worker with the identity `register` printed"
-        ))
+            ),
+        )
     })
 }
 

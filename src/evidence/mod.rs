@@ -22,7 +22,10 @@ pub fn random_hex(n: usize) -> crate::error::Result<String> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))
         .map_err(|e| {
-            crate::error::Error::Input(format!("cannot read /dev/urandom for a random id: {e}"))
+            crate::error::Error::input(
+                crate::error::About::Machine,
+                format!("cannot read /dev/urandom for a random id: {e}"),
+            )
         })?;
     Ok(crate::fingerprint::hex(&buf))
 }

@@ -10,7 +10,7 @@
 //! schema through the public API, so a drift between this builder and
 //! `schema.cedarschema` stops the run instead of producing evaluation errors.
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::observe::{Observation, RunFacts};
 use crate::row::{Col, Row, COLUMNS};
 use cedar_policy::{EntityTypeName, Schema};
@@ -380,7 +380,7 @@ pub fn check_schema(entities: Vec<ast::Entity>, schema: &Schema) -> Result<()> {
     )
     .map(|_| ())
     .map_err(|e| {
-        Error::Policy(format!(
+        Error::policy(About::PolicySet, format!(
             "the observed entities do not fit policies/{}: {e}; the schema and the program disagree",
             crate::policy::SCHEMA_FILE
         ))

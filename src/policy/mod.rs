@@ -12,7 +12,7 @@ pub mod entities;
 pub mod eval;
 pub mod memo;
 
-use crate::error::{Error, Result};
+use crate::error::{About, Error, Result};
 use crate::fingerprint::hex;
 use crate::reasons::Reason;
 use cedar_policy::{Effect, Policy, PolicyId, PolicySet, Schema, ValidationMode, Validator};
@@ -101,10 +101,13 @@ pub enum PolicySource {
 }
 
 fn policy_error(lines: Vec<String>) -> Error {
-    Error::Policy(format!(
-        "the policy set was rejected; nothing was evaluated. Fix these and run again:\n{}",
-        lines.join("\n")
-    ))
+    Error::policy(
+        About::PolicySet,
+        format!(
+            "the policy set was rejected; nothing was evaluated. Fix these and run again:\n{}",
+            lines.join("\n")
+        ),
+    )
 }
 
 impl Policies {
@@ -341,13 +344,16 @@ pub fn read_folder_file(path: &Path) -> Result<String> {
     crate::jsonfile::read_regular_in_place(path, MAX_POLICY_FILE_BYTES)
         .map(|bytes| bytes.text)
         .map_err(|problem| {
-            Error::Policy(format!(
+            Error::policy(
+                About::File(path.to_path_buf()),
+                format!(
                 "{}: {problem}. A policy folder holds {SCHEMA_FILE}, {} and properties/*.cedar \
                  as regular files of at most {} MiB (no symbolic links, FIFOs or devices)",
                 crate::text::esc(&path.display().to_string()),
                 POLICY_FILES.join(", "),
                 MAX_POLICY_FILE_BYTES >> 20
-            ))
+            ),
+            )
         })
 }
 

@@ -1,6 +1,7 @@
 //! Where a store is, parsed once: a SQLite file or a PostgreSQL database
 //! (its URL a [`PgUrl`], which shows only masked; `crate::pgurl` says why).
 
+use crate::error::About;
 pub use crate::pgurl::{is_postgres, label, PgUrl};
 use std::fmt;
 use std::path::Path;
@@ -25,10 +26,13 @@ impl Location {
         PgUrl::parse(&location.to_string_lossy())
             .map(|url| Location::Postgres(Box::new(url)))
             .map_err(|e| {
-                crate::error::Error::Input(format!(
-                    "postgres://…: not a PostgreSQL URL this program can read ({e}); write it \
+                crate::error::Error::input(
+                    About::Option("--registry"),
+                    format!(
+                        "postgres://…: not a PostgreSQL URL this program can read ({e}); write it \
                      as postgres://USER@HOST:PORT/DATABASE, with the password in PGPASSWORD"
-                ))
+                    ),
+                )
             })
     }
 }

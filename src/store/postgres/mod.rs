@@ -16,7 +16,7 @@
 //! whose kind its column cannot hold (SQLite text `"abc"` in `pid`) is
 //! refused, never coerced, so a copied registry reads back value for value.
 
-use crate::error::{Error, Result, Store};
+use crate::error::{About, Error, Result, Store};
 use crate::row::{Col, Row, COLUMNS};
 use crate::value::{Val, Value};
 use postgres::types::{ToSql, Type};
@@ -100,10 +100,13 @@ pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// `search_path` pinned ([`pin_search_path`]).
 pub fn connect(url: &str, store: Store) -> Result<Client> {
     let url = PgUrl::parse(url).map_err(|e| {
-        Error::Input(format!(
-            "{store} postgres://…: not a PostgreSQL URL this program can read ({e}); write \
+        Error::input(
+            About::Option("--registry"),
+            format!(
+                "{store} postgres://…: not a PostgreSQL URL this program can read ({e}); write \
              it as postgres://USER@HOST:PORT/DATABASE, with the password in PGPASSWORD"
-        ))
+            ),
+        )
     })?;
     connect_to(&url, store)
 }
@@ -147,11 +150,14 @@ pub fn pin_search_path(client: &mut Client, store: Store, label: &str) -> Result
         .map_err(err)?;
     let schema: Option<String> = row.get(0);
     let schema = schema.ok_or_else(|| {
-        Error::Input(format!(
-            "{store} {label}: the session has no schema (its search_path names none that \
+        Error::input(
+            About::Option("--registry"),
+            format!(
+                "{store} {label}: the session has no schema (its search_path names none that \
              exists); set the role's or database's search_path to the schema holding the \
              registry tables"
-        ))
+            ),
+        )
     })?;
     client
         .execute(
