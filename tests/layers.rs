@@ -226,3 +226,139 @@ fn the_import_reader_sees_grouped_and_nested_uses() {
     let got: Vec<String> = uses(text).into_iter().collect();
     assert_eq!(got, ["a", "b", "c", "f", "h"]);
 }
+
+/// Every source file as its module path (`snapshot::detect`; a folder's
+/// `mod.rs` is the folder's own path), with its non-test code.
+fn file_modules() -> BTreeMap<String, String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut out = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|p| p == "mod") {
+            parts.pop();
+        }
+        if parts == ["lib"] || parts == ["main"] {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
+        out.insert(parts.join("::"), code);
+    }
+    out
+}
+
+/// The longest module path among `known` that `path` starts with.
+fn resolve(path: &[&str], known: &BTreeMap<String, String>) -> Option<String> {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].join("::"))
+        .find(|c| known.contains_key(c))
+}
+
+/// The files a file names (`crate::a::b`, `super::c`), by module path.
+fn file_uses(module: &str, code: &str, known: &BTreeMap<String, String>) -> BTreeSet<String> {
+    let mine: Vec<&str> = module.split("::").collect();
+    let parent = &mine[..mine.len() - 1];
+    let path_after = |rest: &str| -> Vec<String> {
+        rest.split("::")
+            .map(|s| {
+                s.chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .take_while(|s| !s.is_empty())
+            .collect()
+    };
+    let mut out = BTreeSet::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for (prefix, base) in [("crate::", &[][..]), ("super::", parent)] {
+            for (at, _) in line.match_indices(prefix) {
+                let mut path: Vec<&str> = base.to_vec();
+                let named = path_after(&line[at + prefix.len()..]);
+                path.extend(named.iter().map(String::as_str));
+                if let Some(target) = resolve(&path, known).filter(|t| t != module) {
+                    out.insert(target);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `a` is the folder module (`mod.rs`) directly holding `b`.
+fn holds(a: &str, b: &str) -> bool {
+    b.strip_prefix(a)
+        .and_then(|rest| rest.strip_prefix("::"))
+        .is_some_and(|rest| !rest.contains("::"))
+}
+
+/// No import circle at any depth: between files of one folder as between
+/// top-level modules. A folder's `mod.rs` and the files it directly holds
+/// are one unit for this (the folder's interface and its parts, as Rust
+/// lays a module out), so only their edges to each other are not counted.
+#[test]
+fn no_import_circle_between_files_at_any_depth() {
+    let known = file_modules();
+    let graph: BTreeMap<String, BTreeSet<String>> = known
+        .iter()
+        .map(|(m, code)| {
+            let uses = file_uses(m, code, &known)
+                .into_iter()
+                .filter(|u| !holds(m, u) && !holds(u, m))
+                .collect();
+            (m.clone(), uses)
+        })
+        .collect();
+    let mut circles = Vec::new();
+    for start in graph.keys() {
+        // Depth-first from `start`, looking for a way back to it.
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((at, path)) = stack.pop() {
+            for next in &graph[&at] {
+                if next == start && start == path.iter().min().unwrap() {
+                    circles.push(path.join(" -> ") + " -> " + start);
+                } else if seen.insert(next.clone()) {
+                    let mut longer = path.clone();
+                    longer.push(next.clone());
+                    stack.push((next.clone(), longer));
+                }
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles between files:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_file_graph_sees_sibling_and_crate_paths() {
+    let mut known = BTreeMap::new();
+    for m in [
+        "snapshot",
+        "snapshot::detect",
+        "snapshot::findings",
+        "value",
+    ] {
+        known.insert(m.to_string(), String::new());
+    }
+    let uses = file_uses(
+        "snapshot::findings",
+        "use super::detect::ids;\nfn f() { crate::value::Value::Null; }",
+        &known,
+    );
+    assert_eq!(
+        uses.into_iter().collect::<Vec<_>>(),
+        ["snapshot::detect", "value"]
+    );
+    assert!(holds("snapshot", "snapshot::detect"));
+    assert!(!holds("snapshot", "snapshot::detect::deep"));
+}

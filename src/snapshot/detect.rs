@@ -2,6 +2,7 @@
 //! at the live workers (rendered as the snapshot reports them) and adds its
 //! findings. Which classes block is `findings`' business, not theirs.
 
+use super::fields::{ids, truthy_text};
 use super::findings::{FindingClass, Findings};
 use crate::identity::UNKNOWN_CLIENT;
 use crate::value::Value;
@@ -18,14 +19,6 @@ pub(super) fn key_text(v: &Json) -> Option<String> {
             .unwrap_or_default(),
     };
     (!text.is_empty() && text != "None").then_some(text)
-}
-
-/// Python's `str(v)` when `v` is truthy (`if v:`): how the seed keeps
-/// instance ids, namespaces and fleet runs. Unlike a collision key, the text
-/// `"None"` is a name like any other here.
-pub(super) fn truthy_text(v: &Json) -> Option<String> {
-    let value = Value::from_json(v).ok()?;
-    value.truthy().then(|| value.py_str())
 }
 
 /// How many distinct values `field` takes among `workers`, NULL and `""`
@@ -71,13 +64,6 @@ pub(super) fn groups<'a>(
     }
     g.retain(|_, v| v.len() > 1);
     g
-}
-
-pub(super) fn ids(workers: &[&Json], field: &str) -> BTreeSet<String> {
-    workers
-        .iter()
-        .filter_map(|w| truthy_text(&w[field]))
-        .collect()
 }
 
 pub(super) fn namespace_duplicates(workers: &[&Json]) -> Vec<String> {

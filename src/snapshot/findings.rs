@@ -159,7 +159,7 @@ impl Findings {
         detail: String,
     ) {
         let instance_ids = instances.unwrap_or_else(|| {
-            super::detect::ids(workers, "client_instance_id")
+            super::fields::ids(workers, "client_instance_id")
                 .into_iter()
                 .collect()
         });

@@ -10,6 +10,7 @@
 
 mod detect;
 mod document;
+mod fields;
 pub mod findings;
 
 use crate::evidence::probe::{observe_pid, ProcessProbe};
@@ -19,9 +20,10 @@ use crate::observe::{foreign_repository, ownership_state, process_identity};
 use crate::row::{Col, Row};
 use crate::time::{format_ts, Micros};
 use crate::value::Val;
+use detect::key_text;
 use detect::{instance_findings, live_collisions, manifest_findings, unkeyed_findings};
-use detect::{key_text, truthy_text};
 use document::{render, FindingPart};
+use fields::truthy_text;
 use findings::Findings;
 pub use findings::{Finding, FindingClass, Severity};
 use serde_json::{json, Value as Json};
