@@ -85,10 +85,47 @@ pub struct EntityCase {
     pub reasons: Option<Vec<String>>,
 }
 
-/// One finding as a snapshot case expects it: its class, the workers it
-/// names (as JSON text: `null` for a NULL identity) and its instances, each
-/// list sorted.
-pub type ExpectedFinding = (String, Vec<String>, Vec<String>);
+/// One finding as a snapshot case expects it (and as a snapshot's finding
+/// is compared with it).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ExpectedFinding {
+    /// Its class's code.
+    pub classification: String,
+    /// The workers it names, as JSON text (`null` for a NULL identity),
+    /// sorted.
+    pub worker_identities: Vec<String>,
+    /// Its instances, sorted.
+    pub client_instance_ids: Vec<String>,
+}
+
+impl ExpectedFinding {
+    /// A finding of `classification` naming these workers and instances
+    /// (sorted here).
+    pub fn new(
+        classification: String,
+        mut worker_identities: Vec<String>,
+        mut client_instance_ids: Vec<String>,
+    ) -> ExpectedFinding {
+        worker_identities.sort();
+        client_instance_ids.sort();
+        ExpectedFinding {
+            classification,
+            worker_identities,
+            client_instance_ids,
+        }
+    }
+}
+
+/// Shown as `(class, [workers], [instances])`, as a failing case reports it.
+impl std::fmt::Debug for ExpectedFinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "({:?}, {:?}, {:?})",
+            self.classification, self.worker_identities, self.client_instance_ids
+        )
+    }
+}
 
 /// What a snapshot case expects; absent members are not checked.
 #[derive(Debug, Clone, Default)]
@@ -273,10 +310,8 @@ impl UncheckedSnapshot {
                 for (i, f) in list.into_iter().enumerate() {
                     let field = format!("snapshot.expect.findings[{i}].classification");
                     let class = finding_class(ctx, &f.classification, &field)?;
-                    let mut workers: Vec<String> =
-                        f.worker_identities.iter().map(Json::to_string).collect();
-                    workers.sort();
-                    let mut instances: Vec<String> = f
+                    let workers = f.worker_identities.iter().map(Json::to_string).collect();
+                    let instances = f
                         .client_instance_ids
                         .iter()
                         .map(|i| {
@@ -285,8 +320,7 @@ impl UncheckedSnapshot {
                                 .unwrap_or_else(|| i.to_string())
                         })
                         .collect();
-                    instances.sort();
-                    keys.push((class, workers, instances));
+                    keys.push(ExpectedFinding::new(class, workers, instances));
                 }
                 keys.sort();
                 Some(keys)
@@ -358,11 +392,11 @@ impl SnapshotCase {
             }
         }
         let key = |f: &crate::snapshot::Finding| -> ExpectedFinding {
-            let mut w: Vec<String> = f.worker_identities.iter().map(Json::to_string).collect();
-            w.sort();
-            let mut i = f.client_instance_ids.clone();
-            i.sort();
-            (f.classification.to_string(), w, i)
+            ExpectedFinding::new(
+                f.classification.to_string(),
+                f.worker_identities.iter().map(Json::to_string).collect(),
+                f.client_instance_ids.clone(),
+            )
         };
         if let Some(want) = &e.findings {
             let mut got: Vec<ExpectedFinding> = snap.findings().map(|f| key(&f)).collect();
