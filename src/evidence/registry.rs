@@ -281,9 +281,18 @@ impl<'c> RawStmt<'c> {
         }
     }
 
-    /// Column `i` of the current row (`i` below the statement's width).
+    /// Column `i` of the current row. Panics unless `i` is below the
+    /// statement's width: SQLite would answer a wrong index with a NULL,
+    /// which would read as a blank column rather than as the bug it is.
     fn cell(&self, i: usize) -> Cell<'_> {
         use rusqlite::ffi;
+        // SAFETY: the statement is live until drop; asking its width reads
+        // the prepared statement only.
+        let width = unsafe { ffi::sqlite3_column_count(self.stmt.as_ptr()) };
+        let i = std::ffi::c_int::try_from(i)
+            .ok()
+            .filter(|&i| i < width)
+            .unwrap_or_else(|| panic!("column {i} of a statement of {width} columns"));
         let bytes = |p: *const std::ffi::c_void, n: std::ffi::c_int| -> &[u8] {
             match usize::try_from(n) {
                 // SAFETY: SQLite gives `n` bytes at `p`, valid until the
@@ -303,7 +312,7 @@ impl<'c> RawStmt<'c> {
         // text itself when the database stores UTF-8, and otherwise SQLite
         // converts it to UTF-8.
         unsafe {
-            let v = ffi::sqlite3_column_value(self.stmt.as_ptr(), i as std::ffi::c_int);
+            let v = ffi::sqlite3_column_value(self.stmt.as_ptr(), i);
             match ffi::sqlite3_value_type(v) {
                 ffi::SQLITE_INTEGER => Cell::Int(ffi::sqlite3_value_int64(v)),
                 ffi::SQLITE_FLOAT => Cell::Real(ffi::sqlite3_value_double(v)),
