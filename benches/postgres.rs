@@ -244,6 +244,10 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
+/// A heartbeat writer's latencies before and during the apply, and how
+/// many of its beats failed.
+type Beats = ([Vec<Duration>; 2], i32);
+
 fn heartbeats_during_apply(admin: &str) {
     let (targets, writers) = (2_000, 50);
     let db = Db::new(admin, "heartbeat");
@@ -252,59 +256,13 @@ fn heartbeats_during_apply(admin: &str) {
     let url = PathBuf::from(&db.url);
     let policies = Policies::load(&PolicySource::Embedded).unwrap();
     let probe = SystemProbe::new("/proc");
-    let p = fleet_retire::plan::plan_from_files(
-        &url,
-        &url,
-        Path::new("/proc"),
-        "prgs/gitea-tools".into(),
-        &policies,
-    )
-    .unwrap();
-    let req = Request {
-        registry_fingerprint: p.registry_fingerprint.clone(),
-        candidate_fingerprint: p.candidate_fingerprint.clone(),
-        policy_fingerprint: p.policy_fingerprint.clone(),
-        workers: p.candidates().map(|e| p.identity(e)).collect(),
-        canonical_repository: Some("prgs/gitea-tools".into()),
-        max_retire: targets,
-        planned: Some(std::sync::Arc::new(
-            fleet_retire::plan::planned::PlannedRows::of(&p),
-        )),
-    };
-    assert_eq!(req.workers.len(), targets, "every dead row is a candidate");
-    drop(p);
+    let req = retire_every_candidate(&url, &policies, targets);
 
     // phase 0: before the apply; 1: during; 2: after.
     let phase = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let beats: Vec<_> = live
         .into_iter()
-        .map(|w| {
-            let (phase, url) = (phase.clone(), url.clone());
-            std::thread::spawn(move || {
-                let mut seen: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-                let mut failed = 0;
-                // The first beat connects (and is not a heartbeat's latency).
-                fleet_retire::worker::heartbeat(&url, &w, fleet_retire::worker::Writer::Owner)
-                    .expect("the first heartbeat");
-                loop {
-                    let now = phase.load(std::sync::atomic::Ordering::SeqCst);
-                    if now == 2 {
-                        break;
-                    }
-                    let t = Instant::now();
-                    match fleet_retire::worker::heartbeat(
-                        &url,
-                        &w,
-                        fleet_retire::worker::Writer::Owner,
-                    ) {
-                        Ok(_) => seen[now].push(t.elapsed()),
-                        Err(_) => failed += 1,
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                (seen, failed)
-            })
-        })
+        .map(|w| start_writer(w, &url, &phase))
         .collect();
     // An operator's profiles.json is not seconds old (apply reads a fresh
     // one before every write), and the writers settle.
@@ -325,6 +283,78 @@ fn heartbeats_during_apply(admin: &str) {
     let report = apply(&req, &ctx, Hooks::default()).unwrap();
     let took = started.elapsed();
     phase.store(2, std::sync::atomic::Ordering::SeqCst);
+    let (before, during, failed) = join_writers(beats);
+    println!(
+        "postgres apply: {} of {targets} retired ({:?}, {} heartbeats tolerated) in {:.3} s, \
+         transaction {} ms",
+        report.retired_count,
+        report.outcome,
+        report.heartbeats_tolerated,
+        took.as_secs_f64(),
+        report.lock_held_ms
+    );
+    print_latencies(writers, &before, &during, failed);
+}
+
+/// Plan the registry at `url` and ask to retire every candidate: there
+/// must be `targets` of them.
+fn retire_every_candidate(url: &Path, policies: &Policies, targets: usize) -> Request {
+    let p = fleet_retire::plan::plan_from_files(
+        url,
+        url,
+        Path::new("/proc"),
+        "prgs/gitea-tools".into(),
+        policies,
+    )
+    .unwrap();
+    let req = Request {
+        registry_fingerprint: p.registry_fingerprint.clone(),
+        candidate_fingerprint: p.candidate_fingerprint.clone(),
+        policy_fingerprint: p.policy_fingerprint.clone(),
+        workers: p.candidates().map(|e| p.identity(e)).collect(),
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        max_retire: targets,
+        planned: Some(std::sync::Arc::new(
+            fleet_retire::plan::planned::PlannedRows::of(&p),
+        )),
+    };
+    assert_eq!(req.workers.len(), targets, "every dead row is a candidate");
+    req
+}
+
+/// A thread that heartbeats worker `w` every 50 ms until `phase` is 2,
+/// timing each beat under the phase it began in.
+fn start_writer(
+    w: String,
+    url: &Path,
+    phase: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> std::thread::JoinHandle<Beats> {
+    let (phase, url) = (phase.clone(), url.to_path_buf());
+    std::thread::spawn(move || {
+        let mut seen: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+        let mut failed = 0;
+        // The first beat connects (and is not a heartbeat's latency).
+        fleet_retire::worker::heartbeat(&url, &w, fleet_retire::worker::Writer::Owner)
+            .expect("the first heartbeat");
+        loop {
+            let now = phase.load(std::sync::atomic::Ordering::SeqCst);
+            if now == 2 {
+                break;
+            }
+            let t = Instant::now();
+            match fleet_retire::worker::heartbeat(&url, &w, fleet_retire::worker::Writer::Owner) {
+                Ok(_) => seen[now].push(t.elapsed()),
+                Err(_) => failed += 1,
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (seen, failed)
+    })
+}
+
+/// Every writer's latencies before and during the apply, each sorted, and
+/// the failures of all.
+fn join_writers(beats: Vec<std::thread::JoinHandle<Beats>>) -> (Vec<Duration>, Vec<Duration>, i32) {
     let mut before = Vec::new();
     let mut during = Vec::new();
     let mut failed = 0;
@@ -336,16 +366,12 @@ fn heartbeats_during_apply(admin: &str) {
     }
     before.sort();
     during.sort();
-    println!(
-        "postgres apply: {} of {targets} retired ({:?}, {} heartbeats tolerated) in {:.3} s, \
-         transaction {} ms",
-        report.retired_count,
-        report.outcome,
-        report.heartbeats_tolerated,
-        took.as_secs_f64(),
-        report.lock_held_ms
-    );
-    for (name, v) in [("before the apply", &before), ("during the apply", &during)] {
+    (before, during, failed)
+}
+
+/// The heartbeat latencies before and during the apply, and the failures.
+fn print_latencies(writers: usize, before: &[Duration], during: &[Duration], failed: i32) {
+    for (name, v) in [("before the apply", before), ("during the apply", during)] {
         println!(
             "postgres heartbeats, {writers} writers every 50 ms, {name}: {} beats, p50 {:.1} ms, \
              p99 {:.1} ms, slowest {:.1} ms",

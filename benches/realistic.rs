@@ -206,17 +206,38 @@ fn main() {
         );
         return;
     }
-    let rows: usize = std::env::var("REALISTIC_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
-    let runs: usize = std::env::var("REALISTIC_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let rows = count_from_env("REALISTIC_ROWS", 100_000);
+    let runs = count_from_env("REALISTIC_RUNS", 3);
     let fleet = generate(&generator, rows);
-    let null = || Stdio::from(std::fs::File::create("/dev/null").unwrap());
-    let cases: Vec<(&str, Vec<String>)> = vec![
+    let mut plan_json_median = None;
+    for (name, args) in &read_cases(&fleet) {
+        let seconds = time_read_case(&fleet, name, args, rows, runs);
+        if *name == "plan --format json" {
+            plan_json_median = Some(seconds);
+        }
+    }
+    if let Some(ours) = plan_json_median {
+        python_reference(&fleet, ours);
+    }
+    time_apply(&fleet, rows, runs);
+}
+
+/// A count from the environment variable `name`, or `default`.
+fn count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `/dev/null`, for output that is not kept.
+fn null() -> Stdio {
+    Stdio::from(std::fs::File::create("/dev/null").unwrap())
+}
+
+/// The commands that only read the fleet, named, with their arguments.
+fn read_cases(fleet: &Fleet) -> Vec<(&'static str, Vec<String>)> {
+    vec![
         (
             "snapshot (human)",
             [
@@ -255,50 +276,53 @@ fn main() {
             "plan (human)",
             [vec!["plan".into()], fleet.store_args()].concat(),
         ),
-    ];
-    let mut plan_json_median = None;
-    for (name, args) in &cases {
-        let mut times = Vec::new();
-        let mut peaks = Vec::new();
-        let log = fleet.path("plan.log");
-        for _ in 0..runs {
-            // The plan logs its phase split and Cedar evaluation counts.
-            let (t, peak, ok) = measure(
-                Command::new(BIN)
-                    .args(args)
-                    .env(
-                        "FLEET_RETIRE_LOG",
-                        "fleet_retire::plan=debug,fleet_retire::cli::plan=debug",
-                    )
-                    .stdout(null())
-                    .stderr(std::fs::File::create(&log).unwrap()),
-            );
-            assert!(ok, "{name} failed");
-            times.push(t);
-            peaks.push(peak);
-        }
-        println!(
-            "{name:<24} {rows} rows: median {:.3} s, peak {} MB (runs: {:?})",
-            median(times.clone()).as_secs_f64(),
-            median(peaks) / 1024,
-            times
-                .iter()
-                .map(|t| format!("{:.2}", t.as_secs_f64()))
-                .collect::<Vec<_>>()
+    ]
+}
+
+/// Run one reading command `runs` times; print its median time and peak
+/// memory, and its last run's phases (from the plan's debug log). Returns
+/// the median in seconds.
+fn time_read_case(fleet: &Fleet, name: &str, args: &[String], rows: usize, runs: usize) -> f64 {
+    let mut times = Vec::new();
+    let mut peaks = Vec::new();
+    let log = fleet.path("plan.log");
+    for _ in 0..runs {
+        // The plan logs its phase split and Cedar evaluation counts.
+        let (t, peak, ok) = measure(
+            Command::new(BIN)
+                .args(args)
+                .env(
+                    "FLEET_RETIRE_LOG",
+                    "fleet_retire::plan=debug,fleet_retire::cli::plan=debug",
+                )
+                .stdout(null())
+                .stderr(std::fs::File::create(&log).unwrap()),
         );
-        if *name == "plan --format json" {
-            plan_json_median = Some(median(times.clone()).as_secs_f64());
-        }
-        // The last run's phases, without the log's timestamps.
-        for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
-            if let Some(at) = line.find("fleet_retire::") {
-                println!("  {}", &line[at..]);
-            }
+        assert!(ok, "{name} failed");
+        times.push(t);
+        peaks.push(peak);
+    }
+    println!(
+        "{name:<24} {rows} rows: median {:.3} s, peak {} MB (runs: {:?})",
+        median(times.clone()).as_secs_f64(),
+        median(peaks) / 1024,
+        times
+            .iter()
+            .map(|t| format!("{:.2}", t.as_secs_f64()))
+            .collect::<Vec<_>>()
+    );
+    // The last run's phases, without the log's timestamps.
+    for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
+        if let Some(at) = line.find("fleet_retire::") {
+            println!("  {}", &line[at..]);
         }
     }
-    if let Some(ours) = plan_json_median {
-        python_reference(&fleet, ours);
-    }
+    median(times).as_secs_f64()
+}
+
+/// Apply the first 10,000 candidates `runs` times, each on a fresh copy of
+/// the registry, and print the median time, peak memory and lock hold.
+fn time_apply(fleet: &Fleet, rows: usize, runs: usize) {
     let mut times = Vec::new();
     let mut peaks = Vec::new();
     let mut locks = Vec::new();
@@ -308,7 +332,7 @@ fn main() {
             fleet.path("registry.sqlite"),
         )
         .unwrap();
-        let (args, count) = plan_for_apply(&fleet);
+        let (args, count) = plan_for_apply(fleet);
         let report = fleet.path("apply.json");
         let (t, peak, ok) = measure(
             Command::new(BIN)

@@ -101,39 +101,72 @@ pub fn capture(
     selection: &Selection,
     source: &Path,
 ) -> Result<Captured> {
+    let chosen = chosen_rows(plan, selection, source)?;
+    let included = bearing_rows(plan, &chosen);
+    let relevant = protecting_leases(plan, leases, &included);
+    // The redactor numbers its placeholders in the order it meets secrets:
+    // rows, then leases, then the context, then the chosen names.
+    let mut redactor = Redactor::default();
+    let rows_json = rows_json(plan, &included, &mut redactor);
+    let leases_json = leases_json(&relevant, &mut redactor);
+    let processes = processes_json(plan, probe, &included);
+    let context = context_json(plan, &mut redactor);
+    let chosen = Chosen::of(plan, chosen, &mut redactor);
+    let mut case = json!({
+        "name": headline(selection, &chosen),
+        "description": description(plan, policies, source, &chosen, &redactor),
+        "now": crate::time::format_ts(plan.facts.now),
+        "context": context,
+        "processes": processes,
+        "rows": rows_json,
+        "leases": leases_json,
+        "expect": {},
+    });
+    let replay = replay(&case, policies, &chosen, &included)?;
+    case["expect"] = expectation(&replay);
+    Ok(Captured {
+        case,
+        chosen: chosen.names,
+        rows: included.len(),
+        redacted: redactor.counts,
+    })
+}
+
+/// The chosen rows, with the names and verdicts the case reports for them.
+struct Chosen {
+    /// Their indexes in the plan, in selection order.
+    indexes: Vec<usize>,
+    /// Their worker identities, with the placeholders the rows got.
+    names: Vec<String>,
+    /// Their verdicts in the registry (`candidate` or a reason code).
+    verdicts: Vec<String>,
+}
+
+impl Chosen {
+    /// Name and judge the rows at `indexes`.
+    fn of(plan: &Plan, indexes: Vec<usize>, redactor: &mut Redactor) -> Chosen {
+        let names = indexes
+            .iter()
+            .map(|&i| redactor.text(&plan.rows[i].get(Col::WorkerIdentity).canon()))
+            .collect();
+        let verdicts = indexes
+            .iter()
+            .map(|&i| verdict_of(&plan.entries[i]))
+            .collect();
+        Chosen {
+            indexes,
+            names,
+            verdicts,
+        }
+    }
+}
+
+/// The plan indexes of the rows `selection` names; an error when it names
+/// none, or names a worker or reason code that is not there.
+fn chosen_rows(plan: &Plan, selection: &Selection, source: &Path) -> Result<Vec<usize>> {
     let chosen: Vec<usize> = match selection {
-        Selection::Workers(ids) => {
-            let mut out = Vec::new();
-            for id in ids {
-                let found: Vec<usize> = plan
-                    .entries
-                    .iter()
-                    .filter(|e| plan.identity(e) == *id)
-                    .map(|e| e.index)
-                    .collect();
-                if found.is_empty() {
-                    return Err(Error::input(About::Worker(id.to_string()), format!(
-                        "no row of {} has worker_identity {:?}; `fleet-retire plan --all` lists them",
-                        crate::store::location::label(source),
-                        crate::text::esc(id)
-                    )));
-                }
-                out.extend(found);
-            }
-            out
-        }
-        Selection::PreservedBy(code) => {
-            if crate::reasons::Reason::from_code(code).is_none() {
-                return Err(Error::input(
-                    About::Option("fixture capture"),
-                    format!("{code:?} is not a reason code (docs/reason-codes.md lists them)"),
-                ));
-            }
-            plan.preserved()
-                .filter(|e| e.reason().code() == code)
-                .map(|e| e.index)
-                .collect()
-        }
+        Selection::Workers(ids) => workers_rows(plan, ids, source)?,
+        Selection::PreservedBy(code) => preserved_rows(plan, code)?,
         Selection::Candidates => plan.candidates().map(|e| e.index).collect(),
     };
     if chosen.is_empty() {
@@ -145,10 +178,58 @@ pub fn capture(
             ),
         ));
     }
-    let included = bearing_rows(plan, &chosen);
+    Ok(chosen)
+}
 
-    // Leases: the active ones that protect a captured row.
-    let relevant: Vec<&crate::evidence::leases::Lease> = leases
+/// The rows of each named worker identity, in the order named; an error
+/// for an identity no row has.
+fn workers_rows(plan: &Plan, ids: &[String], source: &Path) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for id in ids {
+        let found: Vec<usize> = plan
+            .entries
+            .iter()
+            .filter(|e| plan.identity(e) == *id)
+            .map(|e| e.index)
+            .collect();
+        if found.is_empty() {
+            return Err(Error::input(
+                About::Worker(id.to_string()),
+                format!(
+                    "no row of {} has worker_identity {:?}; `fleet-retire plan --all` lists them",
+                    crate::store::location::label(source),
+                    crate::text::esc(id)
+                ),
+            ));
+        }
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// The preserved rows whose primary reason is `code`; an error when `code`
+/// is not a reason code.
+fn preserved_rows(plan: &Plan, code: &str) -> Result<Vec<usize>> {
+    if crate::reasons::Reason::from_code(code).is_none() {
+        return Err(Error::input(
+            About::Option("--all-preserved-by"),
+            format!("{code:?} is not a reason code (docs/reason-codes.md lists them)"),
+        ));
+    }
+    Ok(plan
+        .preserved()
+        .filter(|e| e.reason().code() == code)
+        .map(|e| e.index)
+        .collect())
+}
+
+/// The active leases that protect any of the `included` rows.
+fn protecting_leases<'a>(
+    plan: &Plan,
+    leases: &'a [crate::evidence::leases::Lease],
+    included: &[usize],
+) -> Vec<&'a crate::evidence::leases::Lease> {
+    leases
         .iter()
         .filter(|l| l.is_active())
         .filter(|l| {
@@ -158,10 +239,12 @@ pub fn capture(
                 .iter()
                 .any(|&i| !crate::observe::protection_hits(&plan.rows[i], &index).is_empty())
         })
-        .collect();
+        .collect()
+}
 
-    let mut redactor = Redactor::default();
-    let rows_json: Vec<Json> = included
+/// The `included` rows as the case's `rows`, every column, secrets replaced.
+fn rows_json(plan: &Plan, included: &[usize], redactor: &mut Redactor) -> Vec<Json> {
+    included
         .iter()
         .map(|&i| {
             let row = &plan.rows[i];
@@ -172,8 +255,12 @@ pub fn capture(
             }
             Json::Object(obj)
         })
-        .collect();
-    let leases_json: Vec<Json> = relevant
+        .collect()
+}
+
+/// The leases as the case's `leases`, secrets replaced.
+fn leases_json(relevant: &[&crate::evidence::leases::Lease], redactor: &mut Redactor) -> Vec<Json> {
+    relevant
         .iter()
         .map(|l| {
             Json::Object(
@@ -182,10 +269,19 @@ pub fn capture(
                     .collect(),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// The case's `processes`: the probe's answer for every positive pid of the
+/// `included` rows (a pid it was never asked about reads as its default).
+fn processes_json(
+    plan: &Plan,
+    probe: &RecordingProbe<'_>,
+    included: &[usize],
+) -> BTreeMap<String, Json> {
     let answers = probe.given();
     let mut processes = BTreeMap::new();
-    for &i in &included {
+    for &i in included {
         if let Val::Int(pid) = plan.rows[i].get(Col::Pid) {
             if pid > 0 {
                 let seen = answers.processes.get(&pid).cloned().unwrap_or_default();
@@ -196,6 +292,12 @@ pub fn capture(
             }
         }
     }
+    processes
+}
+
+/// The case's `context`: this host's facts and the canonical repository,
+/// scanned for secrets.
+fn context_json(plan: &Plan, redactor: &mut Redactor) -> Json {
     let host = &plan.facts.host;
     let mut context = json!({
         "host_id": host.host_id,
@@ -204,69 +306,76 @@ pub fn capture(
     });
     context["pid_namespace"] = json!(host.pid_namespace);
     redactor.object("context", &mut context);
-    let names: Vec<String> = chosen
-        .iter()
-        .map(|&i| redactor.text(&plan.rows[i].get(Col::WorkerIdentity).canon()))
-        .collect();
-    let verdicts: Vec<String> = chosen
-        .iter()
-        .map(|&i| verdict_of(&plan.entries[i]))
-        .collect();
-    let headline = match selection {
-        Selection::Workers(_) if chosen.len() == 1 => format!(
+    context
+}
+
+/// The case's `name`: what was captured, in one line.
+fn headline(selection: &Selection, chosen: &Chosen) -> String {
+    let count = chosen.indexes.len();
+    match selection {
+        Selection::Workers(_) if count == 1 => format!(
             "captured: {} is {}",
-            crate::text::esc(&names[0]),
-            if verdicts[0] == "candidate" {
+            crate::text::esc(&chosen.names[0]),
+            if chosen.verdicts[0] == "candidate" {
                 "a candidate".to_string()
             } else {
-                format!("preserved by {}", verdicts[0])
+                format!("preserved by {}", chosen.verdicts[0])
             }
         ),
-        Selection::Workers(_) => format!("captured: {} chosen rows", chosen.len()),
+        Selection::Workers(_) => format!("captured: {count} chosen rows"),
         Selection::PreservedBy(code) => {
-            format!("captured: {} row(s) preserved by {code}", chosen.len())
+            format!("captured: {count} row(s) preserved by {code}")
         }
-        Selection::Candidates => format!("captured: {} candidate(s)", chosen.len()),
-    };
-    let redacted_note = if redactor.counts.is_empty() {
-        String::new()
-    } else {
-        format!(
-            " Secrets were replaced by placeholders ({}).",
-            redactor
-                .counts
-                .iter()
-                .map(|(k, n)| format!("{k}: {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
-    let mut case = json!({
-        "name": headline,
-        "description": format!(
-            "EDIT ME: say what this case shows. Captured by `fleet-retire fixture capture` from {} \
-             at {} under policies {}: the chosen rows ({}), every row bearing on their verdict, \
-             the active leases protecting any of them, and the probe answers seen then.{}",
-            crate::store::location::label(source),
-            crate::time::format_ts(plan.facts.now),
-            policies.fingerprint,
-            if names.len() > 10 {
-                format!("{} and {} more", names[..10].join(", "), names.len() - 10)
-            } else {
-                names.join(", ")
-            },
-            redacted_note
-        ),
-        "now": crate::time::format_ts(plan.facts.now),
-        "context": context,
-        "processes": processes,
-        "rows": rows_json,
-        "leases": leases_json,
-        "expect": {},
-    });
+        Selection::Candidates => format!("captured: {count} candidate(s)"),
+    }
+}
 
-    // Plan the case on its own: its verdicts become `expect`, and the
-    // chosen rows must come out as they did in the registry.
+/// The case's `description`: where and when it was captured, the chosen
+/// rows (the first ten named), and what was redacted.
+fn description(
+    plan: &Plan,
+    policies: &Policies,
+    source: &Path,
+    chosen: &Chosen,
+    redactor: &Redactor,
+) -> String {
+    let names = &chosen.names;
+    format!(
+        "EDIT ME: say what this case shows. Captured by `fleet-retire fixture capture` from {} \
+         at {} under policies {}: the chosen rows ({}), every row bearing on their verdict, \
+         the active leases protecting any of them, and the probe answers seen then.{}",
+        crate::store::location::label(source),
+        crate::time::format_ts(plan.facts.now),
+        policies.fingerprint,
+        if names.len() > 10 {
+            format!("{} and {} more", names[..10].join(", "), names.len() - 10)
+        } else {
+            names.join(", ")
+        },
+        redacted_note(redactor)
+    )
+}
+
+/// The description's closing sentence on placeholders; empty when nothing
+/// was replaced.
+fn redacted_note(redactor: &Redactor) -> String {
+    if redactor.counts.is_empty() {
+        return String::new();
+    }
+    format!(
+        " Secrets were replaced by placeholders ({}).",
+        redactor
+            .counts
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Plan the case on its own, and refuse it unless every chosen row comes
+/// out as it did in the registry.
+fn replay(case: &Json, policies: &Policies, chosen: &Chosen, included: &[usize]) -> Result<Plan> {
     let label = Path::new("<captured case>");
     let crate::fixture::Case::Plan(parsed) = crate::fixture::parse(label, case.clone())? else {
         return Err(Error::Internal {
@@ -275,36 +384,35 @@ pub fn capture(
         });
     };
     let replay = parsed.plan(policies)?;
-    for (k, &i) in chosen.iter().enumerate() {
+    for (k, &i) in chosen.indexes.iter().enumerate() {
         let at = included
             .iter()
             .position(|&j| j == i)
             .expect("chosen rows are included");
         let got = verdict_of(&replay.entries[at]);
-        if got != verdicts[k] {
+        if got != chosen.verdicts[k] {
             return Err(Error::Internal {
                 doing: format!(
                     "capturing {}: the captured rows judge it {got}, the registry {}; the capture \
                      is refused rather than written wrong (please report this)",
-                    crate::text::esc(&names[k]),
-                    verdicts[k]
+                    crate::text::esc(&chosen.names[k]),
+                    chosen.verdicts[k]
                 ),
                 source: "capture does not reproduce its verdict".into(),
             });
         }
     }
-    case["expect"] = json!({
+    Ok(replay)
+}
+
+/// The case's `expect`: the replayed plan's candidates and preserved rows.
+fn expectation(replay: &Plan) -> Json {
+    json!({
         "candidates": replay.candidates().map(|e| replay.identity(e)).collect::<Vec<_>>(),
         "preserved": replay
             .preserved()
             .map(|e| (replay.identity(e), e.reason().code().to_string()))
             .collect::<BTreeMap<_, _>>(),
-    });
-    Ok(Captured {
-        case,
-        chosen: names,
-        rows: included.len(),
-        redacted: redactor.counts,
     })
 }
 

@@ -315,37 +315,11 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
         .map_err(err("cannot begin the copy"))?;
     pg::migrate_registry_in(&mut tx, &label)?;
     pg::migrate_audit_in(&mut tx, &label)?;
-    for (table, store) in [
-        (crate::store::registry::TABLE, Store::Registry),
-        (crate::store::audit::TABLE, Store::Registry),
-    ] {
-        let there = count(&mut tx, table, store, &label)?;
-        if there > 0 {
-            return Err(Error::Registry {
-                path: label.clone().into(),
-                message: format!(
-                    "table `{table}` already holds {there} rows; copy writes only into empty \
-                     tables, so nothing is merged or overwritten. Copy into a new database, \
-                     or empty it deliberately first"
-                ),
-            });
-        }
-    }
+    refuse_filled_registry(&mut tx, &label)?;
     pg::copy_rows_in(&mut tx, &rows, &label)?;
     insert_audit_in(&mut tx, &audit, &label)?;
     if let Some(lease_rows) = &lease_rows {
-        pg::create_leases(&mut tx, &label)?;
-        let there = count(&mut tx, crate::store::leases::TABLE, Store::Leases, &label)?;
-        if there > 0 {
-            return Err(Error::Leases {
-                path: label.clone().into(),
-                message: format!(
-                    "table `{}` already holds {there} rows; copy writes only into an empty one",
-                    crate::store::leases::TABLE
-                ),
-            });
-        }
-        pg::insert_leases_in(&mut tx, lease_rows, &label)?;
+        copy_leases_in(&mut tx, lease_rows, &label)?;
     }
 
     // The proof, inside the same transaction: read everything back.
@@ -364,28 +338,7 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
     }
     let external_state_fingerprint = match &lease_rows {
         None => None,
-        Some(source) => {
-            let back = pg::read_leases(&mut tx, &label, false)?;
-            let active = |l: &[crate::store::leases::Lease]| {
-                crate::fingerprint::external_state_fingerprint(l.iter().filter(|l| l.is_active()))
-            };
-            let digest = |l: &[crate::store::leases::Lease]| {
-                let active: Vec<_> = l.iter().filter(|l| l.is_active()).cloned().collect();
-                crate::evidence::leases::full_digest(&active)
-            };
-            let (was, now) = (active(source), active(&back));
-            if was != now || digest(source) != digest(&back) || source.len() != back.len() {
-                return Err(Error::Leases {
-                    path: label.into(),
-                    message: format!(
-                        "the copied leases do not read back as the source: {}; nothing was \
-                         committed",
-                        lease_difference(source, &back)
-                    ),
-                });
-            }
-            Some((was, now))
-        }
+        Some(source) => Some(prove_leases(&mut tx, source, &label)?),
     };
     tx.commit().map_err(err("cannot commit the copy"))?;
     Ok(CopyReport {
@@ -398,6 +351,79 @@ pub fn copy(from: &Path, leases: Option<&Path>, to: &str) -> Result<CopyReport> 
         copied_registry_fingerprint,
         external_state_fingerprint,
     })
+}
+
+/// Refuse a registry or audit table that already holds rows: a copy never
+/// merges into, or overwrites, what is there.
+fn refuse_filled_registry(tx: &mut postgres::Transaction<'_>, label: &str) -> Result<()> {
+    for (table, store) in [
+        (crate::store::registry::TABLE, Store::Registry),
+        (crate::store::audit::TABLE, Store::Registry),
+    ] {
+        let there = count(tx, table, store, label)?;
+        if there > 0 {
+            return Err(Error::Registry {
+                path: label.to_string().into(),
+                message: format!(
+                    "table `{table}` already holds {there} rows; copy writes only into empty \
+                     tables, so nothing is merged or overwritten. Copy into a new database, \
+                     or empty it deliberately first"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Create the lease table when missing and write the leases into it; an
+/// error when it already holds rows.
+fn copy_leases_in(
+    tx: &mut postgres::Transaction<'_>,
+    lease_rows: &[crate::store::leases::Lease],
+    label: &str,
+) -> Result<()> {
+    pg::create_leases(tx, label)?;
+    let there = count(tx, crate::store::leases::TABLE, Store::Leases, label)?;
+    if there > 0 {
+        return Err(Error::Leases {
+            path: label.to_string().into(),
+            message: format!(
+                "table `{}` already holds {there} rows; copy writes only into an empty one",
+                crate::store::leases::TABLE
+            ),
+        });
+    }
+    pg::insert_leases_in(tx, lease_rows, label)
+}
+
+/// Read the copied leases back and prove they are the source's: the same
+/// active leases (by external-state token and by full digest) and as many
+/// in all. Returns the source's and the copy's external-state tokens.
+fn prove_leases(
+    tx: &mut postgres::Transaction<'_>,
+    source: &[crate::store::leases::Lease],
+    label: &str,
+) -> Result<(String, String)> {
+    let back = pg::read_leases(tx, label, false)?;
+    let active = |l: &[crate::store::leases::Lease]| {
+        crate::fingerprint::external_state_fingerprint(l.iter().filter(|l| l.is_active()))
+    };
+    let digest = |l: &[crate::store::leases::Lease]| {
+        let active: Vec<_> = l.iter().filter(|l| l.is_active()).cloned().collect();
+        crate::evidence::leases::full_digest(&active)
+    };
+    let (was, now) = (active(source), active(&back));
+    if was != now || digest(source) != digest(&back) || source.len() != back.len() {
+        return Err(Error::Leases {
+            path: label.into(),
+            message: format!(
+                "the copied leases do not read back as the source: {}; nothing was \
+                 committed",
+                lease_difference(source, &back)
+            ),
+        });
+    }
+    Ok((was, now))
 }
 
 /// Every source row is in the copy, value for value, and nothing else is.

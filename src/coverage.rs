@@ -21,7 +21,7 @@ use cedar_policy::{Authorizer, Context, Decision, Effect, PolicyId, PolicySet, R
 use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
 use cedar_policy_core::extensions::Extensions;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What the fixtures did with one policy.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -86,72 +86,89 @@ pub fn coverage(
 ) -> Result<Coverage> {
     let mut tally: BTreeMap<String, Tally> = BTreeMap::new();
     let engine = Engine::new(policies);
-    let label = |file: &PathBuf, name: &str| format!("{} ({})", name, file.display());
     let mut cases = 0;
     for file in files {
         let case = crate::fixture::load(file)?;
-        let (fired, decided) = match &case {
-            Case::Plan(c) => {
-                cases += 1;
-                plan_case(policies, &engine, &c.plan(policies)?)
-            }
-            Case::Capability(c) => {
-                cases += 1;
-                let mut fired = BTreeSet::new();
-                let mut decided = BTreeSet::new();
-                for (profile, operation, _) in &c.requests {
-                    if !crate::capability::OPERATIONS.contains(&operation.as_str()) {
-                        continue;
-                    }
-                    let (entities, principal, action, resource) = crate::capability::request_parts(
-                        policies,
-                        &c.profiles,
-                        profile,
-                        operation,
-                    )?;
-                    let (f, d) = one_request(policies, &entities, &principal, &action, &resource)?;
-                    fired.extend(f);
-                    decided.extend(d);
-                }
-                (fired, decided)
-            }
-            Case::Entity(c) => {
-                cases += 1;
-                let entities = cedar_policy::Entities::from_json_value(
-                    c.entities.clone(),
-                    Some(&policies.schema),
-                )
-                .map_err(|e| Error::Fixture {
-                    path: file.clone(),
-                    message: format!("field `entities`: {e}"),
-                })?;
-                let (f, d) =
-                    one_request(policies, &entities, &c.principal, &c.action, &c.resource)?;
-                (f.into_iter().collect(), d.into_iter().collect())
-            }
-            Case::Snapshot(_) => continue,
+        let Some((fired, decided)) = case_policies(policies, &engine, file, &case)? else {
+            continue;
         };
-        let name = match &case {
-            Case::Plan(c) => c.name.clone(),
-            Case::Capability(c) => c.name.clone(),
-            Case::Entity(c) => c.name.clone(),
-            Case::Snapshot(c) => c.name.clone(),
-        };
+        cases += 1;
+        let label = format!("{} ({})", case_name(&case), file.display());
         for id in fired {
-            tally
-                .entry(id)
-                .or_default()
-                .fired
-                .insert(label(file, &name));
+            tally.entry(id).or_default().fired.insert(label.clone());
         }
         for id in decided {
-            tally
-                .entry(id)
-                .or_default()
-                .decided
-                .insert(label(file, &name));
+            tally.entry(id).or_default().decided.insert(label.clone());
         }
     }
+    let policies = per_policy(policies, tally, proved);
+    Ok(summary(cases, policies))
+}
+
+/// Which policies fired and which decided in one case; `None` for a
+/// snapshot case, which asks the policies nothing.
+fn case_policies(
+    policies: &Policies,
+    engine: &Engine,
+    file: &Path,
+    case: &Case,
+) -> Result<Option<(BTreeSet<String>, BTreeSet<String>)>> {
+    Ok(Some(match case {
+        Case::Plan(c) => plan_case(policies, engine, &c.plan(policies)?),
+        Case::Capability(c) => capability_case(policies, c)?,
+        Case::Entity(c) => {
+            let entities =
+                cedar_policy::Entities::from_json_value(c.entities.clone(), Some(&policies.schema))
+                    .map_err(|e| Error::Fixture {
+                        path: file.to_path_buf(),
+                        message: format!("field `entities`: {e}"),
+                    })?;
+            let (f, d) = one_request(policies, &entities, &c.principal, &c.action, &c.resource)?;
+            (f.into_iter().collect(), d.into_iter().collect())
+        }
+        Case::Snapshot(_) => return Ok(None),
+    }))
+}
+
+/// Every request of a capability case (profiles asking for operations the
+/// policies know): which policies fired and which decided.
+fn capability_case(
+    policies: &Policies,
+    case: &crate::capability::CapabilityCase,
+) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
+    let mut fired = BTreeSet::new();
+    let mut decided = BTreeSet::new();
+    for (profile, operation, _) in &case.requests {
+        if !crate::capability::OPERATIONS.contains(&operation.as_str()) {
+            continue;
+        }
+        let (entities, principal, action, resource) =
+            crate::capability::request_parts(policies, &case.profiles, profile, operation)?;
+        let (f, d) = one_request(policies, &entities, &principal, &action, &resource)?;
+        fired.extend(f);
+        decided.extend(d);
+    }
+    Ok((fired, decided))
+}
+
+/// A case's name, whatever its kind.
+fn case_name(case: &Case) -> &str {
+    match case {
+        Case::Plan(c) => &c.name,
+        Case::Capability(c) => &c.name,
+        Case::Entity(c) => &c.name,
+        Case::Snapshot(c) => &c.name,
+    }
+}
+
+/// Every policy with the cases it fired and decided in: those that never
+/// fire first, then those that never decide, then the rest, each in
+/// policy order.
+fn per_policy(
+    policies: &Policies,
+    mut tally: BTreeMap<String, Tally>,
+    proved: Option<&Proved>,
+) -> Vec<PolicyCoverage> {
     let mut out: Vec<(u8, PolicyCoverage)> = policies
         .ordered_rules()
         .into_iter()
@@ -179,13 +196,18 @@ pub fn coverage(
         })
         .collect();
     out.sort_by_key(|(rank, _)| *rank);
-    let policies: Vec<PolicyCoverage> = out.into_iter().map(|(_, c)| c).collect();
+    out.into_iter().map(|(_, c)| c).collect()
+}
+
+/// The report: the policies, and the share of forbids that decided some
+/// case or are proved never to be the deciding one.
+fn summary(cases: usize, policies: Vec<PolicyCoverage>) -> Coverage {
     let forbids: Vec<&PolicyCoverage> = policies.iter().filter(|p| p.effect == "forbid").collect();
     let deciding = forbids
         .iter()
         .filter(|p| !p.decided.is_empty() || p.never_primary == Some(true))
         .count();
-    Ok(Coverage {
+    Coverage {
         cases,
         forbids_deciding_percent: if forbids.is_empty() {
             100.0
@@ -194,7 +216,7 @@ pub fn coverage(
         },
         forbids_deciding: (deciding, forbids.len()),
         policies,
-    })
+    }
 }
 
 /// Every row of a plan case: which policies fired and which decided, for

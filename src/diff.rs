@@ -22,7 +22,8 @@ use crate::error::{About, Error, Result};
 use crate::policy::{Policies, PolicySource, POLICY_FILES, SCHEMA_FILE};
 use crate::verify::sym_err;
 use cedar_policy::{ActionConstraint, Effect, Policy, PolicySet, RequestEnv};
-use cedar_policy_symcc::{CompiledPolicy, CompiledPolicySet};
+use cedar_policy_symcc::solver::LocalSolver;
+use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicy, CompiledPolicySet};
 use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
 
@@ -334,144 +335,16 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
     refuse_empty("OLD", old)?;
     refuse_empty("NEW", new)?;
     crate::verify::with_solver(async |compiler| {
-        let schema = &new.schema;
-        let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
-        envs.sort_by_key(|e| {
-            let a = e.action().id().unescaped().to_string();
-            (
-                ACTION_ORDER
-                    .iter()
-                    .position(|x| *x == a)
-                    .unwrap_or(usize::MAX),
-                a,
-            )
-        });
+        let envs = ordered_envs(&new.schema);
         let mut actions = Vec::new();
         for env in &envs {
-            let action = env.action().id().unescaped().to_string();
-            let n = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
-            let o = CompiledPolicySet::compile(&old.set, env, schema).map_err(|e| {
-                Error::policy(
-                    About::PolicySet,
-                    format!(
-                        "OLD's policies do not type-check under NEW's schema for {action} ({e}); \
-                     policy diff compares both sets under one schema"
-                    ),
-                )
-            })?;
-            // NEW allows ⇒ OLD allows; a counterexample: NEW allows, OLD refuses.
-            let more = compiler
-                .check_implies_with_counterexample_opt(&n, &o)
-                .await
-                .map_err(sym_err)?;
-            let fewer = compiler
-                .check_implies_with_counterexample_opt(&o, &n)
-                .await
-                .map_err(sym_err)?;
-            let reversed = MAY_BE_LIVE_ACTIONS.contains(&action.as_str());
-            let (loosened, tightened) = if reversed {
-                (fewer.is_some(), more.is_some())
-            } else {
-                (more.is_some(), fewer.is_some())
-            };
-            let mut counterexamples = Vec::new();
-            if let Some(cex) = &more {
-                counterexamples.push(Counterexample {
-                    direction: if reversed { "tightening" } else { "loosening" },
-                    old_allows: false,
-                    new_allows: true,
-                    case: case_of(cex, &action, false, true)?,
-                });
-            }
-            if let Some(cex) = &fewer {
-                counterexamples.push(Counterexample {
-                    direction: if reversed { "loosening" } else { "tightening" },
-                    old_allows: true,
-                    new_allows: false,
-                    case: case_of(cex, &action, true, false)?,
-                });
-            }
-            actions.push(ActionDiff {
-                request_env: format!("{} {} {}", env.principal(), env.action(), env.resource()),
-                action,
-                allows_more: more.is_some(),
-                allows_fewer: fewer.is_some(),
-                change: Change::of(loosened, tightened),
-                counterexamples,
-            });
+            actions.push(action_diff(compiler, old, new, env).await?);
         }
-
         let mut policies = Vec::new();
-        let mut ordered: Vec<&crate::policy::Rule> = new.ordered_rules();
-        ordered.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        for rule in ordered {
-            let id = cedar_policy::PolicyId::new(&rule.id);
-            let policy = new.set.policy(&id).expect("every rule is in the set");
-            let status = match old.set.policy(&id) {
-                None => "added",
-                Some(p) if p.to_string() == policy.to_string() => "unchanged",
-                Some(_) => "changed",
-            };
-            let mut without = PolicySet::new();
-            for p in new.set.policies().filter(|p| p.id() != &id) {
-                without
-                    .add(p.clone())
-                    .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
-            }
-            let (mut never, mut always, mut redundant) = (true, true, true);
-            for env in envs.iter().filter(|e| applies(policy, e)) {
-                let compiled = CompiledPolicy::compile(policy, env, schema).map_err(sym_err)?;
-                if !compiler
-                    .check_never_matches_opt(&compiled)
-                    .await
-                    .map_err(sym_err)?
-                {
-                    never = false;
-                }
-                if !compiler
-                    .check_always_matches_opt(&compiled)
-                    .await
-                    .map_err(sym_err)?
-                {
-                    always = false;
-                }
-                let whole = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
-                let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
-                if !compiler
-                    .check_equivalent_opt(&whole, &less)
-                    .await
-                    .map_err(sym_err)?
-                {
-                    redundant = false;
-                }
-            }
-            policies.push(PolicyNote {
-                id: rule.id.clone(),
-                effect: effect_word(rule.effect),
-                reason: rule.reason.map(|r| r.code().to_string()),
-                status,
-                never_matches: never,
-                always_matches: always,
-                redundant,
-            });
+        for rule in in_file_order(new.ordered_rules()) {
+            policies.push(policy_note(compiler, old, new, &envs, rule).await?);
         }
-        let mut dropped: Vec<&crate::policy::Rule> = old
-            .rules
-            .values()
-            .filter(|r| new.rules.keys().all(|k| k.as_ref() != r.id))
-            .collect();
-        dropped.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        for rule in dropped {
-            policies.push(PolicyNote {
-                id: rule.id.clone(),
-                effect: effect_word(rule.effect),
-                reason: rule.reason.map(|r| r.code().to_string()),
-                status: "removed",
-                never_matches: false,
-                always_matches: false,
-                redundant: false,
-            });
-        }
+        policies.extend(dropped_notes(old, new));
         Ok(PolicyDiff {
             old: old.origin.clone(),
             new: new.origin.clone(),
@@ -482,6 +355,193 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
             policies,
         })
     })
+}
+
+/// The schema's request environments, in [`ACTION_ORDER`] (other actions
+/// after those, by name).
+fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
+    let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
+    envs.sort_by_key(|e| {
+        let a = e.action().id().unescaped().to_string();
+        (
+            ACTION_ORDER
+                .iter()
+                .position(|x| *x == a)
+                .unwrap_or(usize::MAX),
+            a,
+        )
+    });
+    envs
+}
+
+/// Rules sorted by file and line.
+fn in_file_order(mut rules: Vec<&crate::policy::Rule>) -> Vec<&crate::policy::Rule> {
+    rules.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+    rules
+}
+
+/// Prove both implications between OLD and NEW for one action, with a
+/// counterexample for each that fails.
+async fn action_diff(
+    compiler: &mut CedarSymCompiler<LocalSolver>,
+    old: &Policies,
+    new: &Policies,
+    env: &RequestEnv,
+) -> Result<ActionDiff> {
+    let schema = &new.schema;
+    let action = env.action().id().unescaped().to_string();
+    let n = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
+    let o = CompiledPolicySet::compile(&old.set, env, schema).map_err(|e| {
+        Error::policy(
+            About::PolicySet,
+            format!(
+                "OLD's policies do not type-check under NEW's schema for {action} ({e}); \
+             policy diff compares both sets under one schema"
+            ),
+        )
+    })?;
+    // NEW allows ⇒ OLD allows; a counterexample: NEW allows, OLD refuses.
+    let more = compiler
+        .check_implies_with_counterexample_opt(&n, &o)
+        .await
+        .map_err(sym_err)?;
+    let fewer = compiler
+        .check_implies_with_counterexample_opt(&o, &n)
+        .await
+        .map_err(sym_err)?;
+    let reversed = MAY_BE_LIVE_ACTIONS.contains(&action.as_str());
+    let (loosened, tightened) = if reversed {
+        (fewer.is_some(), more.is_some())
+    } else {
+        (more.is_some(), fewer.is_some())
+    };
+    let counterexamples = counterexamples(more.as_ref(), fewer.as_ref(), &action, reversed)?;
+    Ok(ActionDiff {
+        request_env: format!("{} {} {}", env.principal(), env.action(), env.resource()),
+        action,
+        allows_more: more.is_some(),
+        allows_fewer: fewer.is_some(),
+        change: Change::of(loosened, tightened),
+        counterexamples,
+    })
+}
+
+/// The counterexamples of one action as fixture cases: a request NEW
+/// allows and OLD refuses (`more`), then one OLD allows and NEW refuses
+/// (`fewer`), each named by its direction (`reversed` for the
+/// may-be-live actions).
+fn counterexamples(
+    more: Option<&cedar_policy_symcc::Env>,
+    fewer: Option<&cedar_policy_symcc::Env>,
+    action: &str,
+    reversed: bool,
+) -> Result<Vec<Counterexample>> {
+    let mut out = Vec::new();
+    if let Some(cex) = more {
+        out.push(Counterexample {
+            direction: if reversed { "tightening" } else { "loosening" },
+            old_allows: false,
+            new_allows: true,
+            case: case_of(cex, action, false, true)?,
+        });
+    }
+    if let Some(cex) = fewer {
+        out.push(Counterexample {
+            direction: if reversed { "loosening" } else { "tightening" },
+            old_allows: true,
+            new_allows: false,
+            case: case_of(cex, action, true, false)?,
+        });
+    }
+    Ok(out)
+}
+
+/// What is known about one rule of NEW: its status against OLD, and what
+/// is proved of it on every request environment it applies to.
+async fn policy_note(
+    compiler: &mut CedarSymCompiler<LocalSolver>,
+    old: &Policies,
+    new: &Policies,
+    envs: &[RequestEnv],
+    rule: &crate::policy::Rule,
+) -> Result<PolicyNote> {
+    let id = cedar_policy::PolicyId::new(&rule.id);
+    let policy = new.set.policy(&id).expect("every rule is in the set");
+    let status = match old.set.policy(&id) {
+        None => "added",
+        Some(p) if p.to_string() == policy.to_string() => "unchanged",
+        Some(_) => "changed",
+    };
+    let without = set_without(&new.set, &id)?;
+    let (mut never, mut always, mut redundant) = (true, true, true);
+    for env in envs.iter().filter(|e| applies(policy, e)) {
+        let schema = &new.schema;
+        let compiled = CompiledPolicy::compile(policy, env, schema).map_err(sym_err)?;
+        if !compiler
+            .check_never_matches_opt(&compiled)
+            .await
+            .map_err(sym_err)?
+        {
+            never = false;
+        }
+        if !compiler
+            .check_always_matches_opt(&compiled)
+            .await
+            .map_err(sym_err)?
+        {
+            always = false;
+        }
+        let whole = CompiledPolicySet::compile(&new.set, env, schema).map_err(sym_err)?;
+        let less = CompiledPolicySet::compile(&without, env, schema).map_err(sym_err)?;
+        if !compiler
+            .check_equivalent_opt(&whole, &less)
+            .await
+            .map_err(sym_err)?
+        {
+            redundant = false;
+        }
+    }
+    Ok(PolicyNote {
+        id: rule.id.clone(),
+        effect: effect_word(rule.effect),
+        reason: rule.reason.map(|r| r.code().to_string()),
+        status,
+        never_matches: never,
+        always_matches: always,
+        redundant,
+    })
+}
+
+/// `set` without the policy `id`.
+fn set_without(set: &PolicySet, id: &cedar_policy::PolicyId) -> Result<PolicySet> {
+    let mut without = PolicySet::new();
+    for p in set.policies().filter(|p| p.id() != id) {
+        without
+            .add(p.clone())
+            .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
+    }
+    Ok(without)
+}
+
+/// The rules OLD had and NEW dropped, in file order, as `removed` notes.
+fn dropped_notes(old: &Policies, new: &Policies) -> Vec<PolicyNote> {
+    let dropped: Vec<&crate::policy::Rule> = old
+        .rules
+        .values()
+        .filter(|r| new.rules.keys().all(|k| k.as_ref() != r.id))
+        .collect();
+    in_file_order(dropped)
+        .into_iter()
+        .map(|rule| PolicyNote {
+            id: rule.id.clone(),
+            effect: effect_word(rule.effect),
+            reason: rule.reason.map(|r| r.code().to_string()),
+            status: "removed",
+            never_matches: false,
+            always_matches: false,
+            redundant: false,
+        })
+        .collect()
 }
 
 /// One row or request whose decision differs between OLD and NEW.

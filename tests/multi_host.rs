@@ -223,14 +223,7 @@ fn apply(host: &Host, url: &str, profiles: &str, plan: &Path) -> serde_json::Val
 
 #[test]
 fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
-    if !nix::unistd::geteuid().is_root()
-        || Command::new("unshare").arg("--version").output().is_err()
-    {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI runs as root with unshare"
-        );
-        eprintln!("skipped: the multi-host test needs root and unshare");
+    if !can_make_hosts() {
         return;
     }
     let Some(db) = postgres("hosts") else {
@@ -240,52 +233,88 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
     fleet_retire::store::postgres::create_or_migrate_registry(&mut db.client(), "test").unwrap();
     fleet_retire::store::postgres::create_leases(&mut db.client(), "test").unwrap();
     let profiles = profiles(dir.path());
+    let hosts = start_hosts(&db, dir.path());
+
+    // Crashes: host A's launch 1 (both workers) and host B's launch 1.
+    kill_launch(&hosts[0], 1);
+    kill_launch(&hosts[1], 1);
+    // Past the TTL, with the survivors heartbeating all along.
+    std::thread::sleep(Duration::from_secs(5));
+    host_retires_only_its_own_dead(&hosts[0], &db, &profiles, dir.path());
+    snapshot_sees_every_host(&hosts[2], &db, &profiles);
+
+    // A second crash on A (a whole launch: a dead worker sharing its
+    // session with a live one is kept); then A and B apply at the same moment.
+    kill_launch(&hosts[0], 2);
+    std::thread::sleep(Duration::from_secs(5));
+    two_hosts_apply_at_once(&hosts[..2], &db, &profiles, dir.path());
+    assert_no_heartbeat_failed(&hosts, dir.path());
+    drop(hosts);
+}
+
+/// Whether this machine can simulate hosts (root, and `unshare`); when it
+/// cannot, say so (a failure under `CI=true`).
+fn can_make_hosts() -> bool {
+    if !nix::unistd::geteuid().is_root()
+        || Command::new("unshare").arg("--version").output().is_err()
+    {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI runs as root with unshare"
+        );
+        eprintln!("skipped: the multi-host test needs root and unshare");
+        return false;
+    }
+    true
+}
+
+/// Start hosts A, B and C (three, two and one launches) and wait until
+/// every worker has registered as its host and is heartbeating.
+fn start_hosts(db: &PgDb, dir: &Path) -> Vec<Host> {
     let hosts: Vec<Host> = [("host-a", 3), ("host-b", 2), ("host-c", 1)]
         .iter()
         .map(|(name, launches)| {
-            let d = dir.path().join(name);
+            let d = dir.join(name);
             Host::start(name, *launches, &db.url, &d)
         })
         .collect();
     let all = 2 * (3 + 2 + 1);
     let registered = wait_for(Duration::from_secs(30), || {
-        let n = rows(&db).len();
+        let n = rows(db).len();
         (n == all).then_some(n)
     });
-    assert_eq!(registered, Some(all), "rows: {:?}", rows(&db));
+    assert_eq!(registered, Some(all), "rows: {:?}", rows(db));
     // Every worker is past its registration (its identity exported) and
     // heartbeating.
     let ready = wait_for(Duration::from_secs(30), || {
         let n: usize = hosts
             .iter()
-            .map(|h| {
-                std::fs::read_dir(dir.path().join(&h.name).join("ready")).map_or(0, |d| d.count())
-            })
+            .map(|h| std::fs::read_dir(dir.join(&h.name).join("ready")).map_or(0, |d| d.count()))
             .sum();
         (n == all).then_some(n)
     });
     assert_eq!(ready, Some(all));
     for (name, _, _) in [("host-a", 0, 0), ("host-b", 0, 0), ("host-c", 0, 0)] {
-        let n = rows(&db).iter().filter(|r| r.1 == name).count();
+        let n = rows(db).iter().filter(|r| r.1 == name).count();
         assert!(n > 0, "{name} registered as itself");
     }
+    hosts
+}
 
-    // Crashes: host A's launch 1 (both workers) and host B's launch 1.
+/// Kill both workers (author and reviewer) of one launch of `host`.
+fn kill_launch(host: &Host, launch: usize) {
+    let marker = |ns: &str| format!("worker-{}-{launch}-{ns}", host.name);
     assert_eq!(
-        kill_workers(&hosts[0], "worker-host-a-1-author")
-            + kill_workers(&hosts[0], "worker-host-a-1-reviewer"),
+        kill_workers(host, &marker("author")) + kill_workers(host, &marker("reviewer")),
         2
     );
-    assert_eq!(
-        kill_workers(&hosts[1], "worker-host-b-1-author")
-            + kill_workers(&hosts[1], "worker-host-b-1-reviewer"),
-        2
-    );
-    // Past the TTL, with the survivors heartbeating all along.
-    std::thread::sleep(Duration::from_secs(5));
+}
 
-    // Host A retires exactly its own two dead workers.
-    let report = plan_and_apply(&hosts[0], &db.url, &profiles, dir.path());
+/// Host A plans and applies: it retires exactly its own two dead workers,
+/// audits them as itself, and the other hosts' heartbeats between plan
+/// and apply do not stop it.
+fn host_retires_only_its_own_dead(host: &Host, db: &PgDb, profiles: &Path, dir: &Path) {
+    let report = plan_and_apply(host, &db.url, profiles, dir);
     assert_eq!(report["outcome"], "applied", "{report}");
     let retired: Vec<String> = report["retired"]
         .as_array()
@@ -294,7 +323,7 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
         .map(|r| r["worker_identity"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(retired.len(), 2, "{report}");
-    let state = rows(&db);
+    let state = rows(db);
     for (id, host, status, _) in &state {
         let expected = if retired.contains(id) {
             "retired"
@@ -322,11 +351,13 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
     );
     let blockers = report["post_apply"]["residual_blockers"].to_string();
     assert!(!blockers.contains("pid_collision"), "{blockers}");
+}
 
-    // A fleet-wide snapshot from host C: every host's live workers are live
-    // (by their heartbeats), and pids alike across namespaces collide with
-    // nothing.
-    let out = hosts[2].controller(&[
+/// A fleet-wide snapshot from host C: every host's live workers are live
+/// (by their heartbeats), and pids alike across namespaces collide with
+/// nothing.
+fn snapshot_sees_every_host(host: &Host, db: &PgDb, profiles: &Path) {
+    let out = host.controller(&[
         "--format",
         "json",
         "snapshot",
@@ -344,20 +375,17 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
     assert_eq!(snap["stale_worker_count"], 2, "host B's dead launch");
     let findings = snap["findings"].to_string();
     assert!(!findings.contains("pid_collision"), "{findings}");
+}
 
-    // A second crash on A (a whole launch: a dead worker sharing its
-    // session with a live one is kept); then A and B apply at the same moment.
-    assert_eq!(
-        kill_workers(&hosts[0], "worker-host-a-2-author")
-            + kill_workers(&hosts[0], "worker-host-a-2-reviewer"),
-        2
-    );
-    std::thread::sleep(Duration::from_secs(5));
+/// Hosts A and B plan and apply at the same moment, each retrying up to
+/// three times: each ends applied (a refusal only for a moved registry),
+/// and between them the dead of both are retired and nothing of host C.
+fn two_hosts_apply_at_once(hosts: &[Host], db: &PgDb, profiles: &Path, dir: &Path) {
     let outcomes: Vec<(String, serde_json::Value)> = std::thread::scope(|s| {
-        let runs: Vec<_> = hosts[..2]
+        let runs: Vec<_> = hosts
             .iter()
             .map(|h| {
-                let (url, profiles, dir) = (&db.url, &profiles, dir.path());
+                let url = &db.url;
                 s.spawn(move || {
                     let mut tries = Vec::new();
                     for _ in 0..3 {
@@ -386,7 +414,7 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
             assert_eq!(refused["retired_count"], 0);
         }
     }
-    let state = rows(&db);
+    let state = rows(db);
     let retired: Vec<&(String, String, String, String)> =
         state.iter().filter(|r| r.2 == "retired").collect();
     assert_eq!(retired.len(), 6, "{state:?}");
@@ -396,10 +424,12 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
         .iter()
         .filter(|r| r.1 == "host-c")
         .all(|r| r.2 == "active"));
+}
 
-    // No heartbeat failed on any host throughout.
-    for h in &hosts {
-        let failures = dir.path().join(&h.name).join("failures");
+/// No heartbeat failed on any host throughout.
+fn assert_no_heartbeat_failed(hosts: &[Host], dir: &Path) {
+    for h in hosts {
+        let failures = dir.join(&h.name).join("failures");
         let log = std::fs::read_to_string(failures.with_extension("log")).unwrap_or_default();
         assert!(
             !failures.exists(),
@@ -408,5 +438,4 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
             std::fs::read_to_string(&failures).unwrap()
         );
     }
-    drop(hosts);
 }

@@ -717,14 +717,39 @@ fn memo_on_and_memo_off_agree_on_every_fixture_and_random_registries() {
         .into_iter()
         .find(|(f, _)| f.ends_with("eligible-same-boot-dead-pid.json"))
         .unwrap();
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    use fleet_retire::row::Col;
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut distinct_situations = 0;
+    for round in 0..20 {
+        let case = random_registry(&template, &mut rng, round);
+        let (on, off) = verdicts_both_ways(&case, &p);
+        assert_eq!(on, off, "round {round}");
+        let mut kinds = on.clone();
+        kinds.sort();
+        kinds.dedup();
+        distinct_situations += kinds.len();
+    }
+    assert!(
+        distinct_situations > 40,
+        "the random rows exercise few verdicts"
+    );
+}
+
+/// A xorshift generator: the same random registries on every run.
+struct XorShift(u64);
+
+impl XorShift {
+    /// The next number below `n`.
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Round `round` of the random registries: 200 rows made from the
+/// template's first, with their probe answers, and 12 active leases.
+fn random_registry(template: &PlanCase, rng: &mut XorShift, round: i32) -> PlanCase {
     use fleet_retire::value::Value as V;
     let ttls = [
         V::Int(900),
@@ -739,90 +764,109 @@ fn memo_on_and_memo_off_agree_on_every_fixture_and_random_registries() {
         V::Null,
         V::Real(900.000001),
     ];
-    let mut distinct_situations = 0;
-    for round in 0..20 {
-        let mut case = template.clone();
-        let base = case.rows[0].clone();
-        case.rows.clear();
-        case.probe.processes.clear();
-        // Active leases on some of the rows' sessions, pids and identities
-        // (and on strings the rows hold in other columns), so protected
-        // strings of one set, of two and of none meet in the same run.
-        case.leases = (0..12_i64)
-            .map(|l| {
-                let text = |s: String| V::Text(s.into());
-                let mut fields = std::collections::BTreeMap::new();
-                fields.insert("lease_id".to_string(), text(format!("lease-{l}")));
-                fields.insert("status".to_string(), text("active".into()));
-                fields.insert("session_id".to_string(), text(format!("s-{}", next(40))));
-                let owner_session = ["s-1".to_string(), format!("inst-{}", next(8))];
-                fields.insert(
-                    "owner_session_id".to_string(),
-                    text(owner_session[next(2) as usize].clone()),
-                );
-                fields.insert("owner_pid".to_string(), V::Int(10_000 + next(260) as i64));
-                fields.insert(
-                    "owner_worker_identity".to_string(),
-                    text(format!("w-{round}-{}", next(200))),
-                );
-                fleet_retire::store::leases::Lease::from_fields(fields)
-            })
-            .collect();
-        for i in 0..200_i64 {
-            let mut r = base.clone();
-            r.set(
-                Col::WorkerIdentity,
-                V::Text(format!("w-{round}-{i}").into()),
-            );
-            let age = next(2_400) as i64 - 200; // -200 s .. +2200 s
-            let micros = next(1_000_000) as i64;
-            let t = case.now - age * 1_000_000 - micros;
-            let whole = fleet_retire::time::format_ts(t);
-            let stamp = format!(
-                "{}.{:06}Z",
-                &whole[..whole.len() - 1],
-                t.rem_euclid(1_000_000)
-            );
-            r.set(Col::LastHeartbeatAt, V::Text(stamp.into()));
-            r.set(
-                Col::HeartbeatTtlSeconds,
-                ttls[next(ttls.len() as u64) as usize].clone(),
-            );
-            let status = ["active", "active", "active", "released"][next(4) as usize];
-            r.set(Col::Status, V::Text(status.into()));
-            r.set(Col::SessionId, V::Text(format!("s-{}", next(30)).into()));
-            r.set(Col::Namespace, V::Text(format!("ns-{}", next(5)).into()));
-            r.set(
-                Col::ClientInstanceId,
-                V::Text(format!("inst-{}", next(8)).into()),
-            );
-            let pid = 10_000 + i;
-            r.set(Col::Pid, V::Int(pid));
-            let alive = [Some(false), Some(false), Some(true), None][next(4) as usize];
-            let start = r.get(Col::ProcessStartTime);
-            case.probe.processes.insert(
-                pid,
-                fleet_retire::evidence::probe::PidObservation {
-                    alive,
-                    start_time: start.as_text().map(str::to_string),
-                },
-            );
-            if next(10) == 0 {
-                r.set(Col::LastHeartbeatAt, V::Text("not a stamp".into()));
-            }
-            case.rows.push(r);
-        }
-        let (on, off) = verdicts_both_ways(&case, &p);
-        assert_eq!(on, off, "round {round}");
-        let mut kinds = on.clone();
-        kinds.sort();
-        kinds.dedup();
-        distinct_situations += kinds.len();
+    let mut case = template.clone();
+    let base = case.rows[0].clone();
+    case.rows.clear();
+    case.probe.processes.clear();
+    // Active leases on some of the rows' sessions, pids and identities
+    // (and on strings the rows hold in other columns), so protected
+    // strings of one set, of two and of none meet in the same run.
+    case.leases = (0..12_i64).map(|l| random_lease(rng, round, l)).collect();
+    for i in 0..200_i64 {
+        let (row, observation) = random_row(rng, &base, &ttls, case.now, round, i);
+        case.probe.processes.insert(10_000 + i, observation);
+        case.rows.push(row);
     }
-    assert!(
-        distinct_situations > 40,
-        "the random rows exercise few verdicts"
+    case
+}
+
+/// Active lease `l` of round `round`, on a random session, owner session,
+/// pid and worker identity.
+fn random_lease(rng: &mut XorShift, round: i32, l: i64) -> fleet_retire::store::leases::Lease {
+    use fleet_retire::value::Value as V;
+    let text = |s: String| V::Text(s.into());
+    let mut fields = std::collections::BTreeMap::new();
+    fields.insert("lease_id".to_string(), text(format!("lease-{l}")));
+    fields.insert("status".to_string(), text("active".into()));
+    fields.insert(
+        "session_id".to_string(),
+        text(format!("s-{}", rng.next(40))),
     );
+    let owner_session = ["s-1".to_string(), format!("inst-{}", rng.next(8))];
+    fields.insert(
+        "owner_session_id".to_string(),
+        text(owner_session[rng.next(2) as usize].clone()),
+    );
+    fields.insert(
+        "owner_pid".to_string(),
+        V::Int(10_000 + rng.next(260) as i64),
+    );
+    fields.insert(
+        "owner_worker_identity".to_string(),
+        text(format!("w-{round}-{}", rng.next(200))),
+    );
+    fleet_retire::store::leases::Lease::from_fields(fields)
+}
+
+/// Row `i` of round `round`: `base` with pid `10_000 + i`, a random
+/// heartbeat age (one row in ten an unreadable stamp), TTL, status,
+/// session, namespace and instance, with its pid's random probe answer.
+fn random_row(
+    rng: &mut XorShift,
+    base: &fleet_retire::row::Row,
+    ttls: &[fleet_retire::value::Value],
+    now: i64,
+    round: i32,
+    i: i64,
+) -> (
+    fleet_retire::row::Row,
+    fleet_retire::evidence::probe::PidObservation,
+) {
+    use fleet_retire::row::Col;
+    use fleet_retire::value::Value as V;
+    let mut r = base.clone();
+    r.set(
+        Col::WorkerIdentity,
+        V::Text(format!("w-{round}-{i}").into()),
+    );
+    let age = rng.next(2_400) as i64 - 200; // -200 s .. +2200 s
+    let micros = rng.next(1_000_000) as i64;
+    let t = now - age * 1_000_000 - micros;
+    let whole = fleet_retire::time::format_ts(t);
+    let stamp = format!(
+        "{}.{:06}Z",
+        &whole[..whole.len() - 1],
+        t.rem_euclid(1_000_000)
+    );
+    r.set(Col::LastHeartbeatAt, V::Text(stamp.into()));
+    r.set(
+        Col::HeartbeatTtlSeconds,
+        ttls[rng.next(ttls.len() as u64) as usize].clone(),
+    );
+    let status = ["active", "active", "active", "released"][rng.next(4) as usize];
+    r.set(Col::Status, V::Text(status.into()));
+    r.set(
+        Col::SessionId,
+        V::Text(format!("s-{}", rng.next(30)).into()),
+    );
+    r.set(
+        Col::Namespace,
+        V::Text(format!("ns-{}", rng.next(5)).into()),
+    );
+    r.set(
+        Col::ClientInstanceId,
+        V::Text(format!("inst-{}", rng.next(8)).into()),
+    );
+    r.set(Col::Pid, V::Int(10_000 + i));
+    let alive = [Some(false), Some(false), Some(true), None][rng.next(4) as usize];
+    let observation = fleet_retire::evidence::probe::PidObservation {
+        alive,
+        start_time: r.get(Col::ProcessStartTime).as_text().map(str::to_string),
+    };
+    if rng.next(10) == 0 {
+        r.set(Col::LastHeartbeatAt, V::Text("not a stamp".into()));
+    }
+    (r, observation)
 }
 
 /// `blank_fields` is keyed by its columns' bits, which is sound only if

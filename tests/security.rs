@@ -1113,147 +1113,130 @@ fn a_password_in_a_store_url_is_shown_by_no_output_error_audit_row_or_file() {
         return;
     };
     // The test cluster trusts loopback: any password connects.
-    let url = db
-        .url
-        .replacen("://fleet@", &format!("://fleet:{PASSWORD}@"), 1);
+    let url = with_password(&db.url);
     assert!(url.contains(PASSWORD));
     let mut stores = stores;
     stores.registry = PathBuf::from(&url);
     stores.leases = PathBuf::from(&url);
-    let dir = stores.dir.path().to_path_buf();
-    let s = |p: &Path| p.display().to_string();
-    let common = |cmd: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
-        v.extend(
-            [
-                "--registry",
-                &url,
-                "--leases",
-                &url,
-                "--canonical-repository",
-                "prgs/gitea-tools",
-            ]
-            .map(String::from),
-        );
-        v
-    };
-    let profiles = [
-        "--profiles",
-        &s(&stores.profiles),
-        "--profile",
-        "controller-prgs",
-    ]
-    .map(String::from);
-    let capture_out = dir.join("captured.json");
-    let bad_db = format!("{}_missing", url);
-    let runs: Vec<(&str, Vec<String>)> = vec![
-        ("plan", [common(&["plan"]), profiles.to_vec()].concat()),
-        (
-            "plan json",
-            [common(&["--format", "json", "plan"]), profiles.to_vec()].concat(),
-        ),
-        (
-            "snapshot",
-            [
-                [
-                    "snapshot",
-                    "--registry",
-                    &url,
-                    "--canonical-repository",
-                    "prgs/gitea-tools",
-                ]
-                .map(String::from)
-                .to_vec(),
-                profiles.to_vec(),
-            ]
-            .concat(),
-        ),
-        (
-            "explain",
-            [
-                common(&["explain", "--worker", "w-dead-1"]),
-                profiles.to_vec(),
-            ]
-            .concat(),
-        ),
-        (
-            "fixture capture",
-            [
-                common(&[
-                    "fixture",
-                    "capture",
-                    "--worker",
-                    "w-dead-1",
-                    "--out",
-                    &s(&capture_out),
-                ]),
-                profiles.to_vec(),
-            ]
-            .concat(),
-        ),
-        (
-            "fixture capture of an unknown worker",
-            [
-                common(&["fixture", "capture", "--worker", "w-nobody"]),
-                profiles.to_vec(),
-            ]
-            .concat(),
-        ),
-        (
-            "policy diff",
-            [
-                vec![
-                    "policy".into(),
-                    "diff".into(),
-                    "policies".into(),
-                    "policies".into(),
-                ],
-                common(&[]),
-            ]
-            .concat(),
-        ),
-        (
-            "plan of a database that does not exist",
-            [
-                vec![
-                    "plan".into(),
-                    "--registry".into(),
-                    bad_db.clone(),
-                    "--leases".into(),
-                    bad_db,
-                ],
-                vec!["--canonical-repository".into(), "prgs/gitea-tools".into()],
-                profiles.to_vec(),
-            ]
-            .concat(),
-        ),
-    ];
-    for (what, args) in &runs {
-        let out = bin().args(args).output().unwrap();
-        assert_no_password(what, &text(&out));
-        // Each command ran (or, for the two errors, failed) as meant, so
-        // its output is the one that would show the URL.
-        let failing = what.contains("unknown worker") || what.contains("does not exist");
-        assert_eq!(
-            out.status.code(),
-            Some(i32::from(failing)),
-            "{what}: {}",
-            text(&out)
-        );
+    let capture_out = stores.dir.path().join("captured.json");
+    for (what, args) in &commands_through(&url, &stores.profiles, &capture_out) {
+        assert_runs_without_password(what, args);
     }
     assert!(capture_out.exists(), "fixture capture wrote no case");
     assert_no_password(
         "the captured case",
         &std::fs::read_to_string(&capture_out).unwrap(),
     );
+    assert_apply_shows_no_password(&stores, &db);
+    assert_copy_shows_no_password();
+}
 
-    // Apply through the URL: its report, and the audit rows it writes.
-    let (plan_path, _) = save_plan(&stores, &[]);
+/// The test database's URL with [`PASSWORD`] as the user's password.
+fn with_password(url: &str) -> String {
+    url.replacen("://fleet@", &format!("://fleet:{PASSWORD}@"), 1)
+}
+
+/// Every command that reads a store, named, with arguments that send it
+/// through `url`: two of them fail (an unknown worker, a missing database).
+fn commands_through(
+    url: &str,
+    profiles_file: &Path,
+    capture_out: &Path,
+) -> Vec<(&'static str, Vec<String>)> {
+    let strings = |v: &[&str]| -> Vec<String> { v.iter().map(|s| s.to_string()).collect() };
+    let store_args = [
+        "--registry",
+        url,
+        "--leases",
+        url,
+        "--canonical-repository",
+        "prgs/gitea-tools",
+    ];
+    let common = |cmd: &[&str]| [strings(cmd), strings(&store_args)].concat();
+    let profiles_file = profiles_file.display().to_string();
+    let profile_args = strings(&["--profiles", &profiles_file, "--profile", "controller-prgs"]);
+    let profile = |args: Vec<String>| [args, profile_args.clone()].concat();
+    let capture_out = capture_out.display().to_string();
+    let bad_db = format!("{url}_missing");
+    vec![
+        ("plan", profile(common(&["plan"]))),
+        ("plan json", profile(common(&["--format", "json", "plan"]))),
+        (
+            "snapshot",
+            profile(strings(&[
+                "snapshot",
+                "--registry",
+                url,
+                "--canonical-repository",
+                "prgs/gitea-tools",
+            ])),
+        ),
+        (
+            "explain",
+            profile(common(&["explain", "--worker", "w-dead-1"])),
+        ),
+        (
+            "fixture capture",
+            profile(common(&[
+                "fixture",
+                "capture",
+                "--worker",
+                "w-dead-1",
+                "--out",
+                &capture_out,
+            ])),
+        ),
+        (
+            "fixture capture of an unknown worker",
+            profile(common(&["fixture", "capture", "--worker", "w-nobody"])),
+        ),
+        (
+            "policy diff",
+            [
+                strings(&["policy", "diff", "policies", "policies"]),
+                common(&[]),
+            ]
+            .concat(),
+        ),
+        (
+            "plan of a database that does not exist",
+            profile(strings(&[
+                "plan",
+                "--registry",
+                &bad_db,
+                "--leases",
+                &bad_db,
+                "--canonical-repository",
+                "prgs/gitea-tools",
+            ])),
+        ),
+    ]
+}
+
+/// Run one command: it succeeds (or, for the two failing ones, fails) as
+/// meant, so its output is the one that would show the URL, and shows no
+/// password.
+fn assert_runs_without_password(what: &str, args: &[String]) {
+    let out = bin().args(args).output().unwrap();
+    assert_no_password(what, &text(&out));
+    let failing = what.contains("unknown worker") || what.contains("does not exist");
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(failing)),
+        "{what}: {}",
+        text(&out)
+    );
+}
+
+/// Apply through the URL: the saved plan, its report, and the audit rows
+/// it writes show no password.
+fn assert_apply_shows_no_password(stores: &Stores, db: &PgDb) {
+    let (plan_path, _) = save_plan(stores, &[]);
     assert_no_password(
         "the saved plan",
         &std::fs::read_to_string(&plan_path).unwrap(),
     );
-    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    let (code, report) = apply_cli(stores, &plan_path, "controller-prgs", &[]);
     assert_eq!(code, Some(0), "{report}");
     assert_no_password("apply's report", &report.to_string());
     let audit: Vec<String> = db
@@ -1265,15 +1248,18 @@ fn a_password_in_a_store_url_is_shown_by_no_output_error_audit_row_or_file() {
         .collect();
     assert_eq!(audit.len(), 3);
     assert_no_password("the audit rows", &audit.join("\n"));
+}
 
-    // registry copy into a second database through a URL with the password.
+/// `registry copy` into a second database through a URL with the
+/// password, twice: the second copy is refused (the tables are no longer
+/// empty), and neither shows the password.
+fn assert_copy_shows_no_password() {
     let Some(target) = postgres("password_copy") else {
         return;
     };
-    let to = target
-        .url
-        .replacen("://fleet@", &format!("://fleet:{PASSWORD}@"), 1);
+    let to = with_password(&target.url);
     let (sqlite, _live2) = fleet();
+    let s = |p: &Path| p.display().to_string();
     for args in [
         vec![
             "registry",
@@ -1292,7 +1278,6 @@ fn a_password_in_a_store_url_is_shown_by_no_output_error_audit_row_or_file() {
             &to,
         ],
     ] {
-        // The second copy is refused (the tables are no longer empty).
         let out = bin().args(&args).output().unwrap();
         assert_no_password("registry copy", &text(&out));
     }

@@ -77,113 +77,19 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
         None => None,
     };
     let proofs = match &args.against {
-        Some(_) => {
-            let properties: Vec<crate::verify::Property> =
-                crate::verify::load_properties(cli.policies.as_deref(), &policies, true)?
-                    .into_iter()
-                    .filter(|p| p.subject == "capabilities.cedar")
-                    .collect();
-            Some(crate::verify::prove(&policies, &properties)?)
-        }
+        Some(_) => Some(prove_capabilities(cli, &policies)?),
         None => None,
     };
     let failed = proofs.iter().flatten().filter(|p| !p.holds).count();
     match cli.format {
-        Format::Json => {
-            let mut doc = json!({"warnings": warnings, "grants": now});
-            if let Some(p) = &proofs {
-                doc["proofs"] = json!(p);
-            }
-            if let Some(d) = &diff {
-                doc["changes"] = json!(d
-                    .iter()
-                    .map(|(p, op, allowed)| json!({"profile": p, "operation": op, "change": if *allowed { "granted" } else { "revoked" }}))
-                    .collect::<Vec<_>>());
-            }
-            crate::outln!(
-                "{}",
-                serde_json::to_string_pretty(&doc)
-                    .map_err(|e| Error::input(About::Machine, e.to_string()))?
-            )?;
-        }
+        Format::Json => print_json(&warnings, &now, diff.as_deref(), proofs.as_deref())?,
         Format::Human => {
-            for w in &warnings {
-                crate::outln!("WARNING {w}")?;
-            }
-            if !warnings.is_empty() {
-                crate::outln!()?;
-            }
-            crate::outln!(
-                "{:<32} {:<9} {:<9} {:<9}",
-                "PROFILE",
-                "SNAPSHOT",
-                "PLAN",
-                "APPLY"
-            )?;
-            for (name, ops) in &now {
-                let yes = |op: &str| {
-                    if ops.get(op).copied().unwrap_or(false) {
-                        "yes"
-                    } else {
-                        "-"
-                    }
-                };
-                crate::outln!(
-                    "{:<32} {:<9} {:<9} {:<9}",
-                    crate::text::esc(name),
-                    yes("snapshot"),
-                    yes("plan"),
-                    yes("apply")
-                )?;
-            }
+            print_table(&warnings, &now)?;
             if let Some(d) = &diff {
-                if d.is_empty() {
-                    crate::outln!("\nno change in who may snapshot, plan or apply")?;
-                } else {
-                    crate::outln!(
-                        "\nchanges against {}:",
-                        args.against
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_default()
-                    )?;
-                    for (p, op, allowed) in d {
-                        crate::outln!(
-                            "  {} {op} for {}",
-                            if *allowed { "+ GRANTS" } else { "- revokes" },
-                            crate::text::esc(p)
-                        )?;
-                    }
-                }
+                print_changes(d, args.against.as_deref())?;
             }
             if let Some(proofs) = &proofs {
-                crate::outln!(
-                    "\nproved over {}, whatever profiles.json says:",
-                    if policies.is_builtin() {
-                        "the built-in capabilities.cedar".to_string()
-                    } else {
-                        format!("{}/capabilities.cedar", policies.origin)
-                    }
-                )?;
-                for p in proofs {
-                    crate::outln!(
-                        "  {} {} [{}]: {}",
-                        if p.holds { "PROVED" } else { "FAILED" },
-                        p.id,
-                        p.request_env
-                            .split_whitespace()
-                            .nth(1)
-                            .and_then(|a| a.rsplit("::").next())
-                            .unwrap_or("")
-                            .trim_matches('"'),
-                        p.description
-                    )?;
-                    if let Some(c) = &p.counterexample {
-                        for line in c.lines() {
-                            crate::outln!("      {}", crate::text::esc(line))?;
-                        }
-                    }
-                }
+                print_proofs(proofs, &policies)?;
             }
         }
     }
@@ -192,4 +98,124 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
     } else {
         ExitCode::InvalidPolicy
     })
+}
+
+/// Prove the properties about capabilities.cedar (with `--against`).
+fn prove_capabilities(cli: &Cli, policies: &Policies) -> Result<Vec<crate::verify::Proof>> {
+    let properties: Vec<crate::verify::Property> =
+        crate::verify::load_properties(cli.policies.as_deref(), policies, true)?
+            .into_iter()
+            .filter(|p| p.subject == "capabilities.cedar")
+            .collect();
+    crate::verify::prove(policies, &properties)
+}
+
+/// Everything as one JSON document (`--format json`).
+fn print_json(
+    warnings: &[String],
+    now: &Grants,
+    diff: Option<&[(String, String, bool)]>,
+    proofs: Option<&[crate::verify::Proof]>,
+) -> Result<()> {
+    let mut doc = json!({"warnings": warnings, "grants": now});
+    if let Some(p) = proofs {
+        doc["proofs"] = json!(p);
+    }
+    if let Some(d) = diff {
+        doc["changes"] = json!(d
+            .iter()
+            .map(|(p, op, allowed)| json!({"profile": p, "operation": op, "change": if *allowed { "granted" } else { "revoked" }}))
+            .collect::<Vec<_>>());
+    }
+    crate::outln!(
+        "{}",
+        serde_json::to_string_pretty(&doc)
+            .map_err(|e| Error::input(About::Machine, e.to_string()))?
+    )
+}
+
+/// The warnings about profiles.json, then one line per profile saying
+/// which operations it may run.
+fn print_table(warnings: &[String], now: &Grants) -> Result<()> {
+    for w in warnings {
+        crate::outln!("WARNING {w}")?;
+    }
+    if !warnings.is_empty() {
+        crate::outln!()?;
+    }
+    crate::outln!(
+        "{:<32} {:<9} {:<9} {:<9}",
+        "PROFILE",
+        "SNAPSHOT",
+        "PLAN",
+        "APPLY"
+    )?;
+    for (name, ops) in now {
+        let yes = |op: &str| {
+            if ops.get(op).copied().unwrap_or(false) {
+                "yes"
+            } else {
+                "-"
+            }
+        };
+        crate::outln!(
+            "{:<32} {:<9} {:<9} {:<9}",
+            crate::text::esc(name),
+            yes("snapshot"),
+            yes("plan"),
+            yes("apply")
+        )?;
+    }
+    Ok(())
+}
+
+/// What the edit grants and revokes against the file `against`.
+fn print_changes(diff: &[(String, String, bool)], against: Option<&std::path::Path>) -> Result<()> {
+    if diff.is_empty() {
+        return crate::outln!("\nno change in who may snapshot, plan or apply");
+    }
+    crate::outln!(
+        "\nchanges against {}:",
+        against.map(|p| p.display().to_string()).unwrap_or_default()
+    )?;
+    for (p, op, allowed) in diff {
+        crate::outln!(
+            "  {} {op} for {}",
+            if *allowed { "+ GRANTS" } else { "- revokes" },
+            crate::text::esc(p)
+        )?;
+    }
+    Ok(())
+}
+
+/// The capability proofs, each with its action and any counterexample.
+fn print_proofs(proofs: &[crate::verify::Proof], policies: &Policies) -> Result<()> {
+    crate::outln!(
+        "\nproved over {}, whatever profiles.json says:",
+        if policies.is_builtin() {
+            "the built-in capabilities.cedar".to_string()
+        } else {
+            format!("{}/capabilities.cedar", policies.origin)
+        }
+    )?;
+    for p in proofs {
+        crate::outln!(
+            "  {} {} [{}]: {}",
+            if p.holds { "PROVED" } else { "FAILED" },
+            p.id,
+            p.request_env
+                .split_whitespace()
+                .nth(1)
+                .and_then(|a| a.rsplit("::").next())
+                .unwrap_or("")
+                .trim_matches('"'),
+            p.description
+        )?;
+        if let Some(c) = &p.counterexample {
+            for line in c.lines() {
+                crate::outln!("      {}", crate::text::esc(line))?;
+            }
+        }
+    }
+    Ok(())
 }

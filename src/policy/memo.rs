@@ -93,134 +93,134 @@ pub struct Abstraction {
     mask: std::sync::OnceLock<Vec<(&'static str, bool)>>,
 }
 
-impl Abstraction {
-    /// Analyse the policy set. `run_strings` are the strings of the run
-    /// entity (equal for every row, so kept verbatim).
-    pub fn new(policies: &Policies, run_attrs: &[(&'static str, Attr<'_>)]) -> Abstraction {
-        let set: &ast::PolicySet = policies.set.as_ref();
-        let mut literals: HashSet<SmolStr> = HashSet::default();
-        let mut longs: Vec<i64> = Vec::new();
-        // Each run-set element: a bit for each run set that holds it.
-        let mut memberships: HashMap<SmolStr, u64> = HashMap::default();
+/// What the run and the policies show a key must keep, gathered before
+/// the [`Abstraction`] is built from it.
+#[derive(Default)]
+struct Observables {
+    /// Policy literals and the run's string attributes (and column names).
+    literals: HashSet<SmolStr>,
+    /// Long literals of the policies and Longs of the run, as met.
+    longs: Vec<i64>,
+    /// Each run-set element: a bit for each run set that holds it.
+    memberships: HashMap<SmolStr, u64>,
+    /// Each `like` pattern with the worker attribute it is applied to.
+    patterns: Vec<(Glob, Option<SmolStr>)>,
+    /// Why the memo is off: the last thing met that it cannot abstract.
+    disabled: Option<String>,
+}
+
+impl Observables {
+    /// What the run entity's attributes contribute: its strings and Longs,
+    /// and the classes of its sets' elements.
+    fn of_run(run_attrs: &[(&'static str, Attr<'_>)]) -> Observables {
+        let mut seen = Observables::default();
         let mut run_sets = 0usize;
         for (_, attr) in run_attrs {
             match attr {
-                Attr::Long(n) => longs.push(*n),
+                Attr::Long(n) => seen.longs.push(*n),
                 Attr::Str(t) => {
-                    literals.insert(SmolStr::from(t.as_ref()));
+                    seen.literals.insert(SmolStr::from(t.as_ref()));
                 }
                 Attr::Set(items) => {
                     for t in items {
                         let t = SmolStr::from(t.as_ref());
                         if run_sets < 64 {
-                            *memberships.entry(t).or_default() |= 1 << run_sets;
+                            *seen.memberships.entry(t).or_default() |= 1 << run_sets;
                         } else {
                             // Sets past the 64th (the run has three) keep
                             // their elements verbatim.
-                            literals.insert(t);
+                            seen.literals.insert(t);
                         }
                     }
                     run_sets += 1;
                 }
-                // Column names are all literals (just below).
+                // Column names are all literals (added by the caller).
                 Attr::Columns(_) | Attr::Bool(_) => {}
             }
         }
-        // Every column name is kept verbatim wherever it occurs, so that a
-        // set of column names (`Attr::Columns`) can be keyed by its bits:
-        // the bits name its elements exactly, and any other string equal to
-        // one of them is written as itself.
-        literals.extend(all_column_names().map(SmolStr::new_static));
-        let mut patterns = Vec::new();
-        let mut disabled = None;
-        for policy in set.policies() {
-            let condition = policy.condition();
-            let mut resource_uses = 0usize;
-            let mut resource_attribute_uses = 0usize;
-            for e in condition.subexpressions() {
-                match e.expr_kind() {
-                    ExprKind::Lit(Literal::String(s)) => {
-                        literals.insert(s.clone());
-                    }
-                    ExprKind::Lit(Literal::Long(n)) => longs.push(*n),
-                    // `-5` may reach us as a negation of the literal 5.
-                    ExprKind::UnaryApp {
-                        op: UnaryOp::Neg,
-                        arg,
-                    } => match arg.expr_kind() {
-                        ExprKind::Lit(Literal::Long(n)) => {
-                            longs.push(n.checked_neg().unwrap_or(i64::MIN))
-                        }
-                        _ => {
-                            disabled = Some(format!("policy {} negates a Long", policy.id()));
-                        }
-                    },
-                    ExprKind::BinaryApp {
-                        op: BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul,
-                        ..
-                    } => {
-                        disabled = Some(format!("policy {} does arithmetic on Longs", policy.id()));
-                    }
-                    ExprKind::Lit(Literal::EntityUID(uid))
-                        if uid.entity_type().to_string() == "FleetRetire::Worker" =>
-                    {
-                        disabled = Some(format!("policy {} names a worker entity", policy.id()));
-                    }
-                    ExprKind::Like { pattern, expr } => {
-                        let subject = match expr.expr_kind() {
-                            ExprKind::GetAttr { expr, attr }
-                                if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource)) =>
-                            {
-                                Some(attr.clone())
-                            }
-                            _ => None,
-                        };
-                        patterns.push((Glob::of(pattern), subject));
-                    }
-                    ExprKind::ExtensionFunctionApp { fn_name, .. } => {
-                        disabled = Some(format!("policy {} calls {fn_name}", policy.id()));
-                    }
-                    ExprKind::BinaryApp {
-                        op: BinaryOp::GetTag | BinaryOp::HasTag,
-                        ..
-                    } => {
-                        disabled = Some(format!("policy {} reads tags", policy.id()));
-                    }
-                    ExprKind::Var(Var::Resource) => resource_uses += 1,
-                    ExprKind::GetAttr { expr, .. } | ExprKind::HasAttr { expr, .. }
-                        if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource)) =>
-                    {
-                        resource_attribute_uses += 1
-                    }
-                    ExprKind::ExtHasAttr { expr, .. }
-                        if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource)) =>
-                    {
-                        resource_attribute_uses += 1
-                    }
-                    ExprKind::Is { expr, .. }
-                        if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource)) =>
-                    {
-                        resource_attribute_uses += 1
-                    }
-                    _ => {}
-                }
-            }
-            if resource_uses > resource_attribute_uses {
-                disabled = Some(format!(
-                    "policy {} uses the resource other than through its attributes",
-                    policy.id()
-                ));
-            }
+        seen
+    }
+
+    /// Read one policy's condition: its literals and patterns, and anything
+    /// that turns the memo off.
+    fn scan(&mut self, policy: &ast::Policy) {
+        let condition = policy.condition();
+        let mut resource_uses = 0usize;
+        let mut resource_attribute_uses = 0usize;
+        for e in condition.subexpressions() {
+            self.note(policy, e);
+            let (uses, attribute_uses) = resource_use(e);
+            resource_uses += uses;
+            resource_attribute_uses += attribute_uses;
         }
+        if resource_uses > resource_attribute_uses {
+            self.disabled = Some(format!(
+                "policy {} uses the resource other than through its attributes",
+                policy.id()
+            ));
+        }
+    }
+
+    /// Note what one subexpression of `policy` shows: a literal, a `like`
+    /// pattern, or a reason the memo cannot be used.
+    fn note(&mut self, policy: &ast::Policy, e: &ast::Expr) {
+        match e.expr_kind() {
+            ExprKind::Lit(Literal::String(s)) => {
+                self.literals.insert(s.clone());
+            }
+            ExprKind::Lit(Literal::Long(n)) => self.longs.push(*n),
+            // `-5` may reach us as a negation of the literal 5.
+            ExprKind::UnaryApp {
+                op: UnaryOp::Neg,
+                arg,
+            } => match arg.expr_kind() {
+                ExprKind::Lit(Literal::Long(n)) => {
+                    self.longs.push(n.checked_neg().unwrap_or(i64::MIN))
+                }
+                _ => {
+                    self.disabled = Some(format!("policy {} negates a Long", policy.id()));
+                }
+            },
+            ExprKind::BinaryApp {
+                op: BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul,
+                ..
+            } => {
+                self.disabled = Some(format!("policy {} does arithmetic on Longs", policy.id()));
+            }
+            ExprKind::Lit(Literal::EntityUID(uid))
+                if uid.entity_type().to_string() == "FleetRetire::Worker" =>
+            {
+                self.disabled = Some(format!("policy {} names a worker entity", policy.id()));
+            }
+            ExprKind::Like { pattern, expr } => {
+                self.patterns.push((Glob::of(pattern), like_subject(expr)));
+            }
+            ExprKind::ExtensionFunctionApp { fn_name, .. } => {
+                self.disabled = Some(format!("policy {} calls {fn_name}", policy.id()));
+            }
+            ExprKind::BinaryApp {
+                op: BinaryOp::GetTag | BinaryOp::HasTag,
+                ..
+            } => {
+                self.disabled = Some(format!("policy {} reads tags", policy.id()));
+            }
+            _ => {}
+        }
+    }
+
+    /// The abstraction: Longs sorted and distinct, and each known string
+    /// classed (a run-set element that is also a literal is kept verbatim;
+    /// the others are placeholders of their class: the sets that hold them).
+    fn into_abstraction(self) -> Abstraction {
+        let mut longs = self.longs;
         longs.sort_unstable();
         longs.dedup();
-        // A run-set element that is also a literal is kept verbatim; the
-        // others are placeholders of their class: the sets that hold them.
-        let mut known: HashMap<SmolStr, Known> = literals
+        let mut known: HashMap<SmolStr, Known> = self
+            .literals
             .iter()
             .map(|l| (l.clone(), Known::Literal))
             .collect();
-        for (t, bits) in memberships {
+        for (t, bits) in self.memberships {
             known.entry(t).or_insert(Known::Member(bits));
         }
         let literal_filter = LiteralFilter::of(known.keys());
@@ -228,11 +228,59 @@ impl Abstraction {
             known: KnownTable::of(known),
             literal_filter,
             longs,
-            patterns,
-            disabled,
+            patterns: self.patterns,
+            disabled: self.disabled,
             reads: None,
             mask: std::sync::OnceLock::new(),
         }
+    }
+}
+
+/// The worker attribute a `like` is applied to, when its subject is
+/// `resource.A`; `None` when it is anything else.
+fn like_subject(expr: &ast::Expr) -> Option<SmolStr> {
+    match expr.expr_kind() {
+        ExprKind::GetAttr { expr, attr }
+            if matches!(expr.expr_kind(), ExprKind::Var(Var::Resource)) =>
+        {
+            Some(attr.clone())
+        }
+        _ => None,
+    }
+}
+
+/// How `e` uses the resource: `(1, 0)` the resource itself, `(0, 1)`
+/// through an attribute or its type (`has`, `.`, `is`), `(0, 0)` not at all.
+/// A policy whose first count exceeds its second reads the resource some
+/// other way.
+fn resource_use(e: &ast::Expr) -> (usize, usize) {
+    let on_resource = |expr: &ast::Expr| matches!(expr.expr_kind(), ExprKind::Var(Var::Resource));
+    match e.expr_kind() {
+        ExprKind::Var(Var::Resource) => (1, 0),
+        ExprKind::GetAttr { expr, .. } | ExprKind::HasAttr { expr, .. } if on_resource(expr) => {
+            (0, 1)
+        }
+        ExprKind::ExtHasAttr { expr, .. } if on_resource(expr) => (0, 1),
+        ExprKind::Is { expr, .. } if on_resource(expr) => (0, 1),
+        _ => (0, 0),
+    }
+}
+impl Abstraction {
+    /// Analyse the policy set. `run_strings` are the strings of the run
+    /// entity (equal for every row, so kept verbatim).
+    pub fn new(policies: &Policies, run_attrs: &[(&'static str, Attr<'_>)]) -> Abstraction {
+        let set: &ast::PolicySet = policies.set.as_ref();
+        let mut seen = Observables::of_run(run_attrs);
+        // Every column name is kept verbatim wherever it occurs, so that a
+        // set of column names (`Attr::Columns`) can be keyed by its bits:
+        // the bits name its elements exactly, and any other string equal to
+        // one of them is written as itself.
+        seen.literals
+            .extend(all_column_names().map(SmolStr::new_static));
+        for policy in set.policies() {
+            seen.scan(policy);
+        }
+        seen.into_abstraction()
     }
 
     /// The same abstraction for requests of these actions only: the key

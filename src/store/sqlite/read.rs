@@ -226,6 +226,8 @@ struct RawStmt<'c> {
     db: *mut rusqlite::ffi::sqlite3,
     /// Texts are stored as UTF-8, so their bytes are read as they are.
     utf8: bool,
+    /// How many columns the statement's rows have.
+    width: std::ffi::c_int,
     _conn: std::marker::PhantomData<&'c Connection>,
 }
 
@@ -244,10 +246,12 @@ impl<'c> RawStmt<'c> {
                 return Err(Self::error(db, rc));
             }
             let stmt = std::ptr::NonNull::new(stmt).ok_or(rusqlite::Error::InvalidQuery)?;
+            let width = ffi::sqlite3_column_count(stmt.as_ptr());
             Ok(RawStmt {
                 stmt,
                 db,
                 utf8,
+                width,
                 _conn: std::marker::PhantomData,
             })
         }
@@ -273,9 +277,15 @@ impl<'c> RawStmt<'c> {
         }
     }
 
-    /// Column `i` of the current row (`i` below the statement's width).
+    /// Column `i` of the current row. Panics unless `i` is below the
+    /// statement's width: SQLite would answer a wrong index with a NULL,
+    /// which would read as a blank column rather than as the bug it is.
     fn cell(&self, i: usize) -> Cell<'_> {
         use rusqlite::ffi;
+        let i = std::ffi::c_int::try_from(i)
+            .ok()
+            .filter(|&i| i < self.width)
+            .unwrap_or_else(|| panic!("column {i} of a statement of {} columns", self.width));
         let bytes = |p: *const std::ffi::c_void, n: std::ffi::c_int| -> &[u8] {
             match usize::try_from(n) {
                 // SAFETY: SQLite gives `n` bytes at `p`, valid until the
@@ -295,7 +305,7 @@ impl<'c> RawStmt<'c> {
         // text itself when the database stores UTF-8, and otherwise SQLite
         // converts it to UTF-8.
         unsafe {
-            let v = ffi::sqlite3_column_value(self.stmt.as_ptr(), i as std::ffi::c_int);
+            let v = ffi::sqlite3_column_value(self.stmt.as_ptr(), i);
             match ffi::sqlite3_value_type(v) {
                 ffi::SQLITE_INTEGER => Cell::Int(ffi::sqlite3_value_int64(v)),
                 ffi::SQLITE_FLOAT => Cell::Real(ffi::sqlite3_value_double(v)),
