@@ -136,7 +136,11 @@ fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result
                 format!("{name}: {e}"),
             ));
         }
-        for p in set.policies() {
+        // Cedar's set gives its policies in no fixed order: by id, so that
+        // proofs are listed the same way every run.
+        let mut in_file: Vec<&Policy> = set.policies().collect();
+        in_file.sort_by_key(|p| p.annotation("id").unwrap_or_default().to_string());
+        for p in in_file {
             let get = |k: &str| p.annotation(k).map(str::to_string);
             let id = get("id").ok_or_else(|| {
                 Error::policy(
