@@ -15,8 +15,44 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-/// The operations a capability is asked for.
-pub const OPERATIONS: &[&str] = &["snapshot", "plan", "apply"];
+/// The operations a capability is asked for. Their names (`snapshot`,
+/// `plan`, `apply`) are read only at the edges: profiles, fixtures and
+/// tool names are parsed into this, and it is written back as its
+/// [`Operation::code`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Operation {
+    /// Look at the fleet.
+    Snapshot,
+    /// Plan a retirement (a dry run).
+    Plan,
+    /// Retire what a plan approved.
+    Apply,
+}
+
+impl Operation {
+    /// Every operation, in the order they are listed.
+    pub const ALL: [Operation; 3] = [Operation::Snapshot, Operation::Plan, Operation::Apply];
+
+    /// Its name, as profiles, fixtures and the Cedar action use it.
+    pub fn code(self) -> &'static str {
+        match self {
+            Operation::Snapshot => "snapshot",
+            Operation::Plan => "plan",
+            Operation::Apply => "apply",
+        }
+    }
+
+    /// The operation of that name, if it is one.
+    pub fn from_code(name: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.code() == name)
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.code())
+    }
+}
 
 /// One `profiles.json` entry as written.
 #[derive(Debug, Clone, PartialEq)]
@@ -223,7 +259,7 @@ pub fn request_parts(
     policies: &Policies,
     profiles: &Profiles,
     profile: &str,
-    operation: &str,
+    operation: Operation,
 ) -> Result<(Entities, EntityUid, EntityUid, EntityUid)> {
     let operator = operator_entity(profile, profiles.profiles.get(profile))?;
     let registry = Entity::new_no_attrs(uid("FleetRetire::Registry", "registry"), HashSet::new());
@@ -237,7 +273,7 @@ pub fn request_parts(
     Ok((
         entities,
         uid("FleetRetire::Operator", profile),
-        uid("FleetRetire::Action", operation),
+        uid("FleetRetire::Action", operation.code()),
         uid("FleetRetire::Registry", "registry"),
     ))
 }
@@ -247,17 +283,11 @@ pub fn check(
     policies: &Policies,
     profiles: &Profiles,
     profile: &str,
-    operation: &str,
+    operation: Operation,
 ) -> Result<Decision> {
     let entry = profiles.profiles.get(profile);
     let (entities, principal, action, resource) =
         request_parts(policies, profiles, profile, operation)?;
-    if !OPERATIONS.contains(&operation) {
-        return Ok(Decision {
-            allowed: false,
-            explanation: format!("{operation:?} is not an operation (snapshot, plan, apply)"),
-        });
-    }
     let verdict = judge(
         policies,
         &Authorizer::new(),
@@ -278,11 +308,28 @@ pub fn check(
     })
 }
 
+/// [`check`] for an operation named in a fixture or a file: a name that is
+/// no operation is denied, saying so.
+pub fn check_named(
+    policies: &Policies,
+    profiles: &Profiles,
+    profile: &str,
+    operation: &str,
+) -> Result<Decision> {
+    match Operation::from_code(operation) {
+        Some(op) => check(policies, profiles, profile, op),
+        None => Ok(Decision {
+            allowed: false,
+            explanation: format!("{operation:?} is not an operation (snapshot, plan, apply)"),
+        }),
+    }
+}
+
 fn explain_denial(
     policies: &Policies,
     profile: &str,
     entry: Option<&Profile>,
-    operation: &str,
+    operation: Operation,
     errors: &[String],
 ) -> String {
     let head = format!("profile {profile:?} may not {operation}");
@@ -305,7 +352,7 @@ fn explain_denial(
     let permit = policies.rules.values().find(|r| {
         r.effect == cedar_policy::Effect::Permit
             && r.file == "capabilities.cedar"
-            && r.id.starts_with(operation)
+            && r.id.starts_with(operation.code())
     });
     let (permission, roles) = permit
         .and_then(|r| policies.set.policy(&cedar_policy::PolicyId::new(&r.id)))
@@ -395,7 +442,7 @@ impl CapabilityCase {
     pub fn differences(&self, policies: &Policies) -> Result<Vec<String>> {
         let mut diffs = Vec::new();
         for (profile, operation, expect) in &self.requests {
-            let d = check(policies, &self.profiles, profile, operation)?;
+            let d = check_named(policies, &self.profiles, profile, operation)?;
             if d.allowed != *expect {
                 diffs.push(format!(
                     "{profile} {operation}: want {}, got {} ({})",

@@ -425,7 +425,7 @@ fn bearing_rows(plan: &Plan, chosen: &[usize]) -> Vec<usize> {
     let mut by_slot: HashMap<(String, String), Vec<usize>> = HashMap::new();
     let slot = |i: usize| {
         let r = &rows[i];
-        let active = r.get(Col::Status).or_empty_str() == "active";
+        let active = r.is_active();
         let instance = r.get(Col::ClientInstanceId).canon();
         let namespace = r.get(Col::Namespace).canon();
         (active && !instance.is_empty() && !namespace.is_empty()).then_some((instance, namespace))

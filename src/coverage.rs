@@ -139,9 +139,9 @@ fn capability_case(
     let mut fired = BTreeSet::new();
     let mut decided = BTreeSet::new();
     for (profile, operation, _) in &case.requests {
-        if !crate::capability::OPERATIONS.contains(&operation.as_str()) {
+        let Some(operation) = crate::capability::Operation::from_code(operation) else {
             continue;
-        }
+        };
         let (entities, principal, action, resource) =
             crate::capability::request_parts(policies, &case.profiles, profile, operation)?;
         let (f, d) = one_request(policies, &entities, &principal, &action, &resource)?;

@@ -578,9 +578,9 @@ pub fn observe_fixtures(
             }
             Case::Capability(c) => {
                 for (profile, operation, _) in &c.requests {
-                    if !crate::capability::OPERATIONS.contains(&operation.as_str()) {
+                    let Some(operation) = crate::capability::Operation::from_code(operation) else {
                         continue;
-                    }
+                    };
                     let ask = |p: &Policies| {
                         crate::capability::check(p, &c.profiles, profile, operation)
                             .map(|d| d.allowed)

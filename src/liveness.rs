@@ -208,7 +208,7 @@ pub fn assess(row: &Row, now: Micros, pid_alive: Option<bool>) -> Liveness {
     let stamp = row.get(Col::LastHeartbeatAt).as_text().and_then(parse_ts);
     let age_us = stamp.map(|t| now.saturating_sub(t));
     let fresh = age_us.map(|us| micros_to_seconds(us) <= ttl);
-    let active = row.get(Col::Status).as_text() == Some("active");
+    let active = row.is_active();
     Liveness {
         live: active && fresh == Some(true) && pid_alive != Some(false),
         heartbeat_fresh: fresh,

@@ -94,10 +94,6 @@ pub struct PeerFacts {
     pub slot_occupants: usize,
 }
 
-fn status_text(row: &Row) -> Cow<'_, str> {
-    row.get(Col::Status).or_empty_cow()
-}
-
 /// `process_identity`, else `pid-<str(pid)>` when a pid is recorded.
 pub fn process_identity(row: &Row) -> Value {
     match ProcessIdentity::of(row) {
@@ -354,7 +350,7 @@ pub fn peer_facts(
 pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec<usize> {
     let keys = conflict_keys(&rows[index], observations[index].process_identity);
     let slot = |r: &Row| {
-        (status_text(r) == "active").then(|| {
+        r.is_active().then(|| {
             (
                 r.get(Col::ClientInstanceId).canon(),
                 r.get(Col::Namespace).canon(),
@@ -376,7 +372,7 @@ pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec
 fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
     let mut slots: rustc_hash::FxHashMap<(Cow<str>, Cow<str>), Vec<usize>> = Default::default();
     for (i, row) in rows.iter().enumerate() {
-        if status_text(row) != "active" {
+        if !row.is_active() {
             continue;
         }
         let instance = row.get(Col::ClientInstanceId).canon_cow();
@@ -440,7 +436,7 @@ fn observe_row(
 ) -> Observation {
     let pid = observe_pid(row.get(Col::Pid), probe);
     let liveness = assess(row, facts.now, pid.alive);
-    let historical = status_text(row) != "active";
+    let historical = !row.is_active();
     let live = liveness.live && !historical;
     let (_, identity) = classify_instance_identity(
         row.get(Col::ClientInstanceId).as_text(),

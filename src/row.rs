@@ -126,6 +126,14 @@ impl std::fmt::Debug for Row {
 }
 
 impl Row {
+    /// Whether the row's status is exactly the text `active` (a worker's
+    /// registration in force). Every reader asks this one question: an
+    /// integer, a NULL, `"Active"` or `" active"` is not active. (The seed
+    /// asks `str(status or "") == "active"`, which is the same test.)
+    pub fn is_active(&self) -> bool {
+        self.get(Col::Status).as_text() == Some("active")
+    }
+
     /// A row of NULLs whose texts will be slices of `buf`.
     pub fn in_buffer(buf: Arc<TextBuf>) -> Row {
         Row {

@@ -93,12 +93,8 @@ pub struct FleetServer {
     issued: Arc<Mutex<VecDeque<Issued>>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Snapshot,
-    Plan,
-    Apply,
-}
+/// A tool's operation: the capability operation it asks for.
+use crate::capability::Operation as Op;
 
 const TOOL_NAMES: &[(&str, Op)] = &[
     ("snapshot_instance_fleet", Op::Snapshot),
@@ -357,7 +353,7 @@ impl FleetServer {
     }
 
     /// Refuse unless the capability policies allow `operation` now.
-    fn capability(&self, operation: &str) -> std::result::Result<(), Box<CallToolResult>> {
+    fn capability(&self, operation: Op) -> std::result::Result<(), Box<CallToolResult>> {
         let b = &self.binding;
         let profiles = Profiles::load(&b.profiles).map_err(|e| Box::new(error_result(&e)))?;
         match check(&b.policies, &profiles, &b.profile, operation) {
@@ -366,7 +362,7 @@ impl FleetServer {
                 "permission_denied",
                 d.explanation,
                 "ask the operator to grant it in profiles.json; an agent cannot change its own profile",
-                json!({"operation": operation, "profile": b.profile}),
+                json!({"operation": operation.code(), "profile": b.profile}),
             ))),
             Err(e) => Err(Box::new(error_result(&e))),
         }
@@ -448,7 +444,7 @@ impl FleetServer {
     }
 
     fn plan(&self, canonical: Option<String>, audit: Json) -> CallToolResult {
-        if let Err(denied) = self.capability("plan") {
+        if let Err(denied) = self.capability(Op::Plan) {
             return *denied;
         }
         let canonical = match self.canonical(canonical) {
@@ -519,7 +515,7 @@ impl FleetServer {
     }
 
     fn snapshot(&self, a: SnapshotArgs, canonical: Option<String>) -> CallToolResult {
-        if let Err(denied) = self.capability("snapshot") {
+        if let Err(denied) = self.capability(Op::Snapshot) {
             return *denied;
         }
         let canonical = match self.bound(canonical) {

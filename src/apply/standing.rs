@@ -58,7 +58,12 @@ impl<'a> Standing<'a> {
         if let Some(why) = profiles.pin_refusal(ctx.policies, ctx.profiles) {
             return Ok(Some((Outcome::PolicySetNotPinned, why)));
         }
-        let decision = check(ctx.policies, profiles, ctx.profile, "apply")?;
+        let decision = check(
+            ctx.policies,
+            profiles,
+            ctx.profile,
+            crate::capability::Operation::Apply,
+        )?;
         Ok((!decision.allowed).then_some((Outcome::PermissionDenied, decision.explanation)))
     }
 

@@ -118,7 +118,7 @@ fn workers_arg(given: &str) -> Result<Vec<String>> {
 /// Run `apply`.
 pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
-    let (profiles, profile) = args.operator.given("apply")?;
+    let (profiles, profile) = args.operator.given(crate::capability::Operation::Apply)?;
     let mut req = match (&args.plan, &args.registry_fingerprint) {
         (Some(path), _) => request_from_plan(path)?,
         (None, Some(fp)) => Request {

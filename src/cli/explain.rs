@@ -51,7 +51,8 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitCode> {
             }
         },
         None => {
-            args.operator.require(&policies, "plan")?;
+            args.operator
+                .require(&policies, crate::capability::Operation::Plan)?;
             let store = StoreArgs {
                 registry: args.registry.clone().ok_or_else(|| {
                     Error::input(

@@ -59,7 +59,8 @@ pub struct CaptureArgs {
 pub fn run(cli: &Cli, args: &FixtureArgs) -> Result<ExitCode> {
     let FixtureCommand::Capture(args) = &args.command;
     let policies = cli.load_policies()?;
-    args.operator.require(&policies, "plan")?;
+    args.operator
+        .require(&policies, crate::capability::Operation::Plan)?;
     let canonical = args.store.canonical_repository.clone().ok_or_else(|| {
         Error::input(About::Option("--canonical-repository"), 
             "fixture capture needs the expected repository binding: pass --canonical-repository OWNER/REPO"

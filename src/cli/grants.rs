@@ -2,7 +2,7 @@
 //! capability policies about every profile; `--against OLD.json` shows what
 //! an edit of profiles.json grants or revokes.
 
-use crate::capability::{check, Profiles, OPERATIONS};
+use crate::capability::{check, Operation, Profiles};
 use crate::cli::{Cli, Format};
 use crate::error::{About, Error, ExitCode, Result};
 use crate::policy::Policies;
@@ -34,7 +34,7 @@ pub fn grants(policies: &Policies, profiles: &Profiles) -> Result<Grants> {
     let mut out = Grants::new();
     for name in profiles.profiles.keys() {
         let mut ops = BTreeMap::new();
-        for op in OPERATIONS {
+        for op in Operation::ALL {
             ops.insert(op.to_string(), check(policies, profiles, name, op)?.allowed);
         }
         out.insert(name.clone(), ops);
@@ -47,15 +47,15 @@ pub fn changes(old: &Grants, new: &Grants) -> Vec<(String, String, bool)> {
     let mut out = Vec::new();
     let names: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     for name in names {
-        for op in OPERATIONS {
+        for op in Operation::ALL.map(Operation::code) {
             let before = old
                 .get(name)
-                .and_then(|m| m.get(*op))
+                .and_then(|m| m.get(op))
                 .copied()
                 .unwrap_or(false);
             let after = new
                 .get(name)
-                .and_then(|m| m.get(*op))
+                .and_then(|m| m.get(op))
                 .copied()
                 .unwrap_or(false);
             if before != after {

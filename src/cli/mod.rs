@@ -110,7 +110,10 @@ pub struct OperatorArgs {
 
 impl OperatorArgs {
     /// The profiles file and profile name, or a refusal naming what is missing.
-    pub fn given(&self, operation: &str) -> Result<(&std::path::Path, &str)> {
+    pub fn given(
+        &self,
+        operation: crate::capability::Operation,
+    ) -> Result<(&std::path::Path, &str)> {
         let path = self.profiles_path.as_ref().ok_or_else(|| {
             Error::Refused(format!(
                 "{operation} refused: no profiles.json given; pass --profiles PATH (or set GITEA_MCP_CONFIG)"
@@ -125,7 +128,11 @@ impl OperatorArgs {
     }
 
     /// Refuse unless the capability policies allow `operation`.
-    pub fn require(&self, policies: &Policies, operation: &str) -> Result<Profiles> {
+    pub fn require(
+        &self,
+        policies: &Policies,
+        operation: crate::capability::Operation,
+    ) -> Result<Profiles> {
         let (path, name) = self.given(operation)?;
         let profiles = Profiles::load(path)?;
         let decision = check(policies, &profiles, name, operation)?;

@@ -49,7 +49,8 @@ pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
 /// Run `plan`.
 pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
-    args.operator.require(&policies, "plan")?;
+    args.operator
+        .require(&policies, crate::capability::Operation::Plan)?;
     let plan = plan_from_world(&args.store, &policies)?;
     if let Some(out) = &args.out {
         let write = |path: &std::path::Path| -> std::io::Result<()> {

@@ -94,7 +94,8 @@ pub fn load_manifest(path: &Path) -> Result<Vec<Json>> {
 /// Run `snapshot`.
 pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
-    args.operator.require(&policies, "snapshot")?;
+    args.operator
+        .require(&policies, crate::capability::Operation::Snapshot)?;
     let started = std::time::Instant::now();
     let rows = registry::load(&args.registry)?;
     tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "registry read");

@@ -80,7 +80,7 @@ fn measure(row: &Row, opts: &Options, probe: &dyn ProcessProbe) -> Measured {
         observe_pid(row.get(Col::Pid), probe)
     };
     let liveness = assess(row, opts.now, pid.alive);
-    let historical = row.get(Col::Status).or_empty_str() != "active";
+    let historical = !row.is_active();
     let live = liveness.live && !historical;
     let identity = assess_instance_identity(
         row.get(Col::ClientInstanceId).as_text(),
