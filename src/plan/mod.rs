@@ -8,6 +8,8 @@ pub mod head;
 pub mod planned;
 pub mod render;
 
+pub use render::Evidence;
+
 use crate::error::Result;
 use crate::evidence::probe::ProcessProbe;
 use crate::fingerprint::registry_token;
@@ -582,14 +584,6 @@ impl Plan {
         self.write_json_with(w, None)
     }
 
-    /// The plan as a saved file for `apply`: the same document plus
-    /// `planned_rows`, a digest of every judged row (see `crate::plan::planned`).
-    pub fn write_saved(&self, w: &mut dyn Write) -> std::io::Result<()> {
-        let rows = serde_json::to_value(crate::plan::planned::PlannedRows::of(self))
-            .map_err(std::io::Error::other)?;
-        self.write_json_with(w, Some(("planned_rows", rows)))
-    }
-
     /// The plan's head: every top-level member before the row lists.
     pub fn head(&self) -> head::PlanHead {
         let candidates: Vec<Json> = self
@@ -672,6 +666,8 @@ impl Plan {
         out
     }
 
+    /// The document, with `extra` as one more top-level member (a saved
+    /// plan's `planned_rows`, see `planned`).
     fn write_json_with(
         &self,
         w: &mut dyn Write,
@@ -781,47 +777,6 @@ pub struct EntryJson<'a> {
     #[serde(flatten)]
     verdict: VerdictJson<'a>,
     evidence: Evidence<'a>,
-}
-
-/// The evidence a verdict rests on (the seed's evidence keys, plus what
-/// Cedar was shown).
-#[derive(Debug, Serialize)]
-#[allow(missing_docs)]
-pub struct Evidence<'a> {
-    pub worker_identity: crate::value::Val<'a>,
-    pub client_type: &'static str,
-    pub client_instance_id: crate::value::Val<'a>,
-    pub fleet_run_id: crate::value::Val<'a>,
-    pub namespace: crate::value::Val<'a>,
-    pub profile: crate::value::Val<'a>,
-    pub declared_role: crate::value::Val<'a>,
-    pub session_id: crate::value::Val<'a>,
-    pub generation_id: crate::value::Val<'a>,
-    pub fencing_epoch: crate::value::Val<'a>,
-    pub process_identity: crate::observe::ProcessIdentityJson<'a>,
-    pub pid: crate::value::Val<'a>,
-    pub pid_alive: Option<bool>,
-    pub live_process_start_time: Option<&'a str>,
-    pub host_id: crate::value::Val<'a>,
-    pub boot_id: crate::value::Val<'a>,
-    pub process_start_time: crate::value::Val<'a>,
-    pub repository_binding: crate::value::Val<'a>,
-    pub foreign_repository: bool,
-    pub status: crate::value::Val<'a>,
-    pub started_at: crate::value::Val<'a>,
-    pub last_heartbeat_at: crate::value::Val<'a>,
-    pub heartbeat_ttl_seconds: crate::value::Val<'a>,
-    pub canonical_heartbeat_ttl_seconds: f64,
-    pub heartbeat_age_seconds: Option<f64>,
-    pub heartbeat_fresh: Option<bool>,
-    pub live: bool,
-    pub ownership_state: &'static str,
-    pub instance_id_provenance: &'static str,
-    pub instance_identity_trusted: bool,
-    pub identity_row_count: usize,
-    pub shared_identity_evidence: &'a [String],
-    pub instance_slot_contested: bool,
-    pub protected_by_active_leases: &'a [String],
 }
 
 /// Read the registry and the lease store, probe this host, and plan: what

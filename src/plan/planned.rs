@@ -76,6 +76,17 @@ fn live_here(plan: &Plan, e: &crate::plan::Entry) -> bool {
     }
 }
 
+impl Plan {
+    /// The plan as a saved file for `apply`: the same document plus
+    /// `planned_rows`, a digest of every judged row (see [`PlannedRows`]).
+    /// Here rather than beside the plan's other writers, so the plan's own
+    /// file needs nothing from this one (no import circle).
+    pub fn write_saved(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        let rows = serde_json::to_value(PlannedRows::of(self)).map_err(std::io::Error::other)?;
+        self.write_json_with(w, Some(("planned_rows", rows)))
+    }
+}
+
 impl PlannedRows {
     /// The rows of a plan.
     pub fn of(plan: &Plan) -> PlannedRows {

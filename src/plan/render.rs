@@ -9,9 +9,50 @@
 //! go through serde_json itself. A test holds the two equal on every
 //! fixture and on rows built to need escaping.
 
-use super::Evidence;
 use crate::observe::{derived_process_identity, ProcessIdentityJson};
 use crate::value::Val;
+
+/// The evidence a verdict rests on (the seed's evidence keys, plus what
+/// Cedar was shown). Defined beside [`evidence`], which writes the bytes
+/// its derived `Serialize` gives.
+#[derive(Debug, serde::Serialize)]
+#[allow(missing_docs)]
+pub struct Evidence<'a> {
+    pub worker_identity: Val<'a>,
+    pub client_type: &'static str,
+    pub client_instance_id: Val<'a>,
+    pub fleet_run_id: Val<'a>,
+    pub namespace: Val<'a>,
+    pub profile: Val<'a>,
+    pub declared_role: Val<'a>,
+    pub session_id: Val<'a>,
+    pub generation_id: Val<'a>,
+    pub fencing_epoch: Val<'a>,
+    pub process_identity: ProcessIdentityJson<'a>,
+    pub pid: Val<'a>,
+    pub pid_alive: Option<bool>,
+    pub live_process_start_time: Option<&'a str>,
+    pub host_id: Val<'a>,
+    pub boot_id: Val<'a>,
+    pub process_start_time: Val<'a>,
+    pub repository_binding: Val<'a>,
+    pub foreign_repository: bool,
+    pub status: Val<'a>,
+    pub started_at: Val<'a>,
+    pub last_heartbeat_at: Val<'a>,
+    pub heartbeat_ttl_seconds: Val<'a>,
+    pub canonical_heartbeat_ttl_seconds: f64,
+    pub heartbeat_age_seconds: Option<f64>,
+    pub heartbeat_fresh: Option<bool>,
+    pub live: bool,
+    pub ownership_state: &'static str,
+    pub instance_id_provenance: &'static str,
+    pub instance_identity_trusted: bool,
+    pub identity_row_count: usize,
+    pub shared_identity_evidence: &'a [String],
+    pub instance_slot_contested: bool,
+    pub protected_by_active_leases: &'a [String],
+}
 
 /// Append `s` as a JSON string.
 fn string(out: &mut Vec<u8>, s: &str) {

@@ -20,6 +20,11 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::str::FromStr;
 
+/// The schema file name inside a policy folder. Kept here, beside the
+/// check that names it, so this file needs nothing from the policy module
+/// that uses it (no import circle).
+pub const SCHEMA_FILE: &str = "schema.cedarschema";
+
 fn uid(type_name: &str, id: &str) -> EntityUID {
     let ty = EntityTypeName::from_str(type_name).expect("entity type names here are valid");
     cedar_policy::EntityUid::from_type_name_and_id(ty, cedar_policy::EntityId::new(id)).into()
@@ -382,7 +387,7 @@ pub fn check_schema(entities: Vec<ast::Entity>, schema: &Schema) -> Result<()> {
     .map_err(|e| {
         Error::policy(About::PolicySet, format!(
             "the observed entities do not fit policies/{}: {e}; the schema and the program disagree",
-            crate::policy::SCHEMA_FILE
+            SCHEMA_FILE
         ))
     })
 }

@@ -22,8 +22,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-/// The schema file name inside a policy folder.
-pub const SCHEMA_FILE: &str = "schema.cedarschema";
+pub use entities::SCHEMA_FILE;
 
 /// The policy files a policy folder must hold, in load order.
 pub const POLICY_FILES: &[&str] = &["retirement.cedar", "capabilities.cedar"];

@@ -1,11 +1,20 @@
-//! The snapshot as a document: one worker's entry written straight from its
-//! row and measurements, and the whole document streamed for a large
-//! registry (one list element per line, rendered in batches on every core).
+//! The snapshot as a document: the one place its JSON is made. One
+//! worker's entry written straight from its row and measurements, an
+//! instance's entry from the detectors' typed result, and the whole document
+//! streamed for a large registry (one list element per line, rendered in
+//! batches on every core).
 
-use super::*;
+use super::detect::Instance;
+use super::findings::{row_finding, Finding, FindingClass};
+use super::measure::Measured;
+use super::take::{FindingPart, Snapshot};
+use crate::observe::process_identity;
+use crate::row::{Col, Row};
+use crate::value::Val;
+use serde_json::{json, Value as Json};
 
 /// One worker as the snapshot reports it.
-pub(super) fn render(row: &Row, m: &Measured) -> Json {
+fn render(row: &Row, m: &Measured) -> Json {
     serde_json::to_value(WorkerView(row, m)).expect("a worker entry serialises")
 }
 
@@ -107,27 +116,88 @@ struct LivenessView {
     pid_alive: Option<bool>,
 }
 
-/// Where a list of findings comes from, in document order: the stored
-/// findings about live workers, the per-row findings (derived as they are
-/// written), then the manifest's.
-pub(super) enum FindingPart<'s> {
-    Stored(&'s [Finding]),
-    Rows(fn(&Measured) -> bool),
-}
-
 /// One line of a streamed list: an element already rendered as JSON.
 pub(super) type Line = Vec<u8>;
 
 pub(super) const WRITE_BATCH: usize = 8192;
 
+/// One live instance's entry, its workers rendered from their rows.
+struct InstanceView<'s, 'a>(&'s Instance, &'s Snapshot<'a>);
+
+impl serde::Serialize for InstanceView<'_, '_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let InstanceView(inst, snap) = *self;
+        let client_type = match inst.client_types.len() {
+            1 => inst.client_types.first(),
+            _ => None,
+        };
+        let mut map = s.serialize_map(Some(11))?;
+        map.serialize_entry("client_instance_id", &inst.client_instance_id)?;
+        map.serialize_entry("client_types", &inst.client_types)?;
+        map.serialize_entry("client_type", &client_type)?;
+        map.serialize_entry("fleet_run_ids", &inst.fleet_run_ids)?;
+        map.serialize_entry("worker_count", &inst.workers.len())?;
+        map.serialize_entry("namespaces", &inst.namespaces)?;
+        map.serialize_entry("namespace_counts", &NamespaceCounts(&inst.namespace_counts))?;
+        map.serialize_entry("duplicate_namespaces", &inst.duplicate_namespaces)?;
+        map.serialize_entry("trusted_instance_identity", &inst.trusted)?;
+        let workers: Vec<WorkerView<'_>> = inst
+            .workers
+            .iter()
+            .map(|i| WorkerView(&snap.rows[*i], &snap.measured[*i]))
+            .collect();
+        map.serialize_entry("workers", &workers)?;
+        map.serialize_entry("mutation_safe", &inst.mutation_safe)?;
+        map.end()
+    }
+}
+
+/// Workers per namespace, as an object in the order given.
+struct NamespaceCounts<'s>(&'s [(String, usize)]);
+
+impl serde::Serialize for NamespaceCounts<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(ns, n)| (ns, n)))
+    }
+}
+
 impl Snapshot<'_> {
-    pub(super) fn finding_parts(&self) -> [FindingPart<'_>; 4] {
-        [
-            FindingPart::Stored(&self.early),
-            FindingPart::Rows(Measured::stale),
-            FindingPart::Rows(|m| m.historical),
-            FindingPart::Stored(&self.late),
-        ]
+    /// The live workers as rendered (for `compare`).
+    pub fn live_workers(&self) -> Vec<Json> {
+        self.rows
+            .iter()
+            .zip(&self.measured)
+            .filter(|(_, m)| m.live)
+            .map(|(r, m)| render(r, m))
+            .collect()
+    }
+
+    /// The live instances' entries.
+    fn instance_views(&self) -> Vec<InstanceView<'_, '_>> {
+        self.instances
+            .iter()
+            .map(|i| InstanceView(i, self))
+            .collect()
+    }
+
+    /// What a person reads: counts, instances, blockers, comparison (see
+    /// `report::snapshot_summary`), without the per-worker lists.
+    pub fn summary_json(&self) -> Json {
+        let mut doc = json!({
+            "snapshot_at": self.snapshot_at,
+            "live_worker_count": self.live_count,
+            "historical_worker_count": self.historical_count,
+            "stale_worker_count": self.stale_count,
+            "instance_count": self.instances.len(),
+            "instances": self.instance_views(),
+            "active_blockers": self.active_blockers().collect::<Vec<_>>(),
+            "live_fleet_safe": self.live_safe,
+        });
+        if let Some(c) = &self.comparison {
+            doc["comparison"] = c.clone();
+        }
+        doc
     }
 
     /// The document as [`serde::Serialize`] gives it, written for a large
@@ -164,24 +234,20 @@ impl Snapshot<'_> {
         field(w, "snapshot_at", &self.snapshot_at)?;
         field(w, "consistency_token", &self.token)?;
         field(w, "registry_revision", &self.token)?;
-        field(w, "live_worker_count", &self.live.len())?;
+        field(w, "live_worker_count", &self.live_count)?;
         field(w, "historical_worker_count", &self.historical_count)?;
         field(w, "stale_worker_count", &self.stale_count)?;
         field(w, "instance_count", &self.instances.len())?;
         field(w, "other_host_worker_count", &self.other_host_count)?;
         list(w, "workers", |emit| self.emit_rows(|_| true, emit))?;
-        list(w, "live_workers", |emit| {
-            json_lines(self.live.iter().map(Some))
-                .into_iter()
-                .try_for_each(&mut *emit)
-        })?;
+        list(w, "live_workers", |emit| self.emit_rows(|m| m.live, emit))?;
         list(w, "historical_workers", |emit| {
             self.emit_rows(|m| m.historical, emit)
         })?;
         list(w, "stale_workers", |emit| {
             self.emit_rows(Measured::stale, emit)
         })?;
-        field(w, "instances", &self.instances)?;
+        field(w, "instances", &self.instance_views())?;
         field(w, "multi_instance_same_client_type", &self.by_type)?;
         field(w, "same_client_type_not_duplicate", &true)?;
         field(w, "expected_manifest", &self.manifest)?;
@@ -336,7 +402,7 @@ impl serde::Serialize for Snapshot<'_> {
         m.serialize_entry("snapshot_at", &self.snapshot_at)?;
         m.serialize_entry("consistency_token", &self.token)?;
         m.serialize_entry("registry_revision", &self.token)?;
-        m.serialize_entry("live_worker_count", &self.live.len())?;
+        m.serialize_entry("live_worker_count", &self.live_count)?;
         m.serialize_entry("historical_worker_count", &self.historical_count)?;
         m.serialize_entry("stale_worker_count", &self.stale_count)?;
         m.serialize_entry("instance_count", &self.instances.len())?;
@@ -348,7 +414,13 @@ impl serde::Serialize for Snapshot<'_> {
                 keep: |_| true,
             },
         )?;
-        m.serialize_entry("live_workers", &self.live)?;
+        m.serialize_entry(
+            "live_workers",
+            &RenderedRows {
+                snap: self,
+                keep: |m| m.live,
+            },
+        )?;
         m.serialize_entry(
             "historical_workers",
             &RenderedRows {
@@ -363,7 +435,7 @@ impl serde::Serialize for Snapshot<'_> {
                 keep: Measured::stale,
             },
         )?;
-        m.serialize_entry("instances", &self.instances)?;
+        m.serialize_entry("instances", &self.instance_views())?;
         m.serialize_entry("multi_instance_same_client_type", &self.by_type)?;
         m.serialize_entry("same_client_type_not_duplicate", &true)?;
         m.serialize_entry("expected_manifest", &self.manifest)?;

@@ -4,6 +4,9 @@
 //! still count it against the fleet (docs/semantics.md, "Snapshot
 //! findings", says where this differs from the seed).
 
+use super::live::{ids, reported_identity, reported_instance, truthy_text, LiveWorker};
+use super::measure::Measured;
+use crate::row::{Col, Row};
 use serde::ser::SerializeStruct;
 use serde_json::Value as Json;
 
@@ -154,12 +157,12 @@ impl Findings {
     pub(super) fn add(
         &mut self,
         class: FindingClass,
-        workers: &[&Json],
+        workers: &[&LiveWorker],
         instances: Option<Vec<String>>,
         detail: String,
     ) {
         let instance_ids = instances.unwrap_or_else(|| {
-            super::fields::ids(workers, "client_instance_id")
+            ids(workers, |w| &w.client_instance_id)
                 .into_iter()
                 .collect()
         });
@@ -169,10 +172,47 @@ impl Findings {
             client_instance_ids: instance_ids,
             worker_identities: workers
                 .iter()
-                .map(|w| w["worker_identity"].clone())
+                .map(|w| w.worker_identity.to_json())
                 .collect(),
         });
     }
+}
+
+/// The finding about one row that is not live, if any: stale rows are
+/// `stale_orphaned_worker`, historical ones `historical_dead`. They are
+/// derived from what was measured whenever they are read, never stored: a
+/// large registry is mostly such rows.
+pub(super) fn row_finding(row: &Row, m: &Measured) -> Option<Finding> {
+    let wid = row.get(Col::WorkerIdentity);
+    let (class, detail) = if m.stale() {
+        (
+            FindingClass::StaleOrphanedWorker,
+            format!(
+                "worker {} is active in the registry but not live (stale heartbeat or dead \
+                 pid); `fleet-retire plan` says whether it may be retired",
+                wid.to_json()
+            ),
+        )
+    } else if m.historical {
+        (
+            FindingClass::HistoricalDead,
+            format!(
+                "historical registration {} (status {}) is not an active blocker",
+                wid.to_json(),
+                row.get(Col::Status).to_json()
+            ),
+        )
+    } else {
+        return None;
+    };
+    Some(Finding {
+        classification: class,
+        detail,
+        client_instance_ids: truthy_text(&reported_instance(row, m))
+            .into_iter()
+            .collect(),
+        worker_identities: vec![reported_identity(row).to_json()],
+    })
 }
 
 #[cfg(test)]
