@@ -27,6 +27,9 @@ pub mod env {
     pub const GENERATION_ID: &str = "GITEA_MCP_GENERATION_ID";
     /// The namespace a server is started for (read by `fleet-retire serve`).
     pub const NAMESPACE: &str = "GITEA_MCP_NAMESPACE";
+    /// The worker's own identity: a worker (or `serve`) registers under it,
+    /// and `heartbeat` / `release` name the caller's row by it.
+    pub const WORKER_IDENTITY: &str = "GITEA_MCP_WORKER_IDENTITY";
 }
 
 /// The provenance value the launcher alone writes.

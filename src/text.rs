@@ -67,6 +67,41 @@ pub fn nonblank_repository(text: &str) -> std::result::Result<String, String> {
     Ok(text.to_string())
 }
 
+/// How a repository a caller restates compares with the one already fixed
+/// (by a saved plan, or by `serve`'s launch). The command line and `serve`
+/// read the same comparison and differ only in what they let a caller do
+/// when nothing is fixed: an operator may name it, an agent may not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restated {
+    /// A repository is fixed, and the caller named it again or left it out.
+    Fixed(String),
+    /// Nothing is fixed; the caller named this one.
+    GivenOnly(String),
+    /// Neither is there.
+    Neither,
+    /// The caller named another than the fixed one.
+    Conflict {
+        /// The one fixed.
+        fixed: String,
+        /// The one named.
+        given: String,
+    },
+}
+
+/// Compare a restated repository with the fixed one (exact text: a
+/// repository is compared as the policies compare it).
+pub fn restated(fixed: Option<&str>, given: Option<&str>) -> Restated {
+    match (fixed, given) {
+        (Some(f), Some(g)) if f != g => Restated::Conflict {
+            fixed: f.to_string(),
+            given: g.to_string(),
+        },
+        (Some(f), _) => Restated::Fixed(f.to_string()),
+        (None, Some(g)) => Restated::GivenOnly(g.to_string()),
+        (None, None) => Restated::Neither,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +134,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_restated_repository_is_compared_by_exact_text() {
+        assert_eq!(restated(Some("o/r"), None), Restated::Fixed("o/r".into()));
+        assert_eq!(
+            restated(Some("o/r"), Some("o/r")),
+            Restated::Fixed("o/r".into())
+        );
+        assert_eq!(
+            restated(None, Some("o/r")),
+            Restated::GivenOnly("o/r".into())
+        );
+        assert_eq!(restated(None, None), Restated::Neither);
+        assert_eq!(
+            restated(Some("o/r"), Some("O/r")),
+            Restated::Conflict {
+                fixed: "o/r".into(),
+                given: "O/r".into()
+            }
+        );
     }
 }

@@ -53,24 +53,46 @@ fn nonblank(v: Option<&String>) -> Option<String> {
     v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
-/// Register a worker; returns the row written, as JSON.
-pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Json> {
+/// A registration written: who, and the row as written.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    /// The identity the row was written under (given, or minted).
+    pub worker_identity: String,
+    /// The row, as JSON, column by column.
+    pub row: Json,
+}
+
+/// The worker identity the launcher gave this process
+/// ([`env::WORKER_IDENTITY`]), if set and not blank.
+pub fn identity_from_env() -> Option<String> {
+    std::env::var(env::WORKER_IDENTITY)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// Register a worker; returns its identity and the row written.
+pub fn register(path: &Path, proc_root: &Path, reg: &Registration) -> Result<Registered> {
     let mut store = open_any(path)?;
-    let row = registration_row(reg, proc_root)?;
-    let identity = row["worker_identity"].as_str().unwrap_or_default();
-    if let Some(status) = store.status_of(identity)? {
-        return Err(Error::input(About::Worker(identity.to_string()), format!(
+    let (identity, row) = registration_row(reg, proc_root)?;
+    if let Some(status) = store.status_of(&identity)? {
+        return Err(Error::input(About::Worker(identity.clone()), format!(
             "worker {identity:?} is already registered (status {status}); a restarted worker registers under a new identity"
         )));
     }
-    store.insert(row.as_object().expect("row is an object"))?;
-    Ok(row)
+    let Json::Object(columns) = &row else {
+        unreachable!("registration_row builds an object")
+    };
+    store.insert(columns)?;
+    Ok(Registered {
+        worker_identity: identity,
+        row,
+    })
 }
 
 /// The row a registration writes: identity from the launcher's environment
 /// as found, this host's facts as observed (NULL when unknown), and the
-/// registered process's start time.
-fn registration_row(reg: &Registration, proc_root: &Path) -> Result<Json> {
+/// registered process's start time. Returns the identity beside the row.
+fn registration_row(reg: &Registration, proc_root: &Path) -> Result<(String, Json)> {
     let now = crate::time::format_ts(crate::time::now());
     let instance = nonblank(reg.env.get(env::CLIENT_INSTANCE));
     let sealed =
@@ -87,7 +109,7 @@ fn registration_row(reg: &Registration, proc_root: &Path) -> Result<Json> {
     };
     let generation =
         nonblank(reg.env.get(env::GENERATION_ID)).unwrap_or(format!("gen-{}", random_hex(8)?));
-    Ok(json!({
+    let row = json!({
         "worker_identity": identity,
         "client_name": nonblank(reg.env.get(env::CLIENT)),
         "client_instance_id": instance,
@@ -112,7 +134,8 @@ fn registration_row(reg: &Registration, proc_root: &Path) -> Result<Json> {
         "boot_id": host.boot_id,
         "process_start_time": start,
         "pid_namespace": host.pid_namespace,
-    }))
+    });
+    Ok((identity, row))
 }
 
 /// Who is writing a registration, and how that is known.

@@ -29,7 +29,7 @@ pub use report::{Kept, Outcome, Report, Retired};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
-pub use workers::parse_workers;
+pub use workers::{parse_workers, Workers};
 
 /// What an operator asks apply to retire: the tokens and identities of a plan.
 #[derive(Debug, Clone, Default)]
@@ -51,6 +51,51 @@ pub struct Request {
     /// tolerated (docs/apply.md). Without them the registry token must match
     /// exactly.
     pub planned: Option<std::sync::Arc<crate::plan::planned::PlannedRows>>,
+}
+
+/// The three tokens of a plan, as an apply presents them.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    /// The plan's registry token.
+    pub registry_fingerprint: String,
+    /// The plan's candidate token.
+    pub candidate_fingerprint: String,
+    /// The plan's policy fingerprint.
+    pub policy_fingerprint: String,
+}
+
+impl Request {
+    /// A request to retire `workers` under a plan's `tokens`. The canonical
+    /// repository, the plan's rows and the blast-radius limit are set by the
+    /// caller that knows them (a saved plan, an operator, `serve`'s launch).
+    pub fn new(tokens: Tokens, workers: Vec<String>) -> Request {
+        Request {
+            registry_fingerprint: tokens.registry_fingerprint,
+            candidate_fingerprint: tokens.candidate_fingerprint,
+            policy_fingerprint: tokens.policy_fingerprint,
+            workers,
+            ..Request::default()
+        }
+    }
+
+    /// Give apply the plan's rows. Rows of another plan (another registry
+    /// token) are refused: they would excuse changes this plan never saw.
+    pub fn with_planned(
+        mut self,
+        rows: Option<std::sync::Arc<crate::plan::planned::PlannedRows>>,
+    ) -> std::result::Result<Request, String> {
+        if let Some(r) = &rows {
+            if r.registry_fingerprint != self.registry_fingerprint {
+                return Err(
+                    "`planned_rows` belong to another plan (their registry_fingerprint \
+                            differs)"
+                        .into(),
+                );
+            }
+        }
+        self.planned = rows;
+        Ok(self)
+    }
 }
 
 /// Where apply reads and writes.

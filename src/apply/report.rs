@@ -39,6 +39,42 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome.
+    pub const ALL: [Outcome; 13] = [
+        Outcome::Applied,
+        Outcome::RegistryRevisionMoved,
+        Outcome::CandidateSetMoved,
+        Outcome::PolicySetMoved,
+        Outcome::AlreadyRetired,
+        Outcome::NothingRequested,
+        Outcome::BlastRadiusExceeded,
+        Outcome::PermissionDenied,
+        Outcome::PolicySetNotPinned,
+        Outcome::RegistryUntrusted,
+        Outcome::LeaseStoreUnavailable,
+        Outcome::RegistryUnavailable,
+        Outcome::TransactionFailed,
+    ];
+
+    /// The outcome's code, as the report's `outcome` field spells it.
+    pub fn code(self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::RegistryRevisionMoved => "registry_revision_moved",
+            Outcome::CandidateSetMoved => "candidate_set_moved",
+            Outcome::PolicySetMoved => "policy_set_moved",
+            Outcome::AlreadyRetired => "already_retired",
+            Outcome::NothingRequested => "nothing_requested",
+            Outcome::BlastRadiusExceeded => "blast_radius_exceeded",
+            Outcome::PermissionDenied => "permission_denied",
+            Outcome::PolicySetNotPinned => "policy_set_not_pinned",
+            Outcome::RegistryUntrusted => "registry_untrusted",
+            Outcome::LeaseStoreUnavailable => "lease_store_unavailable",
+            Outcome::RegistryUnavailable => "registry_unavailable",
+            Outcome::TransactionFailed => "transaction_failed",
+        }
+    }
+
     /// The exit code this outcome maps to.
     pub fn exit_code(self) -> crate::error::ExitCode {
         use crate::error::ExitCode;
@@ -143,6 +179,22 @@ impl Report {
             lock_held_ms: 0,
             detail: detail.into(),
             post_apply: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+
+    /// The code a tool result or a summary names is the report's own field.
+    #[test]
+    fn every_code_is_the_serialised_outcome() {
+        for outcome in Outcome::ALL {
+            assert_eq!(
+                serde_json::to_value(outcome).unwrap(),
+                serde_json::json!(outcome.code())
+            );
         }
     }
 }

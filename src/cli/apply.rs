@@ -1,9 +1,10 @@
 //! `fleet-retire apply`: retire what a plan approved.
 
-use crate::apply::{apply, parse_workers, Context, Hooks, Request};
+use crate::apply::{apply, Context, Hooks, Request, Tokens, Workers};
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
 use crate::error::{About, Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
+use crate::text::Restated;
 use clap::Args;
 use serde_json::Value as Json;
 use std::io::Write;
@@ -69,49 +70,70 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
             ))
         })?;
     let head = head.checked().map_err(err)?;
-    let planned = match planned {
-        None => None,
-        Some(rows) => {
-            if rows.registry_fingerprint != head.registry_fingerprint {
-                return Err(err(
-                    "`planned_rows` belong to another plan (their registry_fingerprint differs)"
-                        .into(),
-                ));
-            }
-            Some(std::sync::Arc::new(rows))
-        }
-    };
-    Ok(Request {
-        registry_fingerprint: head.registry_fingerprint,
-        candidate_fingerprint: head.candidate_fingerprint,
-        policy_fingerprint: head.policy_fingerprint,
-        workers: head.workers,
-        canonical_repository: head.canonical_repository,
-        max_retire: 0,
-        planned,
-    })
+    let mut req = Request::new(
+        Tokens {
+            registry_fingerprint: head.registry_fingerprint,
+            candidate_fingerprint: head.candidate_fingerprint,
+            policy_fingerprint: head.policy_fingerprint,
+        },
+        head.workers,
+    )
+    .with_planned(planned.map(std::sync::Arc::new))
+    .map_err(err)?;
+    req.canonical_repository = head.canonical_repository;
+    Ok(req)
 }
 
 /// The `--workers` value, or the file it names with `@FILE`.
 fn workers_arg(given: &str) -> Result<Vec<String>> {
-    match given.strip_prefix('@') {
-        Some(file) => {
-            let path = Path::new(file);
-            let bytes = crate::jsonfile::read_regular(path, crate::jsonfile::MAX_INPUT_BYTES)
-                .map_err(|e| {
-                    Error::input(
-                        About::Option("--workers"),
-                        format!("--workers {}: {e}", path.display()),
-                    )
-                })?;
-            parse_workers(&bytes.text).map_err(|e| {
-                Error::input(
-                    About::Option("--workers"),
-                    format!("--workers {}: {e}", path.display()),
-                )
-            })
-        }
-        None => parse_workers(given),
+    let Some(file) = given.strip_prefix('@') else {
+        return Workers::Text(given.to_string()).into_list();
+    };
+    let path = Path::new(file);
+    let named = |e: &dyn std::fmt::Display| {
+        Error::input(
+            About::Option("--workers"),
+            format!("--workers {}: {e}", path.display()),
+        )
+    };
+    let bytes = crate::jsonfile::read_regular(path, crate::jsonfile::MAX_INPUT_BYTES)
+        .map_err(|e| named(&e))?;
+    Workers::Text(bytes.text).into_list().map_err(|e| named(&e))
+}
+
+/// The request the command line asks for: a saved plan, or the tokens and
+/// workers given as options.
+fn request_of(args: &ApplyArgs) -> Result<Request> {
+    match (&args.plan, &args.registry_fingerprint) {
+        (Some(path), _) => request_from_plan(path),
+        (None, Some(fp)) => Ok(Request::new(
+            Tokens {
+                registry_fingerprint: fp.clone(),
+                candidate_fingerprint: args.candidate_fingerprint.clone().unwrap_or_default(),
+                policy_fingerprint: args.policy_fingerprint.clone().unwrap_or_default(),
+            },
+            workers_arg(args.workers.as_deref().unwrap_or(""))?,
+        )),
+        (None, None) => Err(Error::input(
+            About::Option("apply"),
+            "apply needs a saved plan (fleet-retire apply PLAN.json) or --registry-fingerprint, \
+             --candidate-fingerprint, --policy-fingerprint and --workers",
+        )),
+    }
+}
+
+/// The canonical repository: the plan's, which `--canonical-repository` may
+/// restate; an operator may name it when the plan did not.
+fn repository_of(req: &Request, given: Option<&str>) -> Result<String> {
+    match crate::text::restated(req.canonical_repository.as_deref(), given) {
+        Restated::Fixed(r) | Restated::GivenOnly(r) => Ok(r),
+        Restated::Conflict { fixed, given } => Err(Error::Refused(format!(
+            "the plan used canonical repository {fixed:?} but {given:?} was given; they must match"
+        ))),
+        Restated::Neither => Err(Error::input(
+            About::Option("apply"),
+            "apply needs the canonical repository the plan used: pass --canonical-repository",
+        )),
     }
 }
 
@@ -119,39 +141,12 @@ fn workers_arg(given: &str) -> Result<Vec<String>> {
 pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     let (profiles, profile) = args.operator.given(crate::capability::Operation::Apply)?;
-    let mut req = match (&args.plan, &args.registry_fingerprint) {
-        (Some(path), _) => request_from_plan(path)?,
-        (None, Some(fp)) => Request {
-            registry_fingerprint: fp.clone(),
-            candidate_fingerprint: args.candidate_fingerprint.clone().unwrap_or_default(),
-            policy_fingerprint: args.policy_fingerprint.clone().unwrap_or_default(),
-            workers: workers_arg(args.workers.as_deref().unwrap_or(""))?,
-            canonical_repository: None,
-            max_retire: 0,
-            planned: None,
-        },
-        (None, None) => return Err(Error::input(
-            About::Option("apply"),
-            "apply needs a saved plan (fleet-retire apply PLAN.json) or --registry-fingerprint, \
-                 --candidate-fingerprint, --policy-fingerprint and --workers",
-        )),
-    };
+    let mut req = request_of(args)?;
     req.max_retire = args.max_retire;
-    match (&req.canonical_repository, &args.store.canonical_repository) {
-        (Some(planned), Some(given)) if planned != given => {
-            return Err(Error::Refused(format!(
-                "the plan used canonical repository {planned:?} but {given:?} was given; they must match"
-            )))
-        }
-        (None, given) => req.canonical_repository = given.clone(),
-        _ => {}
-    }
-    if req.canonical_repository.is_none() {
-        return Err(Error::input(
-            About::Option("apply"),
-            "apply needs the canonical repository the plan used: pass --canonical-repository",
-        ));
-    }
+    req.canonical_repository = Some(repository_of(
+        &req,
+        args.store.canonical_repository.as_deref(),
+    )?);
     let probe = SystemProbe::new(&args.store.proc_root);
     let ctx = Context {
         registry: &args.store.registry,

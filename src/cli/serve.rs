@@ -2,6 +2,7 @@
 
 use crate::cli::Cli;
 use crate::error::{About, Error, ExitCode, Result};
+use crate::identity::env;
 use crate::serve::{run as serve, Binding, Lifecycle};
 use clap::Args;
 use std::path::PathBuf;
@@ -18,10 +19,10 @@ pub struct ServeArgs {
     #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
     pub leases: PathBuf,
     /// profiles.json (read afresh at every call).
-    #[arg(long = "profiles", env = "GITEA_MCP_CONFIG", value_name = "PATH")]
+    #[arg(long = "profiles", env = env::CONFIG, value_name = "PATH")]
     pub profiles: PathBuf,
     /// The profile this server acts as.
-    #[arg(long, env = "GITEA_MCP_PROFILE", value_name = "NAME")]
+    #[arg(long, env = env::PROFILE, value_name = "NAME")]
     pub profile: String,
     /// The canonical repository, fixed for the server's life: a tool call
     /// may restate it, and one naming another is refused.
@@ -29,7 +30,7 @@ pub struct ServeArgs {
           value_parser = crate::text::nonblank_repository)]
     pub canonical_repository: Option<String>,
     /// This server's namespace (author, reviewer, merger, controller, reconciler).
-    #[arg(long, env = "GITEA_MCP_NAMESPACE", value_name = "NS")]
+    #[arg(long, env = env::NAMESPACE, value_name = "NS")]
     pub namespace: String,
     /// The heartbeat TTL this server registers with, in seconds.
     #[arg(

@@ -52,43 +52,12 @@ fn read_json(path: &Path, what: &str) -> Result<Json> {
 /// Read a manifest: an object with `instances`, or a bare list.
 pub fn load_manifest(path: &Path) -> Result<Vec<Json>> {
     let doc = read_json(path, "manifest")?;
-    let list = match &doc {
-        Json::Array(a) => a.clone(),
-        Json::Object(o) => o
-            .get("instances")
-            .and_then(Json::as_array)
-            .cloned()
-            .ok_or_else(|| {
-                Error::input(
-                    About::Option("snapshot"),
-                    format!(
-                        "manifest {}: expected {{\"instances\": [...]}}",
-                        path.display()
-                    ),
-                )
-            })?,
-        _ => {
-            return Err(Error::input(
-                About::Option("snapshot"),
-                format!(
-                    "manifest {}: expected {{\"instances\": [...]}}",
-                    path.display()
-                ),
-            ))
-        }
-    };
-    for (i, item) in list.iter().enumerate() {
-        if !item.get("client_instance_id").is_some_and(Json::is_string) {
-            return Err(Error::input(
-                About::Option("snapshot"),
-                format!(
-                    "manifest {}: instances[{i}] needs a string client_instance_id",
-                    path.display()
-                ),
-            ));
-        }
-    }
-    Ok(list)
+    crate::snapshot::manifest_entries(doc).map_err(|e| {
+        Error::input(
+            About::Option("snapshot"),
+            format!("manifest {}: {e}", path.display()),
+        )
+    })
 }
 
 /// Run `snapshot`.
@@ -99,13 +68,12 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let rows = registry::load(&args.registry)?;
     tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "registry read");
-    let opts = Options {
-        now: crate::time::now(),
-        canonical_repository: args.canonical_repository.clone(),
-        expected_live_revision: args.expected_revision.clone(),
-        manifest: args.manifest.as_deref().map(load_manifest).transpose()?,
-        host_id: crate::evidence::probe::HostFacts::observe(&args.proc_root).host_id,
-    };
+    let opts = Options::here(
+        &args.proc_root,
+        args.canonical_repository.clone(),
+        args.expected_revision.clone(),
+        args.manifest.as_deref().map(load_manifest).transpose()?,
+    );
     let mut snap = Snapshot::take(&rows, &opts, &SystemProbe::new(&args.proc_root));
     if let Some(path) = &args.compare {
         let earlier = read_json(path, "earlier snapshot")?;

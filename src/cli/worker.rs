@@ -10,12 +10,10 @@
 
 use crate::cli::Cli;
 use crate::error::{About, Error, ExitCode, Result};
-use crate::worker::{heartbeat, register, release, Registration, Writer};
+use crate::identity::env::WORKER_IDENTITY;
+use crate::worker::{heartbeat, identity_from_env, register, release, Registration, Writer};
 use clap::Args;
 use std::path::PathBuf;
-
-/// The environment variable that carries a worker's identity.
-pub const WORKER_IDENTITY_ENV: &str = "GITEA_MCP_WORKER_IDENTITY";
 
 /// Arguments of `register`.
 #[derive(Debug, Args)]
@@ -57,18 +55,12 @@ pub struct WorkerArgs {
     pub proc_root: PathBuf,
 }
 
-fn identity_from_env() -> Option<String> {
-    std::env::var(WORKER_IDENTITY_ENV)
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-}
-
 fn required_identity(command: &str) -> Result<String> {
     identity_from_env().ok_or_else(|| {
         Error::input(
-            About::Option("GITEA_MCP_WORKER_IDENTITY"),
+            About::Option(WORKER_IDENTITY),
             format!(
-                "{command} writes the caller's own registration, named by {WORKER_IDENTITY_ENV}, \
+                "{command} writes the caller's own registration, named by {WORKER_IDENTITY}, \
              which is not set; run it from the worker with the identity `register` printed"
             ),
         )
@@ -78,7 +70,7 @@ fn required_identity(command: &str) -> Result<String> {
 /// Run `register`.
 pub fn run_register(_cli: &Cli, args: &RegisterArgs) -> Result<ExitCode> {
     let pid = i64::from(nix::unistd::getppid().as_raw());
-    let row = register(
+    let registered = register(
         &args.registry,
         &args.proc_root,
         &Registration {
@@ -95,7 +87,7 @@ pub fn run_register(_cli: &Cli, args: &RegisterArgs) -> Result<ExitCode> {
     )?;
     crate::outln!(
         "{}",
-        serde_json::to_string_pretty(&row).expect("row serialises")
+        serde_json::to_string_pretty(&registered.row).expect("row serialises")
     )?;
     Ok(ExitCode::Ok)
 }

@@ -27,6 +27,51 @@ pub struct Options {
     pub host_id: Option<String>,
 }
 
+impl Options {
+    /// What a snapshot of a live registry on this host is asked: now, this
+    /// host's id (from `proc_root`), and what the caller expects. An empty
+    /// expected revision is no expectation, as the seed reads it.
+    pub fn here(
+        proc_root: &std::path::Path,
+        canonical_repository: Option<String>,
+        expected_live_revision: Option<String>,
+        manifest: Option<Vec<Json>>,
+    ) -> Options {
+        Options {
+            now: crate::time::now(),
+            canonical_repository,
+            expected_live_revision: expected_live_revision.filter(|r| !r.is_empty()),
+            manifest,
+            host_id: crate::evidence::probe::HostFacts::observe(proc_root).host_id,
+        }
+    }
+}
+
+/// The first manifest entry without a string `client_instance_id`, the one
+/// field the snapshot matches instances by.
+pub fn entry_without_instance_id(entries: &[Json]) -> Option<usize> {
+    entries
+        .iter()
+        .position(|item| !item.get("client_instance_id").is_some_and(Json::is_string))
+}
+
+/// A manifest document's entries: `{"instances": [...]}` or a bare list,
+/// each with a string `client_instance_id`. The error says what is wrong.
+pub fn manifest_entries(doc: Json) -> Result<Vec<Json>, String> {
+    let entries = match doc {
+        Json::Array(a) => a,
+        Json::Object(mut o) => match o.remove("instances") {
+            Some(Json::Array(a)) => a,
+            _ => return Err("expected {\"instances\": [...]}".into()),
+        },
+        _ => return Err("expected {\"instances\": [...]}".into()),
+    };
+    match entry_without_instance_id(&entries) {
+        Some(i) => Err(format!("instances[{i}] needs a string client_instance_id")),
+        None => Ok(entries),
+    }
+}
+
 /// What the snapshot measured about one row: enough to render its worker
 /// entry, or read it as a live worker, without probing again. About 150
 /// bytes a row, where a rendered entry is a few kilobytes: entries are

@@ -25,7 +25,7 @@ mod take;
 
 pub use compare::compare;
 pub use findings::{Finding, FindingClass, Severity};
-pub use measure::Options;
+pub use measure::{entry_without_instance_id, manifest_entries, Options};
 pub use take::Snapshot;
 
 use crate::evidence::probe::ProcessProbe;

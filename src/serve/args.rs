@@ -1,0 +1,90 @@
+//! A tool call's arguments, parsed with unknown fields refused: no
+//! argument can name what the server was bound to at launch.
+
+use crate::apply::{Tokens, Workers};
+use rmcp::model::JsonObject;
+use rmcp::ErrorData as McpError;
+use serde::Deserialize;
+use serde_json::{json, Value as Json};
+
+/// Arguments of the plan tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlanArgs {
+    pub(super) canonical_repository: Option<String>,
+    pub(super) remote: Option<String>,
+    pub(super) host: Option<String>,
+    pub(super) org: Option<String>,
+    pub(super) repo: Option<String>,
+}
+
+/// Arguments of the snapshot tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SnapshotArgs {
+    pub(super) canonical_repository: Option<String>,
+    pub(super) expected_revision: Option<String>,
+    pub(super) expected_manifest: Option<Vec<Json>>,
+    pub(super) remote: Option<String>,
+    pub(super) host: Option<String>,
+    pub(super) org: Option<String>,
+    pub(super) repo: Option<String>,
+}
+
+/// Arguments of the apply tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ApplyArgs {
+    pub(super) registry_fingerprint: String,
+    pub(super) candidate_fingerprint: String,
+    pub(super) policy_fingerprint: String,
+    pub(super) worker_identities: Workers,
+    pub(super) canonical_repository: Option<String>,
+    pub(super) remote: Option<String>,
+    pub(super) host: Option<String>,
+    pub(super) org: Option<String>,
+    pub(super) repo: Option<String>,
+}
+
+impl ApplyArgs {
+    /// The plan's tokens the call presents.
+    pub(super) fn tokens(&self) -> Tokens {
+        Tokens {
+            registry_fingerprint: self.registry_fingerprint.clone(),
+            candidate_fingerprint: self.candidate_fingerprint.clone(),
+            policy_fingerprint: self.policy_fingerprint.clone(),
+        }
+    }
+}
+
+/// The audit context a call gives, recorded in its result as given.
+pub(super) fn audit_context(
+    remote: &Option<String>,
+    host: &Option<String>,
+    org: &Option<String>,
+    repo: &Option<String>,
+) -> Json {
+    json!({"remote": remote, "host": host, "org": org, "repo": repo})
+}
+
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
+    tool: &str,
+    args: Option<JsonObject>,
+) -> std::result::Result<T, McpError> {
+    serde_json::from_value(Json::Object(args.unwrap_or_default())).map_err(|e| {
+        McpError::invalid_params(
+            format!("{tool}: {e}; see the tool's input schema (tools/list)"),
+            None,
+        )
+    })
+}
+
+/// A restated repository must name something (`text::nonblank_repository`).
+pub(super) fn nonblank(text: Option<String>) -> std::result::Result<Option<String>, McpError> {
+    match text {
+        None => Ok(None),
+        Some(t) => crate::text::nonblank_repository(&t)
+            .map(Some)
+            .map_err(|e| McpError::invalid_params(format!("canonical_repository: {e}"), None)),
+    }
+}

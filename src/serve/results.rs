@@ -1,0 +1,79 @@
+//! Tool results: a success's summary and structured body, and every
+//! refusal or failure with its reason code and what to do.
+
+use crate::apply::Outcome;
+use crate::error::Error;
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::{json, Value as Json};
+
+/// A refusal or failure as a tool result: the reason code, the words, and
+/// what to do.
+pub(super) fn tool_error(
+    reason_code: &str,
+    detail: String,
+    what_to_do: &str,
+    mut body: Json,
+) -> CallToolResult {
+    let summary = format!("{reason_code}: {detail} (what to do: {what_to_do})");
+    if let Json::Object(o) = &mut body {
+        o.insert("reason_code".into(), json!(reason_code));
+        o.insert("what_to_do".into(), json!(what_to_do));
+        o.entry("detail").or_insert(json!(detail));
+    }
+    let mut result = CallToolResult::structured_error(body);
+    result.content = vec![ContentBlock::text(summary)];
+    result
+}
+
+/// A success: the one-line summary and the structured result.
+pub(super) fn success(summary: String, body: Json) -> CallToolResult {
+    let mut result = CallToolResult::structured(body);
+    result.content = vec![ContentBlock::text(summary)];
+    result
+}
+
+/// An error as a tool result: the server keeps serving.
+pub(super) fn error_result(e: &Error) -> CallToolResult {
+    let (code, todo) = match e {
+        Error::Registry { .. }
+        | Error::Sqlite {
+            store: crate::error::Store::Registry,
+            ..
+        } => (
+            "registry_unavailable",
+            "check the registry this server was started with (FLEET_RETIRE_REGISTRY)",
+        ),
+        Error::Leases { .. }
+        | Error::Sqlite {
+            store: crate::error::Store::Leases,
+            ..
+        } => (
+            "lease_store_unavailable",
+            "check the lease store this server was started with (FLEET_RETIRE_LEASES)",
+        ),
+        Error::Profiles { .. } => (
+            "profiles_unreadable",
+            "fix profiles.json (GITEA_MCP_CONFIG); the next call reads it again",
+        ),
+        Error::Policy { .. } => (
+            "policy_error",
+            "the server's policy set is invalid; restart it with a valid one",
+        ),
+        _ => ("error", "read the detail; the server keeps serving"),
+    };
+    tool_error(code, e.to_string(), todo, json!({}))
+}
+
+/// What an operator does about an apply outcome that is not a success.
+pub(super) fn advice(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::PermissionDenied => "ask the operator to grant gitea.worker_registry.retire to a controller or reconciler profile; an agent cannot change its own profile",
+        Outcome::PolicySetNotPinned => "restart the server with the built-in policies, or have the operator pin this set's fingerprint in profiles.json (\"policy_pins\")",
+        Outcome::PolicySetMoved | Outcome::RegistryRevisionMoved | Outcome::CandidateSetMoved => "plan again and apply the new plan",
+        Outcome::BlastRadiusExceeded => "review the plan and request fewer workers; the limit is the server's --max-retire",
+        Outcome::RegistryUntrusted => "the registry holds triggers or views; an operator must inspect and drop them",
+        Outcome::RegistryUnavailable | Outcome::LeaseStoreUnavailable => "check the stores this server was started with",
+        Outcome::TransactionFailed => "nothing was retired; read the detail, then plan again",
+        Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => "nothing",
+    }
+}
