@@ -12,10 +12,60 @@ use serde_json::{json, Value as Json};
 #[serde(deny_unknown_fields)]
 pub(super) struct PlanArgs {
     pub(super) canonical_repository: Option<String>,
+    pub(super) preserved: Option<PreservedAsk>,
+    pub(super) include: Option<Include>,
     pub(super) remote: Option<String>,
     pub(super) host: Option<String>,
     pub(super) org: Option<String>,
     pub(super) repo: Option<String>,
+}
+
+/// Which preserved rows a plan call asks for.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PreservedAsk {
+    /// Only rows kept for this primary reason code.
+    pub(super) reason_code: Option<String>,
+    /// Rows per page (1 to `MAX_LIMIT`).
+    pub(super) limit: Option<usize>,
+    /// The `next_cursor` of an earlier page: the next page of that plan.
+    pub(super) cursor: Option<String>,
+}
+
+/// How much of the plan a call asks for.
+#[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Include {
+    /// Tokens, counts and candidates (the default).
+    Summary,
+    /// The whole document, when it fits in one result.
+    All,
+}
+
+/// Arguments of the explain tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExplainArgs {
+    pub(super) worker_identity: String,
+    pub(super) canonical_repository: Option<String>,
+    pub(super) remote: Option<String>,
+    pub(super) host: Option<String>,
+    pub(super) org: Option<String>,
+    pub(super) repo: Option<String>,
+}
+
+/// A page of one of a snapshot's lists.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SnapshotPage {
+    /// Which list.
+    pub(super) list: super::cursor::List,
+    /// Only findings of this class.
+    pub(super) classification: Option<String>,
+    /// Rows per page.
+    pub(super) limit: Option<usize>,
+    /// The `next_cursor` of the page before.
+    pub(super) cursor: Option<String>,
 }
 
 /// Arguments of the snapshot tool.
@@ -25,6 +75,7 @@ pub(super) struct SnapshotArgs {
     pub(super) canonical_repository: Option<String>,
     pub(super) expected_revision: Option<String>,
     pub(super) expected_manifest: Option<Vec<Json>>,
+    pub(super) page: Option<SnapshotPage>,
     pub(super) remote: Option<String>,
     pub(super) host: Option<String>,
     pub(super) org: Option<String>,

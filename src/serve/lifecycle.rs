@@ -20,6 +20,10 @@ enum Stop {
     RegistrationLost,
 }
 
+/// How long a server that lost its registration keeps answering calls
+/// (each with why it stops) before it closes the session.
+const STOP_GRACE: Duration = Duration::from_millis(1500);
+
 /// SIGTERM and SIGINT, as the serve loop waits for them.
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
 
@@ -46,7 +50,7 @@ pub fn run(binding: Binding, life: Lifecycle) -> Result<ExitCode> {
     let (runtime, signals) = runtime_and_signals()?;
     let identity = register_patiently(&binding, &registration)?;
     tracing::info!("registered as worker {identity}");
-    let server = FleetServer::new(binding);
+    let server = FleetServer::new(binding)?;
     let stop = runtime.block_on(serve_until_stopped(
         server,
         registry.clone(),
@@ -126,6 +130,11 @@ async fn serve_until_stopped(
     (mut term, mut int): Signals,
 ) -> Stop {
     let lost = Arc::new(tokio::sync::Notify::new());
+    let handle = server.clone();
+    let why_lost = format!(
+        "this server's own registration ({identity}) is no longer active: it was retired or \
+         released by someone else, and the server stops rather than act unregistered"
+    );
     let beat = tokio::spawn(heartbeat_loop(
         registry,
         identity,
@@ -144,7 +153,14 @@ async fn serve_until_stopped(
                     _ = running.waiting() => Stop::Closed,
                     _ = term.recv() => { cancel.cancel(); Stop::Signal }
                     _ = int.recv() => { cancel.cancel(); Stop::Signal }
-                    _ = lost.notified() => { cancel.cancel(); Stop::RegistrationLost }
+                    _ = lost.notified() => {
+                        // Calls already queued are answered with why, not
+                        // cut off by the end of the stream.
+                        handle.stop(why_lost);
+                        tokio::time::sleep(STOP_GRACE).await;
+                        cancel.cancel();
+                        Stop::RegistrationLost
+                    }
                 }
             }
         },

@@ -31,14 +31,20 @@
 //! worker: register, heartbeat, release.
 
 mod args;
+mod cursor;
 mod handler;
+mod kept;
 mod lifecycle;
+mod pages;
+mod plan_tool;
 mod results;
 mod schemas;
+mod snapshot_tool;
 mod strict;
 mod tools;
 
 pub use lifecycle::run;
+pub use pages::RESULT_BOUND;
 pub use schemas::tools;
 pub use tools::FleetServer;
 

@@ -77,3 +77,14 @@ pub(super) fn advice(outcome: Outcome) -> &'static str {
         Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => "nothing",
     }
 }
+
+/// The answer to a call that arrives, or is still queued, when the server
+/// has decided to stop.
+pub(super) fn stopping_result(why: String) -> CallToolResult {
+    tool_error(
+        "server_stopping",
+        why,
+        "this server is stopping; the launcher starts a new one, and a new plan is needed",
+        json!({}),
+    )
+}

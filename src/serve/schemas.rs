@@ -1,25 +1,230 @@
-//! The tools as `tools/list` shows them: names, descriptions and closed
-//! input schemas (unknown fields refused).
+//! The tools as `tools/list` shows them: names, descriptions, closed input
+//! schemas (unknown fields refused), the output schema every result's
+//! structured content validates against, and the behaviour annotations.
 
-use crate::capability::Operation as Op;
-use rmcp::model::{JsonObject, Tool};
+use super::pages::MAX_LIMIT;
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{json, Value as Json};
 use std::sync::Arc;
 
-/// Each tool under its base name, with the capability operation it asks for.
-const TOOL_NAMES: &[(&str, Op)] = &[
-    ("snapshot_instance_fleet", Op::Snapshot),
-    ("plan_stale_worker_retirement", Op::Plan),
-    ("apply_stale_worker_retirement", Op::Apply),
-];
+/// The tools this server offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ToolKind {
+    /// `snapshot_instance_fleet`.
+    Snapshot,
+    /// `plan_stale_worker_retirement`.
+    Plan,
+    /// `explain_worker_retirement`.
+    Explain,
+    /// `apply_stale_worker_retirement`.
+    Apply,
+}
 
-/// The operation of a tool named by its base name or its `gitea_` alias.
-pub(super) fn op_of(name: &str) -> Option<Op> {
-    let base = name.strip_prefix("gitea_").unwrap_or(name);
-    TOOL_NAMES
-        .iter()
-        .find(|(n, _)| *n == base)
-        .map(|(_, op)| *op)
+impl ToolKind {
+    /// Every tool, in the order listed.
+    const ALL: [ToolKind; 4] = [
+        ToolKind::Snapshot,
+        ToolKind::Plan,
+        ToolKind::Explain,
+        ToolKind::Apply,
+    ];
+
+    /// Its name (it is also listed with a `gitea_` prefix).
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            ToolKind::Snapshot => "snapshot_instance_fleet",
+            ToolKind::Plan => "plan_stale_worker_retirement",
+            ToolKind::Explain => "explain_worker_retirement",
+            ToolKind::Apply => "apply_stale_worker_retirement",
+        }
+    }
+
+    /// The tool a name or its `gitea_` alias names.
+    pub(super) fn named(name: &str) -> Option<ToolKind> {
+        let base = name.strip_prefix("gitea_").unwrap_or(name);
+        ToolKind::ALL.into_iter().find(|t| t.name() == base)
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            ToolKind::Snapshot => "Read-only: the live fleet's counts, its instances, its findings grouped by class (a few of each) and its blockers; page a class's findings or a list of workers with `page`. Controller and reconciler only.",
+            ToolKind::Plan => "Read-only dry run: the tokens an apply must present, the counts of rows per reason code, and the candidates one apply can take. Preserved rows come a page at a time with `preserved`; the whole document with include \"all\" (when it fits) or as the linked resource. Controller and reconciler only.",
+            ToolKind::Explain => "Read-only: why one worker would be retired or is kept: its evidence, Cedar's first-stage answers and every eligibility policy's verdict. Controller and reconciler only.",
+            ToolKind::Apply => "Mutating: retire exactly the approved workers of a plan in one guarded transaction; a replay of a finished apply is already_retired. Needs gitea.worker_registry.retire on a controller or reconciler profile.",
+        }
+    }
+
+    fn annotations(self) -> ToolAnnotations {
+        let read_only = self != ToolKind::Apply;
+        ToolAnnotations::new()
+            .read_only(read_only)
+            .destructive(!read_only)
+            .idempotent(true)
+            .open_world(false)
+    }
+
+    fn input(self) -> Arc<JsonObject> {
+        let canonical = json!({"type": "string", "minLength": 1,
+            "description": "The server's own repository binding (OWNER/REPO), fixed at launch; \
+                            may be restated, and any other value is refused (repository_not_bound)."});
+        match self {
+            ToolKind::Snapshot => object(
+                json!({
+                    "canonical_repository": canonical,
+                    "expected_revision": {"type": "string", "description": "Workers on another live revision are findings."},
+                    "expected_manifest": {"type": "array", "description": "The approved fleet manifest.",
+                        "items": {"type": "object", "required": ["client_instance_id"],
+                                  "properties": {"client_instance_id": {"type": "string"}}}},
+                    "page": page_input(json!({"enum": ["findings", "workers", "live_workers", "stale_workers", "historical_workers"]}),
+                        "classification", "Only findings of this class (findings only)."),
+                }),
+                &[],
+                true,
+            ),
+            ToolKind::Plan => object(
+                json!({
+                    "canonical_repository": canonical,
+                    "preserved": page_input(json!({"const": "preserved"}), "reason_code",
+                        "Only rows kept for this primary reason code (see preserved_reason_counts)."),
+                    "include": {"enum": ["summary", "all"],
+                        "description": "summary (the default), or all: the whole document, refused above 1 MiB."},
+                }),
+                &[],
+                true,
+            ),
+            ToolKind::Explain => object(
+                json!({
+                    "worker_identity": {"type": "string", "description": "The worker to explain."},
+                    "canonical_repository": canonical,
+                }),
+                &["worker_identity"],
+                true,
+            ),
+            ToolKind::Apply => object(
+                json!({
+                    "registry_fingerprint": {"type": "string", "description": "The plan's registry_fingerprint."},
+                    "candidate_fingerprint": {"type": "string", "description": "The plan's candidate_fingerprint."},
+                    "policy_fingerprint": {"type": "string", "description": "The plan's policy_fingerprint."},
+                    "worker_identities": {
+                        "description": "The workers to retire: a list, or a JSON list / comma-separated text.",
+                        "oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]},
+                    "canonical_repository": canonical,
+                }),
+                &[
+                    "registry_fingerprint",
+                    "candidate_fingerprint",
+                    "policy_fingerprint",
+                    "worker_identities",
+                ],
+                true,
+            ),
+        }
+    }
+
+    /// What a success's structured content holds. Every result may
+    /// instead be a refusal ([`refusal`]).
+    fn success(self) -> Json {
+        let text = json!({"type": "string"});
+        let count = json!({"type": "integer", "minimum": 0});
+        let list = json!({"type": "array"});
+        let tokens = json!({
+            "registry_fingerprint": text, "candidate_fingerprint": text,
+            "policy_fingerprint": text, "policy_source": text,
+        });
+        let required_tokens = [
+            "registry_fingerprint",
+            "candidate_fingerprint",
+            "policy_fingerprint",
+            "policy_source",
+        ];
+        match self {
+            ToolKind::Plan => with(
+                tokens,
+                json!({
+                    "outcome": {"const": "planned"},
+                    "assessed_count": count, "candidate_count": count, "preserved_count": count,
+                    "preserved_reason_counts": {"type": "object", "additionalProperties": count},
+                    "preserved_cursors": {"type": "object", "additionalProperties": text},
+                    "other_host_rows": count,
+                    "candidate_worker_identities": list, "candidates": {"type": "array", "items": entry()},
+                    "candidates_not_shown": count,
+                    "preserved": {"type": "array", "items": entry()},
+                    "preserved_not_shown": count, "next_cursor": text,
+                    "resource_uri": text, "audit_context": {"type": "object"},
+                }),
+                &required_tokens,
+            ),
+            ToolKind::Explain => with(
+                tokens,
+                json!({
+                    "worker_identity": text,
+                    "explanations": {"type": "array", "minItems": 1, "items": {"type": "object",
+                        "required": ["decision", "reason_code", "policies", "evidence"]}},
+                    "peers_not_shown": count,
+                }),
+                &["worker_identity", "explanations"],
+            ),
+            ToolKind::Snapshot => with(
+                json!({}),
+                json!({
+                    "snapshot_at": text, "consistency_token": text, "live_fleet_safe": {"type": "boolean"},
+                    "live_worker_count": count, "stale_worker_count": count,
+                    "historical_worker_count": count, "instance_count": count,
+                    "finding_classes": {"type": "object"}, "active_blockers": list,
+                    "page": list, "next_cursor": text,
+                }),
+                &["snapshot_at", "consistency_token"],
+            ),
+            ToolKind::Apply => with(
+                json!({}),
+                json!({
+                    "outcome": text, "retired_count": count, "retired": list,
+                    "registry_fingerprint": text, "detail": text,
+                }),
+                &["outcome", "retired_count", "detail"],
+            ),
+        }
+    }
+
+    fn output(self) -> Arc<JsonObject> {
+        to_object(json!({"type": "object", "anyOf": [self.success(), refusal()]}))
+    }
+}
+
+/// One plan row as the plan document renders it.
+fn entry() -> Json {
+    json!({"type": "object", "required": ["worker_identity", "reason_code"],
+           "properties": {"reason_code": {"type": "string"},
+                          "reason_codes": {"type": "array", "items": {"type": "string"}}}})
+}
+
+/// A refusal or failure: the reason code, the words and what to do.
+fn refusal() -> Json {
+    json!({"type": "object", "required": ["reason_code", "detail", "what_to_do"],
+           "properties": {"reason_code": {"type": "string"}, "detail": {"type": "string"},
+                          "what_to_do": {"type": "string"}}})
+}
+
+/// A success shape: these properties, of which `required` must be there.
+fn with(mut a: Json, b: Json, required: &[&str]) -> Json {
+    if let (Json::Object(a), Json::Object(b)) = (&mut a, b) {
+        a.extend(b);
+    }
+    json!({"type": "object", "properties": a, "required": required})
+}
+
+/// A paging request: which list, a filter, a page size, a cursor.
+fn page_input(list: Json, filter: &str, filter_description: &str) -> Json {
+    let mut props = json!({
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
+                  "description": "Rows per page (100 unless given)."},
+        "cursor": {"type": "string", "description": "The next_cursor of the page before (or, for preserved rows, a plan summary's preserved_cursors entry: the first page of that plan)."},
+    });
+    props[filter] = json!({"type": "string", "description": filter_description});
+    if list.get("const").is_none() {
+        props["list"] = list;
+    }
+    json!({"type": "object", "properties": props, "additionalProperties": false})
 }
 
 fn audit_properties() -> Json {
@@ -31,80 +236,37 @@ fn audit_properties() -> Json {
     })
 }
 
-fn schema(mut props: Json, required: &[&str]) -> Arc<JsonObject> {
-    if let (Json::Object(p), Json::Object(audit)) = (&mut props, audit_properties()) {
-        p.extend(audit);
+/// A closed object schema with the audit properties added.
+fn object(mut props: Json, required: &[&str], audit: bool) -> Arc<JsonObject> {
+    if let (true, Json::Object(p), Json::Object(a)) = (audit, &mut props, audit_properties()) {
+        p.extend(a);
     }
-    let schema = json!({
+    to_object(json!({
         "type": "object",
         "properties": props,
         "required": required,
         "additionalProperties": false,
-    });
+    }))
+}
+
+fn to_object(schema: Json) -> Arc<JsonObject> {
     match schema {
         Json::Object(o) => Arc::new(o),
         _ => unreachable!("a schema is an object"),
     }
 }
 
-fn canonical_property() -> Json {
-    json!({"type": "string", "minLength": 1,
-           "description": "The server's own repository binding (OWNER/REPO), fixed at launch; \
-                           may be restated, and any other value is refused (repository_not_bound)."})
-}
-
 /// The tools, each under its name and its `gitea_` alias.
 pub fn tools() -> Vec<Tool> {
-    let snapshot = schema(
-        json!({
-            "canonical_repository": canonical_property(),
-            "expected_revision": {"type": "string", "description": "Workers on another live revision are findings."},
-            "expected_manifest": {"type": "array", "description": "The approved fleet manifest.",
-                "items": {"type": "object", "required": ["client_instance_id"],
-                          "properties": {"client_instance_id": {"type": "string"}}}},
-        }),
-        &[],
-    );
-    let plan = schema(json!({"canonical_repository": canonical_property()}), &[]);
-    let apply = schema(
-        json!({
-            "registry_fingerprint": {"type": "string", "description": "The plan's registry_fingerprint."},
-            "candidate_fingerprint": {"type": "string", "description": "The plan's candidate_fingerprint."},
-            "policy_fingerprint": {"type": "string", "description": "The plan's policy_fingerprint."},
-            "worker_identities": {
-                "description": "The workers to retire: a list, or a JSON list / comma-separated text.",
-                "oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]},
-            "canonical_repository": canonical_property(),
-        }),
-        &[
-            "registry_fingerprint",
-            "candidate_fingerprint",
-            "policy_fingerprint",
-            "worker_identities",
-        ],
-    );
-    let described = [
-        (
-            "snapshot_instance_fleet",
-            "Read-only: the live fleet, its instances, identity collisions, stale rows and blockers. Controller and reconciler only.",
-            snapshot,
-        ),
-        (
-            "plan_stale_worker_retirement",
-            "Read-only dry run: every registration is a candidate for retirement or preserved with its reason codes, plus the tokens an apply must present. Controller and reconciler only.",
-            plan,
-        ),
-        (
-            "apply_stale_worker_retirement",
-            "Mutating: retire exactly the approved workers of a plan in one guarded transaction. Needs gitea.worker_registry.retire on a controller or reconciler profile.",
-            apply,
-        ),
-    ];
     let mut out = Vec::new();
-    for (name, description, input) in described {
-        for full in [name.to_string(), format!("gitea_{name}")] {
-            out.push(Tool::new(full, description, input.clone()));
-        }
+    for kind in ToolKind::ALL {
+        let tool = Tool::new(kind.name(), kind.description(), kind.input())
+            .with_raw_output_schema(kind.output())
+            .with_annotations(kind.annotations());
+        let mut alias = tool.clone();
+        alias.name = format!("gitea_{}", kind.name()).into();
+        out.push(tool);
+        out.push(alias);
     }
     out
 }

@@ -2,46 +2,72 @@
 //! repository to the one bound at launch, and runs on a blocking thread
 //! (SQLite, /proc, Cedar).
 
-use super::args::{audit_context, nonblank, parse, ApplyArgs, PlanArgs, SnapshotArgs};
-use super::results::{advice, error_result, success, tool_error};
-use super::{Binding, KEEP_PLANS};
+use super::args::{audit_context, nonblank, parse, ApplyArgs, ExplainArgs, PlanArgs, SnapshotArgs};
+use super::cursor::Sealer;
+use super::kept::Kept;
+use super::results::{advice, error_result, stopping_result, success, tool_error};
+use super::schemas::ToolKind;
+use super::Binding;
 use crate::apply::{apply, Context, Hooks, Request, Tokens, Workers};
 use crate::capability::{check, Operation as Op, Profiles};
 use crate::error::{About, Error, ExitCode};
 use crate::evidence::probe::SystemProbe;
-use crate::plan::planned::PlannedRows;
-use crate::snapshot::{Options, Snapshot};
 use crate::text::Restated;
 use rmcp::model::{CallToolResult, JsonObject};
 use rmcp::ErrorData as McpError;
 use serde_json::{json, Value as Json};
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-
-/// A plan this server issued: its rows, which an apply presenting its
-/// registry token is judged against row by row.
-struct Issued {
-    rows: Arc<PlannedRows>,
-}
+use std::time::Instant;
 
 /// The MCP server handler.
 #[derive(Clone)]
 pub struct FleetServer {
-    binding: Arc<Binding>,
-    issued: Arc<Mutex<VecDeque<Issued>>>,
+    pub(super) binding: Arc<Binding>,
+    pub(super) kept: Arc<Kept>,
+    pub(super) sealer: Arc<Sealer>,
+    /// Why the server is stopping, once it is: calls still queued are
+    /// answered with it instead of being cut off.
+    pub(super) stopping: Arc<Mutex<Option<String>>>,
+}
+
+/// What a running call carries besides its arguments: when it arrived,
+/// where its progress goes, and whether the client has cancelled it.
+pub(super) struct Call {
+    /// When the request arrived (a plan computed since serves it).
+    pub(super) arrived: Instant,
+    /// Report a step done (`notifications/progress` when the request
+    /// carried a progress token).
+    pub(super) progress: Box<dyn Fn(&str) + Send + Sync>,
+    /// Whether the client has cancelled the request.
+    pub(super) cancelled: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl FleetServer {
     /// A server over a binding.
-    pub fn new(binding: Binding) -> FleetServer {
-        FleetServer {
+    pub fn new(binding: Binding) -> crate::error::Result<FleetServer> {
+        Ok(FleetServer {
             binding: Arc::new(binding),
-            issued: Arc::new(Mutex::new(VecDeque::with_capacity(KEEP_PLANS))),
-        }
+            kept: Arc::new(Kept::default()),
+            sealer: Arc::new(Sealer::new()?),
+            stopping: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// From now on, answer every call with why the server stops.
+    pub(super) fn stop(&self, why: String) {
+        *self.stopping.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// Why the server is stopping, if it is.
+    pub(super) fn stopping(&self) -> Option<String> {
+        self.stopping
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Refuse unless the capability policies allow `operation` now.
-    fn capability(&self, operation: Op) -> std::result::Result<(), Box<CallToolResult>> {
+    pub(super) fn capability(&self, operation: Op) -> std::result::Result<(), Box<CallToolResult>> {
         let b = &self.binding;
         let profiles = Profiles::load(&b.profiles).map_err(|e| Box::new(error_result(&e)))?;
         match check(&b.policies, &profiles, &b.profile, operation) {
@@ -59,7 +85,7 @@ impl FleetServer {
     /// The repository this server was bound to at launch, if any. A call
     /// may restate it (the seed's callers do); naming any other is refused,
     /// whether or not the server has one.
-    fn bound(
+    pub(super) fn bound(
         &self,
         given: Option<String>,
     ) -> std::result::Result<Option<String>, Box<CallToolResult>> {
@@ -87,7 +113,10 @@ impl FleetServer {
     }
 
     /// The bound repository, which plan and apply need.
-    fn canonical(&self, given: Option<String>) -> std::result::Result<String, Box<CallToolResult>> {
+    pub(super) fn canonical(
+        &self,
+        given: Option<String>,
+    ) -> std::result::Result<String, Box<CallToolResult>> {
         self.bound(given)?.ok_or_else(|| {
             Box::new(tool_error(
                 "canonical_repository_missing",
@@ -102,139 +131,36 @@ impl FleetServer {
     /// Run one tool call (blocking: SQLite, /proc, Cedar).
     pub(super) fn call(
         &self,
-        op: Op,
+        tool: ToolKind,
         name: &str,
         args: Option<JsonObject>,
+        call: &Call,
     ) -> std::result::Result<CallToolResult, McpError> {
-        match op {
-            Op::Plan => {
+        if let Some(why) = self.stopping() {
+            return Ok(stopping_result(why));
+        }
+        match tool {
+            ToolKind::Plan => {
                 let a: PlanArgs = parse(name, args)?;
-                let canonical = nonblank(a.canonical_repository)?;
-                Ok(self.plan(
-                    canonical,
-                    audit_context(&a.remote, &a.host, &a.org, &a.repo),
-                ))
+                let canonical = nonblank(a.canonical_repository.clone())?;
+                Ok(self.plan(a, canonical, call))
             }
-            Op::Snapshot => {
+            ToolKind::Explain => {
+                let a: ExplainArgs = parse(name, args)?;
+                let canonical = nonblank(a.canonical_repository.clone())?;
+                Ok(self.explain(a, canonical, call))
+            }
+            ToolKind::Snapshot => {
                 let a: SnapshotArgs = parse(name, args)?;
                 let canonical = nonblank(a.canonical_repository.clone())?;
-                Ok(self.snapshot(a, canonical))
+                Ok(self.snapshot(a, canonical, call))
             }
-            Op::Apply => {
+            ToolKind::Apply => {
                 let a: ApplyArgs = parse(name, args)?;
                 let canonical = nonblank(a.canonical_repository.clone())?;
                 Ok(self.apply(a, canonical))
             }
         }
-    }
-
-    fn plan(&self, canonical: Option<String>, audit: Json) -> CallToolResult {
-        if let Err(denied) = self.capability(Op::Plan) {
-            return *denied;
-        }
-        let canonical = match self.canonical(canonical) {
-            Ok(c) => c,
-            Err(e) => return *e,
-        };
-        let b = &self.binding;
-        let plan = match crate::plan::plan_from_files(
-            &b.registry,
-            &b.leases,
-            &b.proc_root,
-            canonical,
-            &b.policies,
-        ) {
-            Ok(p) => p,
-            Err(e) => return error_result(&e),
-        };
-        let mut bytes = Vec::new();
-        if let Err(e) = plan.write_json(&mut bytes) {
-            return error_result(&Error::Internal {
-                doing: "rendering the plan".into(),
-                source: Box::new(e),
-            });
-        }
-        let mut body: Json = match serde_json::from_slice(&bytes) {
-            Ok(v) => v,
-            Err(e) => {
-                return error_result(&Error::Internal {
-                    doing: "rendering the plan".into(),
-                    source: Box::new(e),
-                })
-            }
-        };
-        body["audit_context"] = audit;
-        body["policy_source"] = json!(b.policies.source_label());
-        let candidates = plan.candidates().count();
-        let summary = format!(
-            "{} rows assessed: {} may be retired, {} preserved. registry_fingerprint {}, \
-             candidate_fingerprint {}, policy_fingerprint {}",
-            plan.entries.len(),
-            candidates,
-            plan.entries.len() - candidates,
-            plan.registry_fingerprint,
-            plan.candidate_fingerprint,
-            plan.policy_fingerprint
-        );
-        self.remember(Issued {
-            rows: Arc::new(PlannedRows::of(&plan)),
-        });
-        success(summary, body)
-    }
-
-    fn remember(&self, issued: Issued) {
-        let mut list = self.issued.lock().unwrap_or_else(|p| p.into_inner());
-        list.retain(|i| i.rows.registry_fingerprint != issued.rows.registry_fingerprint);
-        if list.len() == KEEP_PLANS {
-            list.pop_front();
-        }
-        list.push_back(issued);
-    }
-
-    fn recall(&self, registry_fingerprint: &str) -> Option<Arc<PlannedRows>> {
-        let list = self.issued.lock().unwrap_or_else(|p| p.into_inner());
-        list.iter()
-            .rev()
-            .find(|i| i.rows.registry_fingerprint == registry_fingerprint)
-            .map(|i| i.rows.clone())
-    }
-
-    fn snapshot(&self, a: SnapshotArgs, canonical: Option<String>) -> CallToolResult {
-        if let Err(denied) = self.capability(Op::Snapshot) {
-            return *denied;
-        }
-        let canonical = match self.bound(canonical) {
-            Ok(c) => c,
-            Err(refused) => return *refused,
-        };
-        let b = &self.binding;
-        let manifest = a.expected_manifest.as_deref().unwrap_or_default();
-        if let Some(i) = crate::snapshot::entry_without_instance_id(manifest) {
-            return tool_error(
-                "invalid_manifest",
-                format!("expected_manifest[{i}] needs a string client_instance_id"),
-                "fix the manifest",
-                json!({}),
-            );
-        }
-        let rows = match crate::evidence::registry::load(&b.registry) {
-            Ok(r) => r,
-            Err(e) => return error_result(&e),
-        };
-        let opts = Options::here(
-            &b.proc_root,
-            canonical,
-            a.expected_revision,
-            a.expected_manifest,
-        );
-        let snap = Snapshot::take(&rows, &opts, &SystemProbe::new(&b.proc_root));
-        let summary = crate::report::snapshot_summary(&snap.summary_json());
-        let mut body = match serde_json::to_value(&snap) {
-            Ok(v) => v,
-            Err(e) => return error_result(&Error::input(About::ToolCall, e.to_string())),
-        };
-        body["audit_context"] = audit_context(&a.remote, &a.host, &a.org, &a.repo);
-        success(summary, body)
     }
 
     fn apply(&self, a: ApplyArgs, canonical: Option<String>) -> CallToolResult {
@@ -269,6 +195,7 @@ impl FleetServer {
             Err(e) => return error_result(&Error::input(About::ToolCall, e.to_string())),
         };
         body["audit_context"] = audit_context(&a.remote, &a.host, &a.org, &a.repo);
+        trim_residual_blockers(&mut body);
         let code = report.outcome.code();
         if report.outcome.exit_code() == ExitCode::Ok {
             let summary = format!(
@@ -300,7 +227,7 @@ impl FleetServer {
                 json!({}),
             ))
         })?;
-        let recalled = self.recall(&tokens.registry_fingerprint);
+        let recalled = self.kept.rows(&tokens.registry_fingerprint);
         let mut req = Request::new(tokens, workers)
             .with_planned(recalled)
             .map_err(|e| Box::new(error_result(&Error::input(About::ToolCall, e))))?;
@@ -308,4 +235,25 @@ impl FleetServer {
         req.max_retire = self.binding.max_retire;
         Ok(req)
     }
+}
+
+/// Keep an apply's result under the bound: the post-apply blockers of a
+/// large fleet are cut to what fits (their count stays in
+/// `residual_blocker_count`).
+fn trim_residual_blockers(body: &mut Json) {
+    let Some(list) = body
+        .pointer_mut("/post_apply/residual_blockers")
+        .and_then(Json::as_array_mut)
+    else {
+        return;
+    };
+    let mut used = 0;
+    let keep = list
+        .iter()
+        .take_while(|b| {
+            used += serde_json::to_vec(b).map_or(usize::MAX, |v| v.len());
+            used <= super::pages::RESULT_BOUND / 2
+        })
+        .count();
+    list.truncate(keep);
 }

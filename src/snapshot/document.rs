@@ -13,6 +13,19 @@ use crate::row::{Col, Row};
 use crate::value::Val;
 use serde_json::{json, Value as Json};
 
+/// The lists of workers a snapshot document holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerList {
+    /// `workers`: every row.
+    All,
+    /// `live_workers`.
+    Live,
+    /// `stale_workers`.
+    Stale,
+    /// `historical_workers`.
+    Historical,
+}
+
 /// One worker as the snapshot reports it.
 fn render(row: &Row, m: &Measured) -> Json {
     serde_json::to_value(WorkerView(row, m)).expect("a worker entry serialises")
@@ -170,6 +183,47 @@ impl Snapshot<'_> {
             .zip(&self.measured)
             .filter(|(_, m)| m.live)
             .map(|(r, m)| render(r, m))
+            .collect()
+    }
+
+    /// The entries of one list of workers, in registry order, as the
+    /// document renders them: `skip` of them left out, then each rendered
+    /// as `take` asks for more (a caller paging by size stops early).
+    pub fn workers_of(&self, list: WorkerList, skip: usize, mut take: impl FnMut(Json) -> bool) {
+        let keep: fn(&Measured) -> bool = match list {
+            WorkerList::All => |_| true,
+            WorkerList::Live => |m| m.live,
+            WorkerList::Stale => Measured::stale,
+            WorkerList::Historical => |m| m.historical,
+        };
+        let selected = self
+            .rows
+            .iter()
+            .zip(&self.measured)
+            .filter(|(_, m)| keep(m))
+            .skip(skip);
+        for (r, m) in selected {
+            if !take(render(r, m)) {
+                return;
+            }
+        }
+    }
+
+    /// How many workers one list holds.
+    pub fn worker_count(&self, list: WorkerList) -> usize {
+        match list {
+            WorkerList::All => self.rows.len(),
+            WorkerList::Live => self.live_count,
+            WorkerList::Stale => self.stale_count,
+            WorkerList::Historical => self.historical_count,
+        }
+    }
+
+    /// The live instances' entries, as the document renders them.
+    pub fn instance_entries(&self) -> Vec<Json> {
+        self.instance_views()
+            .iter()
+            .map(|v| serde_json::to_value(v).expect("an instance entry serialises"))
             .collect()
     }
 

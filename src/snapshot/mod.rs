@@ -24,6 +24,7 @@ mod measure;
 mod take;
 
 pub use compare::compare;
+pub use document::WorkerList;
 pub use findings::{Finding, FindingClass, Severity};
 pub use measure::{entry_without_instance_id, manifest_entries, Options};
 pub use take::Snapshot;

@@ -83,6 +83,7 @@ async def tools_and_refusals() -> None:
             for base in (
                 "snapshot_instance_fleet",
                 "plan_stale_worker_retirement",
+                "explain_worker_retirement",
                 "apply_stale_worker_retirement",
             )
             for n in (base, "gitea_" + base)
@@ -99,7 +100,7 @@ async def tools_and_refusals() -> None:
             "policy_fingerprint",
             "worker_identities",
         }, apply_schema
-        ok("six tools listed, each schema closed to unknown fields")
+        ok("eight tools listed, each schema closed to unknown fields")
 
         plan = await controller.call_tool("plan_stale_worker_retirement", {"remote": "prgs"})
         assert not plan.is_error, plan.content

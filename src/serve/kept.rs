@@ -1,0 +1,112 @@
+//! The plans a server keeps, and the one plan computation at a time.
+//!
+//! Calls that arrive together on the same registry share a computation:
+//! plans are computed one at a time, and a call that waited while another
+//! call's plan was computed, a plan that started after the waiting call
+//! arrived, takes that plan; it is as fresh as its own would be. So eight
+//! concurrent plans cost one plan's memory and about one plan's time, not
+//! eight.
+//!
+//! The last [`KEEP_WHOLE`] plans are kept whole (their pages and their
+//! resource are served from them); the rows' digests of the last
+//! [`super::KEEP_PLANS`] are kept for the apply that follows a plan.
+
+use super::pages::KeptPlan;
+use super::KEEP_PLANS;
+use crate::error::Result;
+use crate::plan::planned::PlannedRows;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// How many issued plans are kept whole for paging.
+pub const KEEP_WHOLE: usize = 2;
+
+/// The plans a server issued.
+#[derive(Default)]
+pub(super) struct Kept {
+    /// Held while a plan is computed.
+    gate: Mutex<()>,
+    /// The newest plan and when its computation started.
+    newest: Mutex<Option<(Instant, Arc<KeptPlan>)>>,
+    /// The last plans, whole (newest last).
+    whole: Mutex<VecDeque<Arc<KeptPlan>>>,
+    /// The last plans' row digests (newest last).
+    rows: Mutex<VecDeque<Arc<PlannedRows>>>,
+}
+
+/// A lock whose holder panicked still guards consistent data here: every
+/// update is a single push or replace.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Kept {
+    /// A plan at least as fresh as a call that `arrived` then: one computed
+    /// since, or a new one computed by `compute`.
+    pub(super) fn fresh(
+        &self,
+        arrived: Instant,
+        compute: impl FnOnce() -> Result<KeptPlan>,
+    ) -> Result<Arc<KeptPlan>> {
+        let _one_at_a_time = lock(&self.gate);
+        if let Some((started, plan)) = lock(&self.newest).as_ref() {
+            if *started >= arrived {
+                return Ok(plan.clone());
+            }
+        }
+        let started = Instant::now();
+        let plan = Arc::new(compute()?);
+        self.keep(&plan);
+        *lock(&self.newest) = Some((started, plan.clone()));
+        Ok(plan)
+    }
+
+    /// Keep a plan whole and its rows' digests; what falls out is dropped
+    /// on a thread of its own, so no call waits for a large plan's memory
+    /// to be returned.
+    fn keep(&self, plan: &Arc<KeptPlan>) {
+        let token = &plan.plan.registry_fingerprint;
+        let dropped = {
+            let mut whole = lock(&self.whole);
+            whole.retain(|k| &k.plan.registry_fingerprint != token);
+            whole.push_back(plan.clone());
+            let over = whole.len().saturating_sub(KEEP_WHOLE);
+            whole.drain(..over).collect::<Vec<_>>()
+        };
+        {
+            let mut rows = lock(&self.rows);
+            rows.retain(|r| &r.registry_fingerprint != token);
+            if rows.len() == KEEP_PLANS {
+                rows.pop_front();
+            }
+            rows.push_back(plan.rows.clone());
+        }
+        if !dropped.is_empty() {
+            std::thread::spawn(move || drop(dropped));
+        }
+    }
+
+    /// The whole plan issued under a registry token, if still kept.
+    pub(super) fn whole(&self, registry_fingerprint: &str) -> Option<Arc<KeptPlan>> {
+        lock(&self.whole)
+            .iter()
+            .rev()
+            .find(|k| k.plan.registry_fingerprint == registry_fingerprint)
+            .cloned()
+    }
+
+    /// Every plan kept whole, newest last.
+    pub(super) fn all_whole(&self) -> Vec<Arc<KeptPlan>> {
+        lock(&self.whole).iter().cloned().collect()
+    }
+
+    /// The rows' digests of a plan issued under a registry token.
+    pub(super) fn rows(&self, registry_fingerprint: &str) -> Option<Arc<PlannedRows>> {
+        lock(&self.rows)
+            .iter()
+            .rev()
+            .find(|r| r.registry_fingerprint == registry_fingerprint)
+            .cloned()
+    }
+}

@@ -1,0 +1,445 @@
+//! The plan and explain tools: a plan computed once for the calls that
+//! arrive together, answered as a summary, a page of preserved rows, or the
+//! whole document when it fits; and one row's explanation.
+
+use super::args::{audit_context, ExplainArgs, Include, PlanArgs, PreservedAsk};
+use super::cursor::{List, Position};
+use super::pages::{self, KeptPlan, DEFAULT_LIMIT, MAX_LIMIT, RESULT_BOUND};
+use super::results::{error_result, success, tool_error};
+use super::tools::{Call, FleetServer};
+use crate::capability::Operation as Op;
+use crate::error::{About, Error, Result};
+use crate::plan::planned::PlannedRows;
+use crate::reasons::Reason;
+use rmcp::model::{CallToolResult, ContentBlock, Resource};
+use serde_json::{json, Map, Value as Json};
+use std::sync::Arc;
+
+/// A refusal as the early return of a tool's steps.
+type Refusal = Box<CallToolResult>;
+
+impl FleetServer {
+    /// `plan_stale_worker_retirement`.
+    pub(super) fn plan(
+        &self,
+        a: PlanArgs,
+        canonical: Option<String>,
+        call: &Call,
+    ) -> CallToolResult {
+        match self.plan_steps(a, canonical, call) {
+            Ok(result) | Err(result) => *result,
+        }
+    }
+
+    fn plan_steps(
+        &self,
+        a: PlanArgs,
+        canonical: Option<String>,
+        call: &Call,
+    ) -> std::result::Result<Refusal, Refusal> {
+        self.capability(Op::Plan)?;
+        let canonical = self.canonical(canonical)?;
+        let audit = audit_context(&a.remote, &a.host, &a.org, &a.repo);
+        let ask = a.preserved.as_ref().map(page_asked).transpose()?;
+        if let Some(Asked::Next(cursor, limit, reason)) = ask.clone() {
+            return self.next_page(&cursor, limit, reason, audit);
+        }
+        let kept = self.fresh_plan(canonical, call)?;
+        if a.include == Some(Include::All) {
+            return whole_document(&kept, audit);
+        }
+        let (mut body, text) = pages::summary(&kept, self.binding.max_retire);
+        self.first_cursors_into(&mut body, &kept);
+        if let Some(Asked::First(limit, reason)) = ask {
+            let first = Position {
+                plan: kept.plan.registry_fingerprint.clone(),
+                list: List::Preserved,
+                reason_code: reason,
+                offset: 0,
+                limit,
+            };
+            self.preserved_into(&mut body, &kept, &first);
+        }
+        body.insert("audit_context".into(), audit);
+        (call.progress)("rendered");
+        Ok(Box::new(bounded(text, body, Some(&kept))))
+    }
+
+    /// A plan at least as fresh as the call: computed now, or by a call
+    /// that started computing after this one arrived.
+    fn fresh_plan(
+        &self,
+        canonical: String,
+        call: &Call,
+    ) -> std::result::Result<Arc<KeptPlan>, Refusal> {
+        let b = &self.binding;
+        let compute = || -> Result<KeptPlan> {
+            if let Some(why) = self.stopping() {
+                return Err(Error::Refused(why));
+            }
+            let rows = crate::evidence::registry::load(&b.registry)?;
+            let lease_rows = crate::evidence::leases::load(&b.leases)?;
+            (call.progress)("read");
+            cancelled(call)?;
+            let facts =
+                crate::observe::RunFacts::of_this_host(&b.proc_root, Some(canonical), &lease_rows);
+            let probe = crate::evidence::probe::SystemProbe::new(&b.proc_root);
+            let plan = crate::plan::plan(rows, facts, &probe, &b.policies)?;
+            (call.progress)("judged, tokens computed");
+            cancelled(call)?;
+            Ok(KeptPlan {
+                rows: Arc::new(PlannedRows::of(&plan)),
+                plan,
+                policy_source: b.policies.source_label(),
+            })
+        };
+        self.kept
+            .fresh(call.arrived, compute)
+            .map_err(|e| Box::new(error_result(&e)))
+    }
+
+    /// The page a cursor names, of the plan it was issued for.
+    fn next_page(
+        &self,
+        cursor: &str,
+        limit: Option<usize>,
+        reason: Option<String>,
+        audit: Json,
+    ) -> std::result::Result<Refusal, Refusal> {
+        let mut position = self.sealer.open(cursor).map_err(|_| {
+            refusal(
+                "invalid_cursor",
+                "the cursor is not one this server issued (edited, or from another server)".into(),
+                "pass next_cursor exactly as a result gave it, or plan again",
+            )
+        })?;
+        let restated_otherwise = reason.is_some() && position.reason_code != reason;
+        if position.list != List::Preserved || restated_otherwise {
+            return Err(refusal(
+                "cursor_mismatch",
+                format!(
+                    "the cursor pages preserved rows of reason code {:?}; the call asked for {:?}",
+                    position.reason_code, reason
+                ),
+                "pass the cursor alone, or with the reason_code it was issued for",
+            ));
+        }
+        let kept = self.kept.whole(&position.plan).ok_or_else(|| {
+            refusal(
+                "cursor_expired",
+                format!(
+                    "the plan with registry_fingerprint {} is no longer kept (a server keeps its \
+                     last {} plans whole)",
+                    position.plan,
+                    super::kept::KEEP_WHOLE
+                ),
+                "plan again and page the new plan",
+            )
+        })?;
+        if let Some(l) = limit {
+            position.limit = l;
+        }
+        let mut body = Map::new();
+        pages::tokens_into(&mut body, &kept);
+        let (shown, remaining) = self.preserved_into(&mut body, &kept, &position);
+        body.insert("audit_context".into(), audit);
+        let text = format!(
+            "preserved rows {} to {} of plan {} ({remaining} not yet shown)",
+            position.offset + 1,
+            position.offset + shown,
+            position.plan,
+        );
+        Ok(Box::new(bounded(text, body, Some(&kept))))
+    }
+
+    /// Add the cursor of each reason code's first page of preserved rows,
+    /// bound to this plan, so that every page an agent reads of it is cut
+    /// from the plan its summary counted.
+    fn first_cursors_into(&self, body: &mut Map<String, Json>, kept: &KeptPlan) {
+        let cursors: Map<String, Json> = kept
+            .plan
+            .reason_counts()
+            .keys()
+            .map(|code| {
+                let first = Position {
+                    plan: kept.plan.registry_fingerprint.clone(),
+                    list: List::Preserved,
+                    reason_code: Some((*code).to_string()),
+                    offset: 0,
+                    limit: DEFAULT_LIMIT,
+                };
+                ((*code).to_string(), json!(self.sealer.seal(&first)))
+            })
+            .collect();
+        body.insert("preserved_cursors".into(), Json::Object(cursors));
+    }
+
+    /// Add a page of preserved rows and the cursor of the next; returns
+    /// how many rows it holds and how many are left after it.
+    fn preserved_into(
+        &self,
+        body: &mut Map<String, Json>,
+        kept: &KeptPlan,
+        at: &Position,
+    ) -> (usize, usize) {
+        let page = pages::preserved_page(kept, at);
+        let counted = (page.rows.len(), page.remaining);
+        body.insert("preserved".into(), Json::Array(page.rows));
+        body.insert("preserved_reason_code".into(), json!(at.reason_code));
+        body.insert("preserved_not_shown".into(), json!(page.remaining));
+        if let Some(next) = page.next {
+            body.insert("next_cursor".into(), json!(self.sealer.seal(&next)));
+        }
+        counted
+    }
+
+    /// `explain_worker_retirement`: one row's evidence, its Cedar answers
+    /// and every eligibility policy's verdict, in a fresh plan.
+    pub(super) fn explain(
+        &self,
+        a: ExplainArgs,
+        canonical: Option<String>,
+        call: &Call,
+    ) -> CallToolResult {
+        let steps = || -> std::result::Result<Refusal, Refusal> {
+            self.capability(Op::Plan)?;
+            let canonical = self.canonical(canonical)?;
+            let kept = self.fresh_plan(canonical, call)?;
+            let plan = &kept.plan;
+            let found: Vec<&crate::plan::Entry> = plan
+                .entries
+                .iter()
+                .filter(|e| plan.identity(e) == a.worker_identity)
+                .collect();
+            let mut explanations: Vec<Json> = found
+                .iter()
+                .map(|e| crate::explain::explain_entry(plan, e, &self.binding.policies))
+                .collect();
+            if explanations.is_empty() {
+                return Err(refusal(
+                    "unknown_worker",
+                    format!(
+                        "no registry row has worker_identity {:?}",
+                        a.worker_identity
+                    ),
+                    "take the identity from a plan's candidates or preserved rows",
+                ));
+            }
+            let peers_not_shown = trim_peers(&mut explanations);
+            let mut body = Map::new();
+            pages::tokens_into(&mut body, &kept);
+            body.insert("worker_identity".into(), json!(a.worker_identity));
+            body.insert("explanations".into(), Json::Array(explanations));
+            body.insert("peers_not_shown".into(), json!(peers_not_shown));
+            body.insert(
+                "audit_context".into(),
+                audit_context(&a.remote, &a.host, &a.org, &a.repo),
+            );
+            let text = explain_text(&a.worker_identity, &found);
+            Ok(Box::new(bounded(text, body, None)))
+        };
+        match steps() {
+            Ok(r) | Err(r) => *r,
+        }
+    }
+}
+
+/// What a call's `preserved` asks: a first page of the plan computed now,
+/// or the page a cursor names.
+#[derive(Clone)]
+enum Asked {
+    /// Rows per page and reason code.
+    First(usize, Option<String>),
+    /// The cursor, a new page size if given, and the reason code restated.
+    Next(String, Option<usize>, Option<String>),
+}
+
+/// Check a `preserved` request: a known reason code, a page size in range.
+fn page_asked(p: &PreservedAsk) -> std::result::Result<Asked, Refusal> {
+    if let Some(code) = &p.reason_code {
+        if Reason::from_code(code).is_none_or(|r| r == Reason::Eligible) {
+            let known: Vec<&str> = crate::reasons::ALL
+                .iter()
+                .filter(|r| **r != Reason::Eligible)
+                .map(|r| r.code())
+                .collect();
+            return Err(refusal(
+                "unknown_reason_code",
+                format!("{code:?} is not a reason code a row is preserved for"),
+                &format!("use one of: {}", known.join(", ")),
+            ));
+        }
+    }
+    if let Some(limit) = p.limit {
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(refusal(
+                "invalid_limit",
+                format!("limit {limit} is outside 1 to {MAX_LIMIT}"),
+                "ask for fewer rows per page and follow next_cursor",
+            ));
+        }
+    }
+    Ok(match &p.cursor {
+        Some(c) => Asked::Next(c.clone(), p.limit, p.reason_code.clone()),
+        None => Asked::First(p.limit.unwrap_or(DEFAULT_LIMIT), p.reason_code.clone()),
+    })
+}
+
+/// The whole plan document, or a refusal when it would be over the bound.
+fn whole_document(kept: &KeptPlan, audit: Json) -> std::result::Result<Refusal, Refusal> {
+    let bound = RESULT_BOUND - 4096;
+    let mut doc = pages::whole(kept, bound).map_err(|size| {
+        refusal(
+            "result_too_large",
+            format!(
+                "the whole plan is over {bound} bytes (stopped at {size}); one result stays \
+                 under {RESULT_BOUND}"
+            ),
+            &format!(
+                "read the summary (leave include out), page preserved rows with preserved \
+                 {{\"reason_code\", \"limit\", \"cursor\"}}, or read the resource {} page by page",
+                kept.uri()
+            ),
+        )
+    })?;
+    doc["policy_source"] = json!(kept.policy_source);
+    doc["audit_context"] = audit;
+    let text = format!(
+        "the whole plan: {} rows assessed; registry_fingerprint {}",
+        kept.plan.entries.len(),
+        kept.plan.registry_fingerprint
+    );
+    let Json::Object(body) = doc else {
+        unreachable!("a plan document is an object")
+    };
+    Ok(Box::new(bounded(text, body, Some(kept))))
+}
+
+/// A success, linking the plan's resource, or `result_too_large` if the
+/// body grew past the bound after all (a last guard: every part is cut to
+/// a budget before).
+fn bounded(text: String, body: Map<String, Json>, kept: Option<&KeptPlan>) -> CallToolResult {
+    let body = Json::Object(body);
+    let size = serde_json::to_vec(&body).map_or(usize::MAX, |b| b.len());
+    if size + text.len() > RESULT_BOUND {
+        return tool_error(
+            "result_too_large",
+            format!("the result would be {size} bytes; one result stays under {RESULT_BOUND}"),
+            "ask for fewer rows (limit)",
+            json!({}),
+        );
+    }
+    let mut result = success(text, body);
+    if let Some(kept) = kept {
+        let mut link = Resource::new(kept.uri(), "plan");
+        link.description = Some("the whole plan document, a page per read".into());
+        link.mime_type = Some("application/json".into());
+        result.content.push(ContentBlock::resource_link(link));
+    }
+    result
+}
+
+/// Cut the peers of each explanation's first-stage answers to what fits;
+/// returns how many were left out.
+fn trim_peers(explanations: &mut [Json]) -> usize {
+    let budget = RESULT_BOUND / 2 / explanations.len().max(1);
+    let mut left_out = 0;
+    for e in explanations.iter_mut() {
+        let Some(peers) = e
+            .pointer_mut("/first_stage/peers")
+            .and_then(Json::as_array_mut)
+        else {
+            continue;
+        };
+        let mut used = 0;
+        let keep = peers
+            .iter()
+            .take_while(|p| {
+                used += serde_json::to_vec(p).map_or(usize::MAX, |b| b.len());
+                used <= budget
+            })
+            .count();
+        left_out += peers.len() - keep;
+        peers.truncate(keep);
+    }
+    left_out
+}
+
+/// The one line an agent reads of an explanation.
+fn explain_text(worker: &str, found: &[&crate::plan::Entry]) -> String {
+    let lines: Vec<String> = found
+        .iter()
+        .map(|e| {
+            let decision = if e.is_candidate() { "retire" } else { "keep" };
+            format!("row {}: {decision} ({})", e.index + 1, e.reason().code())
+        })
+        .collect();
+    format!("worker {}: {}", crate::text::esc(worker), lines.join("; "))
+}
+
+/// Stop a computation the client has cancelled.
+fn cancelled(call: &Call) -> Result<()> {
+    if (call.cancelled)() {
+        return Err(Error::input(
+            About::ToolCall,
+            "the client cancelled the call",
+        ));
+    }
+    Ok(())
+}
+
+/// A refusal with its reason code, words and what to do.
+fn refusal(code: &str, detail: String, what_to_do: &str) -> Refusal {
+    Box::new(tool_error(code, detail, what_to_do, json!({})))
+}
+
+impl FleetServer {
+    /// `resources/read` of `fleet-retire://plan/<registry token>`, or of a
+    /// page's `next_uri` (`…?cursor=…`): one page of the whole document.
+    pub(super) fn plan_resource(&self, uri: &str) -> std::result::Result<String, rmcp::ErrorData> {
+        let refused = |why: String| rmcp::ErrorData::invalid_params(why, None);
+        if let Err(denied) = self.capability(Op::Plan) {
+            let why = denied
+                .content
+                .first()
+                .and_then(|c| c.as_text())
+                .map_or_else(|| "permission denied".to_string(), |t| t.text.clone());
+            return Err(refused(why));
+        }
+        let rest = uri.strip_prefix("fleet-retire://plan/").ok_or_else(|| {
+            rmcp::ErrorData::resource_not_found(
+                format!("{uri:?} is not a resource of this server (fleet-retire://plan/<token>)"),
+                None,
+            )
+        })?;
+        let (token, cursor) = match rest.split_once("?cursor=") {
+            Some((t, c)) => (t, Some(c)),
+            None => (rest, None),
+        };
+        let position = match cursor {
+            None => Position {
+                plan: token.to_string(),
+                list: List::Document,
+                reason_code: None,
+                offset: 0,
+                limit: MAX_LIMIT,
+            },
+            Some(c) => self
+                .sealer
+                .open(c)
+                .ok()
+                .filter(|p| p.list == List::Document && p.plan == token)
+                .ok_or_else(|| {
+                    refused("the cursor is not one this server issued for this plan".into())
+                })?,
+        };
+        let kept = self.kept.whole(token).ok_or_else(|| {
+            rmcp::ErrorData::resource_not_found(
+                format!("no plan with registry_fingerprint {token} is kept; plan again"),
+                None,
+            )
+        })?;
+        let page = pages::document_page(&kept, &position, &self.sealer);
+        serde_json::to_string(&page).map_err(|e| refused(e.to_string()))
+    }
+}

@@ -1,0 +1,226 @@
+//! `fleet-retire serve` as agents meet it: the official Python SDK
+//! (`tests/mcp_client/agent.py`) and the official TypeScript SDK
+//! (`tests/mcp_client/agent.mjs`) each drive the same script of checks
+//! against a 100,000-row registry shaped like a long-running fleet: tools,
+//! schemas and annotations, the plan summary, every preserved row paged and
+//! compared with `fleet-retire plan --format json`, the plan's resource,
+//! explain, apply with the plan's tokens, refusals, and the snapshot.
+//!
+//! The registry comes from `../shared/bench/gen_registry.py` when that is
+//! here (bound to this machine: real pids are probed), otherwise from a
+//! plainer generator of our own. Each client gets its own copy, since its
+//! apply retires rows. Under `CI=true` a missing client fails the test.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_fleet-retire");
+const ROWS: usize = 100_000;
+
+#[test]
+fn the_python_sdk_agent_passes_the_script_at_100k_rows() {
+    let available = Command::new("python3")
+        .args(["-c", "import mcp.client.stdio, jsonschema"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if skip_unless(
+        available,
+        "python3 with the `mcp` and `jsonschema` packages",
+    ) {
+        return;
+    }
+    run_agent(Command::new("python3").arg("tests/mcp_client/agent.py"));
+}
+
+#[test]
+fn the_typescript_sdk_agent_passes_the_script_at_100k_rows() {
+    let installed = Path::new("tests/mcp_client/node_modules/@modelcontextprotocol/sdk").is_dir();
+    let node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if skip_unless(
+        installed && node,
+        "node with tests/mcp_client installed (cd tests/mcp_client && npm ci)",
+    ) {
+        return;
+    }
+    run_agent(Command::new("node").arg("tests/mcp_client/agent.mjs"));
+}
+
+/// Run one agent script on a fresh copy of the registry; it must print
+/// `all checks passed` within five minutes.
+fn run_agent(script: &mut Command) {
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["registry.sqlite", "leases.sqlite", "profiles.json"] {
+        std::fs::copy(fleet_dir().join(file), dir.path().join(file)).unwrap();
+    }
+    heartbeat_the_live(&dir.path().join("registry.sqlite"));
+    let child = KillOnDrop(
+        script
+            .arg(EXE)
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(300));
+    let all = text(&out);
+    eprintln!("{all}");
+    assert!(out.status.success(), "the agent script failed:\n{all}");
+    assert!(all.contains("all checks passed"), "{all}");
+}
+
+/// The generated fleet, made once per test run.
+fn fleet_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let generator =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/gen_registry.py");
+        if generator.is_file() {
+            let ok = Command::new("python3")
+                .arg(&generator)
+                .args(["--rows", &ROWS.to_string(), "--out"])
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "{} failed", generator.display());
+        } else {
+            eprintln!(
+                "{} is not here: a plainer registry of our own",
+                generator.display()
+            );
+            plain_fleet(dir.path());
+        }
+        std::fs::write(
+            dir.path().join("profiles.json"),
+            serde_json::json!({"profiles": {
+                "controller-prgs": {"role": "controller",
+                    "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}
+            }})
+            .to_string(),
+        )
+        .unwrap();
+        dir
+    })
+    .path()
+}
+
+/// A live fleet heartbeats: rows that looked live when generated are
+/// brought to now, so that none crosses its TTL while the script runs and
+/// the server's plan and the command line's judge the same registry.
+fn heartbeat_the_live(registry: &Path) {
+    let now = chrono::Utc::now();
+    let iso = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let conn = rusqlite::Connection::open(registry).unwrap();
+    conn.execute(
+        "UPDATE worker_registrations SET last_heartbeat_at = ?1 \
+         WHERE status = 'active' AND last_heartbeat_at > ?2 AND last_heartbeat_at <= ?1",
+        [iso(now), iso(now - chrono::Duration::seconds(1800))],
+    )
+    .unwrap();
+}
+
+/// 100,000 rows of launches of five workers: most stale with dead pids,
+/// a tenth released, some live-looking, some on another host, leases on a
+/// few. Used only when the shared generator is not here.
+fn plain_fleet(dir: &Path) {
+    let (host, boot) = host_and_boot();
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let conn = fleet_retire::worker::open(&dir.join("registry.sqlite")).unwrap();
+    let tx = conn.unchecked_transaction().unwrap();
+    {
+        let mut insert = tx
+            .prepare(
+                "INSERT INTO worker_registrations (worker_identity, client_name, client_instance_id,
+                 instance_id_source, session_id, generation_id, role, profile, namespace, remote,
+                 repository_binding, pid, started_at, last_heartbeat_at, heartbeat_ttl_seconds,
+                 fencing_epoch, status, host_id, boot_id, process_start_time)
+                 VALUES (?1, 'codex', ?2, 'launcher', ?3, ?4, ?5, ?6, ?5, 'prgs', 'prgs/gitea-tools',
+                 ?7, '2026-01-01T00:00:00Z', ?8, 900, 1, ?9, ?10, ?11, ?12)",
+            )
+            .unwrap();
+        let namespaces = ["author", "reviewer", "merger", "controller", "reconciler"];
+        for i in 0..ROWS {
+            let ns = namespaces[i % 5];
+            let status = if i % 10 == 0 { "released" } else { "active" };
+            let heartbeat = if i % 97 == 0 {
+                now.as_str()
+            } else {
+                "2026-01-01T00:10:00Z"
+            };
+            let row_host = if i % 13 == 0 {
+                "elsewhere"
+            } else {
+                host.as_str()
+            };
+            rusqlite::Statement::execute(
+                &mut insert,
+                rusqlite::params![
+                    format!("w-{ns}-{i:06}"),
+                    format!("inst-codex-20260101T000000Z-{:012x}", i / 5),
+                    format!("sess-{:08}", i / 5),
+                    format!("gen-{i:08}"),
+                    ns,
+                    format!("{ns}-prgs"),
+                    4_000_000 + (i as i64 % 190_000),
+                    heartbeat,
+                    status,
+                    row_host,
+                    boot,
+                    format!("ticks-{i}"),
+                ],
+            )
+            .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+    leases(&dir.join("leases.sqlite"), &[]);
+}
+
+/// Wait for a child, killing it if the deadline passes; its output is read
+/// as it comes, so a chatty child never blocks on a full pipe.
+fn wait_with_deadline(mut child: KillOnDrop, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .0
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .0
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let started = Instant::now();
+    while child.0.try_wait().unwrap().is_none() && started.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.0.kill();
+    std::process::Output {
+        status: child.0.wait().unwrap(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
