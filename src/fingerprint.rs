@@ -69,6 +69,17 @@ pub fn serialize_row_into(row: &Row, out: &mut String) {
     }
 }
 
+/// [`serialize_row_into`] of the row with column `masked` set to null, without
+/// copying the row.
+pub fn serialize_row_masking(row: &Row, masked: crate::row::Col, out: &mut String) {
+    for (col, label) in FINGERPRINT_FIELDS.iter().zip(field_labels()) {
+        out.push_str(label);
+        if *col != masked {
+            row.get(*col).write_canon(out);
+        }
+    }
+}
+
 /// What precedes each field's value: `name=`, after a unit separator for
 /// all but the first.
 fn field_labels() -> &'static [String] {

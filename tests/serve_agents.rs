@@ -98,7 +98,7 @@ fn fleet_dir() -> &'static Path {
                 "{} is not here: a plainer registry of our own",
                 generator.display()
             );
-            plain_fleet(dir.path());
+            plain_fleet(dir.path(), ROWS);
         }
         std::fs::write(
             dir.path().join("profiles.json"),
@@ -127,63 +127,6 @@ fn heartbeat_the_live(registry: &Path) {
         [iso(now), iso(now - chrono::Duration::seconds(1800))],
     )
     .unwrap();
-}
-
-/// 100,000 rows of launches of five workers: most stale with dead pids,
-/// a tenth released, some live-looking, some on another host, leases on a
-/// few. Used only when the shared generator is not here.
-fn plain_fleet(dir: &Path) {
-    let (host, boot) = host_and_boot();
-    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let conn = fleet_retire::worker::open(&dir.join("registry.sqlite")).unwrap();
-    let tx = conn.unchecked_transaction().unwrap();
-    {
-        let mut insert = tx
-            .prepare(
-                "INSERT INTO worker_registrations (worker_identity, client_name, client_instance_id,
-                 instance_id_source, session_id, generation_id, role, profile, namespace, remote,
-                 repository_binding, pid, started_at, last_heartbeat_at, heartbeat_ttl_seconds,
-                 fencing_epoch, status, host_id, boot_id, process_start_time)
-                 VALUES (?1, 'codex', ?2, 'launcher', ?3, ?4, ?5, ?6, ?5, 'prgs', 'prgs/gitea-tools',
-                 ?7, '2026-01-01T00:00:00Z', ?8, 900, 1, ?9, ?10, ?11, ?12)",
-            )
-            .unwrap();
-        let namespaces = ["author", "reviewer", "merger", "controller", "reconciler"];
-        for i in 0..ROWS {
-            let ns = namespaces[i % 5];
-            let status = if i % 10 == 0 { "released" } else { "active" };
-            let heartbeat = if i % 97 == 0 {
-                now.as_str()
-            } else {
-                "2026-01-01T00:10:00Z"
-            };
-            let row_host = if i % 13 == 0 {
-                "elsewhere"
-            } else {
-                host.as_str()
-            };
-            rusqlite::Statement::execute(
-                &mut insert,
-                rusqlite::params![
-                    format!("w-{ns}-{i:06}"),
-                    format!("inst-codex-20260101T000000Z-{:012x}", i / 5),
-                    format!("sess-{:08}", i / 5),
-                    format!("gen-{i:08}"),
-                    ns,
-                    format!("{ns}-prgs"),
-                    4_000_000 + (i as i64 % 190_000),
-                    heartbeat,
-                    status,
-                    row_host,
-                    boot,
-                    format!("ticks-{i}"),
-                ],
-            )
-            .unwrap();
-        }
-    }
-    tx.commit().unwrap();
-    leases(&dir.join("leases.sqlite"), &[]);
 }
 
 /// Wait for a child, killing it if the deadline passes; its output is read

@@ -12,10 +12,9 @@
 //! `registry_revision_moved`. The re-plan, the candidate token, the re-probe,
 //! the fence and the guarded `UPDATE` stay the authority.
 
-use crate::fingerprint::serialize_row;
+use crate::fingerprint::{serialize_row_into, serialize_row_masking};
 use crate::plan::Plan;
 use crate::row::Col;
-use crate::value::Value;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -55,10 +54,12 @@ fn sha(text: &str) -> String {
 /// The two digests of one row: all fingerprint fields, and all but the
 /// heartbeat.
 pub fn row_digests(row: &crate::row::Row) -> (String, String) {
-    let full = sha(&serialize_row(row));
-    let mut quiet = row.clone();
-    quiet.set(Col::LastHeartbeatAt, Value::Null);
-    (full, sha(&serialize_row(&quiet)))
+    let mut text = String::with_capacity(1024);
+    serialize_row_into(row, &mut text);
+    let full = sha(&text);
+    text.clear();
+    serialize_row_masking(row, Col::LastHeartbeatAt, &mut text);
+    (full, sha(&text))
 }
 
 /// Live as §13 reads it. A row of another host is live by its heartbeat
@@ -90,19 +91,15 @@ impl Plan {
 impl PlannedRows {
     /// The rows of a plan.
     pub fn of(plan: &Plan) -> PlannedRows {
-        let rows = plan
-            .entries
-            .iter()
-            .map(|e| {
-                let (row_digest, digest_without_heartbeat) = row_digests(&plan.rows[e.index]);
-                PlannedRow {
-                    worker_identity: plan.identity(e),
-                    row_digest,
-                    digest_without_heartbeat,
-                    live: live_here(plan, e),
-                }
-            })
-            .collect();
+        let rows = crate::pool::par_map(&plan.entries, |e| {
+            let (row_digest, digest_without_heartbeat) = row_digests(&plan.rows[e.index]);
+            PlannedRow {
+                worker_identity: plan.identity(e),
+                row_digest,
+                digest_without_heartbeat,
+                live: live_here(plan, e),
+            }
+        });
         PlannedRows {
             registry_fingerprint: plan.registry_fingerprint.clone(),
             rows,
@@ -155,5 +152,29 @@ impl PlannedRows {
             tolerated.push(identity);
         }
         Ok(tolerated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    /// The digest without the heartbeat is that of the row with its
+    /// heartbeat set to null, made without copying the row.
+    #[test]
+    fn the_quiet_digest_is_the_digest_of_the_row_without_its_heartbeat() {
+        let mut row = crate::row::Row::default();
+        row.set(Col::WorkerIdentity, Value::Text("w-author-1".into()));
+        row.set(
+            Col::LastHeartbeatAt,
+            Value::Text("2026-12-01T00:00:00Z".into()),
+        );
+        row.set(Col::Pid, Value::Int(4242));
+        let (full, quiet) = row_digests(&row);
+        assert_eq!(full, sha(&crate::fingerprint::serialize_row(&row)));
+        row.set(Col::LastHeartbeatAt, Value::Null);
+        assert_eq!(quiet, sha(&crate::fingerprint::serialize_row(&row)));
+        assert_ne!(full, quiet);
     }
 }

@@ -13,6 +13,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use std::time::Instant;
+use tokio::task::JoinHandle;
 
 impl ServerHandler for FleetServer {
     fn get_info(&self) -> ServerConfig {
@@ -50,6 +51,7 @@ impl ServerHandler for FleetServer {
         context: RequestContext<RoleServer>,
     ) -> std::result::Result<CallToolResponse, McpError> {
         let arrived = Instant::now();
+        let _counted = self.enter();
         let name = request.name.to_string();
         let Some(tool) = ToolKind::named(&name) else {
             return Err(McpError::invalid_params(
@@ -57,9 +59,10 @@ impl ServerHandler for FleetServer {
                 None,
             ));
         };
+        let (progress, reported) = progress_reporter(&context);
         let call = Call {
             arrived,
-            progress: progress_reporter(&context),
+            progress,
             cancelled: {
                 let ct = context.ct.clone();
                 Box::new(move || ct.is_cancelled())
@@ -69,11 +72,17 @@ impl ServerHandler for FleetServer {
         let args = request.arguments;
         let result = tokio::task::spawn_blocking(move || {
             let result = server.call(tool, &name, args, &call);
+            drop(call);
             crate::pool::give_back_memory();
             result
         })
         .await
         .map_err(|e| McpError::internal_error(format!("the tool call failed: {e}"), None))??;
+        // Every progress notification goes out before the result: a client
+        // forgets a request's progress token once it has the result.
+        if let Some(reported) = reported {
+            let _ = reported.await;
+        }
         Ok(result.into())
     }
 
@@ -119,16 +128,20 @@ impl ServerHandler for FleetServer {
     }
 }
 
+/// Reports a call's steps.
+type Reporter = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Where a call's steps are reported: `notifications/progress` with the
 /// request's progress token, sent in order from the async side; nowhere
-/// when the request carried no token.
-fn progress_reporter(context: &RequestContext<RoleServer>) -> Box<dyn Fn(&str) + Send + Sync> {
+/// when the request carried no token. The task sending them ends when the
+/// reporter is dropped; its handle is returned to be awaited.
+fn progress_reporter(context: &RequestContext<RoleServer>) -> (Reporter, Option<JoinHandle<()>>) {
     let Some(token) = context.meta.get_progress_token() else {
-        return Box::new(|_| {});
+        return (Box::new(|_| {}), None);
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let peer = context.peer.clone();
-    tokio::spawn(async move {
+    let sender = tokio::spawn(async move {
         let mut step = 0.0;
         while let Some(message) = rx.recv().await {
             step += 1.0;
@@ -138,7 +151,8 @@ fn progress_reporter(context: &RequestContext<RoleServer>) -> Box<dyn Fn(&str) +
             }
         }
     });
-    Box::new(move |message: &str| {
+    let report: Reporter = Box::new(move |message: &str| {
         let _ = tx.send(message.to_string());
-    })
+    });
+    (report, Some(sender))
 }

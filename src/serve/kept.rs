@@ -83,7 +83,10 @@ impl Kept {
             rows.push_back(plan.rows.clone());
         }
         if !dropped.is_empty() {
-            std::thread::spawn(move || drop(dropped));
+            std::thread::spawn(move || {
+                drop(dropped);
+                crate::pool::give_back_memory();
+            });
         }
     }
 

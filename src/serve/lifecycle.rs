@@ -21,8 +21,15 @@ enum Stop {
 }
 
 /// How long a server that lost its registration keeps answering calls
-/// (each with why it stops) before it closes the session.
+/// (each with why it stops) before it closes the session: at least
+/// [`STOP_GRACE`], and then until no call has been in flight or arrived for
+/// [`STOP_QUIET`] (a client that reads why stops sending), for at most
+/// [`STOP_LONGEST`] in all.
 const STOP_GRACE: Duration = Duration::from_millis(1500);
+/// See [`STOP_GRACE`].
+const STOP_QUIET: Duration = Duration::from_millis(500);
+/// See [`STOP_GRACE`].
+const STOP_LONGEST: Duration = Duration::from_secs(30);
 
 /// SIGTERM and SIGINT, as the serve loop waits for them.
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
@@ -149,15 +156,20 @@ async fn serve_until_stopped(
             }
             Ok(running) => {
                 let cancel = running.cancellation_token();
+                // Pinned here, not in the select: a select drops the futures
+                // of the arms it did not take, and dropping this one would
+                // end the session at once, before the grace below.
+                let waiting = running.waiting();
+                tokio::pin!(waiting);
                 tokio::select! {
-                    _ = running.waiting() => Stop::Closed,
+                    _ = &mut waiting => Stop::Closed,
                     _ = term.recv() => { cancel.cancel(); Stop::Signal }
                     _ = int.recv() => { cancel.cancel(); Stop::Signal }
                     _ = lost.notified() => {
                         // Calls already queued are answered with why, not
                         // cut off by the end of the stream.
                         handle.stop(why_lost);
-                        tokio::time::sleep(STOP_GRACE).await;
+                        drained(&handle).await;
                         cancel.cancel();
                         Stop::RegistrationLost
                     }
@@ -170,6 +182,23 @@ async fn serve_until_stopped(
     };
     beat.abort();
     stop
+}
+
+/// Wait out [`STOP_GRACE`], then until the calls have been quiet for
+/// [`STOP_QUIET`] (at most [`STOP_LONGEST`] in all).
+async fn drained(server: &FleetServer) {
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(STOP_GRACE).await;
+    let (mut seen, mut quiet_since) = (server.activity().1, tokio::time::Instant::now());
+    while started.elapsed() < STOP_LONGEST {
+        let (in_flight, arrived) = server.activity();
+        if in_flight > 0 || arrived != seen {
+            (seen, quiet_since) = (arrived, tokio::time::Instant::now());
+        } else if quiet_since.elapsed() >= STOP_QUIET {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn heartbeat_loop(

@@ -23,6 +23,11 @@ pub const RESULT_BOUND: usize = 1 << 20;
 /// The bytes of rows one page may hold, leaving room for the rest.
 const ROWS_BUDGET: usize = 768 * 1024;
 
+/// The bytes of rows one resource page may hold: a resource's text is
+/// JSON inside a JSON string, where each quote and backslash is escaped
+/// again, so its page holds at most half the bound of rows.
+const RESOURCE_ROWS_BUDGET: usize = 448 * 1024;
+
 /// Rows per page unless the caller asks otherwise, and the most it may ask.
 pub(super) const DEFAULT_LIMIT: usize = 100;
 /// See [`DEFAULT_LIMIT`].
@@ -306,7 +311,7 @@ pub(super) fn document_page(kept: &KeptPlan, position: &Position, sealer: &Seale
         plan.candidates().chain(plan.preserved()),
         plan.entries.len(),
         position,
-        ROWS_BUDGET,
+        RESOURCE_ROWS_BUDGET,
     );
     let split = candidates
         .saturating_sub(position.offset)

@@ -45,6 +45,7 @@ impl FleetServer {
             return self.next_page(&cursor, limit, reason, audit);
         }
         let kept = self.fresh_plan(canonical, call)?;
+        let rendering = std::time::Instant::now();
         if a.include == Some(Include::All) {
             return whole_document(&kept, audit);
         }
@@ -62,7 +63,9 @@ impl FleetServer {
         }
         body.insert("audit_context".into(), audit);
         (call.progress)("rendered");
-        Ok(Box::new(bounded(text, body, Some(&kept))))
+        let result = bounded(text, body, Some(&kept));
+        tracing::debug!("plan summary rendered in {:?}", rendering.elapsed());
+        Ok(Box::new(result))
     }
 
     /// A plan at least as fresh as the call: computed now, or by a call
@@ -84,18 +87,31 @@ impl FleetServer {
             let facts =
                 crate::observe::RunFacts::of_this_host(&b.proc_root, Some(canonical), &lease_rows);
             let probe = crate::evidence::probe::SystemProbe::new(&b.proc_root);
+            let started = std::time::Instant::now();
             let plan = crate::plan::plan(rows, facts, &probe, &b.policies)?;
             (call.progress)("judged, tokens computed");
             cancelled(call)?;
+            let judged = started.elapsed();
+            let rows = Arc::new(PlannedRows::of(&plan));
+            tracing::debug!(
+                "plan of {} rows: judged in {judged:?}, digests in {:?}",
+                plan.entries.len(),
+                started.elapsed() - judged
+            );
             Ok(KeptPlan {
-                rows: Arc::new(PlannedRows::of(&plan)),
+                rows,
                 plan,
                 policy_source: b.policies.source_label(),
             })
         };
-        self.kept
-            .fresh(call.arrived, compute)
-            .map_err(|e| Box::new(error_result(&e)))
+        self.kept.fresh(call.arrived, compute).map_err(|e| {
+            // A call that waited for the plan gate while the server decided
+            // to stop is told why.
+            Box::new(match self.stopping() {
+                Some(why) => super::results::stopping_result(why),
+                None => error_result(&e),
+            })
+        })
     }
 
     /// The page a cursor names, of the plan it was issued for.

@@ -28,6 +28,19 @@ pub struct FleetServer {
     /// Why the server is stopping, once it is: calls still queued are
     /// answered with it instead of being cut off.
     pub(super) stopping: Arc<Mutex<Option<String>>>,
+    /// Tool calls being answered now.
+    pub(super) in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Tool calls that have arrived, in all.
+    pub(super) arrived: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A tool call counted in flight while this lives.
+pub(super) struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// What a running call carries besides its arguments: when it arrived,
@@ -50,7 +63,23 @@ impl FleetServer {
             kept: Arc::new(Kept::default()),
             sealer: Arc::new(Sealer::new()?),
             stopping: Arc::new(Mutex::new(None)),
+            in_flight: Arc::default(),
+            arrived: Arc::default(),
         })
+    }
+
+    /// Count a call in flight until the guard drops.
+    pub(super) fn enter(&self) -> InFlight {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.arrived.fetch_add(1, SeqCst);
+        self.in_flight.fetch_add(1, SeqCst);
+        InFlight(self.in_flight.clone())
+    }
+
+    /// How many calls are being answered, and how many have arrived.
+    pub(super) fn activity(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.in_flight.load(SeqCst), self.arrived.load(SeqCst))
     }
 
     /// From now on, answer every call with why the server stops.
@@ -198,13 +227,7 @@ impl FleetServer {
         trim_residual_blockers(&mut body);
         let code = report.outcome.code();
         if report.outcome.exit_code() == ExitCode::Ok {
-            let summary = format!(
-                "{code}: retired {} of {} requested worker(s); {}",
-                report.retired_count,
-                req.workers.len(),
-                report.detail
-            );
-            success(summary, body)
+            success(format!("{code}: {}", report.detail), body)
         } else {
             tool_error(code, report.detail.clone(), advice(report.outcome), body)
         }

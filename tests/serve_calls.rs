@@ -1,0 +1,283 @@
+//! The life of one `serve` call on the wire (newline-delimited JSON-RPC on a
+//! real server's stdio): progress notifications before the result, a
+//! cancelled call that stops and gets no reply while the server goes on,
+//! calls sent together sharing one plan, and calls that reach a server
+//! deciding to stop answered with why.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{ChildStdin, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+/// A server on a fleet folder and the client's end of its stdio: lines in
+/// from a reader thread, so a test can wait with a deadline.
+struct Wire {
+    child: KillOnDrop,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Value>,
+    /// What the server logs, read as it comes (a full pipe would stop it).
+    log: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Wire {
+    fn start(dir: &Path, env: &[(&str, &str)]) -> Wire {
+        let mut command = bin();
+        command
+            .arg("serve")
+            .env("FLEET_RETIRE_REGISTRY", dir.join("registry.sqlite"))
+            .env("FLEET_RETIRE_LEASES", dir.join("leases.sqlite"))
+            .env("GITEA_MCP_CONFIG", dir.join("profiles.json"))
+            .env("GITEA_MCP_PROFILE", "controller-prgs")
+            .env("GITEA_MCP_NAMESPACE", "controller")
+            .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = KillOnDrop(command.spawn().unwrap());
+        let stdout = child.0.stdout.take().unwrap();
+        let mut stderr = child.0.stderr.take().unwrap();
+        let log = std::thread::spawn(move || {
+            let mut log = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+            log
+        });
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut wire = Wire {
+            stdin: child.0.stdin.take(),
+            child,
+            lines,
+            log: Some(log),
+        };
+        wire.send(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "serve_calls", "version": "0"}}}),
+        );
+        let init = wire
+            .next(Duration::from_secs(30))
+            .expect("initialize answered");
+        assert!(init.get("result").is_some(), "{init}");
+        wire.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        wire
+    }
+
+    fn send(&mut self, message: Value) {
+        let stdin = self.stdin.as_mut().unwrap();
+        let sent = writeln!(stdin, "{message}").and_then(|_| stdin.flush());
+        if let Err(e) = sent {
+            let log = self.log();
+            panic!("the server is gone ({e}); it logged:\n{log}");
+        }
+    }
+
+    /// What the server logged, once it has exited.
+    fn log(&mut self) -> String {
+        let _ = self.child.0.wait();
+        self.log
+            .take()
+            .map(|t| t.join().unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    fn plan(&mut self, id: u64, meta: Option<Value>) {
+        let mut params = json!({"name": "plan_stale_worker_retirement", "arguments": {}});
+        if let Some(meta) = meta {
+            params["_meta"] = meta;
+        }
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}));
+    }
+
+    /// The next line, or `None` when none comes in time or the server has
+    /// closed its output.
+    fn next(&self, wait: Duration) -> Option<Value> {
+        self.lines.recv_timeout(wait).ok()
+    }
+
+    /// Close stdin, wait for the exit, and return what it logged.
+    fn finish(mut self) -> String {
+        drop(self.stdin.take());
+        let started = Instant::now();
+        while self.child.0.try_wait().unwrap().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the server did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.log()
+    }
+}
+
+/// A fleet of `rows` plain rows and a controller who may read and retire.
+fn fleet_of(rows: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    plain_fleet(dir.path(), rows);
+    std::fs::write(
+        dir.path().join("profiles.json"),
+        json!({"profiles": {"controller-prgs": {"role": "controller",
+            "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}})
+        .to_string(),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn progress_is_reported_in_order_and_before_the_result() {
+    let dir = fleet_of(2_000);
+    let mut wire = Wire::start(dir.path(), &[]);
+    wire.plan(1, Some(json!({"progressToken": "p-1"})));
+    let mut steps = Vec::new();
+    let result = loop {
+        let line = wire.next(Duration::from_secs(60)).expect("a reply");
+        if line["method"] == "notifications/progress" {
+            assert_eq!(line["params"]["progressToken"], "p-1", "{line}");
+            steps.push((
+                line["params"]["progress"].as_f64().unwrap(),
+                line["params"]["message"].clone(),
+            ));
+        } else {
+            break line;
+        }
+    };
+    assert_eq!(result["id"], 1, "{result}");
+    assert!(
+        result["result"]["structuredContent"]["candidate_count"].is_u64(),
+        "{result}"
+    );
+    let messages: Vec<&str> = steps.iter().map(|(_, m)| m.as_str().unwrap()).collect();
+    assert_eq!(messages, ["read", "judged, tokens computed", "rendered"]);
+    assert!(steps.windows(2).all(|w| w[0].0 < w[1].0), "{steps:?}");
+    // A call without a token gets no notifications.
+    wire.plan(2, None);
+    assert_eq!(wire.next(Duration::from_secs(60)).unwrap()["id"], 2);
+    wire.finish();
+}
+
+#[test]
+fn a_cancelled_plan_stops_and_gets_no_reply_while_the_server_goes_on() {
+    // Judging 60,000 rows in a test build takes well over a second: long
+    // enough for the cancellation to arrive while it runs.
+    let dir = fleet_of(60_000);
+    let mut wire = Wire::start(dir.path(), &[("FLEET_RETIRE_LOG", "fleet_retire=debug")]);
+    wire.plan(1, Some(json!({"progressToken": "p-1"})));
+    let read = wire.next(Duration::from_secs(60)).expect("progress");
+    assert_eq!(read["params"]["message"], "read", "{read}");
+    wire.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                     "params": {"requestId": 1, "reason": "the agent changed its mind"}}),
+    );
+    wire.send(json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}));
+    let mut replies = Vec::new();
+    while let Some(line) = wire.next(Duration::from_secs(5)) {
+        replies.push(line);
+    }
+    assert!(
+        replies.iter().any(|l| l["id"] == 2),
+        "the ping was not answered: {replies:?}"
+    );
+    assert!(
+        !replies.iter().any(|l| l["id"] == 1),
+        "the cancelled call was answered: {replies:?}"
+    );
+    // The server still plans, and the cancelled call never got to its
+    // tokens: the one plan logged as done is the second call's.
+    wire.plan(3, None);
+    let answered = wire.next(Duration::from_secs(120)).expect("a reply");
+    assert_eq!(answered["id"], 3, "{answered}");
+    let log = wire.finish();
+    assert_eq!(log.matches("judged in").count(), 1, "{log}");
+}
+
+#[test]
+fn calls_sent_together_share_one_plan() {
+    let dir = fleet_of(20_000);
+    let mut wire = Wire::start(dir.path(), &[("FLEET_RETIRE_LOG", "fleet_retire=debug")]);
+    for id in 1..=8 {
+        wire.plan(id, None);
+    }
+    let mut tokens = std::collections::BTreeSet::new();
+    for _ in 1..=8 {
+        let line = wire.next(Duration::from_secs(120)).expect("a reply");
+        tokens.insert(line["result"]["structuredContent"]["registry_fingerprint"].to_string());
+    }
+    let log = wire.finish();
+    let computed = log.matches("judged in").count();
+    assert!(
+        (1..=2).contains(&computed),
+        "{computed} plans computed for 8 calls: {log}"
+    );
+    assert!(tokens.len() <= computed, "{tokens:?}");
+}
+
+#[test]
+fn calls_reaching_a_stopping_server_are_answered_with_why() {
+    let dir = fleet_of(500);
+    let mut wire = Wire::start(
+        dir.path(),
+        &[
+            ("GITEA_MCP_WORKER_IDENTITY", "w-controller-self"),
+            ("FLEET_RETIRE_HEARTBEAT_INTERVAL", "1"),
+        ],
+    );
+    // Someone retires the server's own row; its next heartbeat finds out.
+    rusqlite::Connection::open(dir.path().join("registry.sqlite"))
+        .unwrap()
+        .execute(
+            "UPDATE worker_registrations SET status = 'retired' WHERE worker_identity = 'w-controller-self'",
+            [],
+        )
+        .unwrap();
+    // Two calls at a time, the second queued behind the first; each pair
+    // answered before the next is sent, until the server says it stops.
+    let (mut sent, mut stopping) = (0u64, None);
+    let started = Instant::now();
+    while stopping.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the server never stopped"
+        );
+        wire.plan(sent + 1, None);
+        wire.plan(sent + 2, None);
+        sent += 2;
+        for _ in 0..2 {
+            let Some(line) = wire.next(Duration::from_secs(30)) else {
+                let log = wire.log();
+                panic!(
+                    "call {sent} or the one before it met the end of the stream, not an \
+                     answer; the server logged:\n{log}"
+                );
+            };
+            if line["result"]["structuredContent"]["reason_code"] == "server_stopping" {
+                stopping = Some(line);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopping = stopping.unwrap();
+    assert_eq!(stopping["result"]["isError"], true);
+    let why = stopping["result"]["structuredContent"]["detail"]
+        .as_str()
+        .unwrap();
+    assert!(
+        why.contains("w-controller-self") && why.contains("no longer active"),
+        "{why}"
+    );
+    wire.finish();
+}
