@@ -111,6 +111,18 @@ fn a_lease_acquired_between_plan_and_apply_moves_the_candidate_set(engine: Engin
     assert_eq!(report["outcome"], "candidate_set_moved");
     assert_eq!(report["retired_count"], 0);
     assert_eq!(access.dump(), before);
+    // The refusal names the row whose verdict moved, then and now.
+    let moved = report["verdicts_moved"].as_array().expect("verdicts_moved");
+    assert_eq!(moved.len(), 1, "{report}");
+    assert_eq!(moved[0]["worker_identity"], "w-dead-2");
+    assert_eq!(moved[0]["then"], "eligible_stale_orphan");
+    let now = moved[0]["now"].as_str().unwrap();
+    assert_eq!(now, "protected_active_workflow_owner", "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("w-dead-2 eligible_stale_orphan -> {now}")),
+        "{detail}"
+    );
     drop(live);
 }
 

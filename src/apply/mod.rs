@@ -364,6 +364,7 @@ fn conclude(
             fresh.heartbeats_tolerated = report.heartbeats_tolerated;
             fresh.heartbeats_tolerated_workers =
                 std::mem::take(&mut report.heartbeats_tolerated_workers);
+            fresh.verdicts_moved = std::mem::take(&mut report.verdicts_moved);
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
             }
@@ -569,15 +570,54 @@ fn replan(
         }
     }
     if fresh.candidate_fingerprint != req.candidate_fingerprint {
+        let which = verdicts_moved(req, &fresh, report);
         return Err(Abort::Refuse(
             Outcome::CandidateSetMoved,
             format!(
-                "the eligibility verdict changed since the plan (now {}); plan again",
+                "the eligibility verdict changed since the plan (now {}){which}; plan again",
                 fresh.candidate_fingerprint
             ),
         ));
     }
     Ok(fresh)
+}
+
+/// Which rows' verdicts moved since the plan, into the report, and as the
+/// words of the refusal (the first five, and how many more).
+fn verdicts_moved(req: &Request, fresh: &crate::plan::Plan, report: &mut Report) -> String {
+    let moved = req
+        .planned
+        .as_deref()
+        .filter(|p| p.registry_fingerprint == req.registry_fingerprint)
+        .and_then(|p| p.verdicts_moved(fresh));
+    let Some(moved) = moved else {
+        return ": which rows moved is known only to an apply of a plan saved with its rows \
+                (plan --out, or through serve)"
+            .into();
+    };
+    let shown: Vec<String> = moved
+        .iter()
+        .take(5)
+        .map(|m| {
+            format!(
+                "{} {} -> {}",
+                crate::text::esc(&m.worker_identity),
+                m.then,
+                m.now
+            )
+        })
+        .collect();
+    let more = moved.len().saturating_sub(shown.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    report.verdicts_moved = moved;
+    match shown.is_empty() {
+        true => String::new(),
+        false => format!(": {}{more}", shown.join(", ")),
+    }
 }
 
 /// Every requested identity revalidated against the fresh plan: one row,

@@ -144,6 +144,10 @@ pub struct Report {
     pub heartbeats_tolerated: usize,
     /// Those workers.
     pub heartbeats_tolerated_workers: Vec<String>,
+    /// When refused `candidate_set_moved` with the plan's rows at hand:
+    /// the rows whose verdict moved since the plan.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub verdicts_moved: Vec<crate::plan::planned::VerdictMoved>,
     /// How long the registry's write lock was held (BEGIN IMMEDIATE to
     /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
     /// meanwhile.
@@ -176,6 +180,7 @@ impl Report {
             max_retire: req.max_retire,
             heartbeats_tolerated: 0,
             heartbeats_tolerated_workers: Vec::new(),
+            verdicts_moved: Vec::new(),
             lock_held_ms: 0,
             detail: detail.into(),
             post_apply: None,

@@ -32,6 +32,22 @@ pub struct PlannedRow {
     /// Live (semantics of `live`: active, heartbeat fresh, pid not known
     /// dead) at the plan's clock.
     pub live: bool,
+    /// The row's primary reason code in the plan (`eligible_stale_orphan` for a
+    /// candidate), so a refused apply can say which verdicts moved. Absent
+    /// in plans saved before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
+}
+
+/// A row whose verdict differs between the plan and the apply's re-plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerdictMoved {
+    /// The row's identity.
+    pub worker_identity: String,
+    /// Its primary reason code in the plan (`eligible_stale_orphan`: a candidate).
+    pub then: String,
+    /// Its primary reason code now.
+    pub now: String,
 }
 
 /// Every row a plan judged, with the token they make.
@@ -98,12 +114,43 @@ impl PlannedRows {
                 row_digest,
                 digest_without_heartbeat,
                 live: live_here(plan, e),
+                reason_code: Some(e.reason().code().to_string()),
             }
         });
         PlannedRows {
             registry_fingerprint: plan.registry_fingerprint.clone(),
             rows,
         }
+    }
+
+    /// The rows that were candidates then and are not now, or the other
+    /// way round, matched by identity; `None` when this plan was saved
+    /// without its verdicts.
+    pub fn verdicts_moved(&self, now: &Plan) -> Option<Vec<VerdictMoved>> {
+        let mut then: HashMap<&str, Vec<&str>> = HashMap::new();
+        for r in &self.rows {
+            then.entry(r.worker_identity.as_str())
+                .or_default()
+                .push(r.reason_code.as_deref()?);
+        }
+        let eligible = crate::reasons::Reason::Eligible.code();
+        let mut moved = Vec::new();
+        for e in &now.entries {
+            let identity = now.identity(e);
+            let Some(codes) = then.get_mut(identity.as_str()).filter(|c| !c.is_empty()) else {
+                continue;
+            };
+            let was = codes.remove(0);
+            let is = e.reason().code();
+            if (was == eligible) != e.is_candidate() {
+                moved.push(VerdictMoved {
+                    worker_identity: identity,
+                    then: was.to_string(),
+                    now: is.to_string(),
+                });
+            }
+        }
+        Some(moved)
     }
 
     /// Compare with a plan re-derived now. `Ok` lists the workers whose
