@@ -379,7 +379,15 @@ fn launch_refuses_untrusted_ids_and_missing_profiles() {
 #[test]
 fn register_heartbeat_die_then_plan_finds_the_worker_eligible() {
     let stores = Stores::new(&[]);
+    // The fleet's registry is created once, by the operator; workers only
+    // open it.
     std::fs::remove_file(&stores.registry).unwrap();
+    let created = bin()
+        .args(["registry", "create", "--registry"])
+        .arg(&stores.registry)
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{}", text(&created));
     let launched = launch(&request(None)).unwrap();
     let env = launched["mcpServers"]["gitea-author"]["env"]
         .as_object()
@@ -575,4 +583,89 @@ fn snapshot_on_the_command_line_is_gated_strict_and_compares() {
     let mut child = live_child;
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// Workers open the fleet's registry; they never create one. A worker
+/// pointed at a missing file is refused with what to do and leaves no
+/// file; `registry create` makes one, and refuses to make it twice.
+#[test]
+fn workers_never_create_a_registry_and_registry_create_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("registry.sqlite");
+    let out = bin()
+        .args(["register", "--namespace", "author", "--registry"])
+        .arg(&registry)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("registry create"), "{}", text(&out));
+    assert!(!registry.exists(), "a refused register created the file");
+    let create = |path: &std::path::Path| {
+        bin()
+            .args(["registry", "create", "--registry"])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    assert!(create(&registry).status.success());
+    let again = create(&registry);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(text(&again).contains("exists already"), "{}", text(&again));
+    let out = bin()
+        .args(["register", "--namespace", "author", "--registry"])
+        .arg(&registry)
+        .env("GITEA_MCP_WORKER_IDENTITY", "w-author-1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(status_of(&registry, "w-author-1"), "active");
+}
+
+/// A registry deleted under a running `serve` is not recreated empty by its
+/// next heartbeat: the server finds its registry gone and stops.
+#[test]
+fn a_registry_deleted_under_a_running_server_is_not_recreated() {
+    let stores = Stores::new(&[]);
+    let mut server = KillOnDrop(
+        serve_command(&stores, "w-author-serve", "sess-serve")
+            .env("FLEET_RETIRE_HEARTBEAT_INTERVAL", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let started = std::time::Instant::now();
+    let active = || {
+        rusqlite::Connection::open(&stores.registry)
+            .unwrap()
+            .query_row(
+                "SELECT 1 FROM worker_registrations WHERE worker_identity = 'w-author-serve' \
+                 AND status = 'active'",
+                [],
+                |_| Ok(()),
+            )
+            .is_ok()
+    };
+    while !active() {
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "the server did not register"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::fs::remove_file(&stores.registry).unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed().as_secs() < 20, "the server did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    assert!(!stores.registry.exists(), "the registry was created again");
+    let mut log = String::new();
+    std::io::Read::read_to_string(server.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(log.contains("does not exist"), "{log}");
 }

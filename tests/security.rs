@@ -138,6 +138,10 @@ fn a_caller_chosen_policy_folder_cannot_apply_unless_the_operator_pins_it() {
 /// A worker process that registers itself (identity from the launcher's
 /// environment), runs `then` as itself, and keeps running as `sleep`.
 fn self_registered_worker(registry: &Path, identity: &str, ttl: &str, then: &str) -> KillOnDrop {
+    // The fleet's registry exists before its workers (they only open it).
+    if !registry.exists() {
+        drop(fleet_retire::worker::open(registry).unwrap());
+    }
     let marker = registry.with_extension(format!("{identity}.ready"));
     let child = Command::new("sh")
         .arg("-c")

@@ -206,6 +206,9 @@ impl<'p> Demo<'p> {
             r#"{"profiles": {"demo-controller": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}}"#,
         )
         .map_err(Error::io(&d.profiles, "demo: cannot write"))?;
+        // The registry is created once, as `registry create` does: workers
+        // only open an existing one.
+        drop(crate::worker::open(&d.registry)?);
         Ok(d)
     }
 

@@ -1,3 +1,5 @@
+//! `fleet-retire registry create`: make a new SQLite registry, the one act
+//! that creates one (workers only open an existing registry); and
 //! `fleet-retire registry copy`: move a SQLite registry onto PostgreSQL.
 
 use crate::cli::{Cli, Format};
@@ -17,6 +19,9 @@ pub struct RegistryArgs {
 /// `registry` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum RegistryCommand {
+    /// Create a new, empty SQLite registry (workers, `serve` included, open
+    /// an existing registry only).
+    Create(CreateArgs),
     /// Copy a SQLite registry (rows and audit; optionally a lease store) into
     /// empty PostgreSQL tables, in one transaction, and prove the tokens equal.
     Copy(CopyArgs),
@@ -36,9 +41,41 @@ pub struct CopyArgs {
     pub leases: Option<PathBuf>,
 }
 
+/// Arguments of `registry create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Where to create the registry (a SQLite file that does not exist yet).
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    pub registry: PathBuf,
+}
+
+/// Run `registry create`: refused when the path exists or names PostgreSQL.
+fn create(args: &CreateArgs) -> Result<ExitCode> {
+    let path = &args.registry;
+    let name = path.display().to_string();
+    let shown = crate::text::esc(&name);
+    if crate::pgurl::is_postgres(path) {
+        return Err(crate::error::Error::input(
+            About::Option("registry create"),
+            "a PostgreSQL registry's tables are created by `fleet-retire registry copy` or by \
+             its first worker (docs/multi-host.md); `registry create` makes a SQLite file",
+        ));
+    }
+    if path.exists() {
+        return Err(crate::error::Error::input(
+            About::File(path.clone()),
+            format!("{shown} exists already; `registry create` makes a new registry only"),
+        ));
+    }
+    drop(crate::worker::open(path)?);
+    outln!("created the registry {shown}")?;
+    Ok(ExitCode::Ok)
+}
+
 /// Run `registry`.
 pub fn run(cli: &Cli, args: &RegistryArgs) -> Result<ExitCode> {
     match &args.command {
+        RegistryCommand::Create(c) => create(c),
         RegistryCommand::Copy(c) => {
             let report = crate::copy::copy(&c.from, c.leases.as_deref(), &c.to)?;
             match cli.format {

@@ -12,7 +12,7 @@ use std::time::Duration;
 /// environment the launcher set; no tool call can change them.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// The worker registry (SQLite; created if missing, as a worker would).
+    /// The worker registry (an existing one: create it with `fleet-retire registry create`).
     #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
     pub registry: PathBuf,
     /// The control-plane lease store (SQLite).

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 /// Arguments of `register`.
 #[derive(Debug, Args)]
 pub struct RegisterArgs {
-    /// The worker registry (created if missing).
+    /// The worker registry (an existing one: create it with `fleet-retire registry create`).
     #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
     pub registry: PathBuf,
     /// The worker's namespace.

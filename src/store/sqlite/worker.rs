@@ -18,10 +18,12 @@ pub struct Rows {
 }
 
 impl Rows {
-    /// Open (creating or migrating if needed) the registry at `path`.
+    /// Open the existing registry at `path` (migrating its columns if
+    /// needed). A worker never creates a registry: one deleted under a
+    /// running fleet must stop its workers, not come back empty.
     pub fn open(path: &Path) -> Result<Rows> {
         Ok(Rows {
-            conn: open(path)?,
+            conn: open_existing(path)?,
             path: path.to_path_buf(),
         })
     }
@@ -72,10 +74,52 @@ impl WorkerRows for Rows {
     }
 }
 
-/// Open (creating if needed) a SQLite registry for a worker's writes.
+/// Open a SQLite registry, creating the file and its tables if needed: the
+/// explicit act of `fleet-retire registry create` (and of the demo and the
+/// tests), never of a worker's own writes ([`open_existing`]).
 pub fn open(path: &Path) -> Result<Connection> {
     let err = |doing| Error::sqlite(Store::Registry, path, doing);
     let conn = Connection::open(path).map_err(err("cannot open or create"))?;
+    migrated(conn, path)
+}
+
+/// Open an existing SQLite registry for a worker's writes: refused when
+/// the file is missing or holds no registry table.
+pub fn open_existing(path: &Path) -> Result<Connection> {
+    let err = |doing| Error::sqlite(Store::Registry, path, doing);
+    let missing = |what: &str| {
+        Error::input(
+            crate::error::About::File(path.to_path_buf()),
+            format!(
+                "the registry {} {what}; a worker does not create one. Create it once with \
+                 `fleet-retire registry create --registry {}`, or point the worker at the \
+                 fleet's registry",
+                crate::text::esc(&path.display().to_string()),
+                crate::text::esc(&path.display().to_string()),
+            ),
+        )
+    };
+    if !path.exists() {
+        return Err(missing("does not exist"));
+    }
+    let flags =
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(err("cannot open"))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(err("cannot set the busy timeout"))?;
+    if table_columns(&conn, TABLE)
+        .map_err(err("cannot read"))?
+        .is_none()
+    {
+        return Err(missing("holds no worker_registrations table"));
+    }
+    migrated(conn, path)
+}
+
+/// The registry with every column this version writes: created or migrated
+/// under the write lock when something is missing.
+fn migrated(conn: Connection, path: &Path) -> Result<Connection> {
+    let err = |doing| Error::sqlite(Store::Registry, path, doing);
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(err("cannot set the busy timeout"))?;
     let complete = |conn: &Connection| -> Result<bool> {
