@@ -55,6 +55,8 @@ on_both_engines!(
     a_failure_at_commit_leaves_the_registry_as_it_was,
     a_locked_registry_is_waited_for_within_the_busy_timeout,
     the_post_apply_summary_is_the_registry_as_committed,
+    a_heartbeat_that_expires_between_plan_and_apply_adds_a_candidate_not_retired,
+    a_live_worker_that_dies_between_plan_and_apply_moves_the_candidate_set,
 );
 
 fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently(engine: Engine) {
@@ -528,4 +530,71 @@ fn the_post_apply_summary_is_the_registry_as_committed(engine: Engine) {
     // The third dead worker and the running one (its heartbeat is old).
     assert_eq!(summary["stale_worker_count"], 2);
     drop(live);
+}
+
+/// Semantics §13, time passing: a row kept at plan time only because its
+/// heartbeat had not expired, expired by the apply, is a candidate now.
+/// The apply goes on with what the plan approved, names that row, and
+/// leaves it active.
+fn a_heartbeat_that_expires_between_plan_and_apply_adds_a_candidate_not_retired(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "expires_between") else {
+        return;
+    };
+    let (pid, start) = dead_process();
+    let mut soon = stale_row("w-soon", pid, &start);
+    let ago = fleet_retire::time::now() - 898 * 1_000_000;
+    soon["last_heartbeat_at"] = json!(fleet_retire::time::format_ts(ago));
+    access.insert_row(&soon);
+    let (plan_path, plan) = save_plan(&stores);
+    let kept = plan["preserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["worker_identity"] == "w-soon")
+        .expect("w-soon is kept at plan time");
+    assert_eq!(
+        kept["reason_codes"],
+        json!(["heartbeat_not_expired"]),
+        "{kept}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "applied");
+    assert_eq!(report["retired_count"], 3);
+    assert_eq!(report["candidates_added_since_plan"], json!(["w-soon"]));
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("became candidates"),
+        "{report}"
+    );
+    assert_eq!(access.status_of("w-soon"), "active");
+    drop(live);
+}
+
+/// Any other change to the candidate set still refuses, naming the row: a
+/// live worker that died is a candidate now, but not because time passed.
+fn a_live_worker_that_dies_between_plan_and_apply_moves_the_candidate_set(engine: Engine) {
+    let Some((stores, mut live, access)) = fleet_on(engine, "dies_between") else {
+        return;
+    };
+    let (plan_path, _) = save_plan(&stores);
+    live.0.kill().unwrap();
+    live.0.wait().unwrap();
+    let before = access.dump();
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "candidate_set_moved");
+    assert_eq!(
+        report["verdicts_moved"][0]["worker_identity"], "w-running",
+        "{report}"
+    );
+    assert_eq!(report["verdicts_moved"][0]["now"], "eligible_stale_orphan");
+    assert!(
+        report.get("candidates_added_since_plan").is_none(),
+        "{report}"
+    );
+    assert_eq!(access.dump(), before);
 }

@@ -345,6 +345,13 @@ fn conclude(
                     req.workers.len()
                 );
             }
+            let added = report.candidates_added_since_plan.len();
+            if added > 0 {
+                report.detail.push_str(&format!(
+                    "; {added} row(s) became candidates since the plan as their heartbeat \
+                     expired (not retired: plan again)"
+                ));
+            }
             report
         }
         Err(abort) => {
@@ -365,6 +372,8 @@ fn conclude(
             fresh.heartbeats_tolerated_workers =
                 std::mem::take(&mut report.heartbeats_tolerated_workers);
             fresh.verdicts_moved = std::mem::take(&mut report.verdicts_moved);
+            fresh.candidates_added_since_plan =
+                std::mem::take(&mut report.candidates_added_since_plan);
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
             }
@@ -570,7 +579,15 @@ fn replan(
         }
     }
     if fresh.candidate_fingerprint != req.candidate_fingerprint {
-        let which = verdicts_moved(req, &fresh, report);
+        let moved = planned_verdicts_moved(req, &fresh);
+        if let Some(added) = moved
+            .as_deref()
+            .and_then(|m| expired_since_plan(req, &fresh, m))
+        {
+            report.candidates_added_since_plan = added;
+            return Ok(fresh);
+        }
+        let which = verdicts_moved_words(moved, report);
         return Err(Abort::Refuse(
             Outcome::CandidateSetMoved,
             format!(
@@ -582,14 +599,47 @@ fn replan(
     Ok(fresh)
 }
 
-/// Which rows' verdicts moved since the plan, into the report, and as the
-/// words of the refusal (the first five, and how many more).
-fn verdicts_moved(req: &Request, fresh: &crate::plan::Plan, report: &mut Report) -> String {
-    let moved = req
-        .planned
+/// The rows whose verdicts moved since the plan, when apply holds the
+/// plan's rows with their verdicts.
+fn planned_verdicts_moved(
+    req: &Request,
+    fresh: &crate::plan::Plan,
+) -> Option<Vec<crate::plan::planned::VerdictMoved>> {
+    req.planned
         .as_deref()
         .filter(|p| p.registry_fingerprint == req.registry_fingerprint)
-        .and_then(|p| p.verdicts_moved(fresh));
+        .and_then(|p| p.verdicts_moved(fresh))
+}
+
+/// Semantics §13, time passing: when every moved row was kept only for an
+/// unexpired heartbeat and is a candidate now, and the other candidates
+/// make exactly the plan's token, the apply goes on; those rows are named
+/// and left alone. `None` when any other change is in the set.
+fn expired_since_plan(
+    req: &Request,
+    fresh: &crate::plan::Plan,
+    moved: &[crate::plan::planned::VerdictMoved],
+) -> Option<Vec<String>> {
+    if moved.is_empty() || !moved.iter().all(|m| m.expired_since) {
+        return None;
+    }
+    let added: std::collections::HashSet<usize> = moved.iter().map(|m| m.entry).collect();
+    let rest = fresh
+        .entries
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| e.is_candidate() && !added.contains(i))
+        .map(|(_, e)| &fresh.rows[e.index]);
+    (crate::fingerprint::candidate_fingerprint(rest) == req.candidate_fingerprint)
+        .then(|| moved.iter().map(|m| m.worker_identity.clone()).collect())
+}
+
+/// The refusal's words for the rows whose verdict moved, and those rows
+/// into the report (the first five in the words, and how many more).
+fn verdicts_moved_words(
+    moved: Option<Vec<crate::plan::planned::VerdictMoved>>,
+    report: &mut Report,
+) -> String {
     let Some(moved) = moved else {
         return ": which rows moved is known only to an apply of a plan saved with its rows \
                 (plan --out, or through serve)"
@@ -640,6 +690,13 @@ fn select_targets<'p>(
                 worker_identity: w.clone(),
                 reason_code: Reason::RegistrationMissing.code(),
                 detail: "no registry row carries this identity".into(),
+            }),
+            [_] if report.candidates_added_since_plan.contains(w) => report.preserved.push(Kept {
+                worker_identity: w.clone(),
+                reason_code: Reason::NotInPlan.code(),
+                detail: "not a candidate when planned (its heartbeat had not expired); \
+                             plan again to retire it"
+                    .into(),
             }),
             [e] if e.is_candidate() => targets.push(*e),
             [e, ..] => report.preserved.push(Kept {

@@ -148,6 +148,11 @@ pub struct Report {
     /// the rows whose verdict moved since the plan.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub verdicts_moved: Vec<crate::plan::planned::VerdictMoved>,
+    /// Rows kept at plan time only because their heartbeat had not expired,
+    /// and candidates now: reported, never retired by this apply (semantics
+    /// §13); plan again to retire them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub candidates_added_since_plan: Vec<String>,
     /// How long the registry's write lock was held (BEGIN IMMEDIATE to
     /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
     /// meanwhile.
@@ -181,6 +186,7 @@ impl Report {
             heartbeats_tolerated: 0,
             heartbeats_tolerated_workers: Vec::new(),
             verdicts_moved: Vec::new(),
+            candidates_added_since_plan: Vec::new(),
             lock_held_ms: 0,
             detail: detail.into(),
             post_apply: None,

@@ -32,11 +32,12 @@ pub struct PlannedRow {
     /// Live (semantics of `live`: active, heartbeat fresh, pid not known
     /// dead) at the plan's clock.
     pub live: bool,
-    /// The row's primary reason code in the plan (`eligible_stale_orphan` for a
-    /// candidate), so a refused apply can say which verdicts moved. Absent
-    /// in plans saved before it was recorded.
+    /// The row's reason codes in the plan, primary first
+    /// (`eligible_stale_orphan` alone for a candidate), so an apply can say
+    /// which verdicts moved and which moved only because time passed.
+    /// Absent in plans saved before they were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason_code: Option<String>,
+    pub reason_codes: Option<Vec<String>>,
 }
 
 /// A row whose verdict differs between the plan and the apply's re-plan.
@@ -48,6 +49,13 @@ pub struct VerdictMoved {
     pub then: String,
     /// Its primary reason code now.
     pub now: String,
+    /// Whether it was kept at plan time for an unexpired heartbeat alone
+    /// and is a candidate now: time passed, nothing else (semantics §13).
+    #[serde(skip)]
+    pub expired_since: bool,
+    /// Its entry in the re-derived plan.
+    #[serde(skip)]
+    pub entry: usize,
 }
 
 /// Every row a plan judged, with the token they make.
@@ -104,6 +112,23 @@ impl Plan {
     }
 }
 
+/// A row's reason codes, primary first; a candidate's is its one code.
+fn codes_of(e: &crate::plan::Entry) -> Vec<String> {
+    if e.is_candidate() {
+        return vec![e.reason().code().to_string()];
+    }
+    let codes: Vec<String> = e
+        .reason_codes()
+        .iter()
+        .map(|r| r.code().to_string())
+        .collect();
+    if codes.is_empty() {
+        vec![e.reason().code().to_string()]
+    } else {
+        codes
+    }
+}
+
 impl PlannedRows {
     /// The rows of a plan.
     pub fn of(plan: &Plan) -> PlannedRows {
@@ -114,7 +139,7 @@ impl PlannedRows {
                 row_digest,
                 digest_without_heartbeat,
                 live: live_here(plan, e),
-                reason_code: Some(e.reason().code().to_string()),
+                reason_codes: Some(codes_of(e)),
             }
         });
         PlannedRows {
@@ -127,26 +152,29 @@ impl PlannedRows {
     /// way round, matched by identity; `None` when this plan was saved
     /// without its verdicts.
     pub fn verdicts_moved(&self, now: &Plan) -> Option<Vec<VerdictMoved>> {
-        let mut then: HashMap<&str, Vec<&str>> = HashMap::new();
+        let mut then: HashMap<&str, Vec<&[String]>> = HashMap::new();
         for r in &self.rows {
+            let codes = r.reason_codes.as_deref().filter(|c| !c.is_empty())?;
             then.entry(r.worker_identity.as_str())
                 .or_default()
-                .push(r.reason_code.as_deref()?);
+                .push(codes);
         }
         let eligible = crate::reasons::Reason::Eligible.code();
+        let unexpired = crate::reasons::Reason::HeartbeatFresh.code();
         let mut moved = Vec::new();
-        for e in &now.entries {
+        for (entry, e) in now.entries.iter().enumerate() {
             let identity = now.identity(e);
             let Some(codes) = then.get_mut(identity.as_str()).filter(|c| !c.is_empty()) else {
                 continue;
             };
             let was = codes.remove(0);
-            let is = e.reason().code();
-            if (was == eligible) != e.is_candidate() {
+            if (was[0] == eligible) != e.is_candidate() {
                 moved.push(VerdictMoved {
+                    expired_since: e.is_candidate() && was.len() == 1 && was[0] == unexpired,
                     worker_identity: identity,
-                    then: was.to_string(),
-                    now: is.to_string(),
+                    then: was[0].clone(),
+                    now: e.reason().code().to_string(),
+                    entry,
                 });
             }
         }
