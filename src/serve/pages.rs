@@ -72,21 +72,21 @@ fn cut<'p>(
     budget: usize,
 ) -> Page {
     let mut rows = Vec::new();
-    let mut used = 0;
+    let mut used = 0usize;
     for entry in list.skip(position.offset) {
         if rows.len() == position.limit {
             break;
         }
         let mut row = serde_json::to_value(plan.entry_json(entry)).expect("an entry serialises");
-        let mut size = serde_json::to_vec(&row).map_or(usize::MAX, |b| b.len());
+        let mut size = json_size(&row);
         if size > budget {
             row = oversized(plan, entry);
-            size = serde_json::to_vec(&row).map_or(usize::MAX, |b| b.len());
+            size = json_size(&row);
         }
-        if used + size > budget && !rows.is_empty() {
+        if used.saturating_add(size) > budget && !rows.is_empty() {
             break;
         }
-        used += size;
+        used = used.saturating_add(size);
         rows.push(row);
     }
     let through = position.offset + rows.len();
@@ -99,6 +99,27 @@ fn cut<'p>(
         remaining: total.saturating_sub(through),
         next,
     }
+}
+
+/// The bytes of a value's JSON.
+pub(super) fn json_size(value: &Json) -> usize {
+    serde_json::to_vec(value).map_or(usize::MAX, |b| b.len())
+}
+
+/// Keep the first items of `list` whose JSON fits in `budget` bytes;
+/// returns how many were dropped.
+pub(super) fn keep_within(list: &mut Vec<Json>, budget: usize) -> usize {
+    let mut used = 0usize;
+    let keep = list
+        .iter()
+        .take_while(|item| {
+            used = used.saturating_add(json_size(item));
+            used <= budget
+        })
+        .count();
+    let dropped = list.len() - keep;
+    list.truncate(keep);
+    dropped
 }
 
 /// A row too large to send whole: its identity (cut to 256 characters)

@@ -336,8 +336,8 @@ fn whole_document(kept: &KeptPlan, audit: Json) -> std::result::Result<Refusal, 
 /// a budget before).
 fn bounded(text: String, body: Map<String, Json>, kept: Option<&KeptPlan>) -> CallToolResult {
     let body = Json::Object(body);
-    let size = serde_json::to_vec(&body).map_or(usize::MAX, |b| b.len());
-    if size + text.len() > RESULT_BOUND {
+    let size = pages::json_size(&body);
+    if size.saturating_add(text.len()) > RESULT_BOUND {
         return tool_error(
             "result_too_large",
             format!("the result would be {size} bytes; one result stays under {RESULT_BOUND}"),
@@ -367,16 +367,7 @@ fn trim_peers(explanations: &mut [Json]) -> usize {
         else {
             continue;
         };
-        let mut used = 0;
-        let keep = peers
-            .iter()
-            .take_while(|p| {
-                used += serde_json::to_vec(p).map_or(usize::MAX, |b| b.len());
-                used <= budget
-            })
-            .count();
-        left_out += peers.len() - keep;
-        peers.truncate(keep);
+        left_out += pages::keep_within(peers, budget);
     }
     left_out
 }

@@ -73,7 +73,7 @@ impl FleetServer {
         };
         body.insert("audit_context".into(), audit);
         let result = Json::Object(body);
-        if serde_json::to_vec(&result).map_or(usize::MAX, |b| b.len()) + text.len() > RESULT_BOUND {
+        if super::pages::json_size(&result).saturating_add(text.len()) > RESULT_BOUND {
             return Err(refuse(
                 "result_too_large",
                 format!("the result would be over {RESULT_BOUND} bytes"),
@@ -199,7 +199,7 @@ impl Budget {
         if rows.len() >= self.count {
             return false;
         }
-        let size = serde_json::to_vec(&row).map_or(usize::MAX, |b| b.len());
+        let size = super::pages::json_size(&row);
         if size > self.left {
             if !rows.is_empty() {
                 return false;

@@ -270,13 +270,5 @@ fn trim_residual_blockers(body: &mut Json) {
     else {
         return;
     };
-    let mut used = 0;
-    let keep = list
-        .iter()
-        .take_while(|b| {
-            used += serde_json::to_vec(b).map_or(usize::MAX, |v| v.len());
-            used <= super::pages::RESULT_BOUND / 2
-        })
-        .count();
-    list.truncate(keep);
+    super::pages::keep_within(list, super::pages::RESULT_BOUND / 2);
 }
