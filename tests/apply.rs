@@ -57,6 +57,7 @@ on_both_engines!(
     the_post_apply_summary_is_the_registry_as_committed,
     a_heartbeat_that_expires_between_plan_and_apply_adds_a_candidate_not_retired,
     a_live_worker_that_dies_between_plan_and_apply_moves_the_candidate_set,
+    a_saved_plan_is_retired_in_batches_under_the_blast_radius,
 );
 
 fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently(engine: Engine) {
@@ -597,4 +598,59 @@ fn a_live_worker_that_dies_between_plan_and_apply_moves_the_candidate_set(engine
         "{report}"
     );
     assert_eq!(access.dump(), before);
+}
+
+/// A plan with more candidates than the blast radius is retired in
+/// batches: `--first N` of its candidates in the plan's order, then, after
+/// planning again, `--workers` naming candidates of the new plan (any other
+/// name refuses, before anything is read or written).
+fn a_saved_plan_is_retired_in_batches_under_the_blast_radius(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "batches") else {
+        return;
+    };
+    let (plan_path, plan) = save_plan(&stores);
+    let order: Vec<String> =
+        serde_json::from_value(plan["candidate_worker_identities"].clone()).unwrap();
+    assert_eq!(order.len(), 3);
+    let limit = ["--max-retire", "2"];
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &limit);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "blast_radius_exceeded");
+    let (code, report) = apply_cli(
+        &stores,
+        &plan_path,
+        "controller-prgs",
+        &["--max-retire", "2", "--first", "2"],
+    );
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["retired_count"], 2);
+    for w in &order[..2] {
+        assert_eq!(access.status_of(w), "retired", "{w}");
+    }
+    assert_eq!(access.status_of(&order[2]), "active");
+    let (plan_path, _) = save_plan(&stores);
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .arg(&plan_path)
+        .args(["--workers", &format!("{},w-running", order[2])])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("not a candidate of the plan"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(access.status_of(&order[2]), "active");
+    let (code, report) = apply_cli(
+        &stores,
+        &plan_path,
+        "controller-prgs",
+        &["--workers", &order[2]],
+    );
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["retired"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(access.status_of(&order[2]), "retired");
+    assert_eq!(access.status_of("w-running"), "active");
+    drop(live);
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
     /// A plan saved with `fleet-retire plan --out PLAN.json`.
-    #[arg(value_name = "PLAN.json", conflicts_with_all = ["registry_fingerprint", "candidate_fingerprint", "policy_fingerprint", "workers"])]
+    #[arg(value_name = "PLAN.json", conflicts_with_all = ["registry_fingerprint", "candidate_fingerprint", "policy_fingerprint"])]
     pub plan: Option<PathBuf>,
     /// The plan's registry_fingerprint.
     #[arg(long, requires_all = ["candidate_fingerprint", "policy_fingerprint", "workers"])]
@@ -28,9 +28,15 @@ pub struct ApplyArgs {
     pub policy_fingerprint: Option<String>,
     /// Workers to retire: comma-separated, or a JSON list; `@FILE` reads
     /// either from FILE (one per line also works), for lists longer than a
-    /// command line holds.
+    /// command line holds. With a saved plan: a subset of its candidates
+    /// (refused if any is not one), for retiring a large plan in batches.
     #[arg(long)]
     pub workers: Option<String>,
+    /// With a saved plan: retire only its first N candidates, in the plan's
+    /// order (a batch under --max-retire; plan again for the next one).
+    #[arg(long, value_name = "N", requires = "plan", conflicts_with = "workers",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub first: Option<u64>,
     /// Retire nothing if more than this many workers would be retired.
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_retire: usize,
@@ -105,7 +111,7 @@ fn workers_arg(given: &str) -> Result<Vec<String>> {
 /// workers given as options.
 fn request_of(args: &ApplyArgs) -> Result<Request> {
     match (&args.plan, &args.registry_fingerprint) {
-        (Some(path), _) => request_from_plan(path),
+        (Some(path), _) => batch_of(request_from_plan(path)?, args, path),
         (None, Some(fp)) => Ok(Request::new(
             Tokens {
                 registry_fingerprint: fp.clone(),
@@ -120,6 +126,41 @@ fn request_of(args: &ApplyArgs) -> Result<Request> {
              --candidate-fingerprint, --policy-fingerprint and --workers",
         )),
     }
+}
+
+/// A saved plan's request cut to the batch asked for: `--first N` of its
+/// candidates, or the `--workers` given, each of which must be one.
+fn batch_of(mut req: Request, args: &ApplyArgs, plan: &Path) -> Result<Request> {
+    if let Some(n) = args.first {
+        req.workers
+            .truncate(usize::try_from(n).unwrap_or(usize::MAX));
+        return Ok(req);
+    }
+    let Some(given) = &args.workers else {
+        return Ok(req);
+    };
+    let wanted = workers_arg(given)?;
+    let candidates: std::collections::HashSet<&String> = req.workers.iter().collect();
+    let strangers: Vec<String> = wanted
+        .iter()
+        .filter(|w| !candidates.contains(w))
+        .map(|w| format!("{:?}", crate::text::esc(w)))
+        .collect();
+    if !strangers.is_empty() {
+        return Err(Error::input(
+            About::Option("--workers"),
+            format!(
+                "--workers names {} that {} not a candidate of the plan {}: {}; \
+                 name candidates from its candidate_worker_identities, or plan again",
+                strangers.len(),
+                if strangers.len() == 1 { "is" } else { "are" },
+                crate::text::esc(&plan.display().to_string()),
+                strangers.join(", ")
+            ),
+        ));
+    }
+    req.workers = wanted;
+    Ok(req)
 }
 
 /// The canonical repository: the plan's, which `--canonical-repository` may
