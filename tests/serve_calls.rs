@@ -281,3 +281,74 @@ fn calls_reaching_a_stopping_server_are_answered_with_why() {
     );
     wire.finish();
 }
+
+/// An attacker who writes registry rows cannot make a result outgrow the
+/// bound: rows with 1.4 MB identities of quotes, backslashes and control
+/// characters (each inflated again when escaped) are paged, read as the
+/// resource and snapshotted, every reply under 1 MiB.
+#[test]
+fn hostile_rows_never_make_a_reply_over_one_mebibyte() {
+    let dir = fleet_of(500);
+    let conn = rusqlite::Connection::open(dir.path().join("registry.sqlite")).unwrap();
+    for i in 0..12 {
+        let identity = format!("{}{i}", "w-\"\\\u{1}".repeat(200_000));
+        conn.execute_batch(
+            "CREATE TEMP TABLE copied AS SELECT * FROM worker_registrations \
+             WHERE rowid = (SELECT MIN(rowid) FROM worker_registrations)",
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE copied SET worker_identity = ?1, session_id = ?2",
+            [identity, "\"".repeat(300_000)],
+        )
+        .unwrap();
+        conn.execute_batch(
+            "INSERT INTO worker_registrations SELECT * FROM copied; DROP TABLE copied;",
+        )
+        .unwrap();
+    }
+    drop(conn);
+    let mut wire = Wire::start(dir.path(), &[]);
+    let mut id = 0;
+    let mut ask = |wire: &mut Wire, method: &str, params: Value| -> Value {
+        id += 1;
+        wire.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let reply = wire.next(Duration::from_secs(60)).expect("a reply");
+        let size = reply.to_string().len();
+        assert!(size < 1 << 20, "{method} {params}: a reply of {size} bytes");
+        assert_ne!(reply["result"]["isError"], true, "{reply:.500}");
+        reply["result"].clone()
+    };
+    let plan = |args: Value| json!({"name": "plan_stale_worker_retirement", "arguments": args});
+    let summary = ask(&mut wire, "tools/call", plan(json!({})))["structuredContent"].clone();
+    // 500 rows, the 12 hostile ones, and the server's own.
+    assert_eq!(summary["assessed_count"], 513, "{summary:.500}");
+    let cursors = summary["preserved_cursors"].as_object().unwrap().clone();
+    assert!(!cursors.is_empty());
+    for cursor in cursors.values() {
+        let mut next = Some(cursor.clone());
+        while let Some(c) = next {
+            let page = ask(
+                &mut wire,
+                "tools/call",
+                plan(json!({"preserved": {"cursor": c, "limit": 1000}})),
+            );
+            next = page["structuredContent"].get("next_cursor").cloned();
+        }
+    }
+    let mut uri = summary["resource_uri"].as_str().map(str::to_string);
+    while let Some(u) = uri {
+        let read = ask(&mut wire, "resources/read", json!({"uri": u}));
+        let page: Value =
+            serde_json::from_str(read["contents"][0]["text"].as_str().unwrap()).unwrap();
+        uri = page["next_uri"].as_str().map(str::to_string);
+    }
+    let snapshot = |args: Value| json!({"name": "snapshot_instance_fleet", "arguments": args});
+    ask(&mut wire, "tools/call", snapshot(json!({})));
+    ask(
+        &mut wire,
+        "tools/call",
+        snapshot(json!({"page": {"list": "workers", "limit": 1000}})),
+    );
+    wire.finish();
+}
