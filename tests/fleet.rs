@@ -126,7 +126,32 @@ fn historical_rows_never_block() {
 #[test]
 fn every_finding_class_is_detected() {
     let base = || instance(A, 100);
-    let cases: Vec<(&str, Vec<Value>)> = vec![
+    for (class, rows) in finding_cases() {
+        let s = snap(&rows);
+        assert!(has(&s, class), "{class} not found; got {:?}", classes(&s));
+        assert_eq!(s["live_fleet_safe"], false, "{class}");
+        assert!(
+            !has(&snap(&base()), class),
+            "{class} must not fire on a healthy instance"
+        );
+    }
+    // Old revision needs an expected revision.
+    let mut r = base();
+    r[0]["loaded_revision"] = json!("rev-0");
+    let s = snap_with(
+        &r,
+        Options {
+            expected_live_revision: Some("rev-1".into()),
+            ..Default::default()
+        },
+    );
+    assert!(has(&s, "old_revision"), "{:?}", classes(&s));
+}
+
+/// Each finding class, and a healthy instance edited to show it.
+fn finding_cases() -> Vec<(&'static str, Vec<Value>)> {
+    let base = || instance(A, 100);
+    vec![
         ("duplicate_namespace_worker", {
             let mut r = base();
             r.push(live("w-extra", A, "author", 150));
@@ -204,27 +229,7 @@ fn every_finding_class_is_detected() {
             r.push(live("w-none", "", "author", 78));
             r
         }),
-    ];
-    for (class, rows) in cases {
-        let s = snap(&rows);
-        assert!(has(&s, class), "{class} not found; got {:?}", classes(&s));
-        assert_eq!(s["live_fleet_safe"], false, "{class}");
-        assert!(
-            !has(&snap(&base()), class),
-            "{class} must not fire on a healthy instance"
-        );
-    }
-    // Old revision needs an expected revision.
-    let mut r = base();
-    r[0]["loaded_revision"] = json!("rev-0");
-    let s = snap_with(
-        &r,
-        Options {
-            expected_live_revision: Some("rev-1".into()),
-            ..Default::default()
-        },
-    );
-    assert!(has(&s, "old_revision"), "{:?}", classes(&s));
+    ]
 }
 
 #[test]

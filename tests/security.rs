@@ -1740,13 +1740,18 @@ fn a_policy_folder_holds_bounded_regular_files_only() {
         std::fs::remove_file(&path).unwrap();
         std::fs::copy(Path::new("policies").join(name), &path).unwrap();
     }
-    // The environment behind a symlink, in `policy diff`: no token shown.
+    environ_behind_a_symlink_shows_no_token(&folder, &policies_arg);
+    large_and_broken_files_show_nothing_more(&folder, &run_in);
+}
+
+/// The environment behind a symlink, in `policy diff`: no token shown.
+fn environ_behind_a_symlink_shows_no_token(folder: &Path, policies_arg: &str) {
     let caps = folder.join("capabilities.cedar");
     std::fs::remove_file(&caps).unwrap();
     std::os::unix::fs::symlink("/proc/self/environ", &caps).unwrap();
     let mut cmd = bin();
     cmd.env("GITEA_TOKEN", "ghp_SECRETTOKENFROMTHEENVIRONMENT")
-        .args(["policy", "diff", "policies", &policies_arg]);
+        .args(["policy", "diff", "policies", policies_arg]);
     let out = output_within(cmd, Duration::from_secs(120));
     let all = text(&out);
     assert_eq!(out.status.code(), Some(3), "{all}");
@@ -1754,7 +1759,14 @@ fn a_policy_folder_holds_bounded_regular_files_only() {
     assert!(all.contains("capabilities.cedar"), "{all}");
     std::fs::remove_file(&caps).unwrap();
     std::fs::copy("policies/capabilities.cedar", &caps).unwrap();
-    // A regular file larger than any policy file: refused, not parsed.
+}
+
+/// A regular file larger than any policy file is refused, not parsed; a
+/// parse error shows the located line and not its neighbours.
+fn large_and_broken_files_show_nothing_more(
+    folder: &Path,
+    run_in: &dyn Fn(&[&str]) -> std::process::Output,
+) {
     let retirement = folder.join("retirement.cedar");
     let mut huge = std::fs::read_to_string(&retirement).unwrap();
     huge.push_str(&"// padding\n".repeat(200_000));

@@ -59,34 +59,6 @@ fn an_independent_mcp_client_drives_the_server() {
     }
 }
 
-/// Wait for a child, killing it if the deadline passes.
-fn wait_with_deadline(mut child: KillOnDrop, limit: Duration) -> std::process::Output {
-    let started = Instant::now();
-    loop {
-        if child.0.try_wait().unwrap().is_some() {
-            break;
-        }
-        if started.elapsed() > limit {
-            let _ = child.0.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut out = std::process::Output {
-        status: child.0.wait().unwrap(),
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-    };
-    use std::io::Read;
-    if let Some(mut s) = child.0.stdout.take() {
-        s.read_to_end(&mut out.stdout).unwrap();
-    }
-    if let Some(mut s) = child.0.stderr.take() {
-        s.read_to_end(&mut out.stderr).unwrap();
-    }
-    out
-}
-
 /// A `serve` process heartbeating every second, its stdin held open.
 fn heartbeating_server(stores: &Stores, n: usize) -> KillOnDrop {
     KillOnDrop(

@@ -17,7 +17,7 @@ use common::*;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const EXE: &str = env!("CARGO_BIN_EXE_fleet-retire");
 const ROWS: usize = 100_000;
@@ -127,43 +127,4 @@ fn heartbeat_the_live(registry: &Path) {
         [iso(now), iso(now - chrono::Duration::seconds(1800))],
     )
     .unwrap();
-}
-
-/// Wait for a child, killing it if the deadline passes; its output is read
-/// as it comes, so a chatty child never blocks on a full pipe.
-fn wait_with_deadline(mut child: KillOnDrop, limit: Duration) -> std::process::Output {
-    use std::io::Read;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut bytes);
-            }
-            bytes
-        })
-    };
-    let stdout = drain(
-        child
-            .0
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .0
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let started = Instant::now();
-    while child.0.try_wait().unwrap().is_none() && started.elapsed() < limit {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.0.kill();
-    std::process::Output {
-        status: child.0.wait().unwrap(),
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    }
 }

@@ -664,9 +664,10 @@ fn verdicts_moved_words(
         String::new()
     };
     report.verdicts_moved = moved;
-    match shown.is_empty() {
-        true => String::new(),
-        false => format!(": {}{more}", shown.join(", ")),
+    if shown.is_empty() {
+        String::new()
+    } else {
+        format!(": {}{more}", shown.join(", "))
     }
 }
 

@@ -375,31 +375,8 @@ impl Abstraction {
         };
         // The row's Longs (a handful), each with its place among the
         // literals (`binary_search`'s answer), found once.
-        // On the stack unless there are more than 16.
-        let mut longs_buf = [(0i64, Ok(0)); 16];
-        let mut longs_more: Vec<(i64, Result<usize, usize>)> = Vec::new();
-        let mut longs_len = 0;
-        for (i, (name, v)) in attrs.iter().enumerate() {
-            if let Attr::Long(n) = v {
-                if keep(i, name) {
-                    let long = (*n, self.longs.binary_search(n));
-                    if longs_len < longs_buf.len() {
-                        longs_buf[longs_len] = long;
-                    } else {
-                        if longs_more.is_empty() {
-                            longs_more.extend_from_slice(&longs_buf);
-                        }
-                        longs_more.push(long);
-                    }
-                    longs_len += 1;
-                }
-            }
-        }
-        let row_longs: &[(i64, Result<usize, usize>)] = if longs_len <= longs_buf.len() {
-            &longs_buf[..longs_len]
-        } else {
-            &longs_more
-        };
+        let longs = RowLongs::of(attrs, &self.longs, &keep);
+        let row_longs = longs.as_slice();
         let mut next_long = 0usize;
         out.push(if same_shape { '#' } else { '@' });
         for (name, value) in attrs
@@ -419,27 +396,8 @@ impl Abstraction {
                 Attr::Bool(b) => out.push(if *b { 'T' } else { 'F' }),
                 Attr::Long(n) => {
                     // The kept Longs come in the order they were listed.
-                    let place = row_longs[next_long].1;
+                    push_long(out, *n, row_longs[next_long].1, row_longs);
                     next_long += 1;
-                    match place {
-                        Ok(i) => {
-                            out.push('E');
-                            push_num(out, i);
-                        }
-                        Err(i) => {
-                            // Strictly between literals i-1 and i: only its
-                            // order against the row's other Longs in that gap
-                            // matters.
-                            let rank = row_longs
-                                .iter()
-                                .filter(|(m, place)| m < n && *place == Err(i))
-                                .count();
-                            out.push('B');
-                            push_num(out, i);
-                            out.push('r');
-                            push_num(out, rank);
-                        }
-                    }
                 }
                 Attr::Str(t) => self.encode(name, t, &mut placeholders, out),
                 Attr::Set(items) => {
@@ -671,6 +629,87 @@ impl Glob {
             }
         }
         true
+    }
+}
+
+/// A row's kept Longs with their places among the literals, on the stack
+/// unless there are more than 16.
+struct RowLongs {
+    buf: [(i64, Result<usize, usize>); 16],
+    more: Vec<(i64, Result<usize, usize>)>,
+    len: usize,
+}
+
+impl RowLongs {
+    #[inline]
+    fn of(
+        attrs: &[(&'static str, Attr<'_>)],
+        literals: &[i64],
+        keep: &impl Fn(usize, &str) -> bool,
+    ) -> RowLongs {
+        let mut longs = RowLongs {
+            buf: [(0i64, Ok(0)); 16],
+            more: Vec::new(),
+            len: 0,
+        };
+        for (i, (name, v)) in attrs.iter().enumerate() {
+            if let Attr::Long(n) = v {
+                if keep(i, name) {
+                    longs.push((*n, literals.binary_search(n)));
+                }
+            }
+        }
+        longs
+    }
+
+    #[inline]
+    fn push(&mut self, long: (i64, Result<usize, usize>)) {
+        if self.len < self.buf.len() {
+            self.buf[self.len] = long;
+        } else {
+            if self.more.is_empty() {
+                self.more.extend_from_slice(&self.buf);
+            }
+            self.more.push(long);
+        }
+        self.len += 1;
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[(i64, Result<usize, usize>)] {
+        if self.len <= self.buf.len() {
+            &self.buf[..self.len]
+        } else {
+            &self.more
+        }
+    }
+}
+
+/// Write one Long of a key: its literal (`E` and its index), or the gap
+/// between two literals (`B`) and its rank among the row's Longs in that
+/// gap, which is all a comparison with the literals can tell apart.
+#[inline]
+fn push_long(
+    out: &mut String,
+    n: i64,
+    place: Result<usize, usize>,
+    row_longs: &[(i64, Result<usize, usize>)],
+) {
+    match place {
+        Ok(i) => {
+            out.push('E');
+            push_num(out, i);
+        }
+        Err(i) => {
+            let rank = row_longs
+                .iter()
+                .filter(|(m, at)| *m < n && *at == Err(i))
+                .count();
+            out.push('B');
+            push_num(out, i);
+            out.push('r');
+            push_num(out, rank);
+        }
     }
 }
 

@@ -1103,3 +1103,45 @@ pub fn plain_fleet(dir: &Path, rows: usize) {
     tx.commit().unwrap();
     leases(&dir.join("leases.sqlite"), &[]);
 }
+
+/// Wait for a child, killing it if the deadline passes; its output is read
+/// as it comes, so a chatty child never blocks on a full pipe.
+pub fn wait_with_deadline(
+    mut child: KillOnDrop,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    use std::io::Read;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .0
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .0
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let started = std::time::Instant::now();
+    while child.0.try_wait().unwrap().is_none() && started.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.0.kill();
+    std::process::Output {
+        status: child.0.wait().unwrap(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}

@@ -80,7 +80,8 @@ impl WorkerRows for Rows {
 pub fn open(path: &Path) -> Result<Connection> {
     let err = |doing| Error::sqlite(Store::Registry, path, doing);
     let conn = Connection::open(path).map_err(err("cannot open or create"))?;
-    migrated(conn, path)
+    migrated(conn, path, true)?
+        .ok_or_else(|| Error::Refused("the registry could not be created".into()))
 }
 
 /// Open an existing SQLite registry for a worker's writes: refused when
@@ -105,36 +106,28 @@ pub fn open_existing(path: &Path) -> Result<Connection> {
     let flags =
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(err("cannot open"))?;
-    conn.busy_timeout(Duration::from_secs(5))
-        .map_err(err("cannot set the busy timeout"))?;
-    if table_columns(&conn, TABLE)
-        .map_err(err("cannot read"))?
-        .is_none()
-    {
-        return Err(missing("holds no worker_registrations table"));
-    }
-    migrated(conn, path)
+    migrated(conn, path, false)?.ok_or_else(|| missing("holds no worker_registrations table"))
 }
 
-/// The registry with every column this version writes: created or migrated
-/// under the write lock when something is missing.
-fn migrated(conn: Connection, path: &Path) -> Result<Connection> {
+/// The registry with every column this version writes: migrated under the
+/// write lock when columns are missing, created when the table is missing
+/// and `create` says so (`None` when it does not).
+fn migrated(conn: Connection, path: &Path, create: bool) -> Result<Option<Connection>> {
     let err = |doing| Error::sqlite(Store::Registry, path, doing);
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(err("cannot set the busy timeout"))?;
-    let complete = |conn: &Connection| -> Result<bool> {
-        let existing = table_columns(conn, TABLE).map_err(err("cannot read"))?;
-        Ok(existing
-            .is_some_and(|names| COLUMNS.iter().all(|c| names.iter().any(|n| n == c.name()))))
-    };
-    if complete(&conn)? {
-        return Ok(conn);
+    match table_columns(&conn, TABLE).map_err(err("cannot read"))? {
+        None if !create => return Ok(None),
+        Some(names) if COLUMNS.iter().all(|c| names.iter().any(|n| n == c.name())) => {
+            return Ok(Some(conn))
+        }
+        _ => {}
     }
     // Creating or migrating: under the write lock, deciding again there, so
     // workers starting together do not each add the same column (the
     // second would fail with "duplicate column name").
     crate::store::registry::create_or_migrate_locked(&conn, path)?;
-    Ok(conn)
+    Ok(Some(conn))
 }
 
 fn owner_of(conn: &Connection, path: &Path, worker: &str) -> Result<Option<ActiveOwner>> {
