@@ -286,7 +286,7 @@ fn uid_json(uid: &cedar_policy::EntityUid) -> Json {
 
 /// A counterexample as a Cedar-level fixture case that expects OLD's
 /// decision.
-fn case_of(
+pub(crate) fn case_of(
     env: &cedar_policy_symcc::Env,
     action: &str,
     old_allows: bool,

@@ -26,6 +26,7 @@ pub mod identity;
 pub mod jsonfile;
 pub mod launcher;
 pub mod liveness;
+pub mod mutate;
 pub mod observe;
 pub mod pgurl;
 pub mod plan;

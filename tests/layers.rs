@@ -26,6 +26,7 @@ const LAYERS: &[&[&str]] = &[
     &["apply"],
     &["fixture", "verify", "report"],
     &["export", "serve", "diff", "coverage", "capture"],
+    &["mutate"],
     &["cli"],
 ];
 

@@ -6,6 +6,7 @@ pub mod explain;
 pub mod fixture;
 pub mod grants;
 pub mod launch;
+pub mod mutate;
 pub mod plan;
 pub mod policy;
 pub mod registry;

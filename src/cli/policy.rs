@@ -1,4 +1,4 @@
-//! `fleet-retire policy validate | list | verify | diff`: tools for the people who
+//! `fleet-retire policy validate | list | verify | mutate | diff`: tools for the people who
 //! read and edit the policies.
 
 use crate::cli::{Cli, Format};
@@ -29,6 +29,27 @@ pub enum PolicyCommand {
     List,
     /// Prove the properties in policies/properties/ for all requests and entities (needs cvc5).
     Verify,
+    /// Every single-point mutant of the policies, and whether a property
+    /// (policies/properties/) or a fixture case kills it; each survivor is
+    /// printed with a fixture case that would (needs cvc5). Mutants the
+    /// solver proves equivalent are not counted.
+    Mutate {
+        /// Fixture files or folders run under every mutant.
+        #[arg(long, num_args = 1.., value_name = "PATH")]
+        fixtures: Vec<std::path::PathBuf>,
+        /// Exit 1 when fewer than N percent of the counted mutants are killed.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=100))]
+        min_score: Option<u8>,
+        /// Write each survivor's witness case into DIR as a fixture file.
+        #[arg(long, value_name = "DIR")]
+        save_survivors: Option<std::path::PathBuf>,
+        /// Mutate only these policies (by `@id`); every policy by default.
+        #[arg(long, num_args = 1.., value_name = "ID")]
+        only: Vec<String>,
+        /// Mutants judged side by side (default: the machine's cores).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: Option<u16>,
+    },
     /// What a policy change does: proved per action (tightened, loosened,
     /// equivalent, both) with a counterexample fixture case for each
     /// difference, what each policy contributes, and, with --fixtures,
@@ -507,6 +528,20 @@ pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
         PolicyCommand::Validate { fix_format } => validate(cli, *fix_format),
         PolicyCommand::List => list(cli),
         PolicyCommand::Verify => verify(cli),
+        PolicyCommand::Mutate {
+            fixtures,
+            min_score,
+            save_survivors,
+            only,
+            jobs,
+        } => crate::cli::mutate::run(
+            cli,
+            fixtures,
+            *min_score,
+            save_survivors.as_deref(),
+            only,
+            jobs.map(usize::from),
+        ),
         PolicyCommand::Diff {
             old,
             new,

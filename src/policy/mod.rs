@@ -125,6 +125,46 @@ impl Policies {
         Self::from_texts(&files, origin)
     }
 
+    /// The same set with the policy `id` replaced by `replacement` (or
+    /// removed), checked as a loaded set is: strict validation and the
+    /// first-stage rule (warnings are let through: a mutant may well be
+    /// one). Err carries the validator's words.
+    pub fn with_replaced(
+        &self,
+        id: &str,
+        replacement: Option<Policy>,
+    ) -> std::result::Result<Policies, String> {
+        let pid = PolicyId::new(id);
+        let mut parsed = Parsed {
+            set: PolicySet::new(),
+            rules: self.rules.clone(),
+            texts: HashMap::new(),
+        };
+        let others = self.set.policies().filter(|p| p.id() != &pid).cloned();
+        for p in others.chain(replacement.map(|r| r.new_id(pid.clone()))) {
+            parsed.set.add(p).map_err(|e| e.to_string())?;
+        }
+        if parsed.set.policy(&pid).is_none() {
+            parsed.rules.remove(&pid);
+        }
+        let result =
+            Validator::new(self.schema.clone()).validate(&parsed.set, ValidationMode::Strict);
+        if let Some(e) = result.validation_errors().next() {
+            return Err(e.to_string());
+        }
+        if let Some(problem) = first_stage_reads_aggregates(&parsed).into_iter().next() {
+            return Err(problem);
+        }
+        Ok(Policies {
+            schema: self.schema.clone(),
+            set: parsed.set,
+            rules: parsed.rules,
+            fingerprint: self.fingerprint.clone(),
+            origin: format!("{} (mutant of {id})", self.origin),
+            schema_text: self.schema_text.clone(),
+        })
+    }
+
     /// Load from `(file name, text)` pairs: the schema and the policy files.
     pub fn from_texts(files: &[(String, String)], origin: String) -> Result<Policies> {
         let fingerprint = fingerprint_of(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));

@@ -1,0 +1,147 @@
+//! `fleet-retire policy mutate`: the mutation score of the policies'
+//! proofs and fixtures, and every survivor with the case that kills it.
+
+use crate::cli::{Cli, Format};
+use crate::error::{Error, ExitCode, Result};
+use crate::mutate::{Outcome, Report};
+use crate::text::esc;
+use std::path::{Path, PathBuf};
+
+/// Run `policy mutate`.
+pub fn run(
+    cli: &Cli,
+    fixtures: &[PathBuf],
+    min_score: Option<u8>,
+    save: Option<&Path>,
+    only: &[String],
+    jobs: Option<usize>,
+) -> Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let policies = cli.load_policies()?;
+    // A folder with properties of its own is judged by those alone: they
+    // are what its reviewer signs. Otherwise the built-in ones.
+    let dir = cli.policies.as_deref();
+    let builtin = dir.is_none_or(|d| !d.join("properties").is_dir());
+    let properties = crate::verify::load_properties(dir, &policies, builtin)?;
+    let cases = crate::mutate::load_cases(fixtures)?;
+    let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let report = crate::mutate::run(&policies, &properties, &cases, only, jobs)?;
+    let saved = save_survivors(&report, save)?;
+    let below = min_score.is_some_and(|n| report.score < f64::from(n));
+    match cli.format {
+        Format::Json => crate::outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "report": report,
+                "min_score": min_score,
+                "below_min_score": below,
+                "saved": saved,
+                "seconds": started.elapsed().as_secs_f64(),
+            }))
+            .expect("the report serialises")
+        )?,
+        Format::Human => print_human(&report, &saved, started.elapsed())?,
+    }
+    if below {
+        eprintln!(
+            "policy mutate: score {:.1} % is below --min-score {}: save the survivors' cases \
+             (--save-survivors DIR) or add the properties they show missing",
+            report.score,
+            min_score.unwrap_or(0)
+        );
+    }
+    Ok(if below { ExitCode::Error } else { ExitCode::Ok })
+}
+
+fn save_survivors(report: &Report, save: Option<&Path>) -> Result<Vec<PathBuf>> {
+    let mut saved = Vec::new();
+    let Some(dir) = save else {
+        return Ok(saved);
+    };
+    std::fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create the folder"))?;
+    let survivors = report.outcomes.iter().filter(|o| o.witness.is_some());
+    for (n, o) in survivors.enumerate() {
+        let path = dir.join(format!("mutant-{n:03}-{}-{}.json", o.policy, o.operator));
+        let text = serde_json::to_string_pretty(&o.witness).expect("a case serialises");
+        std::fs::write(&path, format!("{text}\n"))
+            .map_err(Error::io(&path, "cannot write the survivor's case"))?;
+        saved.push(path);
+    }
+    Ok(saved)
+}
+
+fn print_human(report: &Report, saved: &[PathBuf], took: std::time::Duration) -> Result<()> {
+    for o in report.outcomes.iter().filter(|o| o.status == "survived") {
+        print_survivor(o)?;
+    }
+    print_shadowed(report)?;
+    crate::outln!(
+        "policy mutate: {} mutants of {} ({} properties, {} fixture cases, {:.1} s)",
+        report.mutants,
+        esc(&report.policies),
+        report.properties,
+        report.fixture_cases,
+        took.as_secs_f64()
+    )?;
+    crate::outln!(
+        "  killed      {} (by a property {}, by a fixture only {})",
+        report.killed,
+        report.killed - report.killed_by_fixture_only,
+        report.killed_by_fixture_only
+    )?;
+    crate::outln!("  survived    {}", report.survived)?;
+    crate::outln!(
+        "  equivalent  {} (not counted; {} only because a forbid is shadowed)",
+        report.equivalent,
+        report.equivalent_shadowed
+    )?;
+    crate::outln!(
+        "  invalid     {} (do not type-check; not counted)",
+        report.invalid
+    )?;
+    for path in saved {
+        crate::outln!("saved {}", esc(&path.display().to_string()))?;
+    }
+    crate::outln!(
+        "score {:.1} % ({} killed of {} counted)",
+        report.score,
+        report.killed,
+        report.killed + report.survived
+    )?;
+    Ok(())
+}
+
+fn print_survivor(o: &Outcome) -> Result<()> {
+    crate::outln!(
+        "SURVIVED {} {}: `{}` -> `{}` ({})",
+        esc(&o.policy),
+        o.operator,
+        esc(&o.before),
+        esc(&o.after),
+        o.moved.join(", ")
+    )?;
+    if let Some(case) = &o.witness {
+        crate::outln!("    a case that kills it (save it as a fixture file):")?;
+        let text = serde_json::to_string_pretty(case).expect("a case serialises");
+        for line in text.lines() {
+            crate::outln!("    {}", esc(line))?;
+        }
+    }
+    Ok(())
+}
+
+/// Per forbid, how many mutants changed only which rows it names (shadowed).
+fn print_shadowed(report: &Report) -> Result<()> {
+    let mut per: std::collections::BTreeMap<&str, usize> = Default::default();
+    for o in report.outcomes.iter().filter(|o| o.shadowed) {
+        *per.entry(o.policy.as_str()).or_default() += 1;
+    }
+    for (policy, n) in per {
+        crate::outln!(
+            "SHADOWED {}: {n} mutant(s) change which requests it matches but no decision (other \
+             forbids keep every row it keeps; only reason codes can move)",
+            esc(policy)
+        )?;
+    }
+    Ok(())
+}
