@@ -26,6 +26,10 @@ pub fn explain_entry(plan: &Plan, entry: &Entry, policies: &Policies) -> Json {
         TCComputation::AssumeAlreadyComputed,
         Extensions::all_available(),
     );
+    let cedar = entities
+        .as_ref()
+        .map(|e| cedar_request(e, entry.index, policies))
+        .unwrap_or(Json::Null);
     let verdicts: Vec<Json> = match entities {
         Err(e) => vec![json!({"error": format!("building entities: {e}")})],
         Ok(entities) => {
@@ -77,8 +81,62 @@ pub fn explain_entry(plan: &Plan, entry: &Entry, policies: &Policies) -> Json {
         "reason_code": entry.reason().code(),
         "reason_codes": entry.reason_codes().iter().map(|r| r.code()).collect::<Vec<_>>(),
         "policies": verdicts,
+        "cedar_request": cedar,
         "first_stage": first_stage(plan, entry.index, policies),
         "evidence": plan.evidence(entry),
+    })
+}
+
+/// A uid as Cedar writes it (`Type::"id"`), the form `cedar authorize
+/// --request-json` reads.
+fn uid_json(uid: &cedar_policy_core::ast::EntityUID) -> Json {
+    Json::from(cedar_policy::EntityUid::from(uid.clone()).to_string())
+}
+
+/// The retire request exactly as evaluated, in Cedar's own JSON forms:
+/// principal, action and resource, the (empty) context (together a file
+/// for `cedar authorize --request-json`), and the entities
+/// (the run, and the row with the first stage's answers already collected
+/// into shared_identity_evidence and the slot counts). `decision` is Cedar's
+/// answer for the whole policy set, read back from that JSON under the
+/// schema, so `cedar authorize` on the same files gives the same one.
+fn cedar_request(entities: &Entities, index: usize, policies: &Policies) -> Json {
+    let principal = run_uid();
+    let resource = worker_uid(index);
+    let action = retire_action();
+    let json = match entities.to_json_value() {
+        Ok(j) => j,
+        Err(e) => return json!({"error": format!("writing the entities as JSON: {e}")}),
+    };
+    let decision = cedar_policy::Entities::from_json_value(json.clone(), Some(&policies.schema))
+        .map_err(|e| e.to_string())
+        .and_then(|parsed| {
+            let request = cedar_policy::Request::new(
+                principal.clone().into(),
+                action.clone().into(),
+                resource.clone().into(),
+                cedar_policy::Context::empty(),
+                Some(&policies.schema),
+            )
+            .map_err(|e| e.to_string())?;
+            let answer =
+                cedar_policy::Authorizer::new().is_authorized(&request, &policies.set, &parsed);
+            Ok(if answer.decision() == cedar_policy::Decision::Allow {
+                "allow"
+            } else {
+                "deny"
+            })
+        });
+    json!({
+        "principal": uid_json(&principal),
+        "action": uid_json(&action),
+        "resource": uid_json(&resource),
+        "context": {},
+        "entities": json,
+        "decision": match decision {
+            Ok(d) => json!(d),
+            Err(e) => json!({"error": e}),
+        },
     })
 }
 

@@ -60,6 +60,43 @@ pub struct Proof {
     pub counterexample: Option<String>,
 }
 
+/// The property files as written: (name, text, path when on disk), the
+/// built-in ones or a folder's `properties/*.cedar` (none when it has no
+/// such folder), for `policy validate`'s layout check.
+pub fn property_files(dir: Option<&Path>) -> Result<Vec<(String, String, Option<PathBuf>)>> {
+    let Some(d) = dir else {
+        return Ok(EMBEDDED
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_string(), None))
+            .collect());
+    };
+    let pd = d.join("properties");
+    if !pd.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&pd)
+        .map_err(|e| {
+            Error::policy(
+                About::PolicySet,
+                format!("{}: cannot list ({e})", pd.display()),
+            )
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|p| {
+            let name = format!(
+                "properties/{}",
+                p.file_name().unwrap_or_default().to_string_lossy()
+            );
+            crate::policy::read_folder_file(&p).map(|t| (name, t, Some(p)))
+        })
+        .collect()
+}
+
 /// Read the properties to prove: the built-in ones (always, when
 /// `with_builtin`: a folder of policies must satisfy what ours promise, so a
 /// permit-all folder with no properties of its own proves nothing away),

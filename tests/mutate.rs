@@ -1,6 +1,7 @@
-//! `policy mutate`: the reviewer's hand-made weakenings are each caught by
-//! a proof, the mutants like them are killed, and a deleted property shows
-//! up as a survivor whose witness case, saved, kills it.
+//! Signing off. `policy mutate`: the reviewer's hand-made weakenings are
+//! each caught by a proof, the mutants like them are killed, and a deleted
+//! property shows up as a survivor whose witness case, saved, kills it.
+//! `policy validate` holds the property files to the canonical layout.
 
 mod common;
 
@@ -270,4 +271,27 @@ fn a_property_the_policies_break_stops_the_run() {
     assert_ne!(code, Some(0), "{out}");
     assert!(out.contains("retire-only-unique-identities"), "{out}");
     assert!(out.contains("policy verify"), "{out}");
+}
+
+/// `policy validate` holds the property files to Cedar's canonical layout
+/// too, and names the file to fix.
+#[test]
+fn validate_checks_the_layout_of_property_files() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_policies(dir.path());
+    let path = dir.path().join("properties/capabilities.cedar");
+    let original = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, original.replace("permit (", "permit   (")).unwrap();
+    let p = dir.path().to_str().unwrap();
+    let out = run(&["--policies", p, "policy", "validate"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out).contains("properties/capabilities.cedar:"),
+        "{}",
+        text(&out)
+    );
+    let out = run(&["--policies", p, "policy", "validate", "--fix-format"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(&["--policies", p, "policy", "validate"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }

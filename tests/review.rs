@@ -611,3 +611,93 @@ fn a_captured_case_passes_and_fails_once_its_deciding_policy_is_gone() {
     assert_eq!(none.status.code(), Some(1));
     assert!(text(&none).contains("no row of"), "{}", text(&none));
 }
+
+/// `explain --format json` gives the retire request exactly as evaluated;
+/// Cedar's own CLI, given those entities, that request and the policy
+/// files, decides every row of every plan fixture as the plan did.
+#[test]
+fn explained_requests_replay_with_cedars_own_cli() {
+    if skip_unless(
+        std::process::Command::new("cedar")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "the cedar CLI (cargo install cedar-policy-cli)",
+    ) {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies.cedar");
+    let texts: Vec<String> = ["retirement.cedar", "capabilities.cedar"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join("policies").join(f)).unwrap())
+        .collect();
+    std::fs::write(&policies, texts.join("\n")).unwrap();
+    let (mut allowed, mut denied) = (0, 0);
+    for file in collect(&[root.join("fixtures/plan")]).unwrap() {
+        let case: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let mut ids: Vec<&str> = case["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["worker_identity"].as_str())
+            .filter(|id| !id.trim().is_empty())
+            .collect();
+        ids.dedup();
+        for id in ids {
+            let out = run(&[
+                "--format",
+                "json",
+                "explain",
+                "--worker",
+                id,
+                "--fixture",
+                file.to_str().unwrap(),
+            ]);
+            assert!(out.status.success(), "{}: {}", file.display(), text(&out));
+            let entries: Value = serde_json::from_slice(&out.stdout).unwrap();
+            for e in entries.as_array().unwrap() {
+                let c = &e["cedar_request"];
+                let want = if e["decision"] == "retire" {
+                    "allow"
+                } else {
+                    "deny"
+                };
+                assert_eq!(c["decision"], want, "{} {id}", file.display());
+                let entities = dir.path().join("entities.json");
+                let request = dir.path().join("request.json");
+                std::fs::write(&entities, c["entities"].to_string()).unwrap();
+                let keys = ["principal", "action", "resource", "context"];
+                let req: serde_json::Map<String, Value> = keys
+                    .iter()
+                    .map(|k| (k.to_string(), c[*k].clone()))
+                    .collect();
+                std::fs::write(&request, Value::Object(req).to_string()).unwrap();
+                let cli = std::process::Command::new("cedar")
+                    .arg("authorize")
+                    .arg("--policies")
+                    .arg(&policies)
+                    .arg("--schema")
+                    .arg(root.join("policies/schema.cedarschema"))
+                    .arg("--entities")
+                    .arg(&entities)
+                    .arg("--request-json")
+                    .arg(&request)
+                    .output()
+                    .unwrap();
+                let said = String::from_utf8_lossy(&cli.stdout).trim().to_lowercase();
+                assert_eq!(said, want, "{} {id}: {}", file.display(), text(&cli));
+                if want == "allow" {
+                    allowed += 1;
+                } else {
+                    denied += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        allowed > 3 && denied > 30,
+        "{allowed} allowed, {denied} denied"
+    );
+}

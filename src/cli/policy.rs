@@ -116,7 +116,10 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
     crate::verify::load_properties(cli.policies.as_deref(), &policies, false)?;
     let mut problems = Vec::new();
     let config = cedar_policy_formatter::Config::default();
-    for (name, text, path) in sources(cli)? {
+    let files = sources(cli)?
+        .into_iter()
+        .chain(crate::verify::property_files(cli.policies.as_deref())?);
+    for (name, text, path) in files {
         if name == SCHEMA_FILE {
             continue;
         }
@@ -150,7 +153,7 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
         return Err(Error::policy(About::PolicySet, problems.join("\n")));
     }
     crate::outln!(
-        "policies valid ({} policies, strict validation, canonical layout); policy_fingerprint {}",
+        "policies valid ({} policies, strict validation, canonical layout, properties too); policy_fingerprint {}",
         policies.rules.len(),
         policies.fingerprint
     )?;
