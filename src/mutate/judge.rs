@@ -77,17 +77,27 @@ pub(super) fn judge_all(
     cases: &[(PathBuf, Case)],
     share: Vec<(usize, &Mutant)>,
 ) -> Result<Vec<(usize, Outcome)>> {
-    crate::verify::with_solver(async |compiler| {
-        let cache = Cache::new(policies, properties)?;
-        let mut pool = Pool::new(cache.envs.len());
-        let mut out = Vec::new();
-        for (i, m) in share {
-            let judged = judge(compiler, &cache, &mut pool, policies, properties, cases, m).await;
-            out.push((i, judged.map_err(|e| unjudged(m, e))?));
-        }
-        Ok(out)
-    })
+    let cache = Cache::new(policies, properties)?;
+    let mut pool = Pool::new(cache.envs.len());
+    let mut out = Vec::new();
+    // A fresh solver process per batch: one process answering thousands of
+    // queries grows slower with each (measured: 262 s for the built-in set
+    // on one process; 42 s with a process per 64 mutants).
+    for batch in share.chunks(SOLVER_BATCH) {
+        crate::verify::with_solver(async |compiler| {
+            for &(i, m) in batch {
+                let judged =
+                    judge(compiler, &cache, &mut pool, policies, properties, cases, m).await;
+                out.push((i, judged.map_err(|e| unjudged(m, e))?));
+            }
+            Ok(())
+        })?;
+    }
+    Ok(out)
 }
+
+/// Mutants judged by one solver process.
+const SOLVER_BATCH: usize = 64;
 
 /// A failure while judging one mutant, naming it.
 fn unjudged(m: &Mutant, e: crate::error::Error) -> crate::error::Error {
