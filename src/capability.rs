@@ -59,7 +59,8 @@ impl std::fmt::Display for Operation {
 pub struct Profile {
     /// `role`, when it is a string.
     pub role: Option<String>,
-    /// `allowed_operations`, when it is a list of strings.
+    /// `allowed_operations`, when it is a list: its strings as written
+    /// (anything else in it is a problem below).
     pub allowed_operations: Option<Vec<String>>,
     /// What is wrong with the entry, if anything.
     pub problems: Vec<String>,
@@ -175,15 +176,18 @@ fn parse_profile(entry: &Json) -> Profile {
     };
     let allowed_operations = match obj.get("allowed_operations") {
         Some(Json::Array(items)) => {
-            let strings: Option<Vec<String>> = items
+            // The strings as written; anything else makes the entry
+            // malformed, which the capability policies deny (Rust does not
+            // empty the list: the forbid in capabilities.cedar decides).
+            let strings: Vec<String> = items
                 .iter()
-                .map(|i| i.as_str().map(str::to_string))
+                .filter_map(|i| i.as_str().map(str::to_string))
                 .collect();
-            if strings.is_none() {
+            if strings.len() != items.len() {
                 problems
                     .push("allowed_operations holds something that is not a string".to_string());
             }
-            strings
+            Some(strings)
         }
         Some(other) => {
             problems.push(format!(
@@ -210,10 +214,11 @@ fn uid(ty: &str, id: &str) -> EntityUid {
     )
 }
 
-/// The operator entity for a profile (as the capability policies see it).
+/// The operator entity for a profile (as the capability policies see it):
+/// the role and operations as written, even for a malformed entry;
+/// `exists` and `well_formed` say what is wrong, and the policies deny.
 pub fn operator_entity(name: &str, profile: Option<&Profile>) -> Result<Entity> {
     let ops: Vec<RestrictedExpression> = profile
-        .filter(|p| p.problems.is_empty())
         .and_then(|p| p.allowed_operations.clone())
         .unwrap_or_default()
         .into_iter()
@@ -557,5 +562,31 @@ mod tests {
             "reconciler-prgs": {"role": "reconciler", "allowed_operations": []},
         }});
         assert!(warnings(&Profiles::from_json(&clean).unwrap()).is_empty());
+    }
+
+    /// A malformed entry reaches Cedar with its role and operations as
+    /// written; the forbid `unknown-or-malformed-profile` is what denies
+    /// it: without that forbid the same entry would plan and apply.
+    #[test]
+    fn a_malformed_profile_is_denied_by_the_policy_not_by_rust() {
+        let doc = serde_json::json!({"profiles": {
+            "odd": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire", 7]},
+        }});
+        let profiles = Profiles::from_json(&doc).unwrap();
+        let builtin =
+            crate::policy::Policies::load(&crate::policy::PolicySource::Embedded).unwrap();
+        let without = builtin
+            .with_replaced("unknown-or-malformed-profile", None)
+            .unwrap();
+        for op in [Operation::Snapshot, Operation::Plan, Operation::Apply] {
+            assert!(
+                !check(&builtin, &profiles, "odd", op).unwrap().allowed,
+                "{op}"
+            );
+            assert!(
+                check(&without, &profiles, "odd", op).unwrap().allowed,
+                "{op}"
+            );
+        }
     }
 }

@@ -224,6 +224,43 @@ mod tests {
     use super::*;
     use crate::value::Value;
 
+    /// The schema's statement of the TTL rule and the code agree: its
+    /// grammar is the one `is_decimal_number` follows, and every example it
+    /// gives is measured as it says.
+    #[test]
+    fn the_schema_states_the_ttl_rule_the_code_follows() {
+        let schema = include_str!("../policies/schema.cedarschema");
+        let line = |tag: &str| -> &str {
+            schema
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("//")?.trim().strip_prefix(tag))
+                .unwrap_or_else(|| panic!("the schema has no {tag:?} line"))
+                .trim()
+        };
+        let code = include_str!("liveness.rs");
+        let grammar = line("grammar:");
+        assert!(
+            code.contains(&format!("// {grammar}, ASCII digits only")),
+            "{grammar}"
+        );
+        let quoted = |l: &str| -> Vec<String> {
+            l.split('"')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let counts = quoted(line("counts:"));
+        let not = quoted(line("does not count:"));
+        assert!(counts.len() >= 8 && not.len() >= 8);
+        for s in &counts {
+            assert!(measure_ttl(Val::Text(s)).number, "{s:?} should count");
+        }
+        for s in &not {
+            assert!(!measure_ttl(Val::Text(s)).number, "{s:?} should not count");
+        }
+    }
+
     #[test]
     fn ttl_accepts_numbers_and_decimal_text_only() {
         assert_eq!(canonical_ttl(Val::Int(300)), 300.0);
