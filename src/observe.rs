@@ -157,6 +157,11 @@ pub fn derived_process_identity(pid: Val<'_>) -> String {
     format!("pid-{}", pid.py_str())
 }
 
+/// The kinds of identity evidence, in the order `shared_identity_evidence`
+/// names them (stated in full beside that attribute in
+/// `policies/schema.cedarschema`; a test holds the two equal).
+pub const EVIDENCE_KINDS: [&str; 4] = ["session_id", "generation_id", "process_identity", "pid"];
+
 /// A process identity ready to render: a stored value, or `pid-` and a pid.
 #[derive(Debug, Clone, Copy)]
 pub enum ProcessIdentityJson<'a> {
@@ -179,11 +184,12 @@ pub(crate) fn conflict_keys(
     row: &Row,
     process_identity: ProcessIdentity,
 ) -> Vec<(&'static str, Cow<'_, str>)> {
+    let [session, generation, process, pid] = EVIDENCE_KINDS;
     [
-        ("session_id", row.get(Col::SessionId).canon_cow()),
-        ("generation_id", row.get(Col::GenerationId).canon_cow()),
-        ("process_identity", process_identity.canon(row)),
-        ("pid", row.get(Col::Pid).canon_cow()),
+        (session, row.get(Col::SessionId).canon_cow()),
+        (generation, row.get(Col::GenerationId).canon_cow()),
+        (process, process_identity.canon(row)),
+        (pid, row.get(Col::Pid).canon_cow()),
     ]
     .into_iter()
     .filter(|(_, text)| !text.is_empty())
@@ -464,6 +470,49 @@ fn observe_row(
 mod tests {
     use super::*;
     use crate::value::Value;
+
+    /// The schema's statement of the row joins is the code's: the
+    /// evidence kinds, the `pid-<pid>` default, and the slot key (canonical
+    /// text, not stripped; claimants of status exactly "active").
+    #[test]
+    fn the_schema_states_the_joins_the_code_makes() {
+        let schema = include_str!("../policies/schema.cedarschema");
+        let stated = |tag: &str| -> Vec<String> {
+            let line = schema
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("//")?.trim().strip_prefix(tag))
+                .unwrap_or_else(|| panic!("the schema states no {tag:?}"));
+            line.split(',').map(|c| c.trim().to_string()).collect()
+        };
+        assert_eq!(stated("evidence kinds:"), EVIDENCE_KINDS.map(String::from));
+        assert_eq!(stated("slot key:"), ["client_instance_id", "namespace"]);
+        assert!(schema.contains("\"pid-<pid>\""));
+        assert!(schema.contains("claimant status: the text \"active\", exactly."));
+        let row = |instance: &str, status: &str| {
+            let mut r = Row::default();
+            r.set(Col::ClientInstanceId, Value::Text(instance.into()));
+            r.set(Col::Namespace, Value::Text("author".into()));
+            r.set(Col::Status, Value::Text(status.into()));
+            r.set(Col::Pid, Value::Int(42));
+            r
+        };
+        let rows = [
+            row("inst-1", "active"),
+            row(" inst-1", "active"),
+            row("inst-1", " active"),
+            row("inst-1", "active"),
+        ];
+        let mut out = vec![PeerFacts::default(); rows.len()];
+        slot_counts(&rows, &[true; 4], &mut out);
+        let claimants: Vec<usize> = out.iter().map(|p| p.slot_active_claimants).collect();
+        assert_eq!(claimants, [2, 1, 0, 2]);
+        let keys = conflict_keys(&rows[0], ProcessIdentity::of(&rows[0]));
+        assert!(
+            keys.iter()
+                .any(|(k, v)| *k == "process_identity" && v == "pid-42"),
+            "{keys:?}"
+        );
+    }
 
     /// Each row's identity count is the number of rows whose canonical
     /// identity is its own (an integer identity and its text are one), and

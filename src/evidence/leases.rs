@@ -33,19 +33,26 @@ pub struct Protections {
     pub pids: BTreeSet<String>,
 }
 
+/// The lease columns that feed each protection (stated in full beside
+/// `lease_*` in `policies/schema.cedarschema`; a test holds the two equal).
+pub const WORKER_IDENTITY_COLUMNS: &[LeaseCol] = &[LeaseCol::OwnerWorkerIdentity];
+/// See [`WORKER_IDENTITY_COLUMNS`].
+pub const SESSION_COLUMNS: &[LeaseCol] = &[LeaseCol::SessionId, LeaseCol::OwnerSessionId];
+/// See [`WORKER_IDENTITY_COLUMNS`].
+pub const PID_COLUMNS: &[LeaseCol] = &[LeaseCol::OwnerPid, LeaseCol::SessionPid];
+
 impl Protections {
     /// Collect the protections of the active leases among `leases`.
     pub fn from_leases<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> Protections {
         let mut p = Protections::default();
         for lease in leases.into_iter().filter(|l| l.is_active()) {
-            names(
-                &mut p.worker_identities,
-                lease.get(LeaseCol::OwnerWorkerIdentity),
-            );
-            for col in [LeaseCol::SessionId, LeaseCol::OwnerSessionId] {
+            for &col in WORKER_IDENTITY_COLUMNS {
+                names(&mut p.worker_identities, lease.get(col));
+            }
+            for &col in SESSION_COLUMNS {
                 names(&mut p.session_ids, lease.get(col));
             }
-            for col in [LeaseCol::OwnerPid, LeaseCol::SessionPid] {
+            for &col in PID_COLUMNS {
                 let v = lease.get(col);
                 if *v != Value::Null {
                     p.pids.insert(v.canon());
@@ -262,6 +269,54 @@ mod tests {
             .collect();
         all.insert("status".into(), Value::Text("active".into()));
         Lease::from_fields(all)
+    }
+
+    /// The schema's statement of the lease rule is the code's: the same
+    /// columns feed each set, and only a status of exactly "active" counts,
+    /// whatever expires_at says.
+    #[test]
+    fn the_schema_states_the_lease_rule_the_code_follows() {
+        let schema = include_str!("../../policies/schema.cedarschema");
+        let stated = |set: &str| -> Vec<String> {
+            let tag = format!("{set} from:");
+            let line = schema
+                .lines()
+                .find_map(|l| {
+                    l.trim()
+                        .strip_prefix("//")?
+                        .trim()
+                        .strip_prefix(tag.as_str())
+                })
+                .unwrap_or_else(|| panic!("the schema states no {tag:?}"));
+            line.split(',').map(|c| c.trim().to_string()).collect()
+        };
+        let names = |cols: &[LeaseCol]| -> Vec<String> {
+            cols.iter().map(|c| c.name().to_string()).collect()
+        };
+        assert_eq!(
+            stated("lease_worker_identities"),
+            names(WORKER_IDENTITY_COLUMNS)
+        );
+        assert_eq!(stated("lease_session_ids"), names(SESSION_COLUMNS));
+        assert_eq!(stated("lease_pids"), names(PID_COLUMNS));
+        assert!(schema.contains("status is the text \"active\", exactly"));
+        assert!(schema.contains("expires_at and every other column are ignored"));
+        for (status, counts) in [
+            ("active", true),
+            (" active", false),
+            ("ACTIVE", false),
+            ("expired", false),
+        ] {
+            let mut all: BTreeMap<String, Value> = BTreeMap::new();
+            all.insert("status".into(), Value::Text(status.into()));
+            all.insert("owner_pid".into(), Value::Int(7));
+            all.insert(
+                "expires_at".into(),
+                Value::Text("2000-01-01T00:00:00Z".into()),
+            );
+            let p = Protections::from_leases([&Lease::from_fields(all)]);
+            assert_eq!(p.pids.contains("7"), counts, "{status:?}");
+        }
     }
 
     /// A lease names a session or identity by its canonical text, and
