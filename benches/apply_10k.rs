@@ -112,6 +112,7 @@ fn plan_and_request(
         canonical_repository: Some("prgs/gitea-tools".into()),
         max_retire,
         planned: None,
+        first: None,
     };
     (p, req)
 }
@@ -183,6 +184,7 @@ fn under_load() {
         planned: Some(std::sync::Arc::new(
             fleet_retire::plan::planned::PlannedRows::of(&p),
         )),
+        first: None,
         ..req
     };
     let started = Instant::now();

@@ -317,6 +317,7 @@ fn retire_every_candidate(url: &Path, policies: &Policies, targets: usize) -> Re
         planned: Some(std::sync::Arc::new(
             fleet_retire::plan::planned::PlannedRows::of(&p),
         )),
+        first: None,
     };
     assert_eq!(req.workers.len(), targets, "every dead row is a candidate");
     req

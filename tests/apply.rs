@@ -58,6 +58,7 @@ on_both_engines!(
     a_heartbeat_that_expires_between_plan_and_apply_adds_a_candidate_not_retired,
     a_live_worker_that_dies_between_plan_and_apply_moves_the_candidate_set,
     a_saved_plan_is_retired_in_batches_under_the_blast_radius,
+    one_saved_plan_is_retired_batch_after_batch,
 );
 
 fn happy_path_retires_exactly_the_approved_rows_then_replays_idempotently(engine: Engine) {
@@ -652,5 +653,56 @@ fn a_saved_plan_is_retired_in_batches_under_the_blast_radius(engine: Engine) {
     assert_eq!(report["retired"].as_array().unwrap().len(), 1, "{report}");
     assert_eq!(access.status_of(&order[2]), "retired");
     assert_eq!(access.status_of("w-running"), "active");
+    drop(live);
+}
+
+/// One saved plan, retired batch after batch with `--first 1`: each batch
+/// passes over the candidates earlier batches retired (named in
+/// `retired_since_plan`), so no re-plan is needed; a replay after the last
+/// batch retires nothing. A row retired by hand that was not a candidate of
+/// the plan is still a change that refuses.
+fn one_saved_plan_is_retired_batch_after_batch(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "onebatch") else {
+        return;
+    };
+    let (plan_path, plan) = save_plan(&stores);
+    let order: Vec<String> =
+        serde_json::from_value(plan["candidate_worker_identities"].clone()).unwrap();
+    assert_eq!(order.len(), 3);
+    let batch = ["--max-retire", "1", "--first", "1"];
+    for (n, w) in order.iter().enumerate() {
+        let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &batch);
+        assert_eq!(code, Some(0), "batch {n}: {report}");
+        assert_eq!(report["retired_count"], 1, "batch {n}: {report}");
+        assert_eq!(
+            report["retired"][0]["worker_identity"],
+            json!(w),
+            "{report}"
+        );
+        let earlier = report["retired_since_plan"].as_array().map_or(0, Vec::len);
+        assert_eq!(earlier, n, "batch {n}: {report}");
+        for (m, other) in order.iter().enumerate() {
+            let want = if m <= n { "retired" } else { "active" };
+            assert_eq!(access.status_of(other), want, "batch {n}: {other}");
+        }
+    }
+    let before = access.dump();
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &batch);
+    assert_eq!(report["outcome"], "already_retired", "{report}");
+    assert_eq!(code, Some(0), "an idempotent replay: {report}");
+    assert_eq!(access.dump(), before);
+
+    // Another plan; a row it keeps is retired by hand: not a batch of it.
+    drop(live);
+    let Some((stores, live, access)) = fleet_on(engine, "onebatchhand") else {
+        return;
+    };
+    let (plan_path, _) = save_plan(&stores);
+    access.set_status("w-running", "retired");
+    let before = access.dump();
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &batch);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "registry_revision_moved", "{report}");
+    assert_eq!(access.dump(), before);
     drop(live);
 }

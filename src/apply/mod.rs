@@ -42,6 +42,10 @@ pub struct Request {
     pub policy_fingerprint: String,
     /// The workers to retire (all or some of the plan's candidates).
     pub workers: Vec<String>,
+    /// Retire only the first N of `workers` that are candidates now,
+    /// passing over those an earlier batch of the plan retired (`apply
+    /// PLAN.json --first N`).
+    pub first: Option<usize>,
     /// The canonical repository the plan used.
     pub canonical_repository: Option<String>,
     /// Refuse (retiring nothing) above this many targets.
@@ -339,11 +343,20 @@ fn conclude(
             report.retired_count = report.retired.len();
             report.mutation_performed = report.retired_count > 0;
             if report.detail.is_empty() {
-                report.detail = format!(
-                    "retired {} of {} requested worker(s)",
-                    report.retired_count,
-                    req.workers.len()
-                );
+                report.detail = match req.first {
+                    Some(n) => format!(
+                        "retired {} (--first {n} of the plan's {} candidates; {} retired by \
+                         earlier batches)",
+                        report.retired_count,
+                        req.workers.len(),
+                        report.retired_since_plan.len()
+                    ),
+                    None => format!(
+                        "retired {} of {} requested worker(s)",
+                        report.retired_count,
+                        req.workers.len()
+                    ),
+                };
             }
             let added = report.candidates_added_since_plan.len();
             if added > 0 {
@@ -374,6 +387,7 @@ fn conclude(
             fresh.verdicts_moved = std::mem::take(&mut report.verdicts_moved);
             fresh.candidates_added_since_plan =
                 std::mem::take(&mut report.candidates_added_since_plan);
+            fresh.retired_since_plan = std::mem::take(&mut report.retired_since_plan);
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
             }
@@ -570,9 +584,10 @@ fn replan(
         {
             None => return Err(moved(String::new())),
             Some(planned) => match planned.tolerated(&fresh) {
-                Ok(workers) => {
-                    report.heartbeats_tolerated = workers.len();
-                    report.heartbeats_tolerated_workers = workers;
+                Ok(tolerance) => {
+                    report.heartbeats_tolerated = tolerance.heartbeats.len();
+                    report.heartbeats_tolerated_workers = tolerance.heartbeats;
+                    report.retired_since_plan = tolerance.retired_since_plan;
                 }
                 Err(why) => return Err(moved(format!(": {why}"))),
             },
@@ -582,7 +597,7 @@ fn replan(
         let moved = planned_verdicts_moved(req, &fresh);
         if let Some(added) = moved
             .as_deref()
-            .and_then(|m| expired_since_plan(req, &fresh, m))
+            .and_then(|m| moved_as_planned(req, &fresh, m, &report.retired_since_plan))
         {
             report.candidates_added_since_plan = added;
             return Ok(fresh);
@@ -611,27 +626,56 @@ fn planned_verdicts_moved(
         .and_then(|p| p.verdicts_moved(fresh))
 }
 
-/// Semantics §13, time passing: when every moved row was kept only for an
-/// unexpired heartbeat and is a candidate now, and the other candidates
-/// make exactly the plan's token, the apply goes on; those rows are named
-/// and left alone. `None` when any other change is in the set.
-fn expired_since_plan(
+/// Semantics §13: the candidate set moved only as time and this plan's own
+/// batches move it. Every moved row either was kept at plan time only for
+/// an unexpired heartbeat and is a candidate now (time passed), or was a
+/// candidate and has been retired since (an earlier batch of this plan,
+/// `retired`); and the plan's candidates, rebuilt from the rows now (the
+/// retired ones as they were, `active`), make exactly the plan's token.
+/// Then the apply goes on: the rows that became candidates are named and
+/// left alone. `None` when any other change is in the set.
+fn moved_as_planned(
     req: &Request,
     fresh: &crate::plan::Plan,
     moved: &[crate::plan::planned::VerdictMoved],
+    retired: &[String],
 ) -> Option<Vec<String>> {
-    if moved.is_empty() || !moved.iter().all(|m| m.expired_since) {
+    let retired: std::collections::HashSet<&str> = retired.iter().map(String::as_str).collect();
+    let explained = |m: &&crate::plan::planned::VerdictMoved| {
+        m.expired_since || retired.contains(m.worker_identity.as_str())
+    };
+    if moved.is_empty() || !moved.iter().all(|m| explained(&m)) {
         return None;
     }
-    let added: std::collections::HashSet<usize> = moved.iter().map(|m| m.entry).collect();
-    let rest = fresh
+    let added: std::collections::HashSet<usize> = moved
+        .iter()
+        .filter(|m| m.expired_since)
+        .map(|m| m.entry)
+        .collect();
+    let planned: Vec<Row> = fresh
         .entries
         .iter()
         .enumerate()
-        .filter(|(i, e)| e.is_candidate() && !added.contains(i))
-        .map(|(_, e)| &fresh.rows[e.index]);
-    (crate::fingerprint::candidate_fingerprint(rest) == req.candidate_fingerprint)
-        .then(|| moved.iter().map(|m| m.worker_identity.clone()).collect())
+        .filter_map(|(i, e)| {
+            let row = &fresh.rows[e.index];
+            if e.is_candidate() && !added.contains(&i) {
+                Some(row.clone())
+            } else if retired.contains(fresh.identity(e).as_str()) {
+                let mut before = row.clone();
+                before.set(Col::Status, Value::Text("active".into()));
+                Some(before)
+            } else {
+                None
+            }
+        })
+        .collect();
+    (crate::fingerprint::candidate_fingerprint(&planned) == req.candidate_fingerprint).then(|| {
+        moved
+            .iter()
+            .filter(|m| m.expired_since)
+            .map(|m| m.worker_identity.clone())
+            .collect()
+    })
 }
 
 /// The refusal's words for the rows whose verdict moved, and those rows
@@ -682,6 +726,12 @@ fn select_targets<'p>(
 ) -> std::result::Result<Vec<&'p crate::plan::Entry>, Abort> {
     let mut targets = Vec::new();
     for w in &req.workers {
+        if req.first.is_some_and(|n| targets.len() >= n) {
+            break;
+        }
+        if report.retired_since_plan.contains(w) {
+            continue;
+        }
         let entries: Vec<_> = by_identity
             .get(w)
             .map(|ix| ix.iter().map(|&i| &fresh.entries[i]).collect())

@@ -153,6 +153,10 @@ pub struct Report {
     /// §13); plan again to retire them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub candidates_added_since_plan: Vec<String>,
+    /// Candidates of the plan retired since it was made (an earlier batch
+    /// of the same plan): neither a change that refuses nor a target.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub retired_since_plan: Vec<String>,
     /// How long the registry's write lock was held (BEGIN IMMEDIATE to
     /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
     /// meanwhile.
@@ -187,6 +191,7 @@ impl Report {
             heartbeats_tolerated_workers: Vec::new(),
             verdicts_moved: Vec::new(),
             candidates_added_since_plan: Vec::new(),
+            retired_since_plan: Vec::new(),
             lock_held_ms: 0,
             detail: detail.into(),
             post_apply: None,

@@ -132,8 +132,10 @@ fn request_of(args: &ApplyArgs) -> Result<Request> {
 /// candidates, or the `--workers` given, each of which must be one.
 fn batch_of(mut req: Request, args: &ApplyArgs, plan: &Path) -> Result<Request> {
     if let Some(n) = args.first {
-        req.workers
-            .truncate(usize::try_from(n).unwrap_or(usize::MAX));
+        // Every candidate stays in the request: the apply takes the first
+        // N that are candidates now, passing over those an earlier batch of
+        // this plan retired.
+        req.first = Some(usize::try_from(n).unwrap_or(usize::MAX));
         return Ok(req);
     }
     let Some(given) = &args.workers else {

@@ -349,6 +349,7 @@ impl<'p> Demo<'p> {
             canonical_repository: Some(REPO.into()),
             max_retire: 100,
             planned: None,
+            first: None,
         };
         let report = apply(
             &req,

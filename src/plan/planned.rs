@@ -182,9 +182,11 @@ impl PlannedRows {
     }
 
     /// Compare with a plan re-derived now. `Ok` lists the workers whose
-    /// heartbeat alone moved, on rows live then and now; `Err` says what
-    /// else changed.
-    pub fn tolerated(&self, now: &Plan) -> Result<Vec<String>, String> {
+    /// heartbeat alone moved, on rows live then and now, and the candidates
+    /// of the plan that have been retired since (an earlier batch of it:
+    /// `status` is `retired` and nothing else of the row moved); `Err` says
+    /// what else changed.
+    pub fn tolerated(&self, now: &Plan) -> Result<Tolerance, String> {
         if self.rows.len() != now.rows.len() {
             return Err(format!(
                 "the registry had {} rows at plan time and has {} now",
@@ -199,10 +201,16 @@ impl PlannedRows {
                 .or_default()
                 .push(r);
         }
-        let mut tolerated = Vec::new();
+        let mut tolerated = Tolerance::default();
         for e in &now.entries {
             let (full, stable) = row_digests(&now.rows[e.index]);
             let identity = now.identity(e);
+            if by_stable.get(stable.as_str()).is_none_or(|v| v.is_empty())
+                && retired_candidate(&now.rows[e.index], &mut by_stable)
+            {
+                tolerated.retired_since_plan.push(identity);
+                continue;
+            }
             let Some(then) = by_stable.get_mut(stable.as_str()).filter(|v| !v.is_empty()) else {
                 return Err(format!(
                     "worker {identity:?} was added or changed beyond its heartbeat since the plan"
@@ -224,9 +232,48 @@ impl PlannedRows {
                     "worker {identity:?} heartbeated since the plan, but is not live now"
                 ));
             }
-            tolerated.push(identity);
+            tolerated.heartbeats.push(identity);
         }
         Ok(tolerated)
+    }
+}
+
+/// What [`PlannedRows::tolerated`] let pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tolerance {
+    /// Workers whose heartbeat alone moved, live then and now.
+    pub heartbeats: Vec<String>,
+    /// Candidates of the plan retired since (`status` `retired`, every other
+    /// fingerprint field as planned).
+    pub retired_since_plan: Vec<String>,
+}
+
+/// The row as it was planned had its status been `active`: a candidate of
+/// the plan that is `retired` now and otherwise unchanged. Its planned row
+/// is taken off `by_stable` when it is.
+fn retired_candidate(
+    row: &crate::row::Row,
+    by_stable: &mut HashMap<&str, Vec<&PlannedRow>>,
+) -> bool {
+    if row.get(Col::Status).as_text() != Some("retired") {
+        return false;
+    }
+    let mut before = row.clone();
+    before.set(Col::Status, crate::value::Value::Text("active".into()));
+    let (full, stable) = row_digests(&before);
+    let eligible = crate::reasons::Reason::Eligible.code();
+    let Some(then) = by_stable.get_mut(stable.as_str()) else {
+        return false;
+    };
+    let candidate = |r: &&PlannedRow| {
+        r.row_digest == full && r.reason_codes.as_deref().is_some_and(|c| c == [eligible])
+    };
+    match then.iter().position(candidate) {
+        Some(at) => {
+            then.remove(at);
+            true
+        }
+        None => false,
     }
 }
 

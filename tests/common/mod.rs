@@ -360,6 +360,7 @@ impl Lib {
             canonical_repository: Some("prgs/gitea-tools".into()),
             max_retire: 100,
             planned: None,
+            first: None,
         }
     }
 
@@ -883,6 +884,29 @@ impl StoreAccess {
     }
 
     /// Set one worker's `last_heartbeat_at`, as the worker would.
+    /// Set a row's status by hand (as an operator's SQL would).
+    pub fn set_status(&self, worker: &str, status: &str) {
+        match self {
+            StoreAccess::Sqlite { registry, .. } => {
+                Connection::open(registry)
+                    .unwrap()
+                    .execute(
+                        "UPDATE worker_registrations SET status = ?1 WHERE worker_identity = ?2",
+                        [status, worker],
+                    )
+                    .unwrap();
+            }
+            StoreAccess::Postgres(db) => {
+                db.client()
+                    .execute(
+                        "UPDATE worker_registrations SET status = $1 WHERE worker_identity = $2",
+                        &[&status, &worker],
+                    )
+                    .unwrap();
+            }
+        }
+    }
+
     pub fn set_heartbeat(&self, worker: &str, at: &str) {
         match self {
             StoreAccess::Sqlite { registry, .. } => {
