@@ -352,3 +352,66 @@ fn hostile_rows_never_make_a_reply_over_one_mebibyte() {
     );
     wire.finish();
 }
+
+impl Wire {
+    /// Call a tool and wait for its reply (progress notifications skipped).
+    fn call(&mut self, id: u64, name: &str, arguments: Value) -> Value {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments}}));
+        loop {
+            let line = self.next(Duration::from_secs(60)).expect("a reply");
+            if line["id"] == id {
+                return line["result"].clone();
+            }
+        }
+    }
+}
+
+/// The apply tool retires a plan the server issued in batches with
+/// `first`, each call passing over what earlier batches retired, without a
+/// new plan; `first` for a plan the server does not keep is refused.
+#[test]
+fn the_apply_tool_retires_one_plan_in_batches_with_first() {
+    let (stores, live) = fleet();
+    let mut wire = Wire::start(stores.dir.path(), &[]);
+    let plan = wire.call(1, "plan_stale_worker_retirement", json!({}));
+    let plan = &plan["structuredContent"];
+    let order: Vec<String> =
+        serde_json::from_value(plan["candidate_worker_identities"].clone()).unwrap();
+    assert_eq!(order.len(), 3, "{plan}");
+    let args = |first: u64| {
+        json!({
+            "registry_fingerprint": plan["registry_fingerprint"],
+            "candidate_fingerprint": plan["candidate_fingerprint"],
+            "policy_fingerprint": plan["policy_fingerprint"],
+            "first": first,
+        })
+    };
+    let one = wire.call(2, "apply_stale_worker_retirement", args(1));
+    assert_eq!(one["structuredContent"]["retired_count"], 1, "{one}");
+    let two = wire.call(3, "apply_stale_worker_retirement", args(2));
+    let two = &two["structuredContent"];
+    assert_eq!(two["retired_count"], 2, "{two}");
+    assert_eq!(two["retired_since_plan"], json!([order[0]]), "{two}");
+    for w in &order {
+        assert_eq!(status_of(&stores.registry, w), "retired", "{w}");
+    }
+    assert_eq!(status_of(&stores.registry, "w-running"), "active");
+    let replay = wire.call(4, "apply_stale_worker_retirement", args(1));
+    assert_eq!(
+        replay["structuredContent"]["outcome"], "already_retired",
+        "{replay}"
+    );
+
+    let mut stranger = args(1);
+    stranger["registry_fingerprint"] = json!("registryfp-0000");
+    let refused = wire.call(5, "apply_stale_worker_retirement", stranger);
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert!(refused.to_string().contains("plan_not_kept"), "{refused}");
+    let mut both = args(1);
+    both["worker_identities"] = json!([order[0]]);
+    let refused = wire.call(6, "apply_stale_worker_retirement", both);
+    assert!(refused.to_string().contains("exactly one of"), "{refused}");
+    wire.finish();
+    drop(live);
+}

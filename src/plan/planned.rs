@@ -148,6 +148,17 @@ impl PlannedRows {
         }
     }
 
+    /// The plan's candidates, in registry order (empty for a plan saved
+    /// without its verdicts).
+    pub fn candidates(&self) -> Vec<String> {
+        let eligible = crate::reasons::Reason::Eligible.code();
+        self.rows
+            .iter()
+            .filter(|r| r.reason_codes.as_deref().is_some_and(|c| c == [eligible]))
+            .map(|r| r.worker_identity.clone())
+            .collect()
+    }
+
     /// The rows that were candidates then and are not now, or the other
     /// way round, matched by identity; `None` when this plan was saved
     /// without its verdicts.

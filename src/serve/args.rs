@@ -89,7 +89,11 @@ pub(super) struct ApplyArgs {
     pub(super) registry_fingerprint: String,
     pub(super) candidate_fingerprint: String,
     pub(super) policy_fingerprint: String,
-    pub(super) worker_identities: Workers,
+    #[serde(default)]
+    pub(super) worker_identities: Option<Workers>,
+    /// The first N candidates of the plan this server issued under these
+    /// tokens that are still candidates (earlier batches passed over).
+    pub(super) first: Option<usize>,
     pub(super) canonical_repository: Option<String>,
     pub(super) remote: Option<String>,
     pub(super) host: Option<String>,

@@ -106,15 +106,17 @@ impl ToolKind {
                     "candidate_fingerprint": {"type": "string", "description": "The plan's candidate_fingerprint."},
                     "policy_fingerprint": {"type": "string", "description": "The plan's policy_fingerprint."},
                     "worker_identities": {
-                        "description": "The workers to retire: a list, or a JSON list / comma-separated text.",
+                        "description": "The workers to retire: a list, or a JSON list / comma-separated text. Give this or first.",
                         "oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]},
+                    "first": {
+                        "type": "integer", "minimum": 1,
+                        "description": "Instead of worker_identities: retire the first N candidates, in the plan's order, of the plan this server issued under these tokens, passing over those an earlier batch retired. Call again with the same tokens for the next batch."},
                     "canonical_repository": canonical,
                 }),
                 &[
                     "registry_fingerprint",
                     "candidate_fingerprint",
                     "policy_fingerprint",
-                    "worker_identities",
                 ],
                 true,
             ),

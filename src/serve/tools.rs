@@ -199,7 +199,7 @@ impl FleetServer {
             Ok(c) => c,
             Err(refused) => return *refused,
         };
-        let req = match self.request(a.tokens(), a.worker_identities, canonical) {
+        let req = match self.request(a.tokens(), a.worker_identities, a.first, canonical) {
             Ok(r) => r,
             Err(refused) => return *refused,
         };
@@ -239,23 +239,45 @@ impl FleetServer {
     fn request(
         &self,
         tokens: Tokens,
-        workers: Workers,
+        workers: Option<Workers>,
+        first: Option<usize>,
         canonical: String,
     ) -> std::result::Result<Request, Box<CallToolResult>> {
-        let workers = workers.into_list().map_err(|e| {
-            Box::new(tool_error(
-                "invalid_worker_identities",
-                e.to_string(),
-                "pass a list of strings, a JSON list, or comma-separated identities",
-                json!({}),
-            ))
-        })?;
+        let refuse = |code: &str, why: String, advice: &str| {
+            Box::new(tool_error(code, why, advice, json!({})))
+        };
         let recalled = self.kept.rows(&tokens.registry_fingerprint);
+        let workers = match (workers, first, &recalled) {
+            (Some(w), None, _) => w.into_list().map_err(|e| {
+                refuse(
+                    "invalid_worker_identities",
+                    e.to_string(),
+                    "pass a list of strings, a JSON list, or comma-separated identities",
+                )
+            })?,
+            (None, Some(_), Some(rows)) => rows.candidates(),
+            (None, Some(_), None) => {
+                return Err(refuse(
+                    "plan_not_kept",
+                    "first takes the candidates of a plan this server issued and still keeps,                      and it keeps none under this registry_fingerprint"
+                        .into(),
+                    "plan again with this server, or name worker_identities",
+                ))
+            }
+            _ => {
+                return Err(refuse(
+                    "invalid_worker_identities",
+                    "give exactly one of worker_identities and first".into(),
+                    "name the workers, or ask for the first N candidates of the plan",
+                ))
+            }
+        };
         let mut req = Request::new(tokens, workers)
             .with_planned(recalled)
             .map_err(|e| Box::new(error_result(&Error::input(About::ToolCall, e))))?;
         req.canonical_repository = Some(canonical);
         req.max_retire = self.binding.max_retire;
+        req.first = first;
         Ok(req)
     }
 }
