@@ -13,8 +13,7 @@ use crate::error::{About, Error, Result};
 use crate::fixture::Case;
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
-    hold_evidence_action, occupy_slot_action, retire_action, run_entity, run_uid, worker_entity,
-    worker_uid,
+    first_stage_actions, retire_action, run_entity, run_uid, worker_entity, worker_uid,
 };
 use crate::policy::Policies;
 use cedar_policy::{Authorizer, Context, Decision, Effect, PolicyId, PolicySet, Request};
@@ -244,11 +243,7 @@ fn plan_case(
         ) else {
             continue;
         };
-        for action in [
-            retire_action(),
-            hold_evidence_action(),
-            occupy_slot_action(),
-        ] {
+        for action in std::iter::once(retire_action()).chain(first_stage_actions()) {
             let each = engine.each(&entities, &run_uid(), &action, &worker_uid(entry.index));
             let satisfied: Vec<&PolicyId> = each
                 .iter()

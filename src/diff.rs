@@ -8,7 +8,8 @@
 //!
 //! * `retire`, `snapshot`, `plan`, `apply`: allowing more is a loosening
 //!   (a row retired, an operator granted, that OLD refused);
-//! * `hold_identity_evidence`, `occupy_instance_slot`: allowing *fewer* is
+//! * the first-stage actions (`hold_<kind>`, `claim_instance_slot`,
+//!   `occupy_instance_slot`): allowing *fewer* is
 //!   the loosening. These first-stage answers say a row may be live; a row
 //!   that no longer counts as may-be-live stops protecting the rows that
 //!   share its evidence or its slot, so they can be retired.
@@ -28,13 +29,17 @@ use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
 
 /// The first-stage actions, where allowing fewer requests is the loosening.
-pub const MAY_BE_LIVE_ACTIONS: &[&str] = &["hold_identity_evidence", "occupy_instance_slot"];
+pub const MAY_BE_LIVE_ACTIONS: &[&str] = &crate::policy::entities::FIRST_STAGE_ACTIONS;
 
 /// The order actions are reported in: retirement first, then what decides
 /// its peers, then the operator's capabilities.
 const ACTION_ORDER: &[&str] = &[
     "retire",
-    "hold_identity_evidence",
+    "hold_session_id",
+    "hold_generation_id",
+    "hold_process_identity",
+    "hold_pid",
+    "claim_instance_slot",
     "occupy_instance_slot",
     "snapshot",
     "plan",

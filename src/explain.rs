@@ -6,8 +6,8 @@
 use crate::plan::{Entry, Plan};
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
-    hold_evidence_action, occupy_slot_action, retire_action, run_entity, run_uid, worker_attrs,
-    worker_entity, worker_uid,
+    first_stage_actions, retire_action, run_entity, run_uid, worker_attrs, worker_entity,
+    worker_uid, FIRST_STAGE_ACTIONS,
 };
 use crate::policy::{Policies, ELIGIBILITY_FILE};
 use cedar_policy_core::entities::{Entities, NoEntitiesSchema, TCComputation};
@@ -170,12 +170,14 @@ fn first_stage(plan: &Plan, index: usize, policies: &Policies) -> Json {
                 json!(v.allowed)
             }
         };
-        json!({
+        let mut out = json!({
             "worker_identity": row.get(crate::row::Col::WorkerIdentity).to_json(),
             "row": i + 1,
-            "hold_identity_evidence": one(&hold_evidence_action()),
-            "occupy_instance_slot": one(&occupy_slot_action()),
-        })
+        });
+        for (name, action) in FIRST_STAGE_ACTIONS.iter().zip(first_stage_actions()) {
+            out[*name] = one(&action);
+        }
+        out
     };
     let peers: Vec<Json> = crate::observe::peers_of(&plan.rows, &plan.observations, index)
         .into_iter()
@@ -223,12 +225,18 @@ pub fn render(e: &Json) -> String {
             .flatten()
             .map(|p| ("peer", p)),
     ) {
+        let held: Vec<&str> = crate::observe::EVIDENCE_KINDS
+            .iter()
+            .filter(|k| r[format!("hold_{k}")] != false)
+            .copied()
+            .collect();
         let _ = writeln!(
             out,
-            "  first stage, {label} {} (row {}): holds identity evidence: {}; occupies its slot: {}",
+            "  first stage, {label} {} (row {}): holds identity evidence: {}; claims its slot: {}; occupies it: {}",
             crate::text::esc(&r["worker_identity"].to_string()),
             r["row"],
-            r["hold_identity_evidence"],
+            if held.is_empty() { "none".to_string() } else { held.join(", ") },
+            r["claim_instance_slot"],
             r["occupy_instance_slot"]
         );
     }

@@ -80,7 +80,8 @@ pub struct Observation {
 }
 
 /// Facts about other rows, aggregated over Cedar's answers to the first
-/// stage actions (`hold_identity_evidence`, `occupy_instance_slot`): counts
+/// stage actions (`hold_<kind>`, `claim_instance_slot`,
+/// `occupy_instance_slot`): counts
 /// and sets, never a judgment of their own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PeerFacts {
@@ -326,21 +327,33 @@ fn identity_row_counts(rows: &[Row]) -> Vec<usize> {
     counts
 }
 
-/// Collect Cedar's first-stage answers: `holds[i]` is whether row `i`
-/// holds its identity evidence, `occupies[i]` whether it occupies its
-/// slot. Counting only: which rows those are is Cedar's decision.
+/// One row's first-stage answers (an evaluation error counts as yes:
+/// fail closed, the row may be live).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FirstStage {
+    /// Per kind of identity evidence ([`EVIDENCE_KINDS`] order): whether
+    /// the row holds it.
+    pub holds: [bool; 4],
+    /// Whether the row claims its instance slot.
+    pub claims: bool,
+    /// Whether it occupies it.
+    pub occupies: bool,
+}
+
+/// Collect Cedar's first-stage answers into each row's peer facts: the
+/// evidence it shares with another row holding that kind, and its slot's
+/// claimants and occupants.
 pub fn peer_facts(
     rows: &[Row],
     observations: &[Observation],
-    holds: &[bool],
-    occupies: &[bool],
+    answers: &[FirstStage],
 ) -> Vec<PeerFacts> {
     // Two independent counts, one per core.
     let (shared, mut out) = crate::pool::join(
-        || shared_evidence(rows, observations, holds),
+        || shared_evidence(rows, observations, answers),
         || {
             let mut out = vec![PeerFacts::default(); rows.len()];
-            slot_counts(rows, occupies, &mut out);
+            slot_counts(rows, answers, &mut out);
             out
         },
     );
@@ -373,12 +386,12 @@ pub fn peers_of(rows: &[Row], observations: &[Observation], index: usize) -> Vec
         .collect()
 }
 
-/// Per (instance, namespace) slot, the active claimants and, of them, the
-/// occupants.
-fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
+/// Per (instance, namespace) slot, the claimants (rows Cedar says claim
+/// it) and, of them, the occupants.
+fn slot_counts(rows: &[Row], answers: &[FirstStage], out: &mut [PeerFacts]) {
     let mut slots: rustc_hash::FxHashMap<(Cow<str>, Cow<str>), Vec<usize>> = Default::default();
     for (i, row) in rows.iter().enumerate() {
-        if !row.is_active() {
+        if !answers[i].claims {
             continue;
         }
         let instance = row.get(Col::ClientInstanceId).canon_cow();
@@ -388,7 +401,7 @@ fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
         }
     }
     for members in slots.values() {
-        let occupants = members.iter().filter(|&&i| occupies[i]).count();
+        let occupants = members.iter().filter(|&&i| answers[i].occupies).count();
         for &i in members {
             out[i].slot_active_claimants = members.len();
             out[i].slot_occupants = occupants;
@@ -396,14 +409,27 @@ fn slot_counts(rows: &[Row], occupies: &[bool], out: &mut [PeerFacts]) {
     }
 }
 
+/// The index of an evidence kind in [`EVIDENCE_KINDS`].
+fn kind_index(kind: &str) -> usize {
+    EVIDENCE_KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .expect("conflict_keys names only EVIDENCE_KINDS")
+}
+
 /// Per row that shares any, the identity evidence it shares with another
-/// row that holds evidence: a row never "shares" evidence with itself alone.
-fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool]) -> Vec<(usize, Vec<String>)> {
+/// row that holds that kind: a row never "shares" evidence with itself
+/// alone.
+fn shared_evidence(
+    rows: &[Row],
+    obs: &[Observation],
+    answers: &[FirstStage],
+) -> Vec<(usize, Vec<String>)> {
     let mut out = Vec::new();
     let mut holders: rustc_hash::FxHashMap<(&'static str, Cow<str>), usize> = Default::default();
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
-        if holds[i] {
-            for key in conflict_keys(row, o.process_identity) {
+        for key in conflict_keys(row, o.process_identity) {
+            if answers[i].holds[kind_index(key.0)] {
                 *holders.entry(key).or_default() += 1;
             }
         }
@@ -412,10 +438,12 @@ fn shared_evidence(rows: &[Row], obs: &[Observation], holds: &[bool]) -> Vec<(us
         return out;
     }
     for (i, (row, o)) in rows.iter().zip(obs).enumerate() {
-        let own = usize::from(holds[i]);
         let mut shared: Vec<String> = conflict_keys(row, o.process_identity)
             .into_iter()
-            .filter(|k| holders.get(k).is_some_and(|n| *n > own))
+            .filter(|k| {
+                let own = usize::from(answers[i].holds[kind_index(k.0)]);
+                holders.get(k).is_some_and(|n| *n > own)
+            })
             .map(|(name, value)| format!("{name}={value}"))
             .collect();
         if !shared.is_empty() {
@@ -472,8 +500,9 @@ mod tests {
     use crate::value::Value;
 
     /// The schema's statement of the row joins is the code's: the
-    /// evidence kinds, the `pid-<pid>` default, and the slot key (canonical
-    /// text, not stripped; claimants of status exactly "active").
+    /// evidence kinds (and one first-stage action per kind), the
+    /// `pid-<pid>` default, and the slot key (canonical text, not
+    /// stripped).
     #[test]
     fn the_schema_states_the_joins_the_code_makes() {
         let schema = include_str!("../policies/schema.cedarschema");
@@ -485,9 +514,11 @@ mod tests {
             line.split(',').map(|c| c.trim().to_string()).collect()
         };
         assert_eq!(stated("evidence kinds:"), EVIDENCE_KINDS.map(String::from));
+        let holds = &crate::policy::entities::FIRST_STAGE_ACTIONS[..4];
+        assert_eq!(holds, EVIDENCE_KINDS.map(|k| format!("hold_{k}")));
         assert_eq!(stated("slot key:"), ["client_instance_id", "namespace"]);
         assert!(schema.contains("\"pid-<pid>\""));
-        assert!(schema.contains("claimant status: the text \"active\", exactly."));
+
         let row = |instance: &str, status: &str| {
             let mut r = Row::default();
             r.set(Col::ClientInstanceId, Value::Text(instance.into()));
@@ -502,8 +533,18 @@ mod tests {
             row("inst-1", " active"),
             row("inst-1", "active"),
         ];
+        // Who claims is Cedar's answer (claim_instance_slot); here the
+        // built-in policy's: status exactly "active".
+        let answers: Vec<FirstStage> = rows
+            .iter()
+            .map(|r| FirstStage {
+                claims: r.is_active(),
+                occupies: true,
+                ..FirstStage::default()
+            })
+            .collect();
         let mut out = vec![PeerFacts::default(); rows.len()];
-        slot_counts(&rows, &[true; 4], &mut out);
+        slot_counts(&rows, &answers, &mut out);
         let claimants: Vec<usize> = out.iter().map(|p| p.slot_active_claimants).collect();
         assert_eq!(claimants, [2, 1, 0, 2]);
         let keys = conflict_keys(&rows[0], ProcessIdentity::of(&rows[0]));

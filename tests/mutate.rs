@@ -295,3 +295,38 @@ fn validate_checks_the_layout_of_property_files() {
     let out = run(&["--policies", p, "policy", "validate"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+
+/// Which kinds of identity evidence a row holds is the policies' decision,
+/// per kind: with `hold_session_id` left out of the first-stage permit, a
+/// dead row sharing only its session with a live worker is no longer kept
+/// for it, and the fixture that expects it kept fails.
+#[test]
+fn the_policies_decide_which_evidence_kinds_a_row_holds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fixture = root.join("fixtures/plan/shared-session-with-live-worker.json");
+    let fixture = fixture.to_str().unwrap();
+    let builtin = run(&["test", fixture]);
+    assert_eq!(builtin.status.code(), Some(0), "{}", text(&builtin));
+
+    let dir = tempfile::tempdir().unwrap();
+    copy_policies(dir.path());
+    edit(
+        &dir.path().join("retirement.cedar"),
+        "    [FleetRetire::Action::\"hold_session_id\",\n     FleetRetire::Action::\"hold_generation_id\",",
+        "    [FleetRetire::Action::\"hold_generation_id\",",
+        1,
+    );
+    let p = dir.path().to_str().unwrap();
+    let out = run(&["--policies", p, "test", fixture]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("w-dead"), "{}", text(&out));
+    // The proofs say so too: the floor for hold_session_id fails.
+    let out = run(&["--policies", p, "policy", "verify"]);
+    if cvc5_available() {
+        assert!(
+            text(&out).contains("FAILED live-rows-hold-their-identity-evidence [FleetRetire::Run FleetRetire::Action::\"hold_session_id\""),
+            "{}",
+            text(&out)
+        );
+    }
+}

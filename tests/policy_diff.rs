@@ -83,7 +83,13 @@ fn a_loosened_forbid_is_loosened_with_a_counterexample_that_new_retires_and_old_
     assert_eq!(report["overall"], "loosened");
     let retire = change_of(&report, "retire");
     assert_eq!(retire["change"], "loosened", "{retire}");
-    for action in ["hold_identity_evidence", "occupy_instance_slot", "apply"] {
+    for action in [
+        "hold_session_id",
+        "hold_pid",
+        "claim_instance_slot",
+        "occupy_instance_slot",
+        "apply",
+    ] {
         assert_eq!(change_of(&report, action)["change"], "equivalent");
     }
     let notes = report["proved"]["policies"].as_array().unwrap();
@@ -185,7 +191,7 @@ fn fewer_rows_holding_identity_evidence_is_a_loosening() {
         )
     });
     let (code, report) = diff("policies", new.path(), &["--fixtures", "fixtures/plan"]);
-    let hold = change_of(&report, "hold_identity_evidence");
+    let hold = change_of(&report, "hold_session_id");
     assert_eq!(hold["allows_more"], false, "{hold}");
     assert_eq!(hold["allows_fewer"], true, "{hold}");
     assert_eq!(hold["change"], "loosened");

@@ -16,9 +16,9 @@ use crate::fingerprint::registry_token;
 use crate::observe::{observe_all, Observation, RunFacts};
 use crate::policy::engine::Engine;
 use crate::policy::entities::{
-    check_schema, entity, hold_evidence_action, occupy_slot_action, retire_action, run_attrs,
-    run_entity, run_uid, worker_attrs, worker_attrs_into, worker_attrs_where, worker_entity,
-    worker_uid, Attr,
+    check_schema, entity, first_stage_actions, retire_action, run_attrs, run_entity, run_uid,
+    worker_attrs, worker_attrs_into, worker_attrs_where, worker_entity, worker_uid, Attr,
+    FIRST_STAGE_ACTIONS,
 };
 use crate::policy::eval::Verdict;
 use crate::policy::memo::Abstraction;
@@ -76,7 +76,8 @@ pub struct PlanStats {
     pub read: std::time::Duration,
     /// Probing and measuring every row.
     pub observe: std::time::Duration,
-    /// The first stage (`hold_identity_evidence`, `occupy_instance_slot`).
+    /// The first stage (`hold_<kind>`, `claim_instance_slot`,
+    /// `occupy_instance_slot`).
     pub first_stage: std::time::Duration,
     /// Collecting the first stage's answers into each row's peer facts.
     pub peers: std::time::Duration,
@@ -86,7 +87,7 @@ pub struct PlanStats {
     /// this overlaps them) and the candidate token after them.
     pub tokens: std::time::Duration,
     /// Cedar evaluations in the first stage (one per situation; each asks
-    /// both first-stage actions).
+    /// every first-stage action).
     pub first_stage_evaluations: usize,
     /// Cedar evaluations in the retire stage.
     pub retire_evaluations: usize,
@@ -167,21 +168,26 @@ fn judge_all(
         policies,
         now: facts.now,
     };
-    let first = [hold_evidence_action(), occupy_slot_action()];
-    let stage1_key = abstraction.clone().for_actions(
-        policies,
-        &["hold_identity_evidence", "occupy_instance_slot"],
-    );
+    let first = first_stage_actions();
+    let stage1_key = abstraction
+        .clone()
+        .for_actions(policies, &FIRST_STAGE_ACTIONS);
     let started = std::time::Instant::now();
     let stage1 = judge.rows(rows, observations, &first, &stage1_key);
     stats.first_stage = started.elapsed();
     stats.first_stage_evaluations = stage1.verdicts.len();
     let yes = |v: &Verdict| v.allowed || !v.errors.is_empty();
-    let holds: Vec<bool> = stage1.of_rows().map(|v| yes(&v[0])).collect();
-    let occupies: Vec<bool> = stage1.of_rows().map(|v| yes(&v[1])).collect();
+    let answers: Vec<crate::observe::FirstStage> = stage1
+        .of_rows()
+        .map(|v| crate::observe::FirstStage {
+            holds: [yes(&v[0]), yes(&v[1]), yes(&v[2]), yes(&v[3])],
+            claims: yes(&v[4]),
+            occupies: yes(&v[5]),
+        })
+        .collect();
     drop(stage1);
     let started = std::time::Instant::now();
-    let peers = crate::observe::peer_facts(rows, observations, &holds, &occupies);
+    let peers = crate::observe::peer_facts(rows, observations, &answers);
     for (obs, p) in observations.iter_mut().zip(peers) {
         obs.peers = p;
     }

@@ -45,15 +45,26 @@ pub fn retire_action() -> EntityUID {
     uid("FleetRetire::Action", "retire")
 }
 
-/// The first-stage actions: does a row hold its identity evidence, does it
-/// occupy its instance slot (judged before retire; see `observe::peer_facts`).
-pub fn hold_evidence_action() -> EntityUID {
-    uid("FleetRetire::Action", "hold_identity_evidence")
-}
+/// The first-stage actions, judged per row before retire (see
+/// `observe::peer_facts`): one per kind of identity evidence ("does the row
+/// hold this kind?", in `observe::EVIDENCE_KINDS` order, each named
+/// `hold_<kind>`), then "does it claim its instance slot?" and "does it
+/// occupy it?".
+pub const FIRST_STAGE_ACTIONS: [&str; 6] = [
+    "hold_session_id",
+    "hold_generation_id",
+    "hold_process_identity",
+    "hold_pid",
+    "claim_instance_slot",
+    "occupy_instance_slot",
+];
 
-/// See [`hold_evidence_action`].
-pub fn occupy_slot_action() -> EntityUID {
-    uid("FleetRetire::Action", "occupy_instance_slot")
+/// The first-stage actions' uids, in [`FIRST_STAGE_ACTIONS`] order.
+pub fn first_stage_actions() -> Vec<EntityUID> {
+    FIRST_STAGE_ACTIONS
+        .iter()
+        .map(|a| uid("FleetRetire::Action", a))
+        .collect()
 }
 
 /// Worker attributes computed from first-stage answers: no first-stage

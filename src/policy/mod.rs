@@ -314,7 +314,7 @@ fn first_stage_reads_aggregates(parsed: &Parsed) -> Vec<String> {
     use cedar_policy::ActionConstraint;
     use cedar_policy_core::ast::{ExprKind, Var};
     let first_stage = |uid: &cedar_policy::EntityUid| {
-        ["hold_identity_evidence", "occupy_instance_slot"].contains(&uid.id().unescaped())
+        entities::FIRST_STAGE_ACTIONS.contains(&uid.id().unescaped())
     };
     let mut problems = Vec::new();
     for policy in parsed.set.policies() {
@@ -338,7 +338,7 @@ fn first_stage_reads_aggregates(parsed: &Parsed) -> Vec<String> {
                     let (file, _) = parsed.texts.get(policy.id()).cloned().unwrap_or_default();
                     problems.push(format!(
                         "{file}: policy {} can apply to a first-stage action \
-                         (hold_identity_evidence, occupy_instance_slot) and reads \
+                         (hold_<kind>, claim_instance_slot, occupy_instance_slot) and reads \
                          resource.{attr}, which is collected from those actions' answers; \
                          limit it to action == FleetRetire::Action::\"retire\"",
                         policy.id()

@@ -98,8 +98,9 @@ async def tools_and_refusals() -> None:
             "registry_fingerprint",
             "candidate_fingerprint",
             "policy_fingerprint",
-            "worker_identities",
         }, apply_schema
+        # The workers: named, or the first N candidates of a kept plan.
+        assert {"worker_identities", "first"} <= set(apply_schema["properties"]), apply_schema
         ok("eight tools listed, each schema closed to unknown fields")
 
         plan = await controller.call_tool("plan_stale_worker_retirement", {"remote": "prgs"})
