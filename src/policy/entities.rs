@@ -241,6 +241,8 @@ pub const WORKER_ATTRIBUTES: &[&str] = &[
     "shared_identity_evidence",
     "slot_active_claimants",
     "slot_occupants",
+    "slot_instance_key",
+    "slot_namespace_key",
 ];
 
 /// Which worker attributes to build: bit `i` is `WORKER_ATTRIBUTES[i]`.
@@ -384,6 +386,8 @@ pub fn worker_attrs_into<'a>(
     });
     add(&|| Attr::Long(obs.peers.slot_active_claimants as i64));
     add(&|| Attr::Long(obs.peers.slot_occupants as i64));
+    add(&|| s(row.get(Col::ClientInstanceId).canon_cow()));
+    add(&|| s(row.get(Col::Namespace).canon_cow()));
     debug_assert_eq!(at, WORKER_ATTRIBUTES.len());
     debug_assert_eq!(WORKER_ATTRIBUTES[15], "repository_binding_key");
 }
