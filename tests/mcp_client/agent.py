@@ -23,7 +23,7 @@ controller-prgs may read and retire). The checks:
     code and an unknown argument refused;
  6. explain of a preserved row and of a candidate;
  7. apply of the shown candidates with the plan's tokens, its replay
-    (already_retired), and the old tokens retire nothing new;
+    (already_retired), and the old tokens retire only a further batch of their plan;
  8. snapshot: its summary and a page of one class's findings.
 
 Every structured result is validated against its tool's output schema.
@@ -276,17 +276,24 @@ async def apply(agent: Agent, plan: dict) -> None:
         is_error, body, content = await agent.call(
             "apply_stale_worker_retirement", {**tokens, "worker_identities": others}
         )
-        # The old plan's tokens never retire a worker that was not its
-        # candidate: refused when the set moved otherwise, or kept
-        # not_in_current_plan when only time and this plan's own
-        # retirements moved it (semantics section 13).
+        # The old plan's tokens retire a further batch of that plan (the
+        # worker was its candidate, beyond the first batch; the first batch
+        # is recognised as retired_since_plan), never a worker outside it:
+        # that one is refused when the set moved otherwise, or kept
+        # not_in_current_plan when only time moved it (semantics section 13).
         moved = ("registry_revision_moved", "candidate_set_moved")
+        batch = (
+            not is_error
+            and body["retired_count"] == 1
+            and sorted(body.get("retired_since_plan", [])) == sorted(workers)
+        )
         kept = not is_error and body["retired_count"] == 0 and any(
             p["worker_identity"] == others[0] and p["reason_code"] == "not_in_current_plan"
             for p in body.get("preserved", [])
         )
-        assert kept or (is_error and body.get("reason_code") in moved), (body, content)
-    ok(f"apply retired {len(workers)} with the plan's tokens; replay already_retired; old tokens retire nothing new")
+        refused = is_error and body.get("reason_code") in moved
+        assert batch or kept or refused, (body, content)
+    ok(f"apply retired {len(workers)} with the plan's tokens; replay already_retired; old tokens: a further batch of the plan only")
 
 
 async def snapshot(agent: Agent) -> None:
