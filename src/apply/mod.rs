@@ -725,11 +725,17 @@ fn select_targets<'p>(
     report: &mut Report,
 ) -> std::result::Result<Vec<&'p crate::plan::Entry>, Abort> {
     let mut targets = Vec::new();
+    // Sets, not lists: a large plan's later batches pass over tens of
+    // thousands of retired rows, inside the write lock.
+    let retired: std::collections::HashSet<String> =
+        report.retired_since_plan.iter().cloned().collect();
+    let added: std::collections::HashSet<String> =
+        report.candidates_added_since_plan.iter().cloned().collect();
     for w in &req.workers {
         if req.first.is_some_and(|n| targets.len() >= n) {
             break;
         }
-        if report.retired_since_plan.contains(w) {
+        if retired.contains(w) {
             continue;
         }
         let entries: Vec<_> = by_identity
@@ -742,7 +748,7 @@ fn select_targets<'p>(
                 reason_code: Reason::RegistrationMissing.code(),
                 detail: "no registry row carries this identity".into(),
             }),
-            [_] if report.candidates_added_since_plan.contains(w) => report.preserved.push(Kept {
+            [_] if added.contains(w) => report.preserved.push(Kept {
                 worker_identity: w.clone(),
                 reason_code: Reason::NotInPlan.code(),
                 detail: "not a candidate when planned (its heartbeat had not expired); \
