@@ -32,19 +32,22 @@ use std::path::{Path, PathBuf};
 pub const MAY_BE_LIVE_ACTIONS: &[&str] = &crate::policy::entities::FIRST_STAGE_ACTIONS;
 
 /// The order actions are reported in: retirement first, then what decides
-/// its peers, then the operator's capabilities.
-const ACTION_ORDER: &[&str] = &[
-    "retire",
-    "hold_session_id",
-    "hold_generation_id",
-    "hold_process_identity",
-    "hold_pid",
-    "claim_instance_slot",
-    "occupy_instance_slot",
-    "snapshot",
-    "plan",
-    "apply",
-];
+/// its peers (the first stage, in its own order), then the operator's
+/// capabilities.
+fn action_rank(action: &str) -> usize {
+    let first_stage = &crate::policy::entities::FIRST_STAGE_ACTIONS;
+    let capabilities = ["snapshot", "plan", "apply"];
+    if action == "retire" {
+        return 0;
+    }
+    if let Some(i) = first_stage.iter().position(|a| *a == action) {
+        return 1 + i;
+    }
+    capabilities
+        .iter()
+        .position(|a| *a == action)
+        .map_or(usize::MAX, |i| 1 + first_stage.len() + i)
+}
 
 /// How an action's decisions moved from OLD to NEW, in safety terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -362,19 +365,13 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
     })
 }
 
-/// The schema's request environments, in [`ACTION_ORDER`] (other actions
+/// The schema's request environments, in [`action_rank`] order (other actions
 /// after those, by name).
 fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
     let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
     envs.sort_by_key(|e| {
         let a = e.action().id().unescaped().to_string();
-        (
-            ACTION_ORDER
-                .iter()
-                .position(|x| *x == a)
-                .unwrap_or(usize::MAX),
-            a,
-        )
+        (action_rank(&a), a)
     });
     envs
 }

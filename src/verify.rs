@@ -117,36 +117,23 @@ pub fn load_properties(
     }
     if let Some(d) = dir {
         let pd = d.join("properties");
-        if with_builtin && !pd.exists() {
-            return Ok(out);
+        if !pd.is_dir() {
+            if with_builtin {
+                return Ok(out);
+            }
+            return Err(Error::policy(
+                About::PolicySet,
+                format!(
+                    "{}: no such folder; a policy folder holds its properties in \
+                     properties/*.cedar (copy policies/properties/ to start from ours)",
+                    pd.display()
+                ),
+            ));
         }
-        let files: Vec<(String, String)> = {
-            let mut names: Vec<PathBuf> = std::fs::read_dir(&pd)
-                .map_err(|e| {
-                    Error::policy(
-                        About::PolicySet,
-                        format!("{}: cannot list ({e})", pd.display()),
-                    )
-                })?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
-                .collect();
-            names.sort();
-            names
-                .into_iter()
-                .map(|p| {
-                    crate::policy::read_folder_file(&p).map(|t| {
-                        (
-                            format!(
-                                "properties/{}",
-                                p.file_name().unwrap_or_default().to_string_lossy()
-                            ),
-                            t,
-                        )
-                    })
-                })
-                .collect::<Result<_>>()?
-        };
+        let files: Vec<(String, String)> = property_files(dir)?
+            .into_iter()
+            .map(|(name, text, _)| (name, text))
+            .collect();
         for mut p in parse_properties(files, policies)? {
             match out.iter().find(|b: &&Property| b.id == p.id) {
                 // The folder's copy of a built-in property: proved once.

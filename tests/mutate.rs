@@ -76,61 +76,97 @@ fn every_hand_made_weakening_fails_a_proof() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
     }
-    let slot_default = "      900000000)) &&\n   resource.pid_probe != \"dead\") ||\n  resource.pid_probe == \"unknown\"";
-    let cases: &[(&str, &str, &str, &str, &str)] = &[
-        (
-            "TTL default of may-occupy-instance-slot 900000000 -> 60000000",
-            "retirement.cedar",
-            slot_default,
-            "      60000000)) &&\n   resource.pid_probe != \"dead\") ||\n  resource.pid_probe == \"unknown\"",
-            "live-or-unprobed-rows-occupy-their-slot",
-        ),
-        (
-            "unknown-or-malformed-profile limited to apply",
-            "capabilities.cedar",
-            "  action in\n    [FleetRetire::Action::\"snapshot\",\n     FleetRetire::Action::\"plan\",\n     FleetRetire::Action::\"apply\"],",
-            "  action == FleetRetire::Action::\"apply\",",
-            "every-action-needs-a-known-well-formed-profile",
-        ),
-        (
-            "the live half of may-occupy-instance-slot disabled",
-            "retirement.cedar",
-            "  (resource.status == \"active\" &&\n   resource.heartbeat_parsed &&",
-            "  (false &&\n   resource.heartbeat_parsed &&",
-            "live-or-unprobed-rows-occupy-their-slot",
-        ),
-        (
-            "the role check of snapshot-with-read dropped",
-            "capabilities.cedar",
-            "action == FleetRetire::Action::\"snapshot\",\n  resource\n)\nwhen\n{\n  principal.allowed_operations.contains(\"gitea.read\") &&\n  [\"controller\", \"reconciler\"].contains(principal.role)",
-            "action == FleetRetire::Action::\"snapshot\",\n  resource\n)\nwhen\n{\n  principal.allowed_operations.contains(\"gitea.read\")",
-            "plan-and-snapshot-only-with-read-and-a-safe-role",
-        ),
-        (
-            "the role check of plan-with-read dropped",
-            "capabilities.cedar",
-            "action == FleetRetire::Action::\"plan\",\n  resource\n)\nwhen\n{\n  principal.allowed_operations.contains(\"gitea.read\") &&\n  [\"controller\", \"reconciler\"].contains(principal.role)",
-            "action == FleetRetire::Action::\"plan\",\n  resource\n)\nwhen\n{\n  principal.allowed_operations.contains(\"gitea.read\")",
-            "plan-and-snapshot-only-with-read-and-a-safe-role",
-        ),
-    ];
-    for (what, file, from, to, property) in cases {
+    for w in weakenings() {
         let dir = tempfile::tempdir().unwrap();
         copy_policies(dir.path());
-        edit(&dir.path().join(file), from, to, 1);
+        edit_nth(&dir.path().join(w.file), w.from, w.to, w.nth);
         let out = run(&[
             "--policies",
             dir.path().to_str().unwrap(),
             "policy",
             "verify",
         ]);
-        assert_eq!(out.status.code(), Some(3), "{what}: {}", text(&out));
+        assert_eq!(out.status.code(), Some(3), "{}: {}", w.what, text(&out));
         assert!(
-            text(&out).contains(&format!("FAILED {property}")),
-            "{what}: expected {property} to fail:\n{}",
+            text(&out).contains(&format!("FAILED {}", w.property)),
+            "{}: expected {} to fail:\n{}",
+            w.what,
+            w.property,
             text(&out)
         );
     }
+}
+
+/// One hand-made weakening: in `file`, the `nth` occurrence of `from`
+/// becomes `to`, and `property` must then fail.
+struct Weakening {
+    what: &'static str,
+    file: &'static str,
+    from: &'static str,
+    to: &'static str,
+    nth: usize,
+    property: &'static str,
+}
+
+/// The table, written as edits of the built-in files.
+fn weakenings() -> Vec<Weakening> {
+    let role = "(\"gitea.read\") &&\n  [\"controller\", \"reconciler\"].contains(principal.role)";
+    let read_only = "(\"gitea.read\")";
+    vec![
+        Weakening {
+            what: "TTL default of may-occupy-instance-slot 900000000 -> 60000000",
+            file: "retirement.cedar",
+            from: "      900000000)) &&\n   resource.pid_probe != \"dead\") ||\n  resource.pid_probe == \"unknown\"",
+            to: "      60000000)) &&\n   resource.pid_probe != \"dead\") ||\n  resource.pid_probe == \"unknown\"",
+            nth: 0,
+            property: "live-or-unprobed-rows-occupy-their-slot",
+        },
+        Weakening {
+            what: "unknown-or-malformed-profile limited to apply",
+            file: "capabilities.cedar",
+            from: "  action in\n    [FleetRetire::Action::\"snapshot\",\n     FleetRetire::Action::\"plan\",\n     FleetRetire::Action::\"apply\"],",
+            to: "  action == FleetRetire::Action::\"apply\",",
+            nth: 0,
+            property: "every-action-needs-a-known-well-formed-profile",
+        },
+        Weakening {
+            what: "the live half of may-occupy-instance-slot disabled",
+            file: "retirement.cedar",
+            from: "  (resource.status == \"active\" &&\n   resource.heartbeat_parsed &&",
+            to: "  (false &&\n   resource.heartbeat_parsed &&",
+            nth: 0,
+            property: "live-or-unprobed-rows-occupy-their-slot",
+        },
+        // snapshot-with-read holds the first role check, plan-with-read the
+        // second (apply's reads another permission).
+        Weakening {
+            what: "the role check of snapshot-with-read dropped",
+            file: "capabilities.cedar",
+            from: role,
+            to: read_only,
+            nth: 0,
+            property: "plan-and-snapshot-only-with-read-and-a-safe-role",
+        },
+        Weakening {
+            what: "the role check of plan-with-read dropped",
+            file: "capabilities.cedar",
+            from: role,
+            to: read_only,
+            nth: 1,
+            property: "plan-and-snapshot-only-with-read-and-a-safe-role",
+        },
+    ]
+}
+
+/// Replace the `nth` occurrence of `from` in a file (it must have one).
+fn edit_nth(path: &Path, from: &str, to: &str, nth: usize) {
+    let s = std::fs::read_to_string(path).unwrap();
+    let (at, _) = s
+        .match_indices(from)
+        .nth(nth)
+        .unwrap_or_else(|| panic!("no occurrence {nth} of {from:?} in {}", path.display()));
+    let edited = format!("{}{to}{}", &s[..at], &s[at + from.len()..]);
+    std::fs::write(path, edited).unwrap();
 }
 
 /// The mutants of the built-in set closest to those weakenings are among

@@ -500,13 +500,10 @@ fn policies_without(id: &str) -> tempfile::TempDir {
     dir
 }
 
-/// The acceptance of `fixture capture`: a real registry with real
-/// processes (a live worker and dead ones) and a real lease store. The
-/// captured case holds the rows that bear on the chosen ones, the probe
-/// answers and the lease, hides the secrets, passes at once, and fails once
-/// the deciding policy is deleted.
-#[test]
-fn a_captured_case_passes_and_fails_once_its_deciding_policy_is_gone() {
+/// A live worker and a dead one sharing a session, a leased dead row, and a
+/// row of another instance; one lease names the leased row. The sleeper,
+/// the stores, and the live and dead processes' pid (and the live start).
+fn captured_fleet() -> (KillOnDrop, Stores, i64, String, i64) {
     let sleeper = KillOnDrop(spawn_sleeper());
     let live_pid = sleeper.id() as i64;
     let live_start = start_time(sleeper.id());
@@ -535,6 +532,17 @@ fn a_captured_case_passes_and_fails_once_its_deciding_policy_is_gone() {
                    "owner_worker_identity": "w-elsewhere"}),
         ],
     );
+    (sleeper, stores, live_pid, live_start, dead_pid)
+}
+
+/// The acceptance of `fixture capture`: a real registry with real
+/// processes (a live worker and dead ones) and a real lease store. The
+/// captured case holds the rows that bear on the chosen ones, the probe
+/// answers and the lease, hides the secrets, passes at once, and fails once
+/// the deciding policy is deleted.
+#[test]
+fn a_captured_case_passes_and_fails_once_its_deciding_policy_is_gone() {
+    let (sleeper, stores, live_pid, live_start, dead_pid) = captured_fleet();
     let out_path = stores.dir.path().join("captured.json");
     let out = bin()
         .args(capture_args(&stores))

@@ -161,7 +161,7 @@ async fn judge(
         Some(seen) => vec![seen],
         None => {
             let found = compare(compiler, cache, &mutant, &touched).await?;
-            pool.keep(cache, policies, &found);
+            pool.keep(policies, &found);
             found
         }
     };
@@ -249,7 +249,7 @@ impl Pool {
             for (w, original_allows) in self.seen[i].iter().rev() {
                 let mutant_allows = Self::allows(&mutant.set, w);
                 if mutant_allows != *original_allows {
-                    return Moved::of(&cache.envs[i], w.clone(), mutant_allows).map(Some);
+                    return Moved::of(cache, i, w.clone(), mutant_allows).map(Some);
                 }
             }
         }
@@ -257,17 +257,10 @@ impl Pool {
     }
 
     /// Keep the solver's new witnesses.
-    fn keep(&mut self, cache: &Cache, policies: &Policies, found: &[Moved]) {
+    fn keep(&mut self, policies: &Policies, found: &[Moved]) {
         for m in found {
-            let Some(i) = cache
-                .envs
-                .iter()
-                .position(|e| e.action().id().unescaped() == m.action)
-            else {
-                continue;
-            };
             let original_allows = Self::allows(&policies.set, &m.env);
-            let list = &mut self.seen[i];
+            let list = &mut self.seen[m.at];
             if list.len() == POOL_SIZE {
                 list.remove(0);
             }
@@ -278,6 +271,8 @@ impl Pool {
 
 /// One action whose decisions moved, with a request showing it.
 struct Moved {
+    /// The request environment's index in the cache.
+    at: usize,
     action: String,
     direction: &'static str,
     case: Json,
@@ -290,10 +285,16 @@ struct Moved {
 impl Moved {
     /// A request of `env` on which the mutant decides `mutant_allows` and
     /// the original the opposite.
-    fn of(env: &RequestEnv, cex: cedar_policy_symcc::Env, mutant_allows: bool) -> Result<Moved> {
-        let action = env.action().id().unescaped().to_string();
+    fn of(
+        cache: &Cache,
+        at: usize,
+        cex: cedar_policy_symcc::Env,
+        mutant_allows: bool,
+    ) -> Result<Moved> {
+        let action = cache.envs[at].action().id().unescaped().to_string();
         let loosening = mutant_allows != MAY_BE_LIVE_ACTIONS.contains(&action.as_str());
         Ok(Moved {
+            at,
             direction: if loosening { "loosening" } else { "tightening" },
             case: crate::diff::case_of(&cex, &action, !mutant_allows, mutant_allows)?,
             action,
@@ -326,7 +327,7 @@ async fn compare(
             .map_err(sym_err)?;
         for (cex, mutant_allows) in [(more, true), (fewer, false)] {
             if let Some(cex) = cex {
-                out.push(Moved::of(env, cex, mutant_allows)?);
+                out.push(Moved::of(cache, i, cex, mutant_allows)?);
             }
         }
     }
@@ -385,9 +386,8 @@ fn fixture_kill(mutant: &Policies, cases: &[(PathBuf, Case)]) -> Option<String> 
 fn witnessed_kill(cache: &Cache, properties: &[Property], moved: &[Moved]) -> Option<String> {
     let authorizer = cedar_policy::Authorizer::new();
     for m in moved {
-        let action = m.env.request.action();
         for (prop, set) in properties.iter().zip(&cache.sets) {
-            if action.is_none_or(|a| !prop_names(&prop.policy, a)) {
+            if !applies(&prop.policy, &cache.envs[m.at]) {
                 continue;
             }
             let answer = authorizer.is_authorized(&m.env.request, set, &m.env.entities);
@@ -403,15 +403,6 @@ fn witnessed_kill(cache: &Cache, properties: &[Property], moved: &[Moved]) -> Op
         }
     }
     None
-}
-
-/// Whether a property's scope names the action.
-fn prop_names(policy: &Policy, action: &cedar_policy::EntityUid) -> bool {
-    match policy.action_constraint() {
-        cedar_policy::ActionConstraint::Any => true,
-        cedar_policy::ActionConstraint::Eq(a) => &a == action,
-        cedar_policy::ActionConstraint::In(list) => list.contains(action),
-    }
 }
 
 /// The first property that fails under the mutant, on the environments
