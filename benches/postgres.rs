@@ -28,39 +28,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_fleet-retire");
 
 mod common;
 
-/// A database of its own, dropped at the end.
-struct Db {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl Db {
-    fn new(admin: &str, tag: &str) -> Db {
-        let name = format!("fr_bench_{tag}_{}", std::process::id());
-        let mut c = postgres::Client::connect(admin, postgres::NoTls).unwrap();
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .unwrap();
-        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-        let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
-        Db {
-            admin: admin.into(),
-            url: format!("{base}/{name}"),
-            name,
-        }
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
-            let _ = c.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
-        }
-    }
-}
+use common::{percentile, Db};
 
 /// Wall time and peak RSS (KiB) of a command that must succeed.
 fn measure(cmd: &mut Command) -> (Duration, i64) {
@@ -234,14 +202,6 @@ fn fleet(db: &Db, dir: &Path, targets: usize, live: usize) -> Vec<String> {
     (targets..targets + live)
         .map(|i| format!("w-live-{i:03}"))
         .collect()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
 }
 
 /// A heartbeat writer's latencies before and during the apply, and how

@@ -240,6 +240,20 @@ pub fn observe_all(rows: &[Row], facts: &RunFacts, probe: &dyn ProcessProbe) -> 
     out
 }
 
+/// Observe one row on its own, with `identity_row_count` as given (it is
+/// counted over every row): apply's look at a row changed since it judged.
+pub fn observe_one(
+    row: &Row,
+    facts: &RunFacts,
+    probe: &dyn ProcessProbe,
+    identity_row_count: usize,
+) -> Observation {
+    let index = ProtectionIndex::of(&facts.protections);
+    let mut obs = observe_row(row, facts, &index, probe);
+    obs.identity_row_count = identity_row_count;
+    obs
+}
+
 /// The lease protections hashed for lookup (the sets themselves are
 /// ordered, for the run entity and the saved plan).
 pub struct ProtectionIndex<'a> {
@@ -329,7 +343,7 @@ fn identity_row_counts(rows: &[Row]) -> Vec<usize> {
 
 /// One row's first-stage answers (an evaluation error counts as yes:
 /// fail closed, the row may be live).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FirstStage {
     /// Per kind of identity evidence ([`EVIDENCE_KINDS`] order): whether
     /// the row holds it.

@@ -20,11 +20,14 @@ use crate::row::{Col, Row};
 use crate::store::seam::{ApplyConnection, ApplyTx, FenceSource, Written};
 use standing::Standing;
 
+mod prejudge;
 mod report;
 mod standing;
 mod workers;
 
 use crate::value::Value;
+use prejudge::Prejudged;
+pub use prejudge::ReadUnderLock;
 pub use report::{Kept, Outcome, Report, Retired};
 use std::collections::HashMap;
 use std::path::Path;
@@ -125,6 +128,8 @@ pub struct Context<'a> {
 /// Test seams: code that runs at fixed points inside the transaction.
 #[derive(Default)]
 pub struct Hooks<'a> {
+    /// After the judgement outside the lock, before `BEGIN`.
+    pub after_prejudge: Option<&'a mut dyn FnMut()>,
     /// Runs after revalidation, before the first write.
     pub before_first_write: Option<&'a mut dyn FnMut()>,
     /// Runs at the start of each target (its index), before anything is
@@ -239,7 +244,13 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
         Ok(stores) => stores,
         Err((outcome, why)) => return Ok((Report::new(req, outcome, why), None)),
     };
-    // 5. The transaction.
+    // 5. Judged outside the lock when the registry keeps row versions.
+    let prejudged = prejudge::prejudge(req, ctx, &mut *lease_source);
+    let mut hooks = hooks;
+    if let Some(hook) = hooks.after_prejudge.as_mut() {
+        hook();
+    }
+    // 6. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
     let mut tx = match conn.begin() {
         Ok(tx) => tx,
@@ -260,6 +271,7 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
             tx: &mut *tx,
             leases: &mut *lease_source,
         },
+        prejudged,
         hooks,
         &mut standing,
         &mut report,
@@ -388,6 +400,7 @@ fn conclude(
             fresh.candidates_added_since_plan =
                 std::mem::take(&mut report.candidates_added_since_plan);
             fresh.retired_since_plan = std::mem::take(&mut report.retired_since_plan);
+            fresh.read_under_lock = report.read_under_lock.take();
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
             }
@@ -429,6 +442,7 @@ struct Txn<'a, 'c> {
 /// as they stand once this transaction commits.
 fn inside(
     t: &mut Txn,
+    prejudged: std::result::Result<Prejudged, String>,
     mut hooks: Hooks,
     standing: &mut Standing,
     report: &mut Report,
@@ -445,10 +459,8 @@ fn inside(
                 refused => refused,
             })?;
     report.external_state_fingerprint = Some(fence.token.clone());
-    let rows = t.tx.read_rows()?;
-    let by_identity = refuse_if_all_retired(t.req, &rows)?;
-    let fresh = replan(t, rows, &active_leases, report)?;
-    let targets = select_targets(t.req, &fresh, &by_identity, report)?;
+    let (fresh, targets) = judge_under_lock(t, prejudged, &fence, &active_leases, report)?;
+    let targets: Vec<&crate::plan::Entry> = targets.iter().map(|&i| &fresh.entries[i]).collect();
     if let Some(hook) = hooks.before_first_write.as_mut() {
         hook();
     }
@@ -507,6 +519,42 @@ fn inside(
     Ok(rows)
 }
 
+/// The plan and its targets (indices of its entries) under the lock: the
+/// one judged outside it, confirmed by the rows changed since, when that
+/// holds; otherwise the whole registry read and judged again here.
+fn judge_under_lock(
+    t: &mut Txn,
+    prejudged: std::result::Result<Prejudged, String>,
+    fence: &leases::Fence,
+    active_leases: &[leases::Lease],
+    report: &mut Report,
+) -> std::result::Result<(crate::plan::Plan, Vec<usize>), Abort> {
+    let why = match prejudged {
+        Err(why) => why,
+        Ok(pre) => match pre.confirm(t, fence)? {
+            Err(why) => why,
+            Ok((fresh, targets, confirmed, rows)) => {
+                let fence_token = report.external_state_fingerprint.take();
+                *report = confirmed;
+                report.external_state_fingerprint = fence_token;
+                report.read_under_lock = Some(ReadUnderLock {
+                    scope: "changed_rows",
+                    rows,
+                    why: None,
+                });
+                return Ok((fresh, targets));
+            }
+        },
+    };
+    let rows = t.tx.read_rows()?;
+    report.read_under_lock = Some(ReadUnderLock {
+        scope: "whole_registry",
+        rows: rows.len(),
+        why: Some(why),
+    });
+    prejudge::judge(t.req, t.ctx, rows, active_leases, report)
+}
+
 /// Nothing in the file may turn our writes into other writes; migrations
 /// run inside the transaction, so a refusal undoes them too.
 fn prepare_registry(t: &mut Txn) -> std::result::Result<(), Abort> {
@@ -555,18 +603,18 @@ fn refuse_if_all_retired(
 /// tokens: the registry's (heartbeats of live workers tolerated when the
 /// plan's rows are at hand) and the candidates'.
 fn replan(
-    t: &Txn,
+    req: &Request,
+    ctx: &Context,
     rows: Vec<crate::row::Row>,
     active_leases: &[leases::Lease],
     report: &mut Report,
 ) -> std::result::Result<crate::plan::Plan, Abort> {
-    let req = t.req;
     let facts = RunFacts::of_this_host(
-        t.ctx.proc_root,
+        ctx.proc_root,
         req.canonical_repository.clone(),
         active_leases,
     );
-    let fresh = plan(rows, facts, t.ctx.probe, t.ctx.policies)?;
+    let fresh = plan(rows, facts, ctx.probe, ctx.policies)?;
     if fresh.registry_fingerprint != req.registry_fingerprint {
         let moved = |why: String| {
             Abort::Refuse(

@@ -161,6 +161,10 @@ pub struct Report {
     /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
     /// meanwhile.
     pub lock_held_ms: u64,
+    /// How the registry was read under the lock: only the rows changed
+    /// since a judgement made outside it, or whole (and why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_under_lock: Option<super::ReadUnderLock>,
     /// A sentence for a person.
     pub detail: String,
     /// The fleet after the transaction: retiring stale rows does not by
@@ -193,6 +197,7 @@ impl Report {
             candidates_added_since_plan: Vec::new(),
             retired_since_plan: Vec::new(),
             lock_held_ms: 0,
+            read_under_lock: None,
             detail: detail.into(),
             post_apply: None,
         }

@@ -4,6 +4,7 @@
 //! calls the same function inside its transaction so plan and apply cannot
 //! disagree about what they saw.
 
+pub mod changed;
 pub mod head;
 pub mod planned;
 pub mod render;
@@ -123,6 +124,9 @@ pub struct Plan {
     /// the entries rather than in them, so a large plan never holds two
     /// copies while it is built).
     pub observations: Vec<Observation>,
+    /// Each row's first-stage answers, in registry order (the facts its
+    /// peers were told).
+    pub first_stage: Vec<crate::observe::FirstStage>,
     /// One entry per row.
     pub entries: Vec<Entry>,
     /// Token over every row.
@@ -152,7 +156,7 @@ fn judge_all(
     policies: &Policies,
     memo: bool,
     stats: &mut PlanStats,
-) -> Vec<Arc<Verdict>> {
+) -> (Vec<Arc<Verdict>>, Vec<crate::observe::FirstStage>) {
     let run_attrs = run_attrs(facts);
     let abstraction = if memo {
         Abstraction::new(policies, &run_attrs)
@@ -187,6 +191,7 @@ fn judge_all(
         .collect();
     drop(stage1);
     let started = std::time::Instant::now();
+    // (the answers are kept: apply compares a row changed since with them)
     let peers = crate::observe::peer_facts(rows, observations, &answers);
     for (obs, p) in observations.iter_mut().zip(peers) {
         obs.peers = p;
@@ -197,7 +202,8 @@ fn judge_all(
     let retire = judge.rows(rows, observations, &[retire_action()], &retire_key);
     stats.retire_stage = started.elapsed();
     stats.retire_evaluations = retire.verdicts.len();
-    retire.of_rows().map(|v| v[0].clone()).collect()
+    let verdicts = retire.of_rows().map(|v| v[0].clone()).collect();
+    (verdicts, answers)
 }
 
 /// A stage's answers: one evaluation per situation, and each row's
@@ -436,11 +442,12 @@ pub fn plan_with(
                 sample.push(worker_entity(0, row, obs, facts.now));
             }
             check_schema(sample, &policies.schema)?;
-            let verdicts = judge_all(&rows, &mut observations, &facts, policies, memo, &mut stats);
-            Ok((observations, verdicts, stats))
+            let (verdicts, first_stage) =
+                judge_all(&rows, &mut observations, &facts, policies, memo, &mut stats);
+            Ok((observations, verdicts, first_stage, stats))
         },
     );
-    let (observations, verdicts, mut stats) = judged?;
+    let (observations, verdicts, first_stage, mut stats) = judged?;
     let entries: Vec<Entry> = verdicts
         .into_iter()
         .enumerate()
@@ -453,6 +460,7 @@ pub fn plan_with(
     Ok(Plan {
         rows,
         observations,
+        first_stage,
         entries,
         registry_fingerprint: registry,
         candidate_fingerprint: candidate,

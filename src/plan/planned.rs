@@ -86,15 +86,29 @@ pub fn row_digests(row: &crate::row::Row) -> (String, String) {
     (full, sha(&text))
 }
 
+/// The first 128 bits of a digest (`sha256:` and hex), as a key.
+pub fn digest_key(digest: &str) -> Option<u128> {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    hex.get(..32).and_then(|h| u128::from_str_radix(h, 16).ok())
+}
+
 /// Live as §13 reads it. A row of another host is live by its heartbeat
 /// alone: this host's process table cannot speak for its pid (the same rule
 /// as the snapshot's, docs/semantics.md §15), and a foreign pid that
 /// happens to be free here must not make every heartbeat of that host's
 /// workers refuse the apply. Such rows are never candidates here.
 fn live_here(plan: &Plan, e: &crate::plan::Entry) -> bool {
-    let obs = plan.observation(e);
-    match plan.facts.host.host_id.as_deref() {
-        Some(mine) if crate::observe::of_another_host(&plan.rows[e.index], mine) => {
+    live_now(&plan.facts, &plan.rows[e.index], plan.observation(e))
+}
+
+/// [`live_here`] of a row and its observation under a run's facts.
+pub fn live_now(
+    facts: &crate::observe::RunFacts,
+    row: &crate::row::Row,
+    obs: &crate::observe::Observation,
+) -> bool {
+    match facts.host.host_id.as_deref() {
+        Some(mine) if crate::observe::of_another_host(row, mine) => {
             !obs.historical && obs.liveness.heartbeat_fresh == Some(true)
         }
         _ => obs.liveness.live,
@@ -190,6 +204,21 @@ impl PlannedRows {
             }
         }
         Some(moved)
+    }
+
+    /// Per digest without the heartbeat (its first 128 bits), whether every
+    /// planned row of that digest was live when planned: looked up for
+    /// each row that heartbeated since (apply's confirmation under its
+    /// lock, built before it).
+    pub fn live_index(&self) -> HashMap<u128, bool> {
+        let mut index: HashMap<u128, bool> = HashMap::with_capacity(self.rows.len());
+        for r in &self.rows {
+            if let Some(key) = digest_key(&r.digest_without_heartbeat) {
+                let live = index.entry(key).or_insert(true);
+                *live &= r.live;
+            }
+        }
+        index
     }
 
     /// Compare with a plan re-derived now. `Ok` lists the workers whose

@@ -14,7 +14,9 @@
 //! (`untrusted_objects`): any trigger (one on `worker_registrations` retired
 //! live rows beside the target), any view (a view named `retirement_audit`
 //! swallowed the audit rows), a registry or audit object that is not a plain
-//! table, or an audit table with columns that are not ours. `registry copy`
+//! table, or an audit table with columns that are not ours. The one
+//! exception is the row-version bookkeeping (`sqlite::versions`): its
+//! triggers are accepted when their SQL text is exactly ours. `registry copy`
 //! refuses the same objects in the registry it copies from.
 
 pub mod audit;
@@ -87,12 +89,16 @@ pub fn untrusted_object_list(
 ) -> rusqlite::Result<Vec<String>> {
     let mut problems = Vec::new();
     let mut stmt = conn.prepare(
-        "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('trigger', 'view') ORDER BY name",
+        "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('trigger', 'view') ORDER BY name",
     )?;
-    let objects: Vec<(String, String, String)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+    let objects: Vec<(String, String, String, Option<String>)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
         .collect::<rusqlite::Result<_>>()?;
-    for (kind, name, table) in objects {
+    for (kind, name, table, sql) in objects {
+        // The row-version triggers are accepted by their exact text only.
+        if kind == "trigger" && sqlite::versions::is_ours(&name, &table, sql.as_deref()) {
+            continue;
+        }
         problems.push(if kind == "trigger" {
             format!("trigger {name:?} on {table:?}")
         } else {
@@ -101,6 +107,16 @@ pub fn untrusted_object_list(
     }
     for table in [registry_table, audit::TABLE] {
         problems.extend(not_a_table(conn, table));
+    }
+    for (table, columns) in sqlite::versions::tables() {
+        problems.extend(not_a_table(conn, table));
+        match table_columns(conn, table)? {
+            Some(have) if have != columns => problems.push(format!(
+                "table {table:?} has columns that are not fleet-retire's ({})",
+                have.join(", ")
+            )),
+            _ => {}
+        }
     }
     if let Some(existing) = table_columns(conn, audit::TABLE)? {
         let foreign: Vec<&String> = existing

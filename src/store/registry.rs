@@ -70,16 +70,24 @@ pub fn add_missing_columns(conn: &Connection, path: &Path) -> Result<()> {
 }
 
 /// Create the registry table, or add the columns it lacks, inside one
-/// `BEGIN IMMEDIATE` transaction that looks again once it holds the lock.
-pub fn create_or_migrate_locked(conn: &Connection, path: &Path) -> Result<()> {
+/// `BEGIN IMMEDIATE` transaction that looks again once it holds the lock;
+/// `on_create` runs in the same transaction after a creation (the engine's
+/// row-version bookkeeping).
+pub fn create_or_migrate_locked(
+    conn: &Connection,
+    path: &Path,
+    on_create: &dyn Fn(&Connection) -> rusqlite::Result<()>,
+) -> Result<()> {
     let err = |doing| Error::sqlite(Store::Registry, path, doing);
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(err("cannot take the write lock to create or migrate"))?;
     let done = (|| -> Result<()> {
         match super::table_columns(conn, TABLE).map_err(err("cannot read"))? {
-            None => conn
-                .execute_batch(&create_sql())
-                .map_err(err("cannot create the registry table")),
+            None => {
+                conn.execute_batch(&create_sql())
+                    .map_err(err("cannot create the registry table"))?;
+                on_create(conn).map_err(err("cannot install the row-version bookkeeping"))
+            }
             Some(_) => add_missing_columns(conn, path),
         }
     })();
@@ -135,7 +143,7 @@ pub fn retire_guarded(
     retired_at: &str,
     retired_by: &str,
     reason: &str,
-) -> rusqlite::Result<usize> {
+) -> rusqlite::Result<Vec<i64>> {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
         let guard = GUARD
@@ -146,7 +154,7 @@ pub fn retire_guarded(
             .join(" AND ");
         format!(
             "UPDATE {TABLE} SET status = 'retired', retired_at = ?1, retired_by = ?2, \
-             retirement_reason = ?3 WHERE worker_identity IS ?4 AND {guard}"
+             retirement_reason = ?3 WHERE worker_identity IS ?4 AND {guard} RETURNING rowid"
         )
     });
     use rusqlite::types::Value as S;
@@ -157,8 +165,11 @@ pub fn retire_guarded(
         sql_value(row.get(Col::WorkerIdentity)),
     ];
     params.extend(GUARD.iter().map(|c| sql_value(row.get(*c))));
-    conn.prepare_cached(sql)?
-        .execute(rusqlite::params_from_iter(params))
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rowids = stmt
+        .query_map(rusqlite::params_from_iter(params), |r| r.get(0))?
+        .collect();
+    rowids
 }
 
 /// The status of the row with this identity, if there is one.

@@ -35,6 +35,14 @@ pub trait Engine {
     /// cannot be read).
     fn read_leases(&self) -> Result<Vec<Lease>>;
 
+    /// The registry read outside apply's lock, with where it stood
+    /// ([`RowVersions`]), when the engine keeps row versions and this
+    /// registry has them; `None` otherwise (apply then judges under its
+    /// lock alone).
+    fn read_registry_versioned(&self) -> Option<Result<(Vec<Row>, RowVersions)>> {
+        None
+    }
+
     /// The lease store opened for apply's fence.
     fn fence_source(&self) -> Result<Box<dyn FenceSource>>;
 
@@ -44,6 +52,24 @@ pub trait Engine {
     /// The registry opened for a worker's writes to its own row (created or
     /// migrated when needed).
     fn worker_rows(&self) -> Result<Box<dyn WorkerRows>>;
+}
+
+/// The rows changed since a [`RowVersions`] marker, each with its position
+/// in the rows read then (`None` for a row deleted since); `Err` says why
+/// the engine cannot vouch for the rows it does not return.
+pub type Changes = std::result::Result<Vec<(usize, Option<Row>)>, String>;
+
+/// Where a registry stood when it was read outside apply's lock
+/// (`store::sqlite::versions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowVersions {
+    /// The schema's version (SQLite's `PRAGMA schema_version`): any DDL
+    /// since moves it.
+    pub schema_version: i64,
+    /// The registry clock.
+    pub clock: i64,
+    /// The rowid of each row read, in the order read (rowid order).
+    pub rowids: Vec<i64>,
 }
 
 /// A lease store as apply's fence reads it, again and again while it
@@ -88,6 +114,15 @@ pub trait ApplyTx {
 
     /// The authoritative read of every registration.
     fn read_rows(&mut self) -> Result<Vec<Row>>;
+
+    /// The rows changed since `since` was read, as they stand now: each
+    /// with its position in the rows read then (`None` for a row deleted
+    /// since). `Err` with the reason when the engine cannot vouch for the
+    /// rows it does not return (apply then reads the whole registry).
+    fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {
+        let _ = since;
+        Ok(Err("this engine keeps no row versions".into()))
+    }
 
     /// When the lease store at `leases` is this same database, its version
     /// and active leases read inside this transaction (one snapshot with

@@ -1,15 +1,17 @@
 //! Apply's transaction on a SQLite registry: `BEGIN IMMEDIATE` (one writer
 //! at a time, readers undisturbed). A trigger is the only code SQLite runs
-//! inside a write, and triggers are refused before the first write, so
-//! `total_changes` (which counts every row written, a trigger's included)
+//! inside a write: apply's connection runs none (`ENABLE_TRIGGER` off), and
+//! every trigger but the row-version bookkeeping's is refused before the
+//! first write anyway, so `total_changes` (which counts every row written)
 //! accounts for every write; the check before COMMIT needs nothing more
-//! and keeps the write lock short.
+//! and keeps the write lock short. Apply stamps its retirements in the
+//! row-version bookkeeping itself (`versions`), as our triggers would.
 
 use crate::error::{Error, Result, Store};
 use crate::row::Row;
 use crate::store::audit::AuditRow;
 use crate::store::leases::Lease;
-use crate::store::seam::{ApplyConnection, ApplyTx, Written};
+use crate::store::seam::{ApplyConnection, ApplyTx, Changes, RowVersions, Written};
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -37,6 +39,13 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     .map_err(sql("cannot open for writing"))?;
     conn.busy_timeout(busy_timeout)
         .map_err(sql("cannot set the busy timeout"))?;
+    // No code of the file's runs inside apply's writes, not even ours: the
+    // row-version stamps are written explicitly (`Tx::stamp`).
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER,
+        false,
+    )
+    .map_err(sql("cannot switch triggers off"))?;
     // Apply re-reads the whole registry and writes every target inside one
     // transaction: a page cache of SQLite's default 2 MiB spills dirty pages
     // to the file (and syncs the journal) mid-transaction. This is a bound,
@@ -91,10 +100,16 @@ impl ApplyConnection for Sqlite {
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(|e| format!("could not take the registry's write lock: {e}"))?;
+        // The schema as the lock found it, before apply's own migrations.
+        let schema_at_begin = super::versions::schema_version(&tx)
+            .map_err(|e| format!("could not read the registry's schema version: {e}"))?;
         Ok(Box::new(Tx {
             tx,
+            schema_at_begin,
             path: &self.path,
             changes_before: 0,
+            stamps: None,
+            stamped: 0,
         }))
     }
 }
@@ -102,9 +117,16 @@ impl ApplyConnection for Sqlite {
 /// Apply's transaction on a SQLite registry.
 struct Tx<'c> {
     tx: rusqlite::Transaction<'c>,
+    /// `PRAGMA schema_version` when the write lock was taken.
+    schema_at_begin: i64,
     path: &'c Path,
     /// `total_changes` before the first write.
     changes_before: u64,
+    /// The clock this apply stamps its retirements with, when the registry
+    /// keeps row versions.
+    stamps: Option<i64>,
+    /// Rows the stamps wrote (the clock's and each retired row's).
+    stamped: u64,
 }
 
 impl Tx<'_> {
@@ -120,7 +142,9 @@ impl ApplyTx for Tx<'_> {
     }
 
     fn migrate_registry(&mut self) -> Result<()> {
-        crate::store::registry::add_missing_columns(&self.tx, self.path)
+        crate::store::registry::add_missing_columns(&self.tx, self.path)?;
+        super::versions::install(&self.tx)
+            .map_err(self.err("cannot install the row-version bookkeeping"))
     }
 
     fn migrate_audit(&mut self) -> Result<()> {
@@ -133,25 +157,52 @@ impl ApplyTx for Tx<'_> {
     }
 
     /// A SQLite registry file never holds the lease store's table.
+    fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {
+        let changed = match super::versions::changed_since(&self.tx, since, self.schema_at_begin)
+            .map_err(self.err("cannot read the row versions"))?
+        {
+            Ok(changed) => changed,
+            Err(why) => return Ok(Err(why)),
+        };
+        let rowids: Vec<i64> = changed.iter().map(|(_, r)| *r).collect();
+        let rows = super::read::read_by_rowid(&self.tx, self.path, &rowids)?;
+        Ok(Ok(changed
+            .into_iter()
+            .map(|(at, _)| at)
+            .zip(rows)
+            .collect()))
+    }
+
     fn read_leases_here(&mut self, _leases: &Path) -> Option<Result<(String, Vec<Lease>)>> {
         None
     }
 
     fn before_writes(&mut self, _targets: &[String], _apply_id: &str) -> Result<()> {
         self.changes_before = self.tx.total_changes();
+        if super::versions::installed(&self.tx).map_err(self.err("cannot read the row versions"))? {
+            self.stamps = Some(
+                super::versions::tick(&self.tx)
+                    .map_err(self.err("cannot move the registry clock"))?,
+            );
+            self.stamped = 1;
+        }
         Ok(())
     }
 
     fn retire_with_audit(&mut self, row: &Row, audit: &AuditRow) -> Result<u64> {
         let (at, by, reason) = (audit.retired_at, audit.retired_by, audit.retirement_reason);
-        let changed = crate::store::registry::retire_guarded(&self.tx, row, at, by, reason)
-            .map(|n| n as u64)
+        let rowids = crate::store::registry::retire_guarded(&self.tx, row, at, by, reason)
             .map_err(self.err("the guarded UPDATE failed"))?;
-        if changed == 1 {
+        if let [rowid] = rowids[..] {
             crate::store::audit::insert(&self.tx, audit)
                 .map_err(self.err("cannot write the audit row"))?;
+            if let Some(clock) = self.stamps {
+                super::versions::stamp(&self.tx, rowid, clock)
+                    .map_err(self.err("cannot stamp the retired row's version"))?;
+                self.stamped += 1;
+            }
         }
-        Ok(changed)
+        Ok(rowids.len() as u64)
     }
 
     /// One UPDATE and one audit row per retirement and nothing else, and
@@ -159,11 +210,12 @@ impl ApplyTx for Tx<'_> {
     fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>> {
         let n = written.len() as u64;
         let changed = self.tx.total_changes() - self.changes_before;
-        if changed != 2 * n {
+        if changed != 2 * n + self.stamped {
             return Ok(Some(format!(
                 "the transaction changed {changed} rows where {} were meant \
-                 (one retirement and one audit row per worker)",
-                2 * n
+                 (one retirement and one audit row per worker, and {} row-version stamps)",
+                2 * n + self.stamped,
+                self.stamped
             )));
         }
         let audited = crate::store::audit::count_for(&self.tx, apply_id)

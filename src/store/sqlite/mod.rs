@@ -3,12 +3,13 @@
 pub mod apply;
 pub mod leases;
 pub mod read;
+pub mod versions;
 pub mod worker;
 
 use crate::error::Result;
 use crate::row::Row;
 use crate::store::leases::Lease;
-use crate::store::seam::{ApplyConnection, Engine, FenceSource, WorkerRows};
+use crate::store::seam::{ApplyConnection, Engine, FenceSource, RowVersions, WorkerRows};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -35,6 +36,10 @@ impl Engine for Sqlite {
 
     fn read_leases(&self) -> Result<Vec<Lease>> {
         leases::load(&self.path)
+    }
+
+    fn read_registry_versioned(&self) -> Option<Result<(Vec<Row>, RowVersions)>> {
+        read::load_versioned(&self.path).transpose()
     }
 
     fn fence_source(&self) -> Result<Box<dyn FenceSource>> {

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result, Store};
 use crate::row::{Col, Row, COLUMNS};
 use crate::store::batch::{BatchError, Cell, RowBatch};
+use crate::store::seam::RowVersions;
 use crate::value::Value;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
@@ -129,6 +130,20 @@ pub fn read_rows(conn: &Connection, path: &Path) -> Result<Vec<Row>> {
     read_part(&mut stmt, &select.present).map_err(|e| e.at(0, path))
 }
 
+/// The rows with these rowids as they stand now, on this connection
+/// (inside apply's transaction); `None` for a rowid no row has.
+pub fn read_by_rowid(conn: &Connection, path: &Path, rowids: &[i64]) -> Result<Vec<Option<Row>>> {
+    let select = Select::of(conn, path)?;
+    rowids
+        .iter()
+        .map(|&rowid| {
+            let mut stmt = select.prepare(conn, Part::One(rowid), path)?;
+            let mut rows = read_part(&mut stmt, &select.present).map_err(|e| e.at(0, path))?;
+            Ok(rows.pop())
+        })
+        .collect()
+}
+
 /// What a read selects: the known columns the table has, in our order.
 struct Select {
     present: Vec<Col>,
@@ -141,6 +156,7 @@ struct Select {
 #[derive(Clone, Copy)]
 enum Part {
     All,
+    One(i64),
     UpTo(i64),
     After(i64),
 }
@@ -207,6 +223,7 @@ impl Select {
         let list = &self.list;
         match part {
             Part::All => format!("SELECT {list} FROM {TABLE} ORDER BY rowid"),
+            Part::One(n) => format!("SELECT {list} FROM {TABLE} WHERE rowid = {n}"),
             Part::UpTo(n) => {
                 format!("SELECT {list} FROM {TABLE} WHERE rowid <= {n} ORDER BY rowid")
             }
@@ -399,17 +416,41 @@ fn read_part(stmt: &mut RawStmt<'_>, present: &[Col]) -> std::result::Result<Vec
 /// Open read-only and read every registration from the SQLite file, in
 /// one read transaction.
 pub fn load(path: &Path) -> Result<Vec<Row>> {
+    load_marked(path, false).map(|read| read.map(|(rows, _)| rows).unwrap_or_default())
+}
+
+/// [`load`], with the row-version marker of the same read: what apply
+/// judges outside its lock. `None`, without reading the rows, when the
+/// registry keeps no versions.
+pub fn load_versioned(path: &Path) -> Result<Option<(Vec<Row>, RowVersions)>> {
+    load_marked(path, true).map(|read| read.and_then(|(rows, m)| Some((rows, m?))))
+}
+
+#[allow(clippy::type_complexity)]
+fn load_marked(path: &Path, with_marker: bool) -> Result<Option<(Vec<Row>, Option<RowVersions>)>> {
     // The file the path names now; a second connection must find the same.
     let file = file_identity(path);
     let conn = open_read_only(path)?;
     let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
     map_for_reading(&conn).map_err(sql_err)?;
     // One read transaction: the shared lock its first read takes is held
-    // until COMMIT, so no writer can commit while the rows are read.
+    // until COMMIT, so no writer can commit while the rows are read (in WAL
+    // mode: one snapshot, read on this connection alone).
     conn.execute_batch("BEGIN").map_err(sql_err)?;
+    let marker = match with_marker {
+        true => match super::versions::marker(&conn).map_err(sql_err)? {
+            None => return Ok(None),
+            found => found,
+        },
+        false => None,
+    };
     let rows = read_in_parts(&conn, path, &|| second_reader(path, file))?;
     conn.execute_batch("COMMIT").map_err(sql_err)?;
-    Ok(rows)
+    let marker = marker.filter(|m| m.rowids.len() == rows.len());
+    if with_marker && marker.is_none() {
+        return Ok(None);
+    }
+    Ok(Some((rows, marker)))
 }
 
 /// How much of the registry file a reading connection maps into memory.

@@ -126,7 +126,8 @@ fn migrated(conn: Connection, path: &Path, create: bool) -> Result<Option<Connec
     // Creating or migrating: under the write lock, deciding again there, so
     // workers starting together do not each add the same column (the
     // second would fail with "duplicate column name").
-    crate::store::registry::create_or_migrate_locked(&conn, path)?;
+    // A new registry keeps row versions from its first row.
+    crate::store::registry::create_or_migrate_locked(&conn, path, &super::versions::install)?;
     Ok(Some(conn))
 }
 

@@ -1,0 +1,308 @@
+//! Row versions of a SQLite registry: which rows changed since a moment,
+//! without reading the registry (docs/apply.md, "The write lock held for
+//! what changed").
+//!
+//! SQLite tells no one which rows a commit changed, so the registry keeps
+//! it: a clock (`fleet_retire_clock`, one row, only ever moving forward) and
+//! for each rowid of `worker_registrations` the clock's value when it was
+//! last inserted, updated or deleted (`fleet_retire_changes`, indexed by
+//! version). Triggers whose exact SQL text is ours keep both, so every
+//! writer that goes through SQLite stamps its rows whatever program it is:
+//! our workers, an older binary, the seed's Python, a hand edit in the
+//! `sqlite3` shell. Five guard triggers refuse writes that would turn the
+//! clock back or stamp a row with anything but the current clock.
+//!
+//! What it cannot see is a write made with triggers switched off
+//! (`SQLITE_DBCONFIG_ENABLE_TRIGGER`) or a schema change: a schema change
+//! moves `PRAGMA schema_version`, which the marker records, so apply then
+//! reads the whole registry again; the first is a deliberate bypass by
+//! someone who can equally edit the file's bytes (docs/apply.md says what
+//! still holds then).
+
+use crate::store::registry::TABLE;
+use crate::store::seam::RowVersions as Marker;
+use rusqlite::{Connection, OptionalExtension};
+
+/// The clock table.
+pub const CLOCK: &str = "fleet_retire_clock";
+/// The change table: rowid → the clock when that row last changed.
+pub const CHANGES: &str = "fleet_retire_changes";
+/// The index of the change table by version.
+const CHANGES_INDEX: &str = "fleet_retire_changes_by_version";
+
+/// The statement that stamps `rowid` with the clock (upsert).
+fn stamp_sql(rowid: &str) -> String {
+    format!(
+        "INSERT INTO {CHANGES} (row_id, version) VALUES ({rowid}, \
+         (SELECT version FROM {CLOCK} WHERE id = 1)) \
+         ON CONFLICT (row_id) DO UPDATE SET version = excluded.version;"
+    )
+}
+
+const TICK: &str = "UPDATE fleet_retire_clock SET version = version + 1 WHERE id = 1;";
+
+/// Our triggers: name, table, and the exact SQL `sqlite_master` keeps.
+pub fn triggers() -> Vec<(&'static str, &'static str, String)> {
+    let raise = |why: &str| format!("SELECT RAISE(ABORT, 'fleet-retire: {why}');");
+    let current = format!("(SELECT version FROM {CLOCK} WHERE id = 1)");
+    vec![
+        (
+            "fleet_retire_stamp_insert",
+            TABLE,
+            format!(
+                "CREATE TRIGGER fleet_retire_stamp_insert AFTER INSERT ON {TABLE} BEGIN {TICK} {} END",
+                stamp_sql("NEW.rowid")
+            ),
+        ),
+        (
+            "fleet_retire_stamp_update",
+            TABLE,
+            format!(
+                "CREATE TRIGGER fleet_retire_stamp_update AFTER UPDATE ON {TABLE} BEGIN {TICK} {} {} END",
+                stamp_sql("OLD.rowid"),
+                stamp_sql("NEW.rowid")
+            ),
+        ),
+        (
+            "fleet_retire_stamp_delete",
+            TABLE,
+            format!(
+                "CREATE TRIGGER fleet_retire_stamp_delete AFTER DELETE ON {TABLE} BEGIN {TICK} {} END",
+                stamp_sql("OLD.rowid")
+            ),
+        ),
+        (
+            "fleet_retire_clock_forward",
+            CLOCK,
+            format!(
+                "CREATE TRIGGER fleet_retire_clock_forward BEFORE UPDATE ON {CLOCK} \
+                 WHEN NEW.version IS NULL OR NEW.version <= OLD.version OR NEW.id IS NOT OLD.id \
+                 BEGIN {} END",
+                raise("the registry clock only moves forward")
+            ),
+        ),
+        (
+            "fleet_retire_clock_kept",
+            CLOCK,
+            format!(
+                "CREATE TRIGGER fleet_retire_clock_kept BEFORE DELETE ON {CLOCK} BEGIN {} END",
+                raise("the registry clock is never deleted")
+            ),
+        ),
+        (
+            "fleet_retire_changes_insert",
+            CHANGES,
+            format!(
+                "CREATE TRIGGER fleet_retire_changes_insert BEFORE INSERT ON {CHANGES} \
+                 WHEN NEW.version IS NOT {current} BEGIN {} END",
+                raise("a row is stamped with the current clock only")
+            ),
+        ),
+        (
+            "fleet_retire_changes_update",
+            CHANGES,
+            format!(
+                "CREATE TRIGGER fleet_retire_changes_update BEFORE UPDATE ON {CHANGES} \
+                 WHEN NEW.version IS NOT {current} OR NEW.row_id IS NOT OLD.row_id BEGIN {} END",
+                raise("a row is stamped with the current clock only")
+            ),
+        ),
+        (
+            "fleet_retire_changes_kept",
+            CHANGES,
+            format!(
+                "CREATE TRIGGER fleet_retire_changes_kept BEFORE DELETE ON {CHANGES} BEGIN {} END",
+                raise("a row stamp is never deleted")
+            ),
+        ),
+    ]
+}
+
+/// Whether a trigger as `sqlite_master` lists it is one of ours, exactly.
+pub fn is_ours(name: &str, table: &str, sql: Option<&str>) -> bool {
+    triggers()
+        .iter()
+        .any(|(n, t, s)| *n == name && *t == table && Some(s.as_str()) == sql)
+}
+
+/// The tables our triggers write: never a view or anything but a table
+/// with exactly our columns (checked with the other objects).
+pub fn tables() -> [(&'static str, &'static [&'static str]); 2] {
+    [
+        (CLOCK, &["id", "version"]),
+        (CHANGES, &["row_id", "version"]),
+    ]
+}
+
+/// Whether every one of our objects is in place, exactly as we make them.
+pub fn installed(conn: &Connection) -> rusqlite::Result<bool> {
+    let mut stmt = conn.prepare(
+        "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'fleet\\_retire\\_%' ESCAPE '\\'",
+    )?;
+    let found: Vec<(String, String, Option<String>)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let all_ours = triggers().iter().all(|(n, t, s)| {
+        found
+            .iter()
+            .any(|(fn_, ft, fs)| fn_ == n && ft == t && fs.as_deref() == Some(s.as_str()))
+    });
+    if !all_ours {
+        return Ok(false);
+    }
+    for (table, columns) in tables() {
+        match crate::store::table_columns(conn, table)? {
+            Some(have) if have == columns => {}
+            _ => return Ok(false),
+        }
+    }
+    let clock: Option<i64> = conn
+        .query_row(
+            &format!("SELECT version FROM {CLOCK} WHERE id = 1"),
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(clock.is_some())
+}
+
+/// Create the clock, the change table, its index and our triggers, unless
+/// they are all there. Run inside a write transaction on a connection that
+/// may run triggers or not (creating them runs none).
+pub fn install(conn: &Connection) -> rusqlite::Result<()> {
+    if installed(conn)? {
+        return Ok(());
+    }
+    // A table without rowids cannot be stamped by rowid: it keeps no
+    // versions (and apply reads it whole, as before).
+    if conn
+        .prepare(&format!("SELECT rowid FROM {TABLE} LIMIT 0"))
+        .is_err()
+    {
+        return Ok(());
+    }
+    // A partial set (a table without its triggers, say) is completed: the
+    // pieces that exist are ours by name and refused by the untrusted check
+    // when their SQL is not.
+    conn.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {CLOCK} (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
+         INSERT OR IGNORE INTO {CLOCK} (id, version) VALUES (1, 0);
+         CREATE TABLE IF NOT EXISTS {CHANGES} (row_id INTEGER PRIMARY KEY, version INTEGER NOT NULL);
+         CREATE INDEX IF NOT EXISTS {CHANGES_INDEX} ON {CHANGES} (version);"
+    ))?;
+    for (name, _, sql) in triggers() {
+        let exists: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'trigger' AND name = ?1",
+            [name],
+            |r| r.get(0),
+        )?;
+        if !exists {
+            conn.execute_batch(&sql)?;
+        }
+    }
+    Ok(())
+}
+
+/// The marker of the state `conn` reads now (inside its read transaction),
+/// with the rowids of the rows it reads; `None` when the registry keeps no
+/// versions.
+pub fn marker(conn: &Connection) -> rusqlite::Result<Option<Marker>> {
+    if !installed(conn)? {
+        return Ok(None);
+    }
+    let schema_version = schema_version(conn)?;
+    let clock: i64 = conn.query_row(
+        &format!("SELECT version FROM {CLOCK} WHERE id = 1"),
+        [],
+        |r| r.get(0),
+    )?;
+    let mut stmt = conn.prepare(&format!("SELECT rowid FROM {TABLE} ORDER BY rowid"))?;
+    let rowids: Vec<i64> = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Some(Marker {
+        schema_version,
+        clock,
+        rowids,
+    }))
+}
+
+/// What changed since `marker`, read under apply's lock: the positions (in
+/// the rows read with the marker) of the rows stamped since. `Err` with a
+/// reason when the versions cannot be trusted to say (the schema moved, our
+/// objects are not all there, the clock went back, a row was added or
+/// deleted): apply then reads the whole registry again.
+///
+/// `schema_at_begin` is `PRAGMA schema_version` as apply's transaction
+/// found it when it took the write lock, before its own migrations: from
+/// then on no one else can change the schema.
+pub fn changed_since(
+    conn: &Connection,
+    marker: &Marker,
+    schema_at_begin: i64,
+) -> rusqlite::Result<std::result::Result<Vec<(usize, i64)>, String>> {
+    if schema_at_begin != marker.schema_version {
+        return Ok(Err(
+            "the registry's schema changed since it was read (DDL: a column, a trigger, an \
+             index), so its row versions cannot vouch for the rows"
+                .into(),
+        ));
+    }
+    if !installed(conn)? {
+        return Ok(Err("the registry keeps no row versions".into()));
+    }
+    let clock: i64 = conn.query_row(
+        &format!("SELECT version FROM {CLOCK} WHERE id = 1"),
+        [],
+        |r| r.get(0),
+    )?;
+    if clock < marker.clock {
+        return Ok(Err(format!(
+            "the registry clock went back from {} to {clock}",
+            marker.clock
+        )));
+    }
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT row_id FROM {CHANGES} WHERE version > ?1 ORDER BY row_id"
+    ))?;
+    let stamped: Vec<i64> = stmt
+        .query_map([marker.clock], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut changed = Vec::with_capacity(stamped.len());
+    for rowid in stamped {
+        let Ok(at) = marker.rowids.binary_search(&rowid) else {
+            return Ok(Err(format!(
+                "row {rowid} was added or deleted since the registry was read"
+            )));
+        };
+        changed.push((at, rowid));
+    }
+    Ok(Ok(changed))
+}
+
+/// Move the clock on by one for a writer whose triggers are off (apply);
+/// the new value.
+pub fn tick(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.execute_batch(TICK)?;
+    conn.query_row(
+        &format!("SELECT version FROM {CLOCK} WHERE id = 1"),
+        [],
+        |r| r.get(0),
+    )
+}
+
+/// Stamp one row with `clock`, as the triggers would (for apply, whose
+/// triggers are off).
+pub fn stamp(conn: &Connection, rowid: i64, clock: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO {CHANGES} (row_id, version) VALUES (?1, ?2) \
+         ON CONFLICT (row_id) DO UPDATE SET version = excluded.version"
+    ))?
+    .execute([rowid, clock])?;
+    Ok(())
+}
+
+/// `PRAGMA schema_version`: moved by every schema change.
+pub fn schema_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA schema_version", [], |r| r.get(0))
+}

@@ -1,0 +1,263 @@
+//! Apply judges outside the write lock and, under it, reads only the rows
+//! changed since (docs/apply.md, "The write lock held for what changed").
+//! These tests put a writer between the judgement and the lock
+//! (`Hooks::after_prejudge`) on a real SQLite registry with its row
+//! versions, and show which writes the lock confirms and which send it back
+//! to reading the whole registry: a heartbeat of a live worker is
+//! confirmed; a plain SQL writer that knows nothing of versions (the seed's
+//! Python, a hand edit) is stamped by the triggers and caught; a writer
+//! that drops the triggers to write unseen is caught by the schema version.
+//! SQLite only: PostgreSQL keeps no row versions (its apply holds row
+//! locks, not the registry's write lock).
+
+mod common;
+
+use common::*;
+use fleet_retire::apply::{Hooks, Outcome, Report};
+use rusqlite::Connection;
+use serde_json::Value;
+use std::path::Path;
+
+/// The fleet of `fleet()` with row versions, its running worker live by
+/// its heartbeat too, and a saved plan of it (three candidates).
+fn versioned_fleet() -> (Lib, KillOnDrop, fleet_retire::apply::Request) {
+    let (stores, live) = fleet();
+    let conn = Connection::open(&stores.registry).unwrap();
+    // As a registry is once an apply has migrated it: every column, and
+    // row versions.
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    fleet_retire::store::registry::add_missing_columns(&conn, &stores.registry).unwrap();
+    fleet_retire::store::sqlite::versions::install(&conn).unwrap();
+    conn.execute_batch("COMMIT").unwrap();
+    // Live by its heartbeat too, in an instance slot of its own (a live
+    // worker in the dead ones' slot would keep them all).
+    plain_update(&stores.registry, "last_heartbeat_at", &now(0), "w-running");
+    plain_update(
+        &stores.registry,
+        "client_instance_id",
+        "inst-codex-20260730T100000Z-000000000001",
+        "w-running",
+    );
+    let (_, plan) = save_plan(&stores);
+    let lib = Lib::new(stores);
+    let mut req = lib.request();
+    let planned: fleet_retire::plan::planned::PlannedRows =
+        serde_json::from_value(plan["planned_rows"].clone()).unwrap();
+    req = req
+        .with_planned(Some(std::sync::Arc::new(planned)))
+        .unwrap();
+    assert_eq!(req.workers.len(), 3, "{plan}");
+    (lib, live, req)
+}
+
+fn now(offset_s: i64) -> String {
+    fleet_retire::time::format_ts(fleet_retire::time::now() + offset_s * 1_000_000)
+}
+
+/// An UPDATE as any program that knows nothing of row versions writes it.
+fn plain_update(registry: &Path, column: &str, value: &str, worker: &str) {
+    Connection::open(registry)
+        .unwrap()
+        .execute(
+            &format!("UPDATE worker_registrations SET {column} = ?1 WHERE worker_identity = ?2"),
+            [value, worker],
+        )
+        .unwrap();
+}
+
+fn session_of(registry: &Path, worker: &str) -> String {
+    Connection::open(registry)
+        .unwrap()
+        .query_row(
+            "SELECT session_id FROM worker_registrations WHERE worker_identity = ?1",
+            [worker],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+fn read_under_lock(report: &Report) -> Value {
+    serde_json::to_value(&report.read_under_lock).unwrap()
+}
+
+fn run_with_writer(lib: &Lib, req: &fleet_retire::apply::Request, write: impl FnOnce()) -> Report {
+    let mut write = Some(write);
+    let mut hook = || {
+        if let Some(w) = write.take() {
+            w()
+        }
+    };
+    lib.run(
+        req,
+        Hooks {
+            after_prejudge: Some(&mut hook),
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn a_live_workers_heartbeat_while_apply_judges_is_confirmed_alone() {
+    let (lib, live, req) = versioned_fleet();
+    let registry = lib.stores.registry.clone();
+    let report = run_with_writer(&lib, &req, || {
+        plain_update(&registry, "last_heartbeat_at", &now(1), "w-running")
+    });
+    assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+    assert_eq!(report.retired_count, 3);
+    assert_eq!(
+        read_under_lock(&report),
+        serde_json::json!({"scope": "changed_rows", "rows": 1})
+    );
+    assert_eq!(report.heartbeats_tolerated_workers, ["w-running"]);
+    assert_eq!(status_of(&registry, "w-running"), "active");
+    // The retirements are stamped: the next apply sees them as changes.
+    let stamped: i64 = Connection::open(&registry)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM fleet_retire_changes WHERE version = \
+             (SELECT version FROM fleet_retire_clock)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stamped, 3);
+    drop(live);
+}
+
+/// The attack the versions exist to catch: between the judgement and the
+/// lock, a writer that knows nothing of versions gives the live worker the
+/// session of a candidate. That candidate now shares identity evidence
+/// with a live row and must be kept: the triggers stamped the row, the
+/// change is more than a heartbeat, so the lock reads the whole registry
+/// and refuses (the registry moved beyond what a saved plan tolerates).
+#[test]
+fn a_plain_sql_writer_between_judging_and_the_lock_is_caught() {
+    let (lib, live, req) = versioned_fleet();
+    let registry = lib.stores.registry.clone();
+    let shared = session_of(&registry, "w-dead-1");
+    let before = dump(&registry);
+    let mut after_write = String::new();
+    let report = run_with_writer(&lib, &req, || {
+        plain_update(&registry, "session_id", &shared, "w-running");
+        after_write = dump(&registry);
+    });
+    assert_eq!(
+        report.outcome,
+        Outcome::RegistryRevisionMoved,
+        "{}",
+        report.detail
+    );
+    assert!(report.detail.contains("w-running"), "{}", report.detail);
+    let read = read_under_lock(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    assert!(
+        read["why"]
+            .as_str()
+            .unwrap()
+            .contains("beyond its heartbeat"),
+        "{read}"
+    );
+    assert_ne!(after_write, before);
+    assert_eq!(dump(&registry), after_write, "nothing retired");
+    drop(live);
+}
+
+/// A writer that drops the stamping trigger, writes and puts the trigger
+/// back exactly as it was leaves no stamp, but moves the schema version:
+/// the lock reads the whole registry and the change is judged there.
+#[test]
+fn a_writer_that_drops_the_triggers_to_write_unseen_is_caught() {
+    let (lib, live, req) = versioned_fleet();
+    let registry = lib.stores.registry.clone();
+    let shared = session_of(&registry, "w-dead-2");
+    let (_, _, update_trigger) = fleet_retire::store::sqlite::versions::triggers()
+        .into_iter()
+        .find(|(name, _, _)| *name == "fleet_retire_stamp_update")
+        .unwrap();
+    let report = run_with_writer(&lib, &req, || {
+        let conn = Connection::open(&registry).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE; DROP TRIGGER fleet_retire_stamp_update;")
+            .unwrap();
+        conn.execute(
+            "UPDATE worker_registrations SET session_id = ?1 WHERE worker_identity = 'w-running'",
+            [&shared],
+        )
+        .unwrap();
+        conn.execute_batch(&format!("{update_trigger}; COMMIT;"))
+            .unwrap();
+    });
+    assert_eq!(
+        report.outcome,
+        Outcome::RegistryRevisionMoved,
+        "{}",
+        report.detail
+    );
+    let read = read_under_lock(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    assert!(read["why"].as_str().unwrap().contains("schema"), "{read}");
+    drop(live);
+}
+
+/// A writer with triggers switched off on its connection is the one the
+/// versions cannot see (docs/apply.md says so). What still holds for the
+/// rows apply writes: a target changed that way fails its guarded UPDATE
+/// and is kept.
+#[test]
+fn a_target_changed_with_triggers_off_is_still_kept_by_the_guarded_update() {
+    let (lib, live, req) = versioned_fleet();
+    let registry = lib.stores.registry.clone();
+    let report = run_with_writer(&lib, &req, || {
+        let conn = Connection::open(&registry).unwrap();
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER,
+            false,
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE worker_registrations SET last_heartbeat_at = '2026-01-01T00:11:00Z' \
+             WHERE worker_identity = 'w-dead-3'",
+            [],
+        )
+        .unwrap();
+    });
+    assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+    assert_eq!(read_under_lock(&report)["scope"], "changed_rows");
+    assert_eq!(report.retired_count, 2);
+    assert!(
+        report
+            .preserved
+            .iter()
+            .any(|k| k.worker_identity == "w-dead-3" && k.reason_code == "row_changed_since_plan"),
+        "{:?}",
+        report.preserved
+    );
+    assert_eq!(status_of(&registry, "w-dead-3"), "active");
+    drop(live);
+}
+
+/// A registry without row versions is read whole under the lock, as
+/// before, and the apply installs them for the next one (inside its
+/// transaction: a refused apply leaves the file as it was).
+#[test]
+fn an_apply_installs_row_versions_and_the_next_reads_only_changes() {
+    let (stores, live) = fleet();
+    let registry = stores.registry.clone();
+    let lib = Lib::new(stores);
+    let mut req = lib.request();
+    req.workers.truncate(1);
+    let first = lib.run(&req, Hooks::default());
+    assert_eq!(first.outcome, Outcome::Applied, "{}", first.detail);
+    assert_eq!(read_under_lock(&first)["scope"], "whole_registry");
+    let mut req = lib.request();
+    req.workers.truncate(1);
+    let second = lib.run(&req, Hooks::default());
+    assert_eq!(second.outcome, Outcome::Applied, "{}", second.detail);
+    assert_eq!(
+        read_under_lock(&second),
+        serde_json::json!({"scope": "changed_rows", "rows": 0})
+    );
+    assert_eq!(second.retired_count, 1);
+    drop(live);
+    let _ = registry;
+}
