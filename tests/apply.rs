@@ -51,6 +51,7 @@ on_both_engines!(
     two_applies_at_once_retire_each_row_once,
     apply_migrates_an_old_registry_first,
     a_lease_acquired_inside_the_transaction_rolls_everything_back,
+    a_lease_taken_between_two_targets_rolls_everything_back,
     a_revoked_permission_before_the_first_write_retires_nothing,
     a_failure_at_commit_leaves_the_registry_as_it_was,
     a_locked_registry_is_waited_for_within_the_busy_timeout,
@@ -403,6 +404,45 @@ fn a_lease_acquired_inside_the_transaction_rolls_everything_back(engine: Engine)
         report.detail
     );
     assert_eq!(access.dump(), before, "no retired row, no audit table");
+    drop(live);
+}
+
+/// A lease taken after the first write: SQLite's fence, checked before
+/// every write, stops at the next; PostgreSQL's, checked before the first
+/// write and before COMMIT (docs/apply.md), stops at COMMIT. Either way
+/// nothing is retired.
+fn a_lease_taken_between_two_targets_rolls_everything_back(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "lease_between") else {
+        return;
+    };
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = access.dump();
+    let mut hook = |i: usize| {
+        if i == 1 {
+            access.insert_lease(&json!({"lease_id": "l-mid", "status": "active", "owner_pid": 1}));
+        }
+    };
+    let report = lib.run(
+        &req,
+        Hooks {
+            between_targets: Some(&mut hook),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::TransactionFailed,
+        "{}",
+        report.detail
+    );
+    assert_eq!(report.retired_count, 0);
+    assert!(
+        report.detail.contains("leases changed"),
+        "{}",
+        report.detail
+    );
+    assert_eq!(access.dump(), before, "nothing retired");
     drop(live);
 }
 

@@ -478,6 +478,7 @@ fn inside(
     t.tx.before_writes(&target_ids, &audit.apply_id)?;
     let mut w = Writes {
         fence,
+        fence_checked: false,
         rejudge: Rejudge::new(&fresh, t.ctx.policies),
         fresh: &fresh,
         audit: &audit,
@@ -832,6 +833,8 @@ fn select_targets<'p>(
 /// row with its process probed now, the fresh plan and the audit context.
 struct Writes<'p> {
     fence: leases::Fence,
+    /// Whether the fence was checked before a write yet.
+    fence_checked: bool,
     rejudge: Rejudge<'p>,
     fresh: &'p crate::plan::Plan,
     audit: &'p AuditContext,
@@ -867,11 +870,16 @@ impl Writes<'_> {
             });
             return Ok(());
         }
-        // The lease fence last, right before the write.
-        self.fence = self
-            .fence
-            .recheck(&mut *t.leases)?
-            .map_err(|now| fence_moved(&self.fence, &now))?;
+        // The lease fence last, right before the write: before every write
+        // where that costs next to nothing, else before the first (and, for
+        // all, in full before COMMIT).
+        if t.leases.cheap_to_check() || !self.fence_checked {
+            self.fence = self
+                .fence
+                .recheck(&mut *t.leases)?
+                .map_err(|now| fence_moved(&self.fence, &now))?;
+            self.fence_checked = true;
+        }
         let retired_at = &self.audit.retired_at;
         let mut evidence = Vec::with_capacity(1024);
         crate::plan::render::evidence(&mut evidence, &self.fresh.evidence(entry));

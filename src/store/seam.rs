@@ -90,6 +90,14 @@ pub trait FenceSource {
 
     /// The active leases (status exactly `active`).
     fn read_active(&mut self) -> Result<Vec<Lease>>;
+
+    /// Whether [`FenceSource::version`] costs next to nothing (SQLite: a
+    /// counter in the file), so apply checks the fence before every write;
+    /// otherwise (PostgreSQL: a digest over the active leases on the
+    /// server) before the first write and before COMMIT (docs/apply.md).
+    fn cheap_to_check(&self) -> bool {
+        false
+    }
 }
 
 /// An open registry, before apply's transaction.

@@ -81,6 +81,10 @@ impl Fence {
 }
 
 impl FenceSource for Fence {
+    fn cheap_to_check(&self) -> bool {
+        true
+    }
+
     fn label(&self) -> String {
         self.path.display().to_string()
     }
