@@ -261,3 +261,60 @@ fn an_apply_installs_row_versions_and_the_next_reads_only_changes() {
     drop(live);
     let _ = registry;
 }
+
+/// The bookkeeping defends itself against a writer that would hide a
+/// change by turning it back: the clock cannot go back or be deleted, a
+/// stamp cannot be lowered, deleted or written with anything but the
+/// current clock.
+#[test]
+fn the_row_versions_cannot_be_turned_back() {
+    let (lib, live, _) = versioned_fleet();
+    let conn = Connection::open(&lib.stores.registry).unwrap();
+    plain_update(
+        &lib.stores.registry,
+        "last_heartbeat_at",
+        &now(1),
+        "w-running",
+    );
+    for attack in [
+        "UPDATE fleet_retire_clock SET version = 0",
+        "DELETE FROM fleet_retire_clock",
+        "UPDATE fleet_retire_changes SET version = 0",
+        "DELETE FROM fleet_retire_changes",
+        "INSERT INTO fleet_retire_changes (row_id, version) VALUES (999, 0)",
+    ] {
+        let refused = conn.execute_batch(attack).unwrap_err().to_string();
+        assert!(refused.contains("fleet-retire:"), "{attack}: {refused}");
+    }
+    drop(live);
+}
+
+/// A trigger that carries one of our names but not our text is refused
+/// like any other: apply accepts ours by their exact SQL only.
+#[test]
+fn a_trigger_under_our_name_with_other_text_is_refused() {
+    let (lib, live, req) = versioned_fleet();
+    let conn = Connection::open(&lib.stores.registry).unwrap();
+    conn.execute_batch(
+        "DROP TRIGGER fleet_retire_stamp_update;
+         CREATE TRIGGER fleet_retire_stamp_update AFTER UPDATE ON worker_registrations BEGIN
+           UPDATE worker_registrations SET status = 'retired' WHERE worker_identity = 'w-running';
+         END;",
+    )
+    .unwrap();
+    let before = dump(&lib.stores.registry);
+    let report = lib.run(&req, Hooks::default());
+    assert_eq!(
+        report.outcome,
+        Outcome::RegistryUntrusted,
+        "{}",
+        report.detail
+    );
+    assert!(
+        report.detail.contains("fleet_retire_stamp_update"),
+        "{}",
+        report.detail
+    );
+    assert_eq!(dump(&lib.stores.registry), before);
+    drop(live);
+}
