@@ -447,6 +447,9 @@ fn inside(
     standing: &mut Standing,
     report: &mut Report,
 ) -> std::result::Result<Vec<Row>, Abort> {
+    let started = std::time::Instant::now();
+    let step =
+        |what: &str| tracing::debug!(elapsed = ?started.elapsed(), "apply under the lock: {what}");
     prepare_registry(t)?;
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
@@ -460,6 +463,7 @@ fn inside(
             })?;
     report.external_state_fingerprint = Some(fence.token.clone());
     let (fresh, targets) = judge_under_lock(t, prejudged, &fence, &active_leases, report)?;
+    step("judged");
     let targets: Vec<&crate::plan::Entry> = targets.iter().map(|&i| &fresh.entries[i]).collect();
     if let Some(hook) = hooks.before_first_write.as_mut() {
         hook();
@@ -476,6 +480,7 @@ fn inside(
     // transaction's effect is checked against it before COMMIT.
     let target_ids: Vec<String> = targets.iter().map(|e| fresh.identity(e)).collect();
     t.tx.before_writes(&target_ids, &audit.apply_id)?;
+    step("image before the writes");
     let mut w = Writes {
         fence,
         fence_checked: false,
@@ -484,6 +489,7 @@ fn inside(
         audit: &audit,
         written: Vec::new(),
     };
+    let mut pending = Vec::with_capacity(targets.len());
     for (i, entry) in targets.into_iter().enumerate() {
         if let Some(hook) = hooks.between_targets.as_mut() {
             hook(i);
@@ -494,12 +500,18 @@ fn inside(
         if let Some(hook) = hooks.after_capability.as_mut() {
             hook(i);
         }
-        w.retire(t, entry, &standing.allowed_sha256, report)?;
+        if let Some(admitted) = w.admit(t, entry, &standing.allowed_sha256, report)? {
+            pending.push(admitted);
+        }
     }
+    step("targets checked");
+    w.write_all(t, &pending, report)?;
+    step("written");
     if let Some(hook) = hooks.before_commit.as_mut() {
         hook();
     }
     verify_before_commit(t, &w.fence, &audit, report)?;
+    step("verified");
     let written = std::mem::take(&mut w.written);
     drop(w);
     let mut rows = fresh.rows;
@@ -842,22 +854,33 @@ struct Writes<'p> {
     written: Vec<usize>,
 }
 
+/// A target that passed its checks, waiting for the write.
+struct Pending {
+    /// Its entry's index in the plan.
+    index: usize,
+    worker_identity: String,
+    /// Its evidence as the audit row records it.
+    evidence: String,
+    /// sha256 of the profiles.json that allowed it.
+    profiles_sha256: String,
+}
+
 impl Writes<'_> {
-    /// Retire one target behind its own checks: the re-probe, the lease
-    /// fence last, the guarded UPDATE, then its audit row.
-    fn retire(
+    /// One target's checks before it is written: the re-probe, then the
+    /// lease fence (before every write where that costs next to nothing,
+    /// else before the first; for all, in full before COMMIT). `None` when
+    /// the re-probe keeps it.
+    fn admit(
         &mut self,
         t: &mut Txn,
         entry: &crate::plan::Entry,
         profiles_sha256: &str,
         report: &mut Report,
-    ) -> std::result::Result<(), Abort> {
-        let (req, ctx) = (t.req, t.ctx);
-        let row = &self.fresh.rows[entry.index];
+    ) -> std::result::Result<Option<Pending>, Abort> {
         let w = self.fresh.identity(entry);
         // Liveness re-probe: the same policies judge the row again with the
         // process probed now (pid definitely gone, this host, a known boot).
-        let again = self.rejudge.entry(entry, ctx.probe);
+        let again = self.rejudge.entry(entry, t.ctx.probe);
         if !again.allowed {
             let codes: Vec<&str> = again.reason_codes().iter().map(|r| r.code()).collect();
             report.preserved.push(Kept {
@@ -868,11 +891,8 @@ impl Writes<'_> {
                     codes.join(", ")
                 ),
             });
-            return Ok(());
+            return Ok(None);
         }
-        // The lease fence last, right before the write: before every write
-        // where that costs next to nothing, else before the first (and, for
-        // all, in full before COMMIT).
         if t.leases.cheap_to_check() || !self.fence_checked {
             self.fence = self
                 .fence
@@ -880,33 +900,77 @@ impl Writes<'_> {
                 .map_err(|now| fence_moved(&self.fence, &now))?;
             self.fence_checked = true;
         }
-        let retired_at = &self.audit.retired_at;
         let mut evidence = Vec::with_capacity(1024);
         crate::plan::render::evidence(&mut evidence, &self.fresh.evidence(entry));
         let evidence = String::from_utf8(evidence).map_err(|e| Abort::Fail(e.to_string()))?;
-        let audit_row = crate::store::audit::AuditRow {
-            worker_identity: &w,
-            retired_at,
-            retired_by: ctx.profile,
-            retirement_reason: Reason::Eligible.code(),
-            registry_fingerprint: &req.registry_fingerprint,
-            candidate_fingerprint: &req.candidate_fingerprint,
-            policy_fingerprint: &req.policy_fingerprint,
-            external_state_fingerprint: &self.fence.token,
-            evidence: &evidence,
-            apply_id: &self.audit.apply_id,
-            profiles_sha256,
-            os_uid: self.audit.os_uid,
-            host_id: self.audit.host_id.as_deref(),
-            program_version: env!("CARGO_PKG_VERSION"),
-            policy_source: &self.audit.policy_source,
-            canonical_repository: req.canonical_repository.as_deref(),
-            lease_store: &self.audit.lease_store,
-            lease_digest: &self.fence.digest,
-            heartbeats_tolerated: report.heartbeats_tolerated as i64,
+        Ok(Some(Pending {
+            index: entry.index,
+            worker_identity: w,
+            evidence,
+            profiles_sha256: profiles_sha256.to_string(),
+        }))
+    }
+
+    /// The guarded UPDATE of every admitted target and its audit row, in
+    /// one step where the engine can (`ApplyTx::retire_all`); a target
+    /// whose UPDATE matched nothing is kept (`row_changed_since_plan`),
+    /// one that matched more aborts everything.
+    fn write_all(
+        &mut self,
+        t: &mut Txn,
+        pending: &[Pending],
+        report: &mut Report,
+    ) -> std::result::Result<(), Abort> {
+        let (req, ctx) = (t.req, t.ctx);
+        let retired_at = &self.audit.retired_at;
+        let batch: Vec<(&Row, crate::store::audit::AuditRow<'_>)> = pending
+            .iter()
+            .map(|p| {
+                let audit_row = crate::store::audit::AuditRow {
+                    worker_identity: &p.worker_identity,
+                    retired_at,
+                    retired_by: ctx.profile,
+                    retirement_reason: Reason::Eligible.code(),
+                    registry_fingerprint: &req.registry_fingerprint,
+                    candidate_fingerprint: &req.candidate_fingerprint,
+                    policy_fingerprint: &req.policy_fingerprint,
+                    external_state_fingerprint: &self.fence.token,
+                    evidence: &p.evidence,
+                    apply_id: &self.audit.apply_id,
+                    profiles_sha256: &p.profiles_sha256,
+                    os_uid: self.audit.os_uid,
+                    host_id: self.audit.host_id.as_deref(),
+                    program_version: env!("CARGO_PKG_VERSION"),
+                    policy_source: &self.audit.policy_source,
+                    canonical_repository: req.canonical_repository.as_deref(),
+                    lease_store: &self.audit.lease_store,
+                    lease_digest: &self.fence.digest,
+                    heartbeats_tolerated: report.heartbeats_tolerated as i64,
+                };
+                (&self.fresh.rows[p.index], audit_row)
+            })
+            .collect();
+        let changed = if batch.is_empty() {
+            Vec::new()
+        } else {
+            t.tx.retire_all(&batch)?
         };
-        // The guarded UPDATE, and its audit row when it matched one row.
-        let changed = t.tx.retire_with_audit(row, &audit_row)?;
+        for (p, changed) in pending.iter().zip(changed) {
+            self.written_one(p, changed, retired_at, ctx.profile, report)?;
+        }
+        Ok(())
+    }
+
+    /// Report one target's write by the rows its UPDATE changed.
+    fn written_one(
+        &mut self,
+        p: &Pending,
+        changed: u64,
+        retired_at: &str,
+        profile: &str,
+        report: &mut Report,
+    ) -> std::result::Result<(), Abort> {
+        let w = &p.worker_identity;
         if changed > 1 {
             return Err(Abort::Fail(format!(
                 "the guarded UPDATE for {w} matched {changed} rows; nothing was retired"
@@ -914,7 +978,7 @@ impl Writes<'_> {
         }
         if changed == 0 {
             report.preserved.push(Kept {
-                worker_identity: w,
+                worker_identity: w.clone(),
                 reason_code: Reason::RowChanged.code(),
                 detail:
                     "the guarded UPDATE matched no row; the registration changed since the plan"
@@ -922,11 +986,11 @@ impl Writes<'_> {
             });
             return Ok(());
         }
-        self.written.push(entry.index);
+        self.written.push(p.index);
         report.retired.push(Retired {
-            worker_identity: w,
-            retired_at: retired_at.clone(),
-            retired_by: ctx.profile.to_string(),
+            worker_identity: w.clone(),
+            retired_at: retired_at.to_string(),
+            retired_by: profile.to_string(),
         });
         Ok(())
     }

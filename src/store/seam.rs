@@ -146,6 +146,17 @@ pub trait ApplyTx {
     /// its audit row; the number of rows the UPDATE changed.
     fn retire_with_audit(&mut self, row: &Row, audit: &AuditRow) -> Result<u64>;
 
+    /// The guarded UPDATE and audit row of every retirement, in one step
+    /// where the engine can (PostgreSQL: one statement over arrays); per
+    /// retirement, in order, the rows its UPDATE changed. By default, one
+    /// [`ApplyTx::retire_with_audit`] after another.
+    fn retire_all(&mut self, batch: &[(&Row, AuditRow<'_>)]) -> Result<Vec<u64>> {
+        batch
+            .iter()
+            .map(|(row, audit)| self.retire_with_audit(row, audit))
+            .collect()
+    }
+
     /// Before COMMIT: whether the transaction changed exactly the
     /// retirements in `written` and their audit rows; what differs when it
     /// did not.

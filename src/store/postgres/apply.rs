@@ -123,6 +123,10 @@ impl ApplyTx for Tx<'_> {
         super::retire_with_audit(&mut self.tx, &mut self.prepared, row, audit, &self.label)
     }
 
+    fn retire_all(&mut self, batch: &[(&Row, AuditRow<'_>)]) -> Result<Vec<u64>> {
+        super::retire_all(&mut self.tx, batch, &self.label)
+    }
+
     /// The effect itself: code can run inside a write in places no counter
     /// sees ([`super::image::differences`]).
     fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>> {

@@ -868,6 +868,183 @@ pub fn retire_with_audit(
     ))
 }
 
+/// One column of a batch as a PostgreSQL array parameter of its kind.
+fn array_param<'v>(
+    values: impl Iterator<Item = Val<'v>>,
+    kind: Kind,
+) -> std::result::Result<Param, String> {
+    let refuse = |v: Val<'_>| {
+        format!(
+            "holds {} {}, which a {} column cannot hold as it is",
+            v.kind(),
+            crate::text::esc(&v.canon()),
+            kind.name()
+        )
+    };
+    Ok(match kind {
+        Kind::Text => Box::new(
+            values
+                .map(|v| match v {
+                    Val::Null => Ok(None),
+                    Val::Text(t) => Ok(Some(t.to_string())),
+                    other => Err(refuse(other)),
+                })
+                .collect::<std::result::Result<Vec<Option<String>>, String>>()?,
+        ),
+        Kind::Int => Box::new(
+            values
+                .map(|v| match v {
+                    Val::Null => Ok(None),
+                    Val::Int(i) => Ok(Some(i)),
+                    other => Err(refuse(other)),
+                })
+                .collect::<std::result::Result<Vec<Option<i64>>, String>>()?,
+        ),
+        Kind::Real => Box::new(
+            values
+                .map(|v| match v {
+                    Val::Null => Ok(None),
+                    Val::Real(f) => Ok(Some(f)),
+                    other => Err(refuse(other)),
+                })
+                .collect::<std::result::Result<Vec<Option<f64>>, String>>()?,
+        ),
+    })
+}
+
+/// The one statement of [`retire_all`]: the targets and their audit rows
+/// as arrays, the guarded UPDATE over all of them joined by identity, the
+/// audit rows of exactly the rows it changed, and the identities changed.
+fn retire_all_sql() -> String {
+    use super::audit::{COLUMNS as AUDIT, TABLE as AUDIT_TABLE};
+    use super::registry::GUARD;
+    let array = |kind: Kind| format!("{}[]", kind.name());
+    let mut n = 3;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    let target_cols: Vec<(String, String)> = std::iter::once(&Col::WorkerIdentity)
+        .chain(GUARD)
+        .map(|c| {
+            (
+                format!("t_{}", c.name()),
+                format!("${}::{}", next(), array(Kind::of(*c))),
+            )
+        })
+        .collect();
+    let audit_cols: Vec<(String, String)> = AUDIT
+        .iter()
+        .map(|(name, ty)| {
+            (
+                format!("a_{name}"),
+                format!("${}::{}", next(), array(Kind::of_audit(ty))),
+            )
+        })
+        .collect();
+    let unnest = |cols: &[(String, String)], alias: &str| {
+        format!(
+            "unnest({}) AS {alias}({})",
+            cols.iter()
+                .map(|(_, p)| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            cols.iter()
+                .map(|(c, _)| c.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let guard = GUARD
+        .iter()
+        .map(|c| {
+            let q = quote_ident(c.name());
+            format!("r.{q} IS NOT DISTINCT FROM t.t_{}", c.name())
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    format!(
+        "WITH retired AS (UPDATE {reg} r SET status = 'retired', retired_at = $1, \
+         retired_by = $2, retirement_reason = $3 FROM {targets} \
+         WHERE r.worker_identity = t.t_worker_identity AND {guard} RETURNING r.worker_identity), \
+         audited AS (INSERT INTO {AUDIT_TABLE} ({names}) SELECT {selected} FROM {audits} \
+         WHERE a.a_worker_identity IN (SELECT worker_identity FROM retired) RETURNING 1) \
+         SELECT worker_identity FROM retired",
+        reg = super::registry::TABLE,
+        targets = unnest(&target_cols, "t"),
+        names = AUDIT.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+        selected = audit_cols
+            .iter()
+            .map(|(c, _)| format!("a.{c}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        audits = unnest(&audit_cols, "a"),
+    )
+}
+
+/// Retire every row of `batch` as it was read and write the audit row of
+/// each one retired, in one statement over arrays (the set form of
+/// [`retire_with_audit`]; the identity is the table's key here, so a
+/// target matches one row or none). Per target, in order, the rows
+/// changed.
+pub fn retire_all(
+    tx: &mut impl GenericClient,
+    batch: &[(&Row, super::audit::AuditRow<'_>)],
+    label: &str,
+) -> Result<Vec<u64>> {
+    use super::audit::COLUMNS as AUDIT;
+    use super::registry::GUARD;
+    let Some((_, first)) = batch.first() else {
+        return Ok(Vec::new());
+    };
+    let mut values: Vec<Param> = vec![
+        Box::new(first.retired_at.to_string()),
+        Box::new(first.retired_by.to_string()),
+        Box::new(first.retirement_reason.to_string()),
+    ];
+    for col in std::iter::once(&Col::WorkerIdentity).chain(GUARD) {
+        values.push(
+            array_param(batch.iter().map(|(row, _)| row.get(*col)), Kind::of(*col))
+                .map_err(|e| registry_error(label, format!("column `{}` {e}", col.name())))?,
+        );
+    }
+    let audit_values: Vec<Vec<rusqlite::types::Value>> =
+        batch.iter().map(|(_, audit)| audit.values()).collect();
+    for (i, (n, ty)) in AUDIT.iter().enumerate() {
+        let column = audit_values.iter().map(|v| match &v[i] {
+            rusqlite::types::Value::Integer(i) => Val::Int(*i),
+            rusqlite::types::Value::Text(t) => Val::Text(t.as_str()),
+            _ => Val::Null,
+        });
+        values.push(
+            array_param(column, Kind::of_audit(ty))
+                .map_err(|e| registry_error(label, format!("audit column `{n}` {e}")))?,
+        );
+    }
+    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
+    let retired = tx
+        .query(retire_all_sql().as_str(), &refs)
+        .map_err(Error::postgres(
+            Store::Registry,
+            label,
+            "the guarded UPDATE failed",
+        ))?;
+    let mut count: std::collections::HashMap<String, u64> =
+        std::collections::HashMap::with_capacity(retired.len());
+    for row in &retired {
+        *count.entry(row.get::<_, String>(0)).or_default() += 1;
+    }
+    Ok(batch
+        .iter()
+        .map(|(row, _)| {
+            let id = row.get(Col::WorkerIdentity);
+            id.as_text()
+                .and_then(|t| count.get(t).copied())
+                .unwrap_or(0)
+        })
+        .collect())
+}
+
 /// Why the registry database could make apply's writes differ from what
 /// it reports, if it could: a trigger or rule on the registry or audit
 /// table, row-level security on either (rows apply cannot see), or either
