@@ -9,7 +9,9 @@
 //! busy timeout: it prints how long apply held the write lock and how many
 //! heartbeats failed (the targets: under 1 s, and none).
 
-use fleet_retire::apply::{apply, Context, Hooks, Outcome, Request};
+use fleet_retire::apply::{apply, Hooks, Outcome, Request};
+
+mod common;
 use fleet_retire::evidence::leases::{self, Protections};
 use fleet_retire::evidence::probe::{pid_alive, HostFacts, SystemProbe};
 use fleet_retire::evidence::registry;
@@ -168,16 +170,7 @@ fn under_load() {
     };
     std::thread::sleep(Duration::from_millis(2100));
     let profiles = dir.path().join("profiles.json");
-    let ctx = Context {
-        registry: &reg,
-        leases: &lease_path,
-        profiles: &profiles,
-        profile: "controller-prgs",
-        proc_root: Path::new("/proc"),
-        policies: &policies,
-        probe: &probe,
-        busy_timeout: Duration::from_secs(5),
-    };
+    let ctx = common::apply_context(&reg, &lease_path, &profiles, &policies, &probe);
     // The heartbeats move the registry token: apply with the plan's rows,
     // as a saved plan would.
     let req = Request {
@@ -249,16 +242,7 @@ fn ten_thousand() {
             "every generated row is a candidate"
         );
         let profiles = work.join("profiles.json");
-        let ctx = Context {
-            registry: &reg,
-            leases: &lease_path,
-            profiles: &profiles,
-            profile: "controller-prgs",
-            proc_root: Path::new("/proc"),
-            policies: &policies,
-            probe: &probe,
-            busy_timeout: Duration::from_secs(5),
-        };
+        let ctx = common::apply_context(&reg, &lease_path, &profiles, &policies, &probe);
         let start = Instant::now();
         let report = apply(&req, &ctx, Hooks::default()).unwrap();
         times.push(start.elapsed().as_secs_f64());

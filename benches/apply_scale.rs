@@ -18,7 +18,7 @@
 //! Run with `cargo bench --bench apply_scale`.
 
 use common::{percentile, Db};
-use fleet_retire::apply::{apply, Context, Hooks, Report, Request};
+use fleet_retire::apply::{apply, Hooks, Report};
 use fleet_retire::evidence::probe::SystemProbe;
 use fleet_retire::policy::{Policies, PolicySource};
 use std::path::{Path, PathBuf};
@@ -183,19 +183,10 @@ fn run(at: &Location, rows: usize, targets: usize, writers: &[String], dir: &Pat
         .map(|w| start_writer(w.clone(), &at.registry, &phase))
         .collect();
     let started = Instant::now();
-    let req = plan_first(at, &policies, targets);
+    let req = common::plan_and_request(&at.registry, &at.leases, &policies, targets, Some(targets));
     let planned_in = started.elapsed();
     let profiles = dir.join("profiles.json");
-    let ctx = Context {
-        registry: &at.registry,
-        leases: &at.leases,
-        profiles: &profiles,
-        profile: "controller-prgs",
-        proc_root: Path::new("/proc"),
-        policies: &policies,
-        probe: &probe,
-        busy_timeout: Duration::from_secs(5),
-    };
+    let ctx = common::apply_context(&at.registry, &at.leases, &profiles, &policies, &probe);
     std::thread::sleep(Duration::from_millis(500));
     phase.store(1, Ordering::SeqCst);
     let started = Instant::now();
@@ -234,28 +225,6 @@ fn print_run(engine: &str, rows: usize, planned_in: Duration, took: Duration, re
     );
     if !report.success || report.retired_count == 0 {
         println!("  detail: {}", report.detail);
-    }
-}
-
-/// A saved plan of the registry, asking for its first `targets` candidates.
-fn plan_first(at: &Location, policies: &Policies, targets: usize) -> Request {
-    let p = fleet_retire::plan::plan_from_files(
-        &at.registry,
-        &at.leases,
-        Path::new("/proc"),
-        "prgs/gitea-tools".into(),
-        policies,
-    )
-    .unwrap();
-    Request {
-        registry_fingerprint: p.registry_fingerprint.clone(),
-        candidate_fingerprint: p.candidate_fingerprint.clone(),
-        policy_fingerprint: p.policy_fingerprint.clone(),
-        workers: p.candidates().map(|e| p.identity(e)).collect(),
-        canonical_repository: Some("prgs/gitea-tools".into()),
-        max_retire: targets,
-        planned: Some(Arc::new(fleet_retire::plan::planned::PlannedRows::of(&p))),
-        first: Some(targets),
     }
 }
 

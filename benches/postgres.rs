@@ -23,7 +23,7 @@
 //!
 //! Run with `cargo bench --bench postgres`.
 
-use fleet_retire::apply::{apply, Context, Hooks, Request};
+use fleet_retire::apply::{apply, Hooks, Request};
 use fleet_retire::evidence::probe::{pid_alive, HostFacts, SystemProbe};
 use fleet_retire::policy::{Policies, PolicySource};
 use std::path::{Path, PathBuf};
@@ -234,16 +234,7 @@ fn heartbeats_during_apply(admin: &str) {
     // one before every write), and the writers settle.
     std::thread::sleep(Duration::from_millis(2100));
     let profiles = dir.path().join("profiles.json");
-    let ctx = Context {
-        registry: &url,
-        leases: &url,
-        profiles: &profiles,
-        profile: "controller-prgs",
-        proc_root: Path::new("/proc"),
-        policies: &policies,
-        probe: &probe,
-        busy_timeout: Duration::from_secs(5),
-    };
+    let ctx = common::apply_context(&url, &url, &profiles, &policies, &probe);
     phase.store(1, std::sync::atomic::Ordering::SeqCst);
     let started = Instant::now();
     let report = apply(&req, &ctx, Hooks::default()).unwrap();
@@ -286,16 +277,7 @@ fn ten_thousand_beside_sqlite(admin: &str) {
             (&url, url.clone(), &mut on_postgres),
         ] {
             let req = retire_every_candidate(registry, &leases, &policies, targets);
-            let ctx = Context {
-                registry,
-                leases: &leases,
-                profiles: &profiles,
-                profile: "controller-prgs",
-                proc_root: Path::new("/proc"),
-                policies: &policies,
-                probe: &probe,
-                busy_timeout: Duration::from_secs(5),
-            };
+            let ctx = common::apply_context(registry, &leases, &profiles, &policies, &probe);
             let started = Instant::now();
             let report = apply(&req, &ctx, Hooks::default()).unwrap();
             times.push(started.elapsed().as_secs_f64());
@@ -318,26 +300,7 @@ fn retire_every_candidate(
     policies: &Policies,
     targets: usize,
 ) -> Request {
-    let p = fleet_retire::plan::plan_from_files(
-        registry,
-        leases,
-        Path::new("/proc"),
-        "prgs/gitea-tools".into(),
-        policies,
-    )
-    .unwrap();
-    let req = Request {
-        registry_fingerprint: p.registry_fingerprint.clone(),
-        candidate_fingerprint: p.candidate_fingerprint.clone(),
-        policy_fingerprint: p.policy_fingerprint.clone(),
-        workers: p.candidates().map(|e| p.identity(e)).collect(),
-        canonical_repository: Some("prgs/gitea-tools".into()),
-        max_retire: targets,
-        planned: Some(std::sync::Arc::new(
-            fleet_retire::plan::planned::PlannedRows::of(&p),
-        )),
-        first: None,
-    };
+    let req = common::plan_and_request(registry, leases, policies, targets, None);
     assert_eq!(req.workers.len(), targets, "every dead row is a candidate");
     req
 }

@@ -65,3 +65,56 @@ pub fn percentile(sorted: &[Duration], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i].as_secs_f64() * 1000.0
 }
+
+/// Apply's context for a bench: the `controller-prgs` profile of
+/// `profiles`, this host's `/proc`, a 5 s busy timeout.
+pub fn apply_context<'a>(
+    registry: &'a std::path::Path,
+    leases: &'a std::path::Path,
+    profiles: &'a std::path::Path,
+    policies: &'a fleet_retire::policy::Policies,
+    probe: &'a fleet_retire::evidence::probe::SystemProbe,
+) -> fleet_retire::apply::Context<'a> {
+    fleet_retire::apply::Context {
+        registry,
+        leases,
+        profiles,
+        profile: "controller-prgs",
+        proc_root: std::path::Path::new("/proc"),
+        policies,
+        probe,
+        busy_timeout: Duration::from_secs(5),
+    }
+}
+
+/// A plan of the stores (canonical repository `prgs/gitea-tools`) and an
+/// apply request for its candidates as a saved plan makes it (its planned
+/// rows kept): every one, or the `first` N; at most `max_retire`.
+pub fn plan_and_request(
+    registry: &std::path::Path,
+    leases: &std::path::Path,
+    policies: &fleet_retire::policy::Policies,
+    max_retire: usize,
+    first: Option<usize>,
+) -> fleet_retire::apply::Request {
+    let p = fleet_retire::plan::plan_from_files(
+        registry,
+        leases,
+        std::path::Path::new("/proc"),
+        "prgs/gitea-tools".into(),
+        policies,
+    )
+    .unwrap();
+    fleet_retire::apply::Request {
+        registry_fingerprint: p.registry_fingerprint.clone(),
+        candidate_fingerprint: p.candidate_fingerprint.clone(),
+        policy_fingerprint: p.policy_fingerprint.clone(),
+        workers: p.candidates().map(|e| p.identity(e)).collect(),
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        max_retire,
+        planned: Some(std::sync::Arc::new(
+            fleet_retire::plan::planned::PlannedRows::of(&p),
+        )),
+        first,
+    }
+}

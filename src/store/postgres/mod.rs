@@ -881,35 +881,33 @@ fn array_param<'v>(
             kind.name()
         )
     };
-    Ok(match kind {
-        Kind::Text => Box::new(
-            values
-                .map(|v| match v {
-                    Val::Null => Ok(None),
-                    Val::Text(t) => Ok(Some(t.to_string())),
-                    other => Err(refuse(other)),
-                })
-                .collect::<std::result::Result<Vec<Option<String>>, String>>()?,
+    // Each kind's values, NULL as `None`; any other type refused.
+    fn all<'v, T: ToSql + Sync + 'static>(
+        values: impl Iterator<Item = Val<'v>>,
+        pick: impl Fn(Val<'v>) -> Option<T>,
+        refuse: impl Fn(Val<'v>) -> String,
+    ) -> std::result::Result<Param, String> {
+        let column = values
+            .map(|v| match v {
+                Val::Null => Ok(None),
+                other => pick(other).map(Some).ok_or_else(|| refuse(other)),
+            })
+            .collect::<std::result::Result<Vec<Option<T>>, String>>()?;
+        Ok(Box::new(column))
+    }
+    match kind {
+        Kind::Text => all(values, |v| v.as_text().map(str::to_string), refuse),
+        Kind::Int => all(
+            values,
+            |v| if let Val::Int(i) = v { Some(i) } else { None },
+            refuse,
         ),
-        Kind::Int => Box::new(
-            values
-                .map(|v| match v {
-                    Val::Null => Ok(None),
-                    Val::Int(i) => Ok(Some(i)),
-                    other => Err(refuse(other)),
-                })
-                .collect::<std::result::Result<Vec<Option<i64>>, String>>()?,
+        Kind::Real => all(
+            values,
+            |v| if let Val::Real(f) = v { Some(f) } else { None },
+            refuse,
         ),
-        Kind::Real => Box::new(
-            values
-                .map(|v| match v {
-                    Val::Null => Ok(None),
-                    Val::Real(f) => Ok(Some(f)),
-                    other => Err(refuse(other)),
-                })
-                .collect::<std::result::Result<Vec<Option<f64>>, String>>()?,
-        ),
-    })
+    }
 }
 
 /// The one statement of [`retire_all`]: the targets and their audit rows
