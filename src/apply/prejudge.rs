@@ -70,7 +70,10 @@ pub fn prejudge(
     let (fence, active_leases) = leases::Fence::read(fence_source).map_err(|e| e.to_string())?;
     let (rows, versions) = engine
         .read_registry_versioned()
-        .ok_or("the registry keeps no row versions")?
+        .ok_or(
+            "the registry keeps no row versions (a SQLite registry gains them at its first \
+             apply; PostgreSQL keeps none)",
+        )?
         .map_err(|e| e.to_string())?;
     let mut report = Report::new(req, Outcome::Applied, "");
     let (fresh, targets) = judge(req, ctx, rows, &active_leases, &mut report)
