@@ -263,9 +263,9 @@ fn an_apply_installs_row_versions_and_the_next_reads_only_changes() {
 }
 
 /// The bookkeeping defends itself against a writer that would hide a
-/// change by turning it back: the clock cannot go back or be deleted, a
-/// stamp cannot be lowered, deleted or written with anything but the
-/// current clock.
+/// change by turning it back: the clock cannot go back, jump, change type,
+/// be deleted or be replaced; a stamp cannot be lowered, deleted or
+/// written with anything but the current clock.
 #[test]
 fn the_row_versions_cannot_be_turned_back() {
     let (lib, live, _) = versioned_fleet();
@@ -279,6 +279,14 @@ fn the_row_versions_cannot_be_turned_back() {
     for attack in [
         "UPDATE fleet_retire_clock SET version = 0",
         "DELETE FROM fleet_retire_clock",
+        // A REPLACE deletes without a DELETE trigger: the INSERT refuses it.
+        "REPLACE INTO fleet_retire_clock (id, version) VALUES (1, 0)",
+        "INSERT OR REPLACE INTO fleet_retire_clock (id, version) VALUES (1, -1000)",
+        // A jump to the end would overflow into a REAL; text sorts above
+        // every number: one step at a time, integers only.
+        "UPDATE fleet_retire_clock SET version = 9223372036854775807",
+        "UPDATE fleet_retire_clock SET version = 'zzz'",
+        "UPDATE fleet_retire_clock SET version = version + 2",
         "UPDATE fleet_retire_changes SET version = 0",
         "DELETE FROM fleet_retire_changes",
         "INSERT INTO fleet_retire_changes (row_id, version) VALUES (999, 0)",
@@ -316,5 +324,38 @@ fn a_trigger_under_our_name_with_other_text_is_refused() {
         report.detail
     );
     assert_eq!(dump(&lib.stores.registry), before);
+    drop(live);
+}
+
+/// A unique index besides the key lets `UPDATE OR REPLACE` delete a row
+/// through it without any trigger: with one, the versions cannot vouch
+/// for the rows, and the lock reads the whole registry.
+#[test]
+fn a_unique_index_besides_the_key_sends_apply_to_the_whole_read() {
+    let (lib, live, req) = versioned_fleet();
+    let registry = lib.stores.registry.clone();
+    Connection::open(&registry)
+        .unwrap()
+        .execute_batch("CREATE UNIQUE INDEX one_session ON worker_registrations (session_id)")
+        .unwrap();
+    // Planned again: the index is there before the judgement.
+    let (_, plan) = save_plan(&lib.stores);
+    let planned: fleet_retire::plan::planned::PlannedRows =
+        serde_json::from_value(plan["planned_rows"].clone()).unwrap();
+    let mut req = req;
+    req.registry_fingerprint = plan["registry_fingerprint"].as_str().unwrap().into();
+    req = req
+        .with_planned(Some(std::sync::Arc::new(planned)))
+        .unwrap();
+    let report = run_with_writer(&lib, &req, || {
+        plain_update(&registry, "last_heartbeat_at", &now(1), "w-running")
+    });
+    assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+    let read = read_under_lock(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    assert!(
+        read["why"].as_str().unwrap().contains("unique index"),
+        "{read}"
+    );
     drop(live);
 }

@@ -9,14 +9,18 @@
 //! version). Triggers whose exact SQL text is ours keep both, so every
 //! writer that goes through SQLite stamps its rows whatever program it is:
 //! our workers, an older binary, the seed's Python, a hand edit in the
-//! `sqlite3` shell. Five guard triggers refuse writes that would turn the
-//! clock back or stamp a row with anything but the current clock.
+//! `sqlite3` shell. Six guard triggers refuse writes that would turn the
+//! clock back, jump it, replace it, or stamp a row with anything but the
+//! current clock.
 //!
-//! What it cannot see is a write made with triggers switched off
-//! (`SQLITE_DBCONFIG_ENABLE_TRIGGER`) or a schema change: a schema change
-//! moves `PRAGMA schema_version`, which the marker records, so apply then
-//! reads the whole registry again; the first is a deliberate bypass by
-//! someone who can equally edit the file's bytes (docs/apply.md says what
+//! A schema change moves `PRAGMA schema_version`, which the marker records,
+//! so apply then reads the whole registry again; so does a unique index
+//! other than the primary key's (a `REPLACE` through it deletes a row
+//! without a trigger). What it cannot see are deliberate bypasses by
+//! someone who can equally edit the file's bytes: a connection with
+//! triggers switched off (`SQLITE_DBCONFIG_ENABLE_TRIGGER`), a TEMP trigger
+//! on the writer's own connection that swallows ours (`RAISE(IGNORE)`), or
+//! `PRAGMA schema_version` written back by hand (docs/apply.md says what
 //! still holds then).
 
 use crate::store::registry::TABLE;
@@ -76,9 +80,17 @@ pub fn triggers() -> Vec<(&'static str, &'static str, String)> {
             CLOCK,
             format!(
                 "CREATE TRIGGER fleet_retire_clock_forward BEFORE UPDATE ON {CLOCK} \
-                 WHEN NEW.version IS NULL OR NEW.version <= OLD.version OR NEW.id IS NOT OLD.id \
-                 BEGIN {} END",
-                raise("the registry clock only moves forward")
+                 WHEN typeof(NEW.version) IS NOT 'integer' OR NEW.version IS NOT OLD.version + 1 \
+                 OR NEW.id IS NOT OLD.id BEGIN {} END",
+                raise("the registry clock only moves forward, one step at a time")
+            ),
+        ),
+        (
+            "fleet_retire_clock_single",
+            CLOCK,
+            format!(
+                "CREATE TRIGGER fleet_retire_clock_single BEFORE INSERT ON {CLOCK} BEGIN {} END",
+                raise("the registry clock is never inserted again (nor replaced)")
             ),
         ),
         (
@@ -251,6 +263,12 @@ pub fn changed_since(
     if !installed(conn)? {
         return Ok(Err("the registry keeps no row versions".into()));
     }
+    if let Some(index) = other_unique_index(conn)? {
+        return Ok(Err(format!(
+            "the registry has a unique index besides its key ({index:?}): a REPLACE through it \
+             deletes a row without a trigger, so its row versions cannot vouch for the rows"
+        )));
+    }
     let clock: i64 = conn.query_row(
         &format!("SELECT version FROM {CLOCK} WHERE id = 1"),
         [],
@@ -305,4 +323,17 @@ pub fn stamp(conn: &Connection, rowid: i64, clock: i64) -> rusqlite::Result<()> 
 /// `PRAGMA schema_version`: moved by every schema change.
 pub fn schema_version(conn: &Connection) -> rusqlite::Result<i64> {
     conn.query_row("PRAGMA schema_version", [], |r| r.get(0))
+}
+
+/// A unique index on the registry table other than its primary key's, if
+/// there is one.
+fn other_unique_index(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    let mut stmt = conn.prepare("SELECT name, \"unique\", origin FROM pragma_index_list(?1)")?;
+    let indexes: Vec<(String, i64, String)> = stmt
+        .query_map([TABLE], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(indexes
+        .into_iter()
+        .find(|(_, unique, origin)| *unique == 1 && origin != "pk")
+        .map(|(name, _, _)| name))
 }
