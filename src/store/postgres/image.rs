@@ -109,13 +109,17 @@ fn read_targets(
         .collect::<Vec<_>>()
         .join(", ");
     let sql = format!(
-        "SELECT t.worker_identity::text, \
+        "SELECT x.* FROM pg_catalog.unnest($1::text[]) u(id) CROSS JOIN LATERAL \
+         (SELECT t.worker_identity::text, \
          encode(sha256(convert_to((to_jsonb(t) - $2::text[])::text, 'UTF8')), 'hex'), {cols} \
-         FROM pg_catalog.unnest($1::text[]) u(id) JOIN {} t ON t.worker_identity = u.id",
+         FROM {} t WHERE t.worker_identity = u.id OFFSET 0) x",
         super::super::registry::TABLE
     );
-    // Joined to the identities, not `= ANY($1)`, which compared every row
-    // with every target (a tenth of a second at 10,000 targets).
+    // Each identity looked up through the key (a lateral subquery kept
+    // apart by `OFFSET 0`): joined plainly, with the identities as a
+    // parameter, the planner chose a merge join that sorted the whole
+    // table on disk (0.18 s at 100,000 rows for 10,000 targets, growing
+    // with the registry, not with the targets).
     let retirement: Vec<&str> = RETIREMENT.to_vec();
     let mut out: BTreeMap<String, Vec<Target>> = BTreeMap::new();
     for r in tx.query(&sql, &[&ids, &retirement]).map_err(err)? {
