@@ -17,8 +17,8 @@
 //!   would let a schema owner plant a chosen-prefix collision), every
 //!   column included,
 //!   ours or not) before and after; they must be equal.
-//! * Each target row: every column but the four retirement columns (as
-//!   JSON text) must be unchanged; the retirement columns must be exactly
+//! * Each target row: every column but the four retirement columns (the
+//!   row's text with those four set to NULL) must be unchanged; the retirement columns must be exactly
 //!   what the guarded UPDATE sets for a retired target, and unchanged for a
 //!   target that was kept.
 //! * The audit table: the rows of other applies, digested the same way,
@@ -38,9 +38,9 @@ struct Digest {
     sha256: String,
 }
 
-/// A target row: the SHA-256 of every other column as JSON text (the
-/// server digests it; comparing digests is comparing the texts), and its
-/// retirement columns.
+/// A target row: the SHA-256 of its text with the retirement columns set
+/// to NULL (the server digests it; comparing digests is comparing the
+/// texts), and its retirement columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Target {
     rest: String,
@@ -111,7 +111,8 @@ fn read_targets(
     let sql = format!(
         "SELECT x.* FROM pg_catalog.unnest($1::text[]) u(id) CROSS JOIN LATERAL \
          (SELECT t.worker_identity::text, \
-         encode(sha256(convert_to((to_jsonb(t) - $2::text[])::text, 'UTF8')), 'hex'), {cols} \
+         encode(sha256(textsend(jsonb_populate_record(t, $2::text::jsonb)::text)), 'hex'), \
+         {cols} \
          FROM {} t WHERE t.worker_identity = u.id OFFSET 0) x",
         super::super::registry::TABLE
     );
@@ -120,7 +121,16 @@ fn read_targets(
     // parameter, the planner chose a merge join that sorted the whole
     // table on disk (0.18 s at 100,000 rows for 10,000 targets, growing
     // with the registry, not with the targets).
-    let retirement: Vec<&str> = RETIREMENT.to_vec();
+    // The row's text with its four retirement columns set to NULL (every
+    // other column as stored, ours or not), digested on the server: a
+    // third of the cost of the same row as JSON less those keys.
+    let retirement = serde_json::Value::Object(
+        RETIREMENT
+            .iter()
+            .map(|c| (c.to_string(), serde_json::Value::Null))
+            .collect(),
+    )
+    .to_string();
     let mut out: BTreeMap<String, Vec<Target>> = BTreeMap::new();
     for r in tx.query(&sql, &[&ids, &retirement]).map_err(err)? {
         out.entry(r.get(0)).or_default().push(Target {
