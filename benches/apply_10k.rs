@@ -106,16 +106,7 @@ fn plan_and_request(
         policies,
     )
     .unwrap();
-    let req = Request {
-        registry_fingerprint: p.registry_fingerprint.clone(),
-        candidate_fingerprint: p.candidate_fingerprint.clone(),
-        policy_fingerprint: p.policy_fingerprint.clone(),
-        workers: p.candidates().map(|e| p.identity(e)).collect(),
-        canonical_repository: Some("prgs/gitea-tools".into()),
-        max_retire,
-        planned: None,
-        first: None,
-    };
+    let req = common::request_for(&p, max_retire);
     (p, req)
 }
 

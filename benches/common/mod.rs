@@ -105,6 +105,20 @@ pub fn plan_and_request(
         policies,
     )
     .unwrap();
+    let mut req = request_for(&p, max_retire);
+    req.planned = Some(std::sync::Arc::new(
+        fleet_retire::plan::planned::PlannedRows::of(&p),
+    ));
+    req.first = first;
+    req
+}
+
+/// An apply request for every candidate of `p` with its tokens (no
+/// planned rows, no `first`), at most `max_retire`.
+pub fn request_for(
+    p: &fleet_retire::plan::Plan,
+    max_retire: usize,
+) -> fleet_retire::apply::Request {
     fleet_retire::apply::Request {
         registry_fingerprint: p.registry_fingerprint.clone(),
         candidate_fingerprint: p.candidate_fingerprint.clone(),
@@ -112,9 +126,7 @@ pub fn plan_and_request(
         workers: p.candidates().map(|e| p.identity(e)).collect(),
         canonical_repository: Some("prgs/gitea-tools".into()),
         max_retire,
-        planned: Some(std::sync::Arc::new(
-            fleet_retire::plan::planned::PlannedRows::of(&p),
-        )),
-        first,
+        planned: None,
+        first: None,
     }
 }
