@@ -476,11 +476,6 @@ fn inside(
         lease_store: t.leases.label(),
         retired_at: crate::time::format_ts(crate::time::now()),
     };
-    // What the registry and audit hold before the first write: the
-    // transaction's effect is checked against it before COMMIT.
-    let target_ids: Vec<String> = targets.iter().map(|e| fresh.identity(e)).collect();
-    t.tx.before_writes(&target_ids, &audit.apply_id)?;
-    step("image before the writes");
     let mut w = Writes {
         fence,
         fence_checked: false,
@@ -489,22 +484,27 @@ fn inside(
         audit: &audit,
         written: Vec::new(),
     };
-    let mut pending = Vec::with_capacity(targets.len());
-    for (i, entry) in targets.into_iter().enumerate() {
-        if let Some(hook) = hooks.between_targets.as_mut() {
-            hook(i);
-        }
-        // The capability (and the policy pin) first: a grant revoked since
-        // the last write stops the apply here.
-        standing.recheck()?;
-        if let Some(hook) = hooks.after_capability.as_mut() {
-            hook(i);
-        }
-        if let Some(admitted) = w.admit(t, entry, &standing.allowed_sha256, report)? {
-            pending.push(admitted);
-        }
-    }
-    step("targets checked");
+    // What the registry and audit hold before the first write (the
+    // transaction's effect is checked against it before COMMIT), and each
+    // target's own checks, which the engine may run while it reads.
+    let target_ids: Vec<String> = targets.iter().map(|e| fresh.identity(e)).collect();
+    let mut checked = None;
+    let mut check = || {
+        let mut checks = Checks {
+            ctx: t.ctx,
+            leases: &mut *t.leases,
+            hooks: &mut hooks,
+            standing: &mut *standing,
+        };
+        checked = Some(checks.run(&mut w, &targets, report));
+    };
+    t.tx.before_writes(&target_ids, &audit.apply_id, &mut check)?;
+    let pending = checked.unwrap_or_else(|| {
+        Err(Abort::Fail(
+            "the targets were not checked before the writes; nothing was written".into(),
+        ))
+    })?;
+    step("image taken and targets checked");
     w.write_all(t, &pending, report)?;
     step("written");
     if let Some(hook) = hooks.before_commit.as_mut() {
@@ -559,7 +559,9 @@ fn judge_under_lock(
             }
         },
     };
+    let started = std::time::Instant::now();
     let rows = t.tx.read_rows()?;
+    tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "apply under the lock: whole registry read");
     report.read_under_lock = Some(ReadUnderLock {
         scope: "whole_registry",
         rows: rows.len(),
@@ -841,6 +843,43 @@ fn select_targets<'p>(
     Ok(targets)
 }
 
+/// What the targets' checks before the writes need besides the
+/// transaction (they never use it, so an engine may read while they run).
+struct Checks<'a, 'h, 's> {
+    ctx: &'a Context<'a>,
+    leases: &'a mut dyn FenceSource,
+    hooks: &'a mut Hooks<'h>,
+    standing: &'a mut Standing<'s>,
+}
+
+impl Checks<'_, '_, '_> {
+    /// Each target in turn: the capability (and the policy pin) first, so
+    /// a grant revoked since the last target stops the apply here; then
+    /// its re-probe and the fence. The targets admitted, in order.
+    fn run(
+        &mut self,
+        w: &mut Writes,
+        targets: &[&crate::plan::Entry],
+        report: &mut Report,
+    ) -> std::result::Result<Vec<Pending>, Abort> {
+        let mut pending = Vec::with_capacity(targets.len());
+        for (i, entry) in targets.iter().enumerate() {
+            if let Some(hook) = self.hooks.between_targets.as_mut() {
+                hook(i);
+            }
+            self.standing.recheck()?;
+            if let Some(hook) = self.hooks.after_capability.as_mut() {
+                hook(i);
+            }
+            let sha = &self.standing.allowed_sha256;
+            if let Some(admitted) = w.admit(self.ctx, &mut *self.leases, entry, sha, report)? {
+                pending.push(admitted);
+            }
+        }
+        Ok(pending)
+    }
+}
+
 /// What each write needs: the lease fence as last seen, the re-judge of a
 /// row with its process probed now, the fresh plan and the audit context.
 struct Writes<'p> {
@@ -872,7 +911,8 @@ impl Writes<'_> {
     /// the re-probe keeps it.
     fn admit(
         &mut self,
-        t: &mut Txn,
+        ctx: &Context,
+        leases: &mut dyn FenceSource,
         entry: &crate::plan::Entry,
         profiles_sha256: &str,
         report: &mut Report,
@@ -880,7 +920,7 @@ impl Writes<'_> {
         let w = self.fresh.identity(entry);
         // Liveness re-probe: the same policies judge the row again with the
         // process probed now (pid definitely gone, this host, a known boot).
-        let again = self.rejudge.entry(entry, t.ctx.probe);
+        let again = self.rejudge.entry(entry, ctx.probe);
         if !again.allowed {
             let codes: Vec<&str> = again.reason_codes().iter().map(|r| r.code()).collect();
             report.preserved.push(Kept {
@@ -893,10 +933,10 @@ impl Writes<'_> {
             });
             return Ok(None);
         }
-        if t.leases.cheap_to_check() || !self.fence_checked {
+        if leases.cheap_to_check() || !self.fence_checked {
             self.fence = self
                 .fence
-                .recheck(&mut *t.leases)?
+                .recheck(leases)?
                 .map_err(|now| fence_moved(&self.fence, &now))?;
             self.fence_checked = true;
         }

@@ -3,6 +3,7 @@
 //! here; the checks that make it tell the truth are `super::untrusted_objects`
 //! (before writing) and apply's change counts (after).
 
+use crate::value::Val;
 use rusqlite::Connection;
 
 /// The audit table.
@@ -108,12 +109,11 @@ pub struct AuditRow<'a> {
     pub heartbeats_tolerated: i64,
 }
 
-impl AuditRow<'_> {
-    /// The values in [`COLUMNS`] order.
-    pub fn values(&self) -> Vec<rusqlite::types::Value> {
-        use rusqlite::types::Value as S;
-        let text = |t: &str| S::Text(t.to_string());
-        vec![
+impl<'a> AuditRow<'a> {
+    /// The values in [`COLUMNS`] order, borrowed.
+    pub fn vals(&self) -> [Val<'a>; 19] {
+        let text = Val::Text;
+        [
             text(self.worker_identity),
             text(self.retired_at),
             text(self.retired_by),
@@ -125,15 +125,23 @@ impl AuditRow<'_> {
             text(self.evidence),
             text(self.apply_id),
             text(self.profiles_sha256),
-            S::Integer(self.os_uid),
-            self.host_id.map_or(S::Null, text),
+            Val::Int(self.os_uid),
+            self.host_id.map_or(Val::Null, text),
             text(self.program_version),
             text(self.policy_source),
-            self.canonical_repository.map_or(S::Null, text),
+            self.canonical_repository.map_or(Val::Null, text),
             text(self.lease_store),
             text(self.lease_digest),
-            S::Integer(self.heartbeats_tolerated),
+            Val::Int(self.heartbeats_tolerated),
         ]
+    }
+
+    /// The values in [`COLUMNS`] order, as SQLite stores them.
+    pub fn values(&self) -> Vec<rusqlite::types::Value> {
+        self.vals()
+            .into_iter()
+            .map(super::registry::sql_value)
+            .collect()
     }
 }
 

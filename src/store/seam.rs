@@ -139,8 +139,17 @@ pub trait ApplyTx {
 
     /// Before the first write: what [`ApplyTx::verify_writes`] compares
     /// with. `targets` are the identities apply may write, `apply_id` the
-    /// id its audit rows will carry.
-    fn before_writes(&mut self, targets: &[String], apply_id: &str) -> Result<()>;
+    /// id its audit rows will carry. `meanwhile` (the targets' own checks,
+    /// which need nothing of this transaction) is run exactly once, while
+    /// the image is taken where the engine can do both at once (PostgreSQL:
+    /// the server digests the rows while this process judges the targets),
+    /// else after it; no write is made before both are done.
+    fn before_writes(
+        &mut self,
+        targets: &[String],
+        apply_id: &str,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<()>;
 
     /// The guarded UPDATE of one row and, when it changed exactly one row,
     /// its audit row; the number of rows the UPDATE changed.

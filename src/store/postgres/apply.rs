@@ -109,10 +109,33 @@ impl ApplyTx for Tx<'_> {
         })())
     }
 
-    fn before_writes(&mut self, targets: &[String], apply_id: &str) -> Result<()> {
-        let started = std::time::Instant::now();
-        let image = super::image::pre_image(&mut self.tx, targets, apply_id, &self.label)?;
-        tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before the first write");
+    /// The image is read on a thread of its own while `meanwhile` runs
+    /// here: the server digests the registry while this process judges the
+    /// targets. Nothing else uses this transaction's connection until both
+    /// are done, and the first write comes after.
+    fn before_writes(
+        &mut self,
+        targets: &[String],
+        apply_id: &str,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<()> {
+        let (tx, label) = (&mut self.tx, self.label.as_str());
+        let image = std::thread::scope(|s| {
+            let reader = s.spawn(move || {
+                let started = std::time::Instant::now();
+                let image = super::image::pre_image(tx, targets, apply_id, label);
+                tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before the first write");
+                image
+            });
+            meanwhile();
+            reader.join()
+        })
+        .map_err(|_| {
+            super::registry_error(
+                &self.label,
+                "the thread reading the image before the first write failed; nothing was written",
+            )
+        })??;
         self.image = Some(image);
         Ok(())
     }

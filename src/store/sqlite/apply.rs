@@ -177,7 +177,14 @@ impl ApplyTx for Tx<'_> {
         None
     }
 
-    fn before_writes(&mut self, _targets: &[String], _apply_id: &str) -> Result<()> {
+    /// The changes counted so far and the clock moved once for this
+    /// apply's stamps (both next to nothing), then the targets' checks.
+    fn before_writes(
+        &mut self,
+        _targets: &[String],
+        _apply_id: &str,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<()> {
         self.changes_before = self.tx.total_changes();
         if super::versions::installed(&self.tx).map_err(self.err("cannot read the row versions"))? {
             self.stamps = Some(
@@ -186,6 +193,7 @@ impl ApplyTx for Tx<'_> {
             );
             self.stamped = 1;
         }
+        meanwhile();
         Ok(())
     }
 
