@@ -211,13 +211,27 @@ fn apply_on_postgres_retires_exactly_the_approved_rows_with_audit_then_replays()
     let audit = db
         .client()
         .query(
-            "SELECT worker_identity, registry_fingerprint, lease_store, host_id FROM retirement_audit ORDER BY 1",
+            "SELECT worker_identity, registry_fingerprint, lease_store, host_id, evidence, \
+             apply_id, os_uid FROM retirement_audit ORDER BY 1",
             &[],
         )
         .unwrap();
     assert_eq!(audit.len(), 3);
     let (host, _) = host_and_boot();
+    // Values equal for every target are bound once, the others per
+    // target: each row's evidence is its own worker's, the apply's id and
+    // the user are the same on every row.
+    let apply_id: Option<String> = audit[0].get(5);
+    assert!(apply_id.as_deref().is_some_and(|a| a.len() == 32));
     for r in &audit {
+        let evidence: serde_json::Value =
+            serde_json::from_str(&r.get::<_, String>(4)).expect("evidence is JSON");
+        assert_eq!(evidence["worker_identity"], r.get::<_, String>(0).as_str());
+        assert_eq!(r.get::<_, Option<String>>(5), apply_id);
+        assert_eq!(
+            r.get::<_, Option<i64>>(6),
+            Some(i64::from(nix::unistd::getuid().as_raw()))
+        );
         assert_eq!(
             r.get::<_, String>(1),
             plan["registry_fingerprint"].as_str().unwrap()
