@@ -53,6 +53,7 @@ on_both_engines!(
     a_lease_acquired_inside_the_transaction_rolls_everything_back,
     a_lease_taken_between_two_targets_rolls_everything_back,
     a_revoked_permission_before_the_first_write_retires_nothing,
+    a_grant_revoked_after_the_last_targets_check_still_stops_the_writes,
     a_failure_at_commit_leaves_the_registry_as_it_was,
     a_locked_registry_is_waited_for_within_the_busy_timeout,
     the_post_apply_summary_is_the_registry_as_committed,
@@ -444,29 +445,17 @@ fn a_lease_taken_between_two_targets_rolls_everything_back(engine: Engine) {
     drop(live);
 }
 
-fn a_revoked_permission_before_the_first_write_retires_nothing(engine: Engine) {
-    let Some((stores, live, access)) = fleet_on(engine, "revoked") else {
-        return;
-    };
-    let lib = Lib::new(stores);
-    let req = lib.request();
-    let before = access.dump();
-    let profiles = lib.stores.profiles.clone();
-    let mut hook = move || {
-        std::fs::write(
-            &profiles,
-            json!({"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]}}}).to_string(),
-        )
-        .unwrap();
-    };
-    let report = lib.run(
-        &req,
-        Hooks {
-            before_first_write: Some(&mut hook),
-            fail_commit: false,
-            ..Default::default()
-        },
-    );
+/// Take `controller-prgs`'s grant to retire away in `profiles`.
+fn revoke_the_grant(profiles: &Path) {
+    std::fs::write(
+        profiles,
+        json!({"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]}}}).to_string(),
+    )
+    .unwrap();
+}
+
+/// The apply was refused for the grant and the stores are as they were.
+fn refused_for_the_grant(report: &fleet_retire::apply::Report, access: &StoreAccess, before: &str) {
     assert_eq!(
         report.outcome,
         Outcome::PermissionDenied,
@@ -475,6 +464,54 @@ fn a_revoked_permission_before_the_first_write_retires_nothing(engine: Engine) {
     );
     assert_eq!(report.retired_count, 0);
     assert_eq!(access.dump(), before);
+}
+
+fn a_revoked_permission_before_the_first_write_retires_nothing(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "revoked") else {
+        return;
+    };
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = access.dump();
+    let profiles = lib.stores.profiles.clone();
+    let mut hook = move || revoke_the_grant(&profiles);
+    let report = lib.run(
+        &req,
+        Hooks {
+            before_first_write: Some(&mut hook),
+            fail_commit: false,
+            ..Default::default()
+        },
+    );
+    refused_for_the_grant(&report, &access, &before);
+    drop(live);
+}
+
+/// The targets' checks may end before the image before the first write
+/// does (PostgreSQL reads it meanwhile, seconds at a million rows): a
+/// grant revoked after the last target's check still stops the writes.
+fn a_grant_revoked_after_the_last_targets_check_still_stops_the_writes(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "revoked_last") else {
+        return;
+    };
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    assert_eq!(req.workers.len(), 3);
+    let before = access.dump();
+    let profiles = lib.stores.profiles.clone();
+    let mut hook = move |i: usize| {
+        if i == 2 {
+            revoke_the_grant(&profiles);
+        }
+    };
+    let report = lib.run(
+        &req,
+        Hooks {
+            after_capability: Some(&mut hook),
+            ..Default::default()
+        },
+    );
+    refused_for_the_grant(&report, &access, &before);
     drop(live);
 }
 

@@ -490,6 +490,9 @@ fn inside(
     let target_ids: Vec<String> = targets.iter().map(|e| fresh.identity(e)).collect();
     let mut checked = None;
     let mut check = || {
+        if checked.is_some() {
+            return; // run once, whatever an engine does
+        }
         let mut checks = Checks {
             ctx: t.ctx,
             leases: &mut *t.leases,
@@ -504,6 +507,10 @@ fn inside(
             "the targets were not checked before the writes; nothing was written".into(),
         ))
     })?;
+    // The image may have outlasted the checks (PostgreSQL reads it while
+    // they run, seconds at a million rows): the grant once more, right
+    // before the writes, so a revocation meanwhile still stops them.
+    standing.recheck()?;
     step("image taken and targets checked");
     w.write_all(t, &pending, report)?;
     step("written");

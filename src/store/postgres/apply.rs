@@ -119,23 +119,37 @@ impl ApplyTx for Tx<'_> {
         apply_id: &str,
         meanwhile: &mut dyn FnMut(),
     ) -> Result<()> {
-        let (tx, label) = (&mut self.tx, self.label.as_str());
-        let image = std::thread::scope(|s| {
-            let reader = s.spawn(move || {
-                let started = std::time::Instant::now();
-                let image = super::image::pre_image(tx, targets, apply_id, label);
-                tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before the first write");
-                image
-            });
+        let label = self.label.as_str();
+        let read = |tx: &mut postgres::Transaction<'_>| {
+            let started = std::time::Instant::now();
+            let image = super::image::pre_image(tx, targets, apply_id, label);
+            tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before the first write");
+            image
+        };
+        let tx = &mut self.tx;
+        let together = std::thread::scope(|s| {
+            let reader = std::thread::Builder::new()
+                .name("apply-image".into())
+                .spawn_scoped(s, move || read(tx))
+                .ok()?;
             meanwhile();
-            reader.join()
-        })
-        .map_err(|_| {
-            super::registry_error(
-                &self.label,
-                "the thread reading the image before the first write failed; nothing was written",
-            )
-        })??;
+            Some(reader.join().map_err(|_| {
+                super::registry_error(
+                    label,
+                    "the thread reading the image before the first write failed; \
+                     nothing was written",
+                )
+            }))
+        });
+        // A system that refuses another thread gets the two in turn.
+        let image = match together {
+            Some(image) => image??,
+            None => {
+                let image = read(&mut self.tx)?;
+                meanwhile();
+                image
+            }
+        };
         self.image = Some(image);
         Ok(())
     }
