@@ -692,3 +692,137 @@ fn a_rule_or_row_level_security_on_the_postgres_registry_is_refused_before_any_w
     assert_eq!(pg_dump(&db), before);
     drop(live);
 }
+
+/// One crash trial's stores: `rows` copied into a fresh database, a plan
+/// saved, and the `apply` arguments that retire all `n` of them.
+fn crash_trial(k: usize, rows: &[serde_json::Value]) -> Option<(PgDb, Stores, Vec<String>)> {
+    let db = postgres(&format!("crash{k}"))?;
+    let mut stores = Stores::new(rows);
+    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &db.url).unwrap();
+    stores.registry = PathBuf::from(&db.url);
+    stores.leases = PathBuf::from(&db.url);
+    let (plan_path, _) = save_plan(&stores);
+    let mut args = stores.apply_args("controller-prgs");
+    args.extend([
+        plan_path.display().to_string(),
+        "--max-retire".into(),
+        rows.len().to_string(),
+    ]);
+    Some((db, stores, args))
+}
+
+/// Wait for `child`, reading its output as it comes (a report larger than
+/// a pipe would otherwise stop it): its status and what it said.
+fn finish(child: &mut KillOnDrop) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let mut stdout = child.0.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        s
+    });
+    let mut said = Vec::new();
+    let _ = child.0.stderr.take().unwrap().read_to_end(&mut said);
+    let mut all = reader.join().unwrap();
+    all.extend(said);
+    (
+        child.0.wait().unwrap(),
+        String::from_utf8_lossy(&all).into_owned(),
+    )
+}
+
+/// Rows retired, and audit rows naming a retired row, as a next reader
+/// sees them; every row is either active or retired.
+fn pg_state_after_crash(db: &PgDb, n: usize) -> (usize, usize) {
+    let mut c = db.client();
+    let count = |c: &mut ::postgres::Client, sql: &str| -> usize {
+        c.query_one(sql, &[]).unwrap().get::<_, i64>(0) as usize
+    };
+    let active = count(
+        &mut c,
+        "SELECT count(*) FROM worker_registrations WHERE status = 'active'",
+    );
+    let retired = count(
+        &mut c,
+        "SELECT count(*) FROM worker_registrations WHERE status = 'retired'",
+    );
+    assert_eq!(active + retired, n);
+    let audited = count(
+        &mut c,
+        "SELECT count(*) FROM retirement_audit a JOIN worker_registrations w \
+         ON w.worker_identity = a.worker_identity AND w.status = 'retired'",
+    );
+    (retired, audited)
+}
+
+/// Issue 33 asked that nothing partial come of injected faults, through
+/// the set write and the image read while the targets are checked: an
+/// apply through PostgreSQL killed (SIGKILL) at random instants, or with
+/// its server connections terminated at random instants, leaves the
+/// registry wholly before (nothing retired, no audit row) or wholly after
+/// (every target retired, one audit row each), and a cut-off apply ends
+/// with a report or a message, never a panic.
+#[test]
+fn apply_on_postgres_killed_or_cut_off_at_random_instants_is_wholly_before_or_after() {
+    let (pid, start) = dead_process();
+    let n = 300;
+    let rows: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            let mut r = stale_row(&format!("w-{i:04}"), pid, &start);
+            r["session_id"] = serde_json::json!(format!("sess-{i}"));
+            r
+        })
+        .collect();
+    let Some((db, _stores, args)) = crash_trial(0, &rows) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let out = bin().args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let full = started.elapsed();
+    assert_eq!(pg_state_after_crash(&db, n), (n, n));
+    let mut seed: u64 = u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut random = move || {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 33) % 1000
+    };
+    let (mut before, mut after) = (0, 0);
+    for k in 1..=16 {
+        let (db, _stores, args) = crash_trial(k, &rows).unwrap();
+        let mut child = KillOnDrop(
+            bin()
+                .args(&args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let at = full.mul_f64(random() as f64 / 1000.0 * 1.1);
+        std::thread::sleep(at);
+        let kill = k % 2 == 0;
+        if kill {
+            let _ = child.0.kill();
+        } else {
+            db.client()
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                    &[],
+                )
+                .unwrap();
+        }
+        let (status, said) = finish(&mut child);
+        if !kill {
+            assert!(
+                status.code().is_some() && !said.contains("panicked"),
+                "cut off at {at:?}: {status:?} {said}"
+            );
+        }
+        match pg_state_after_crash(&db, n) {
+            (0, 0) => before += 1,
+            (r, a) if r == n && a == n => after += 1,
+            other => panic!("kill={kill}, at {at:?}: a partial state {other:?}"),
+        }
+    }
+    eprintln!("16 faults over {full:?}: {before} wholly before, {after} wholly after");
+}
