@@ -484,33 +484,13 @@ fn inside(
         audit: &audit,
         written: Vec::new(),
     };
-    // What the registry and audit hold before the first write (the
-    // transaction's effect is checked against it before COMMIT), and each
-    // target's own checks, which the engine may run while it reads.
-    let target_ids: Vec<String> = targets.iter().map(|e| fresh.identity(e)).collect();
-    let mut checked = None;
-    let mut check = || {
-        if checked.is_some() {
-            return; // run once, whatever an engine does
-        }
-        let mut checks = Checks {
-            ctx: t.ctx,
-            leases: &mut *t.leases,
-            hooks: &mut hooks,
-            standing: &mut *standing,
-        };
-        checked = Some(checks.run(&mut w, &targets, report));
+    let checks = Checks {
+        ctx: t.ctx,
+        leases: &mut *t.leases,
+        hooks: &mut hooks,
+        standing: &mut *standing,
     };
-    t.tx.before_writes(&target_ids, &audit.apply_id, &mut check)?;
-    let pending = checked.unwrap_or_else(|| {
-        Err(Abort::Fail(
-            "the targets were not checked before the writes; nothing was written".into(),
-        ))
-    })?;
-    // The image may have outlasted the checks (PostgreSQL reads it while
-    // they run, seconds at a million rows): the grant once more, right
-    // before the writes, so a revocation meanwhile still stops them.
-    standing.recheck()?;
+    let pending = checks.beside_the_image(&mut *t.tx, &mut w, &targets, &audit.apply_id, report)?;
     step("image taken and targets checked");
     w.write_all(t, &pending, report)?;
     step("written");
@@ -860,6 +840,37 @@ struct Checks<'a, 'h, 's> {
 }
 
 impl Checks<'_, '_, '_> {
+    /// What the registry and audit hold before the first write (the
+    /// transaction's effect is checked against it before COMMIT), taken by
+    /// `tx` while the targets' own checks run, where the engine can; then
+    /// the grant once more, right before the writes: the image may have
+    /// outlasted the checks (seconds at a million rows on PostgreSQL), and
+    /// a revocation meanwhile must still stop them. The targets admitted.
+    fn beside_the_image(
+        mut self,
+        tx: &mut dyn ApplyTx,
+        w: &mut Writes,
+        targets: &[&crate::plan::Entry],
+        apply_id: &str,
+        report: &mut Report,
+    ) -> std::result::Result<Vec<Pending>, Abort> {
+        let ids: Vec<String> = targets.iter().map(|e| w.fresh.identity(e)).collect();
+        let mut checked = None;
+        let mut check = || {
+            if checked.is_none() {
+                checked = Some(self.run(w, targets, report)); // once, whatever the engine does
+            }
+        };
+        tx.before_writes(&ids, apply_id, &mut check)?;
+        let pending = checked.unwrap_or_else(|| {
+            Err(Abort::Fail(
+                "the targets were not checked before the writes; nothing was written".into(),
+            ))
+        })?;
+        self.standing.recheck()?;
+        Ok(pending)
+    }
+
     /// Each target in turn: the capability (and the policy pin) first, so
     /// a grant revoked since the last target stops the apply here; then
     /// its re-probe and the fence. The targets admitted, in order.

@@ -111,7 +111,7 @@ pub struct AuditRow<'a> {
 
 impl<'a> AuditRow<'a> {
     /// The values in [`COLUMNS`] order, borrowed.
-    pub fn vals(&self) -> [Val<'a>; 19] {
+    pub fn vals(&self) -> [Val<'a>; COLUMNS.len()] {
         let text = Val::Text;
         [
             text(self.worker_identity),

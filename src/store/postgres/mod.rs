@@ -990,7 +990,7 @@ fn retire_all_sql(shared: &[bool]) -> String {
 /// over), an array otherwise. The worker's identity is always an array:
 /// the INSERT joins on it. Returns which columns were bound once.
 fn audit_params<'v>(
-    rows: &[[Val<'v>; 19]],
+    rows: &[[Val<'v>; super::audit::COLUMNS.len()]],
     values: &mut Vec<BorrowedParam<'v>>,
     label: &str,
 ) -> Result<Vec<bool>> {
@@ -1037,7 +1037,7 @@ pub fn retire_all(
                 .map_err(|e| registry_error(label, format!("column `{}` {e}", col.name())))?,
         );
     }
-    let audit_values: Vec<[Val; 19]> = batch.iter().map(|(_, audit)| audit.vals()).collect();
+    let audit_values: Vec<_> = batch.iter().map(|(_, audit)| audit.vals()).collect();
     let shared = audit_params(&audit_values, &mut values, label)?;
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|b| b.as_ref()).collect();
     let retired = tx
