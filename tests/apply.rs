@@ -14,7 +14,7 @@ mod common;
 use common::*;
 use fleet_retire::apply::{Hooks, Outcome};
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -454,8 +454,22 @@ fn revoke_the_grant(profiles: &Path) {
     .unwrap();
 }
 
-/// The apply was refused for the grant and the stores are as they were.
-fn refused_for_the_grant(report: &fleet_retire::apply::Report, access: &StoreAccess, before: &str) {
+/// `run` revokes the grant (in the profiles file it is given) at some
+/// moment of the apply: the apply is refused for it, and the stores are
+/// as they were.
+fn refused_when_the_grant_is_revoked(
+    engine: Engine,
+    tag: &str,
+    run: impl FnOnce(&Lib, &fleet_retire::apply::Request, PathBuf) -> fleet_retire::apply::Report,
+) {
+    let Some((stores, live, access)) = fleet_on(engine, tag) else {
+        return;
+    };
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let before = access.dump();
+    let profiles = lib.stores.profiles.clone();
+    let report = run(&lib, &req, profiles);
     assert_eq!(
         report.outcome,
         Outcome::PermissionDenied,
@@ -464,55 +478,42 @@ fn refused_for_the_grant(report: &fleet_retire::apply::Report, access: &StoreAcc
     );
     assert_eq!(report.retired_count, 0);
     assert_eq!(access.dump(), before);
+    drop(live);
 }
 
 fn a_revoked_permission_before_the_first_write_retires_nothing(engine: Engine) {
-    let Some((stores, live, access)) = fleet_on(engine, "revoked") else {
-        return;
-    };
-    let lib = Lib::new(stores);
-    let req = lib.request();
-    let before = access.dump();
-    let profiles = lib.stores.profiles.clone();
-    let mut hook = move || revoke_the_grant(&profiles);
-    let report = lib.run(
-        &req,
-        Hooks {
-            before_first_write: Some(&mut hook),
-            fail_commit: false,
-            ..Default::default()
-        },
-    );
-    refused_for_the_grant(&report, &access, &before);
-    drop(live);
+    refused_when_the_grant_is_revoked(engine, "revoked", |lib, req, profiles| {
+        let mut hook = move || revoke_the_grant(&profiles);
+        lib.run(
+            req,
+            Hooks {
+                before_first_write: Some(&mut hook),
+                fail_commit: false,
+                ..Default::default()
+            },
+        )
+    });
 }
 
 /// The targets' checks may end before the image before the first write
 /// does (PostgreSQL reads it meanwhile, seconds at a million rows): a
 /// grant revoked after the last target's check still stops the writes.
 fn a_grant_revoked_after_the_last_targets_check_still_stops_the_writes(engine: Engine) {
-    let Some((stores, live, access)) = fleet_on(engine, "revoked_last") else {
-        return;
-    };
-    let lib = Lib::new(stores);
-    let req = lib.request();
-    assert_eq!(req.workers.len(), 3);
-    let before = access.dump();
-    let profiles = lib.stores.profiles.clone();
-    let mut hook = move |i: usize| {
-        if i == 2 {
-            revoke_the_grant(&profiles);
-        }
-    };
-    let report = lib.run(
-        &req,
-        Hooks {
-            after_capability: Some(&mut hook),
-            ..Default::default()
-        },
-    );
-    refused_for_the_grant(&report, &access, &before);
-    drop(live);
+    refused_when_the_grant_is_revoked(engine, "revoked_last", |lib, req, profiles| {
+        assert_eq!(req.workers.len(), 3);
+        let mut hook = move |i: usize| {
+            if i == 2 {
+                revoke_the_grant(&profiles);
+            }
+        };
+        lib.run(
+            req,
+            Hooks {
+                after_capability: Some(&mut hook),
+                ..Default::default()
+            },
+        )
+    });
 }
 
 fn a_failure_at_commit_leaves_the_registry_as_it_was(engine: Engine) {
