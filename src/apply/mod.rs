@@ -864,7 +864,9 @@ impl Checks<'_, '_, '_> {
         tx.before_writes(&ids, apply_id, &mut check)?;
         let pending = checked.unwrap_or_else(|| {
             Err(Abort::Fail(
-                "the targets were not checked before the writes; nothing was written".into(),
+                "the targets were not checked before the writes (a fault of this program's \
+                 storage engine; please report it); nothing was written"
+                    .into(),
             ))
         })?;
         self.standing.recheck()?;

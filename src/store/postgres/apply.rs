@@ -137,7 +137,7 @@ impl ApplyTx for Tx<'_> {
                 super::registry_error(
                     label,
                     "the thread reading the image before the first write failed; \
-                     nothing was written",
+                     nothing was written: run the apply again",
                 )
             }))
         });
