@@ -169,6 +169,21 @@ impl Row {
         }
     }
 
+    /// The columns in which `other` holds another value than this row: the
+    /// storage class and the value exactly (a real by its bits, so `0.0`
+    /// and `-0.0` differ). Every column the program reads takes part: what
+    /// apply compares a changed row with the version judged (docs/apply.md,
+    /// "Under the lock").
+    pub fn columns_differing<'r>(&'r self, other: &'r Row) -> impl Iterator<Item = Col> + 'r {
+        COLUMNS
+            .iter()
+            .copied()
+            .filter(move |c| match (self.get(*c), other.get(*c)) {
+                (Val::Real(a), Val::Real(b)) => a.to_bits() != b.to_bits(),
+                (a, b) => a != b,
+            })
+    }
+
     /// The columns whose value is blank (NULL, or text of Python white space
     /// only): bit `c as usize` for column `c`.
     pub fn blank_columns(&self) -> u64 {

@@ -3,6 +3,8 @@
 //! `docs/security.md` maps each finding to its test here.
 
 mod common;
+#[path = "security/third_review.rs"]
+mod third_review;
 
 use common::*;
 use fleet_retire::apply::{Hooks, Outcome};

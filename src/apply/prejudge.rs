@@ -19,7 +19,7 @@ use super::{
 use crate::evidence::leases;
 use crate::plan::planned::{digest_key, live_now, row_digests};
 use crate::plan::Plan;
-use crate::row::Row;
+use crate::row::{Col, Row};
 use crate::store::seam::{FenceSource, RowVersions};
 use std::collections::HashSet;
 
@@ -155,14 +155,22 @@ impl Prejudged {
     ) -> std::result::Result<(), String> {
         let fresh = &self.fresh;
         let identity = fresh.identity(&fresh.entries[at]);
-        let (old_full, old_stable) = row_digests(&fresh.rows[at]);
-        let (new_full, new_stable) = row_digests(&row);
-        if old_full == new_full {
-            return Ok(());
+        // Every column the program reads, not the token's fields: a change
+        // to a column the token leaves out (`instance_id_source`,
+        // `pid_namespace`, a revision) moves verdicts all the same.
+        let moved: Vec<Col> = fresh.rows[at].columns_differing(&row).collect();
+        match moved.as_slice() {
+            [] => return Ok(()),
+            [Col::LastHeartbeatAt] => {}
+            _ => {
+                let names: Vec<&str> = moved.iter().map(|c| c.name()).collect();
+                return Err(format!(
+                    "{identity:?} changed beyond its heartbeat ({})",
+                    names.join(", ")
+                ));
+            }
         }
-        if old_stable != new_stable {
-            return Err(format!("{identity:?} changed beyond its heartbeat"));
-        }
+        let (_, new_stable) = row_digests(&row);
         if targets.contains(&at) {
             return Err(format!("{identity:?}, a target, heartbeated"));
         }

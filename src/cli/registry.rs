@@ -61,13 +61,18 @@ fn create(args: &CreateArgs) -> Result<ExitCode> {
              its first worker (docs/multi-host.md); `registry create` makes a SQLite file",
         ));
     }
-    if path.exists() {
+    // Made with O_EXCL: an existing path, a symbolic link (dangling or not)
+    // included, is refused rather than followed.
+    if crate::store::sqlite::worker::create_new(path)?.is_none() {
         return Err(crate::error::Error::input(
             About::File(path.clone()),
-            format!("{shown} exists already; `registry create` makes a new registry only"),
+            format!(
+                "{shown} exists already (a file, folder or symbolic link, which is never \
+                 followed); `registry create` makes a new registry only: name a path that \
+                 does not exist"
+            ),
         ));
     }
-    drop(crate::worker::open(path)?);
     outln!("created the registry {shown}")?;
     Ok(ExitCode::Ok)
 }

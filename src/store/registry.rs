@@ -102,22 +102,28 @@ pub fn create_or_migrate_locked(
     }
 }
 
-/// Columns the guarded UPDATE asserts unchanged (NULL-safe `IS`): what a
-/// retirement was decided on. A heartbeat, a restart, a new generation or
-/// a move to another host or pid namespace since the read makes the UPDATE
-/// match nothing.
-pub const GUARD: &[Col] = &[
-    Col::Status,
-    Col::LastHeartbeatAt,
-    Col::GenerationId,
-    Col::SessionId,
-    Col::FencingEpoch,
-    Col::Pid,
-    Col::HostId,
-    Col::BootId,
-    Col::ProcessStartTime,
-    Col::PidNamespace,
-];
+/// Columns the guarded UPDATE asserts unchanged (NULL-safe `IS`): every
+/// column the program reads, besides the identity it matches on. A
+/// retirement was decided on the whole row as read, so any change to it
+/// since (a heartbeat, a restart, a new generation, a move to another host
+/// or pid namespace, an identity's provenance, a revision) makes the UPDATE
+/// match nothing (docs/security.md, "a changed row compared on the token's
+/// fields only").
+pub const GUARD: &[Col] = &guard_columns();
+
+/// [`crate::row::COLUMNS`] without `worker_identity`, in their order.
+const fn guard_columns() -> [Col; crate::row::WIDTH - 1] {
+    let mut out = [Col::Status; crate::row::WIDTH - 1];
+    let (mut i, mut j) = (0, 0);
+    while i < crate::row::WIDTH {
+        if !matches!(crate::row::COLUMNS[i], Col::WorkerIdentity) {
+            out[j] = crate::row::COLUMNS[i];
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+}
 
 /// A value as SQLite stores it.
 pub fn sql_value(v: crate::value::Val<'_>) -> rusqlite::types::Value {

@@ -25,9 +25,12 @@ use postgres::{Client, GenericClient, NoTls};
 pub mod apply;
 pub mod image;
 pub mod leases;
+pub mod shape;
 pub mod worker;
 
 pub use super::location::{is_postgres, PgUrl};
+pub use shape::{enabled_event_triggers, untrusted_objects};
+use shape::{lease_shape_problem, no_event_trigger};
 
 /// A store in the PostgreSQL database a URL names.
 pub struct Postgres {
@@ -261,6 +264,7 @@ pub fn migrate_registry_in(tx: &mut impl GenericClient, label: &str) -> Result<(
     }
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .map_err(err("cannot take the schema lock"))?;
+    no_event_trigger(tx, label, "before")?;
     tx.batch_execute(&registry_create_sql())
         .map_err(err("cannot create the registry table"))?;
     let existing =
@@ -277,7 +281,7 @@ pub fn migrate_registry_in(tx: &mut impl GenericClient, label: &str) -> Result<(
         ))
         .map_err(err("cannot add a missing column"))?;
     }
-    Ok(())
+    no_event_trigger(tx, label, "after")
 }
 
 /// Create the audit table, or add the columns an older one lacks.
@@ -293,6 +297,7 @@ pub fn migrate_audit_in(tx: &mut impl GenericClient, label: &str) -> Result<()> 
     }
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .map_err(err("cannot take the schema lock"))?;
+    no_event_trigger(tx, label, "before")?;
     tx.batch_execute(&audit_create_sql())
         .map_err(err("cannot create the audit table"))?;
     let existing =
@@ -309,7 +314,7 @@ pub fn migrate_audit_in(tx: &mut impl GenericClient, label: &str) -> Result<()> 
         ))
         .map_err(err("cannot add a missing audit column"))?;
     }
-    Ok(())
+    no_event_trigger(tx, label, "after")
 }
 
 /// Create the lease table when it does not exist (tests, benchmarks, the
@@ -539,6 +544,9 @@ pub fn read_leases(
         return Err(lease_error(label, why));
     }
     check_types(&existing, |_| true, table).map_err(|m| lease_error(label, m))?;
+    if let Some(why) = lease_shape_problem(client, label)? {
+        return Err(lease_error(label, why));
+    }
     let list = existing
         .iter()
         .map(|(n, _)| quote_ident(n))
@@ -1062,148 +1070,6 @@ pub fn retire_all(
                 .unwrap_or(0)
         })
         .collect())
-}
-
-/// Why the registry database could make apply's writes differ from what
-/// it reports, if it could: a trigger or rule on the registry or audit
-/// table, row-level security on either (rows apply cannot see), or either
-/// being something other than a plain table.
-pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
-    let err = Error::postgres(Store::Registry, label, "cannot inspect the schema");
-    let tables = [super::registry::TABLE, super::audit::TABLE];
-    let mut problems = Vec::new();
-    // Triggers and rules: either could turn apply's writes into others.
-    for (kind, sql) in [
-        (
-            "trigger",
-            "SELECT t.tgname::text, c.relname::text FROM pg_trigger t \
-             JOIN pg_class c ON c.oid = t.tgrelid \
-             WHERE NOT t.tgisinternal AND c.relnamespace = pg_catalog.current_schema()::regnamespace \
-             AND c.relname = ANY($1) ORDER BY 1",
-        ),
-        (
-            "rule",
-            "SELECT rulename::text, tablename::text FROM pg_rules \
-             WHERE schemaname = pg_catalog.current_schema() AND tablename = ANY($1) ORDER BY 1",
-        ),
-    ] {
-        for r in client.query(sql, &[&&tables[..]]).map_err(err)? {
-            problems.push(format!(
-                "{kind} {:?} on {:?}",
-                r.get::<_, String>(0),
-                r.get::<_, String>(1)
-            ));
-        }
-    }
-    for r in client
-        .query(
-            "SELECT relname::text, relkind::text, relrowsecurity FROM pg_class \
-             WHERE relnamespace = pg_catalog.current_schema()::regnamespace AND relname = ANY($1) ORDER BY 1",
-            &[&&tables[..]],
-        )
-        .map_err(err)?
-    {
-        let (name, kind, rls): (String, String, bool) = (r.get(0), r.get(1), r.get(2));
-        if kind != "r" {
-            problems.push(format!("{name:?} is not a plain table (relkind {kind})"));
-        }
-        if rls {
-            problems.push(format!(
-                "{name:?} has row-level security, which can hide rows from apply"
-            ));
-        }
-    }
-    problems.extend(code_that_writes_can_run(client, &tables, label)?);
-    if let Some(existing) = table_columns(client, super::audit::TABLE, Store::Registry, label)? {
-        let foreign: Vec<&String> = existing
-            .iter()
-            .map(|(n, _)| n)
-            .filter(|c| {
-                *c != super::audit::KEY && !super::audit::COLUMNS.iter().any(|(n, _)| n == c)
-            })
-            .collect();
-        if !foreign.is_empty() {
-            problems.push(format!(
-                "table {:?} has columns that are not fleet-retire's ({})",
-                super::audit::TABLE,
-                foreign
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-    }
-    Ok((!problems.is_empty()).then(|| {
-        format!(
-            "the registry database holds objects that could make apply's writes differ from \
-             its report: {}. Nothing was written. A registry needs none of them: inspect them \
-             (psql: \\d {}) and drop them, then apply again",
-            problems.join("; "),
-            super::registry::TABLE
-        )
-    }))
-}
-
-/// Our tables (by name, in our schema) as a CTE named `ours`.
-const OURS: &str = "WITH ours AS (SELECT c.oid FROM pg_catalog.pg_class c \
-     WHERE c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace \
-     AND c.relname = ANY($1))";
-
-/// Where a write to our tables could run code that is not PostgreSQL's own:
-/// an inheritance child or parent (a trigger on a child fires for rows
-/// written through the parent); a foreign key into or out of our tables
-/// (a cascade writes another table, whose triggers are its own); and any
-/// constraint, column default, generated column or index expression that
-/// calls a function or operator outside `pg_catalog`.
-fn code_that_writes_can_run(
-    client: &mut impl GenericClient,
-    tables: &[&str],
-    label: &str,
-) -> Result<Vec<String>> {
-    let err = Error::postgres(Store::Registry, label, "cannot inspect the schema");
-    let queries = [
-        format!(
-            "{OURS} SELECT pg_catalog.format('inheritance: %s inherits from %s', \
-             i.inhrelid::pg_catalog.regclass, i.inhparent::pg_catalog.regclass) \
-             FROM pg_catalog.pg_inherits i \
-             WHERE i.inhparent IN (SELECT oid FROM ours) OR i.inhrelid IN (SELECT oid FROM ours) \
-             ORDER BY 1"
-        ),
-        format!(
-            "{OURS} SELECT pg_catalog.format('foreign key %I from %s to %s', k.conname, \
-             k.conrelid::pg_catalog.regclass, k.confrelid::pg_catalog.regclass) \
-             FROM pg_catalog.pg_constraint k WHERE k.contype = 'f' \
-             AND (k.conrelid IN (SELECT oid FROM ours) OR k.confrelid IN (SELECT oid FROM ours)) \
-             ORDER BY 1"
-        ),
-        format!(
-            "{OURS}, objs AS ( \
-               SELECT 'pg_catalog.pg_attrdef'::pg_catalog.regclass AS cls, d.oid AS obj \
-                 FROM pg_catalog.pg_attrdef d WHERE d.adrelid IN (SELECT oid FROM ours) \
-               UNION ALL SELECT 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid \
-                 FROM pg_catalog.pg_constraint k WHERE k.conrelid IN (SELECT oid FROM ours) \
-               UNION ALL SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, x.indexrelid \
-                 FROM pg_catalog.pg_index x WHERE x.indrelid IN (SELECT oid FROM ours)) \
-             SELECT pg_catalog.format('%s calls %s', pg_catalog.pg_describe_object(o.cls, o.obj, 0), \
-               pg_catalog.pg_describe_object(dep.refclassid, dep.refobjid, 0)) \
-             FROM objs o JOIN pg_catalog.pg_depend dep ON dep.classid = o.cls AND dep.objid = o.obj \
-             WHERE (dep.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND EXISTS ( \
-                 SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = dep.refobjid \
-                 AND p.pronamespace <> 'pg_catalog'::pg_catalog.regnamespace)) \
-                OR (dep.refclassid = 'pg_catalog.pg_operator'::pg_catalog.regclass AND EXISTS ( \
-                 SELECT 1 FROM pg_catalog.pg_operator p WHERE p.oid = dep.refobjid \
-                 AND p.oprnamespace <> 'pg_catalog'::pg_catalog.regnamespace)) \
-             ORDER BY 1"
-        ),
-    ];
-    let mut problems = Vec::new();
-    for sql in &queries {
-        for r in client.query(sql.as_str(), &[&tables]).map_err(err)? {
-            problems.push(r.get::<_, String>(0));
-        }
-    }
-    Ok(problems)
 }
 
 /// Whether a PostgreSQL error is a serialization failure or a deadlock: the

@@ -156,6 +156,9 @@ fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
     if let Some(why) = crate::store::leases::odd_column_names(columns.iter().map(String::as_str)) {
         return Err(lease_error(path, why));
     }
+    if let Some(why) = shape_problem(conn).map_err(sql_err)? {
+        return Err(lease_error(path, why));
+    }
 
     let mut stmt = match conn.prepare_cached(sql) {
         Ok(s) => s,
@@ -184,4 +187,44 @@ fn query(conn: &Connection, path: &Path, sql: &str) -> Result<Vec<Lease>> {
         out.push(Lease::from_fields(fields));
     }
     Ok(out)
+}
+
+/// Why the lease table cannot be trusted to show every lease, if it
+/// cannot: it must be a plain table, and no trigger may sit on it. A view
+/// (with an `INSTEAD OF` trigger so the workers' writes still land) or a
+/// virtual table can show the reader fewer leases than the writers hold,
+/// and a lease this program does not see protects nothing
+/// (docs/security.md, "the lease store's shape").
+fn shape_problem(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    let fix = "the lease store must hold `workflow_leases` as a plain table with no trigger; \
+               point --leases at the control plane's own lease store, or drop what is named";
+    if let Some(kind) = crate::store::not_a_table(conn, TABLE) {
+        return Ok(Some(format!("{kind}; {fix}")));
+    }
+    let virtual_table: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1 COLLATE NOCASE \
+         AND sql LIKE 'CREATE VIRTUAL%'",
+        [TABLE],
+        |r| r.get(0),
+    )?;
+    if virtual_table {
+        return Ok(Some(format!("{TABLE:?} is a virtual table; {fix}")));
+    }
+    let mut stmt = conn.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?1 COLLATE NOCASE \
+         ORDER BY name",
+    )?;
+    let triggers: Vec<String> = stmt
+        .query_map([TABLE], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok((!triggers.is_empty()).then(|| {
+        format!(
+            "{TABLE:?} has trigger(s) {}, which can change what it shows; {fix}",
+            triggers
+                .iter()
+                .map(|t| format!("{t:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }))
 }

@@ -573,6 +573,11 @@ fn split_point(conn: &Connection) -> Option<i64> {
     if mode.eq_ignore_ascii_case("wal") {
         return None;
     }
+    // A column named `rowid` (or `oid`, `_rowid_`) takes the name over: the
+    // halves would split on its values and miss the rows where it is NULL.
+    if !matches!(super::versions::rowid_shadowed(conn), Ok(None)) {
+        return None;
+    }
     // Fails for a WITHOUT ROWID table, which is read whole. Two queries:
     // SQLite answers a lone min() or max() of the rowid from the b-tree's
     // edge, but scans the whole table for the two in one SELECT.

@@ -146,8 +146,32 @@ pub fn tables() -> [(&'static str, &'static [&'static str]); 2] {
     ]
 }
 
+/// The names SQLite gives a table's row id, each of which a column of
+/// that name takes over everywhere it is used.
+const ROWID_NAMES: [&str; 3] = ["rowid", "oid", "_rowid_"];
+
+/// A column of the registry table (hidden and generated ones included)
+/// that takes one of the row id's names, if there is one. SQLite then
+/// resolves `rowid` (or `oid`, `_rowid_`) to that column: in the triggers'
+/// `NEW.rowid`, an `ORDER BY rowid`, a read by rowid. Rows sharing its value
+/// would share a stamp, and a NULL would fall out of a read split by rowid,
+/// so such a registry keeps no row versions and is read whole, in one part
+/// (docs/security.md, "a column named rowid").
+pub fn rowid_shadowed(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_xinfo(?1)")?;
+    let names: Vec<String> = stmt
+        .query_map([TABLE], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(names
+        .into_iter()
+        .find(|n| ROWID_NAMES.iter().any(|r| n.eq_ignore_ascii_case(r))))
+}
+
 /// Whether every one of our objects is in place, exactly as we make them.
 pub fn installed(conn: &Connection) -> rusqlite::Result<bool> {
+    if rowid_shadowed(conn)?.is_some() {
+        return Ok(false);
+    }
     let mut stmt = conn.prepare(
         "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'fleet\\_retire\\_%' ESCAPE '\\'",
     )?;
@@ -185,11 +209,13 @@ pub fn install(conn: &Connection) -> rusqlite::Result<()> {
     if installed(conn)? {
         return Ok(());
     }
-    // A table without rowids cannot be stamped by rowid: it keeps no
-    // versions (and apply reads it whole, as before).
-    if conn
-        .prepare(&format!("SELECT rowid FROM {TABLE} LIMIT 0"))
-        .is_err()
+    // A table without rowids cannot be stamped by rowid, nor one with a
+    // column that takes the row id's name: it keeps no versions (and apply
+    // reads it whole, as before).
+    if rowid_shadowed(conn)?.is_some()
+        || conn
+            .prepare(&format!("SELECT rowid FROM {TABLE} LIMIT 0"))
+            .is_err()
     {
         return Ok(());
     }
@@ -232,6 +258,11 @@ pub fn marker(conn: &Connection) -> rusqlite::Result<Option<Marker>> {
     let rowids: Vec<i64> = stmt
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
+    // Row ids are unique integers, so in their order each is above the
+    // last; anything else is not a row id, and vouches for nothing.
+    if !rowids.windows(2).all(|w| w[0] < w[1]) {
+        return Ok(None);
+    }
     Ok(Some(Marker {
         schema_version,
         clock,
@@ -259,6 +290,12 @@ pub fn changed_since(
              index), so its row versions cannot vouch for the rows"
                 .into(),
         ));
+    }
+    if let Some(column) = rowid_shadowed(conn)? {
+        return Ok(Err(format!(
+            "the registry has a column named {column:?}, which takes the row id's name, so \
+             its row versions cannot vouch for the rows"
+        )));
     }
     if !installed(conn)? {
         return Ok(Err("the registry keeps no row versions".into()));

@@ -84,6 +84,38 @@ pub fn open(path: &Path) -> Result<Connection> {
         .ok_or_else(|| Error::Refused("the registry could not be created".into()))
 }
 
+/// Create a new SQLite registry at `path`, which must not exist: the file
+/// is made with `O_CREAT | O_EXCL`, which fails on any existing path, a
+/// symbolic link (dangling or not) included, so nothing is created where a
+/// link points; SQLite then opens that very file without following links.
+/// `Ok(None)` when the path exists already (the caller says so); a failure
+/// after the file was made removes it.
+pub fn create_new(path: &Path) -> Result<Option<Connection>> {
+    let err = |doing| Error::sqlite(Store::Registry, path, doing);
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(Error::io(path, "cannot create the registry file")(e)),
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+        | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW
+        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let made = Connection::open_with_flags(path, flags)
+        .map_err(err("cannot open the new registry"))
+        .and_then(|conn| {
+            migrated(conn, path, true)?
+                .ok_or_else(|| Error::Refused("the registry could not be created".into()))
+        });
+    if made.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    made.map(Some)
+}
+
 /// Open an existing SQLite registry for a worker's writes: refused when
 /// the file is missing or holds no registry table.
 pub fn open_existing(path: &Path) -> Result<Connection> {

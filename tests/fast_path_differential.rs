@@ -1,0 +1,508 @@
+//! The fast path under apply's lock against the whole read, on random
+//! concurrent writes (docs/apply.md, "The write lock held for what
+//! changed"; docs/security.md, "the class, not just the instances").
+//!
+//! Each interleaving builds a small real fleet (a SQLite registry with row
+//! versions, a lease store, real dead and live processes), plans it, and
+//! copies the stores twice. On both copies apply runs with the same random
+//! writes committed by an ordinary SQLite client in the window between its
+//! judgement outside the lock and the lock itself (any column, unknown
+//! columns, REPLACE and UPSERT, inserts and deletes, the lease store too).
+//! On the second copy the window also changes the schema, which sends
+//! apply to read and judge the whole registry under its lock. The two must
+//! end alike: the same outcome and the same rows retired, row for row.
+//!
+//! `FLEET_RETIRE_DIFF_RUNS=N` runs N interleavings (default 1,000);
+//! `FLEET_RETIRE_DIFF_SEED=S` replays one. A failure prints its seed and
+//! its writes. The pids of dead and live workers are real and so differ
+//! between runs; what a seed fixes is everything else.
+
+mod common;
+
+use common::*;
+use fleet_retire::apply::{Hooks, Outcome, Request};
+use rusqlite::types::Value as Sql;
+use rusqlite::Connection;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// splitmix64: small, seedable, good enough to pick writes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn pick<T: Clone>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len())].clone()
+    }
+}
+
+/// What every interleaving shares: real processes and the loaded policies.
+struct World {
+    live: Vec<KillOnDrop>,
+    dead: Vec<(i64, String)>,
+    policies: fleet_retire::policy::Policies,
+    probe: fleet_retire::evidence::probe::SystemProbe,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            live: (0..2).map(|_| KillOnDrop(spawn_sleeper())).collect(),
+            dead: (0..6).map(|_| dead_process()).collect(),
+            policies: fleet_retire::policy::Policies::load(
+                &fleet_retire::policy::PolicySource::Embedded,
+            )
+            .unwrap(),
+            probe: fleet_retire::evidence::probe::SystemProbe::new("/proc"),
+        }
+    }
+    fn live(&self, i: usize) -> (i64, String) {
+        let pid = self.live[i].id();
+        (pid as i64, start_time(pid))
+    }
+}
+
+fn ts(offset_s: i64) -> String {
+    fleet_retire::time::format_ts(fleet_retire::time::now() + offset_s * 1_000_000)
+}
+
+const INSTANCES: [&str; 3] = [
+    "inst-codex-20260730T100000Z-abc123def456",
+    "inst-codex-20260730T100000Z-000000000001",
+    "inst-claude-20260730T100000Z-000000000002",
+];
+
+/// Four to seven rows: dead workers (candidates, unless a peer keeps
+/// them), live ones heartbeating, sometimes a retired one; instance slots
+/// and sessions drawn from small sets so that rows share them.
+fn rows(rng: &mut Rng, world: &World) -> Vec<Value> {
+    let mut rows = Vec::new();
+    for i in 0..3 + rng.below(3) {
+        let (pid, start) = world.dead[i].clone();
+        let mut row = stale_row(&format!("w-dead-{i}"), pid, &start);
+        row["client_instance_id"] = json!(rng.pick(&INSTANCES[..2]));
+        if rng.chance(20) {
+            row["session_id"] = json!("sess-shared");
+        }
+        rows.push(row);
+    }
+    for i in 0..1 + rng.below(2) {
+        let (pid, start) = world.live(i);
+        let mut row = stale_row(&format!("w-live-{i}"), pid, &start);
+        row["last_heartbeat_at"] = json!(ts(0));
+        row["client_instance_id"] = json!(rng.pick(&INSTANCES[1..]));
+        rows.push(row);
+    }
+    if rng.chance(30) {
+        let (pid, start) = world.dead[5].clone();
+        let mut row = stale_row("w-retired", pid, &start);
+        row["status"] = json!("retired");
+        rows.push(row);
+    }
+    rows
+}
+
+/// One write of the window: SQL for the registry or the lease store.
+#[derive(Debug, Clone)]
+struct Write {
+    leases: bool,
+    sql: String,
+    params: Vec<Sql>,
+}
+
+impl Write {
+    fn registry(sql: &str, params: Vec<Sql>) -> Write {
+        Write {
+            leases: false,
+            sql: sql.into(),
+            params,
+        }
+    }
+}
+
+fn text(s: &str) -> Sql {
+    Sql::Text(s.into())
+}
+
+/// A value for `column`, from the small set that moves verdicts.
+fn value_for(rng: &mut Rng, column: &str, world: &World) -> Sql {
+    let texts: &[&str] = match column {
+        "instance_id_source" => &["launcher", "pid_fallback", "env"],
+        "pid_namespace" => &["pid:[4026531836]", "pid:[4026532999]"],
+        "session_id" => &["sess-shared", "sess-w-dead-0", "sess-w-live-0"],
+        "client_instance_id" => &INSTANCES,
+        "status" => &["active", "retired", "Active"],
+        "host_id" => &["another-host"],
+        "fencing_epoch" | "pid" => &[],
+        "last_heartbeat_at" => &[],
+        _ => &["x", "rev-2", ""],
+    };
+    match column {
+        "pid" => Sql::Integer(match rng.below(3) {
+            0 => world.live(0).0,
+            1 => world.dead[rng.below(5)].0,
+            _ => 1,
+        }),
+        "fencing_epoch" => Sql::Integer(rng.below(3) as i64),
+        "last_heartbeat_at" => text(&ts(rng.pick(&[-86_400, 1, 2, 3]))),
+        "heartbeat_ttl_seconds" => Sql::Real(rng.pick(&[900.0, 0.0, -0.0, 5.0])),
+        _ if rng.chance(15) => Sql::Null,
+        _ => text(rng.pick(texts)),
+    }
+}
+
+/// Columns a write may change: every column the program reads, and one
+/// it does not know.
+const WRITABLE: [&str; 16] = [
+    "instance_id_source",
+    "pid_namespace",
+    "session_id",
+    "client_instance_id",
+    "status",
+    "host_id",
+    "pid",
+    "fencing_epoch",
+    "heartbeat_ttl_seconds",
+    "token_fingerprint",
+    "startup_revision",
+    "live_revision",
+    "generation_id",
+    "process_start_time",
+    "retired_at",
+    "note",
+];
+
+fn identity(rng: &mut Rng, rows: &[Value]) -> String {
+    rng.pick(rows)["worker_identity"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// One random write of the window.
+fn one_write(rng: &mut Rng, rows: &[Value], world: &World) -> Write {
+    let who = identity(rng, rows);
+    match rng.below(10) {
+        // A heartbeat of a live worker: what the fast path confirms.
+        0..=2 => Write::registry(
+            "UPDATE worker_registrations SET last_heartbeat_at = ?1 WHERE worker_identity = ?2",
+            vec![
+                text(&ts(rng.pick(&[1, 2, 3]))),
+                text(&format!("w-live-{}", rng.below(2))),
+            ],
+        ),
+        3 | 4 => {
+            let column = rng.pick(&WRITABLE);
+            Write::registry(
+                &format!(
+                    "UPDATE worker_registrations SET {column} = ?1 WHERE worker_identity = ?2"
+                ),
+                vec![value_for(rng, column, world), text(&who)],
+            )
+        }
+        5 => Write::registry(
+            "INSERT INTO worker_registrations (worker_identity, client_name, client_instance_id, \
+             session_id, status, pid, host_id, boot_id, process_start_time, last_heartbeat_at, \
+             heartbeat_ttl_seconds) SELECT ?3, client_name, client_instance_id, session_id, \
+             'active', pid, host_id, boot_id, process_start_time, ?1, heartbeat_ttl_seconds \
+             FROM worker_registrations WHERE worker_identity = ?2",
+            vec![
+                text(&ts(0)),
+                text(&who),
+                text(&format!("w-new-{}", rng.below(1000))),
+            ],
+        ),
+        6 => Write::registry(
+            "DELETE FROM worker_registrations WHERE worker_identity = ?1",
+            vec![text(&who)],
+        ),
+        // REPLACE: the row deleted and written again, at a new rowid.
+        7 => Write::registry(
+            "INSERT OR REPLACE INTO worker_registrations SELECT * FROM worker_registrations \
+             WHERE worker_identity = ?1",
+            vec![text(&who)],
+        ),
+        // UPSERT through the key: an UPDATE in place.
+        8 => {
+            let column = rng.pick(&WRITABLE);
+            Write::registry(
+                &format!(
+                    "INSERT INTO worker_registrations (worker_identity, {column}) VALUES (?1, ?2) \
+                     ON CONFLICT (worker_identity) DO UPDATE SET {column} = excluded.{column}"
+                ),
+                vec![text(&who), value_for(rng, column, world)],
+            )
+        }
+        _ => Write {
+            leases: true,
+            sql: if rng.chance(50) {
+                "INSERT OR REPLACE INTO workflow_leases (lease_id, status, owner_worker_identity) \
+                 VALUES ('l-' || ?1, 'active', ?1)"
+                    .into()
+            } else {
+                "UPDATE workflow_leases SET status = 'released' WHERE owner_worker_identity = ?1"
+                    .into()
+            },
+            params: vec![text(&who)],
+        },
+    }
+}
+
+/// The stores of one interleaving.
+struct Stores3 {
+    registry: PathBuf,
+    leases: PathBuf,
+    profiles: PathBuf,
+}
+
+/// Build the fleet in `dir`: registry (with an unknown column, and
+/// sometimes a column that takes the rowid's name), its row versions, a
+/// lease store with maybe a lease, profiles.
+fn build(dir: &Path, rng: &mut Rng, rows: &[Value]) -> Stores3 {
+    let s = Stores3 {
+        registry: dir.join("registry.sqlite"),
+        leases: dir.join("leases.sqlite"),
+        profiles: dir.join("profiles.json"),
+    };
+    registry(&s.registry, rows);
+    let conn = Connection::open(&s.registry).unwrap();
+    conn.execute_batch("ALTER TABLE worker_registrations ADD COLUMN note TEXT")
+        .unwrap();
+    if rng.chance(5) {
+        conn.execute_batch(
+            "ALTER TABLE worker_registrations ADD COLUMN rowid INTEGER; \
+             UPDATE worker_registrations SET rowid = 7",
+        )
+        .unwrap();
+    }
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    fleet_retire::store::registry::add_missing_columns(&conn, &s.registry).unwrap();
+    fleet_retire::store::sqlite::versions::install(&conn).unwrap();
+    conn.execute_batch("COMMIT").unwrap();
+    let leased: Vec<Value> = if rng.chance(20) {
+        vec![json!({"lease_id": "l-0", "status": "active", "owner_worker_identity": "w-dead-0"})]
+    } else {
+        vec![]
+    };
+    leases(&s.leases, &leased);
+    std::fs::write(
+        &s.profiles,
+        json!({"profiles": {"controller-prgs": {"role": "controller",
+            "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}})
+        .to_string(),
+    )
+    .unwrap();
+    s
+}
+
+/// Plan the stores as `plan --out` would and request its candidates: all
+/// of them, the first one, or by tokens alone (no planned rows).
+fn request(s: &Stores3, world: &World, rng: &mut Rng) -> Option<Request> {
+    let plan = fleet_retire::plan::plan_from_files(
+        &s.registry,
+        &s.leases,
+        Path::new("/proc"),
+        "prgs/gitea-tools".into(),
+        &world.policies,
+    )
+    .unwrap();
+    let mut saved = Vec::new();
+    plan.write_saved(&mut saved).unwrap();
+    let doc: Value = serde_json::from_slice(&saved).unwrap();
+    let workers: Vec<String> = doc["candidate_worker_identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    if workers.is_empty() {
+        return None;
+    }
+    let req = Request {
+        registry_fingerprint: doc["registry_fingerprint"].as_str().unwrap().into(),
+        candidate_fingerprint: doc["candidate_fingerprint"].as_str().unwrap().into(),
+        policy_fingerprint: doc["policy_fingerprint"].as_str().unwrap().into(),
+        workers,
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        max_retire: 100,
+        planned: None,
+        first: rng.chance(30).then_some(1),
+    };
+    if rng.chance(10) {
+        return Some(req);
+    }
+    let planned = serde_json::from_value(doc["planned_rows"].clone()).unwrap();
+    Some(
+        req.with_planned(Some(std::sync::Arc::new(planned)))
+            .unwrap(),
+    )
+}
+
+/// How one route ended: the outcome, the scope of its read under the lock,
+/// and every row's status afterwards.
+#[derive(Debug, PartialEq)]
+struct Ending {
+    outcome: Outcome,
+    statuses: Vec<(String, Option<String>)>,
+}
+
+fn statuses(registry: &Path) -> Vec<(String, Option<String>)> {
+    let conn = Connection::open(registry).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT worker_identity, status FROM worker_registrations ORDER BY 1, 2")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    rows
+}
+
+fn commit(s: &Stores3, w: &Write) {
+    let conn = Connection::open(if w.leases { &s.leases } else { &s.registry }).unwrap();
+    // A write SQLite refuses (a NOT NULL, a key) is a write that did not
+    // happen, on both routes alike.
+    let _ = conn.execute(&w.sql, rusqlite::params_from_iter(w.params.iter()));
+}
+
+/// Apply on the stores in `dir` with `writes` in the window; `whole`
+/// also changes the schema there, so the lock reads the whole registry.
+fn route(
+    s: &Stores3,
+    world: &World,
+    req: &Request,
+    writes: &[Write],
+    whole: bool,
+) -> (Ending, String) {
+    let mut hook = || {
+        for w in writes {
+            commit(s, w);
+        }
+        if whole {
+            Connection::open(&s.registry)
+                .unwrap()
+                .execute_batch("CREATE TABLE fr_whole (x); DROP TABLE fr_whole;")
+                .unwrap();
+        }
+    };
+    let ctx = fleet_retire::apply::Context {
+        registry: &s.registry,
+        leases: &s.leases,
+        profiles: &s.profiles,
+        profile: "controller-prgs",
+        proc_root: Path::new("/proc"),
+        policies: &world.policies,
+        probe: &world.probe,
+        busy_timeout: std::time::Duration::from_secs(5),
+    };
+    let hooks = Hooks {
+        after_prejudge: Some(&mut hook),
+        ..Default::default()
+    };
+    let report = fleet_retire::apply::apply(req, &ctx, hooks).unwrap();
+    let scope = serde_json::to_value(&report.read_under_lock).unwrap();
+    (
+        Ending {
+            outcome: report.outcome,
+            statuses: statuses(&s.registry),
+        },
+        format!("{scope} {}", report.detail),
+    )
+}
+
+/// One interleaving; whether the fast path decided it (`Some(true)`), or
+/// `None` when the plan had no candidate.
+fn interleaving(seed: u64, world: &World) -> Option<bool> {
+    let mut rng = Rng(seed);
+    let rows = rows(&mut rng, world);
+    let base = tempfile::tempdir().unwrap();
+    let stores = build(base.path(), &mut rng, &rows);
+    let req = request(&stores, world, &mut rng)?;
+    let writes: Vec<Write> = (0..rng.below(4))
+        .map(|_| one_write(&mut rng, &rows, world))
+        .collect();
+    let copy = |name: &str| {
+        let dir = base.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        for f in ["registry.sqlite", "leases.sqlite", "profiles.json"] {
+            std::fs::copy(base.path().join(f), dir.join(f)).unwrap();
+        }
+        Stores3 {
+            registry: dir.join("registry.sqlite"),
+            leases: dir.join("leases.sqlite"),
+            profiles: dir.join("profiles.json"),
+        }
+    };
+    let (fast, slow) = (copy("fast"), copy("whole"));
+    let (fast_end, fast_how) = route(&fast, world, &req, &writes, false);
+    let (whole_end, whole_how) = route(&slow, world, &req, &writes, true);
+    assert!(
+        whole_how.contains("whole_registry"),
+        "seed {seed}: the schema change did not force the whole read: {whole_how}"
+    );
+    assert_eq!(
+        fast_end, whole_end,
+        "seed {seed} (replay with FLEET_RETIRE_DIFF_SEED={seed}): the fast path ({fast_how}) \
+         ended otherwise than the whole read ({whole_how}); writes in the window: {writes:#?}"
+    );
+    Some(fast_how.contains("changed_rows"))
+}
+
+#[test]
+fn the_fast_path_retires_exactly_what_the_whole_read_does() {
+    let world = World::new();
+    let env = |name: &str| std::env::var(name).ok().map(|v| v.parse::<u64>().unwrap());
+    if let Some(seed) = env("FLEET_RETIRE_DIFF_SEED") {
+        interleaving(seed, &world);
+        return;
+    }
+    let runs = env("FLEET_RETIRE_DIFF_RUNS").unwrap_or(1_000);
+    let first = env("FLEET_RETIRE_DIFF_FIRST").unwrap_or(20_261_204);
+    // Two threads, each its own seeds: the interleavings share nothing
+    // but the world's processes and policies.
+    let count = |seeds: Vec<u64>| {
+        let (mut planned, mut fast) = (0u64, 0u64);
+        for seed in seeds {
+            match interleaving(seed, &world) {
+                Some(true) => (planned, fast) = (planned + 1, fast + 1),
+                Some(false) => planned += 1,
+                None => {}
+            }
+        }
+        (planned, fast)
+    };
+    let (planned, fast) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| count((first..first + runs).step_by(2).collect()));
+        let (p, f) = count((first + 1..first + runs).step_by(2).collect());
+        let (q, g) = other
+            .join()
+            .expect("the other thread's interleavings failed");
+        (p + q, f + g)
+    });
+    eprintln!(
+        "{runs} interleavings from seed {first}: {planned} with candidates, {fast} decided \
+         by the fast path under the lock"
+    );
+    // The test means something only if the fast path is taken often.
+    assert!(
+        planned * 10 >= runs * 8,
+        "too few plans had candidates: {planned}"
+    );
+    assert!(
+        fast * 5 >= planned,
+        "the fast path was taken too rarely: {fast} of {planned}"
+    );
+}

@@ -1,0 +1,522 @@
+//! The third security review (issue 41): the fast path under apply's lock
+//! trusted summaries of rows, and the lease store's shape went unchecked.
+//! Each test performs the attack; docs/security.md lists them.
+
+use super::{add_lease, apply_cli, save_plan};
+use crate::common::*;
+use fleet_retire::apply::{Hooks, Outcome, Report};
+use rusqlite::Connection;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Give the registry every column and its row versions, as an apply does.
+fn keep_versions(registry: &Path) {
+    let conn = Connection::open(registry).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    fleet_retire::store::registry::add_missing_columns(&conn, registry).unwrap();
+    fleet_retire::store::sqlite::versions::install(&conn).unwrap();
+    conn.execute_batch("COMMIT").unwrap();
+}
+
+/// Run apply through the library with `write` in the window between its
+/// judgement outside the lock and the lock.
+fn with_write_in_window(
+    lib: &Lib,
+    req: &fleet_retire::apply::Request,
+    write: impl FnOnce(),
+) -> Report {
+    let mut write = Some(write);
+    let mut hook = || {
+        if let Some(w) = write.take() {
+            w()
+        }
+    };
+    lib.run(
+        req,
+        Hooks {
+            after_prejudge: Some(&mut hook),
+            ..Default::default()
+        },
+    )
+}
+
+fn set_column(registry: &Path, column: &str, value: &str, worker: &str) {
+    Connection::open(registry)
+        .unwrap()
+        .execute(
+            &format!("UPDATE worker_registrations SET {column} = ?1 WHERE worker_identity = ?2"),
+            [value, worker],
+        )
+        .unwrap();
+}
+
+fn scope(report: &Report) -> Value {
+    serde_json::to_value(&report.read_under_lock).unwrap()
+}
+
+fn audit_rows_of(registry: &Path, worker: &str) -> i64 {
+    Connection::open(registry)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM retirement_audit WHERE worker_identity = ?1",
+            [worker],
+            |r| r.get(0),
+        )
+        .unwrap_or(0)
+}
+
+// Finding 1: a changed row was compared on the token's fields only, so an
+// `instance_id_source` moved to `pid_fallback` while apply waited passed as
+// "unchanged" and the candidate was retired as trusted.
+#[test]
+fn a_provenance_change_while_apply_waits_is_judged_again() {
+    let (stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let registry = lib.stores.registry.clone();
+    let report = with_write_in_window(&lib, &req, || {
+        set_column(&registry, "instance_id_source", "pid_fallback", "w-dead-1")
+    });
+    assert_eq!(
+        status_of(&registry, "w-dead-1"),
+        "active",
+        "{}",
+        report.detail
+    );
+    assert_eq!(audit_rows_of(&registry, "w-dead-1"), 0);
+    assert_eq!(
+        report.outcome,
+        Outcome::CandidateSetMoved,
+        "{}",
+        report.detail
+    );
+    let read = scope(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    assert!(
+        read["why"].as_str().unwrap().contains("instance_id_source"),
+        "{read}"
+    );
+    drop(live);
+}
+
+// Finding 1, a row that is not a target: its `pid_namespace` moved while
+// apply waited, which moves its verdict; the whole read sees it.
+#[test]
+fn a_pid_namespace_change_of_another_candidate_is_not_passed_over() {
+    let (stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let lib = Lib::new(stores);
+    let mut req = lib.request();
+    req.first = Some(1);
+    let registry = lib.stores.registry.clone();
+    let report = with_write_in_window(&lib, &req, || {
+        set_column(&registry, "pid_namespace", "pid:[4026532999]", "w-dead-2")
+    });
+    let read = scope(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    assert!(
+        read["why"].as_str().unwrap().contains("pid_namespace"),
+        "{read}"
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::CandidateSetMoved,
+        "{}",
+        report.detail
+    );
+    assert_eq!(status_of(&registry, "w-dead-1"), "active");
+    drop(live);
+}
+
+// Finding 1, the guarded UPDATE: a writer whose triggers are off leaves no
+// stamp, so the fast path cannot see its change; the UPDATE itself must
+// then match nothing, since it asserts every column the verdict read.
+#[test]
+fn the_guarded_update_asserts_every_column_the_verdict_read() {
+    let (stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let lib = Lib::new(stores);
+    let mut req = lib.request();
+    req.first = Some(1);
+    let registry = lib.stores.registry.clone();
+    let report = with_write_in_window(&lib, &req, || {
+        let conn = Connection::open(&registry).unwrap();
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER,
+            false,
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE worker_registrations SET instance_id_source = 'pid_fallback' \
+             WHERE worker_identity = 'w-dead-1'",
+            [],
+        )
+        .unwrap();
+    });
+    assert_eq!(
+        scope(&report)["scope"],
+        "changed_rows",
+        "no stamp, no change seen"
+    );
+    assert_eq!(
+        status_of(&registry, "w-dead-1"),
+        "active",
+        "{}",
+        report.detail
+    );
+    assert_eq!(report.retired_count, 0);
+    assert!(
+        report
+            .preserved
+            .iter()
+            .any(|k| k.worker_identity == "w-dead-1" && k.reason_code == "row_changed_since_plan"),
+        "{:?}",
+        report.preserved
+    );
+    drop(live);
+}
+
+/// The fleet with a column named `name` (`rowid`, `oid`, `_rowid_`) that
+/// holds `7` in every row, and a retired row after the running one.
+fn fleet_with_rowid_column(name: &str) -> (Stores, KillOnDrop) {
+    let (stores, live) = fleet();
+    let conn = Connection::open(&stores.registry).unwrap();
+    let (pid, start) = dead_process();
+    let mut old = stale_row("w-old", pid, &start);
+    old["status"] = serde_json::json!("retired");
+    insert_row(&conn, &old);
+    conn.execute_batch(&format!(
+        "ALTER TABLE worker_registrations ADD COLUMN {name} INTEGER; \
+         UPDATE worker_registrations SET {name} = 7;"
+    ))
+    .unwrap();
+    drop(conn);
+    keep_versions(&stores.registry);
+    (stores, live)
+}
+
+// Finding 2: a column named `rowid` took the row id's name in the
+// bookkeeping: every row shared one stamp, and the live worker moved into
+// a candidate's session was compared with another, unchanged row.
+#[test]
+fn a_column_named_rowid_keeps_no_row_versions() {
+    for name in ["rowid", "OID", "_rowid_"] {
+        let (stores, live) = fleet_with_rowid_column(name);
+        let registry = stores.registry.clone();
+        let installed =
+            fleet_retire::store::sqlite::versions::installed(&Connection::open(&registry).unwrap())
+                .unwrap();
+        assert!(!installed, "{name}: no row versions with such a column");
+        let lib = Lib::new(stores);
+        let req = lib.request();
+        // The live worker joins a candidate's session: that candidate must
+        // be kept.
+        let report = with_write_in_window(&lib, &req, || {
+            set_column(&registry, "session_id", "sess-w-dead-1", "w-running")
+        });
+        assert_eq!(scope(&report)["scope"], "whole_registry", "{name}");
+        assert_eq!(report.retired_count, 0, "{name}: {}", report.detail);
+        assert_eq!(status_of(&registry, "w-dead-1"), "active", "{name}");
+        drop(live);
+    }
+}
+
+// Finding 2, plan: the registry read in two halves split on `rowid`; with
+// a column of that name, rows where it is NULL fell out of both halves (and
+// a live worker left out of the plan keeps none of its peers).
+#[test]
+fn a_column_named_rowid_hides_no_row_from_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("registry.sqlite");
+    let (pid, start) = dead_process();
+    let rows: Vec<Value> = (0..3)
+        .map(|i| stale_row(&format!("w-{i}"), pid, &start))
+        .collect();
+    registry(&path, &rows);
+    let conn = Connection::open(&path).unwrap();
+    // Real row ids far apart, so the read is split; then the column.
+    conn.execute_batch(
+        "UPDATE worker_registrations SET _rowid_ = 100000 WHERE worker_identity = 'w-2'; \
+         ALTER TABLE worker_registrations ADD COLUMN rowid INTEGER; \
+         UPDATE worker_registrations SET rowid = 1 WHERE worker_identity = 'w-0'; \
+         UPDATE worker_registrations SET rowid = 100000 WHERE worker_identity = 'w-2';",
+    )
+    .unwrap();
+    drop(conn);
+    let rows = fleet_retire::store::sqlite::read::load(&path).unwrap();
+    let mut ids: Vec<String> = rows
+        .iter()
+        .map(|r| r.get(fleet_retire::row::Col::WorkerIdentity).canon())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["w-0", "w-1", "w-2"], "every row is read");
+}
+
+/// A SQLite lease store whose `workflow_leases` is a view hiding the
+/// leases of `hidden`, with an `INSTEAD OF` trigger so that lease writes
+/// still land in the real table.
+fn hide_leases_behind_a_view(leases: &Path, hidden: &str) {
+    Connection::open(leases)
+        .unwrap()
+        .execute_batch(&format!(
+            "ALTER TABLE workflow_leases RENAME TO leases_real;
+             CREATE VIEW workflow_leases AS SELECT * FROM leases_real
+               WHERE owner_worker_identity IS NOT '{hidden}';
+             CREATE TRIGGER land INSTEAD OF INSERT ON workflow_leases
+               BEGIN INSERT INTO leases_real (lease_id, status, owner_worker_identity)
+                 VALUES (NEW.lease_id, NEW.status, NEW.owner_worker_identity); END;"
+        ))
+        .unwrap();
+}
+
+// Finding 3 (c): the lease store's shape was never checked, so a view
+// hid a lease from plan and apply while workers' lease writes landed.
+#[test]
+fn a_lease_store_view_that_hides_a_lease_is_refused_by_plan_and_apply() {
+    let (stores, live) = fleet();
+    let (plan_path, _) = save_plan(&stores, &[]);
+    hide_leases_behind_a_view(&stores.leases, "w-dead-1");
+    // The worker takes its lease through the view; it lands.
+    add_lease(&stores.leases, "l-1", "w-dead-1");
+    let before = dump(&stores.registry);
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(report["outcome"], "lease_store_unavailable", "{report}");
+    assert_eq!(code, Some(1), "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(detail.contains("view"), "{detail}");
+    assert_eq!(dump(&stores.registry), before, "nothing written");
+    let out = bin()
+        .args(stores.plan_args("controller-prgs"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("is a view, not a table"),
+        "{}",
+        text(&out)
+    );
+    drop(live);
+}
+
+#[test]
+fn a_trigger_on_the_sqlite_lease_table_is_refused() {
+    let (stores, live) = fleet();
+    Connection::open(&stores.leases)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER swallow BEFORE INSERT ON workflow_leases BEGIN SELECT RAISE(IGNORE); END;",
+        )
+        .unwrap();
+    let out = bin()
+        .args(stores.plan_args("controller-prgs"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("\"swallow\""), "{}", text(&out));
+    drop(live);
+}
+
+/// The fleet on PostgreSQL, a plan saved, then `attack` run by the
+/// database's owner and a lease for `w-dead-1` written to the real table.
+fn pg_leases_attacked(
+    tag: &str,
+    attack: &str,
+    real_table: &str,
+) -> Option<(Stores, KillOnDrop, PgDb, PathBuf)> {
+    let (stores, live, db) = pg_fleet(tag)?;
+    let (plan, _) = save_plan(&stores, &[]);
+    let mut c = db.client();
+    c.batch_execute(attack)
+        .unwrap_or_else(|e| panic!("the attack's setup failed: {e}"));
+    c.execute(
+        &format!(
+            "INSERT INTO {real_table} (lease_id, status, owner_worker_identity) \
+             VALUES ('l-1', 'active', 'w-dead-1')"
+        ),
+        &[],
+    )
+    .unwrap();
+    Some((stores, live, db, plan))
+}
+
+/// Apply was refused `lease_store_unavailable` naming `names`, and the
+/// database is as it was.
+fn assert_lease_store_refused(stores: &Stores, db: &PgDb, plan: &Path, names: &str) {
+    let before = pg_dump(db);
+    let (code, report) = apply_cli(stores, plan, "controller-prgs", &[]);
+    assert_eq!(report["outcome"], "lease_store_unavailable", "{report}");
+    assert_eq!(code, Some(1), "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(names),
+        "the refusal does not name {names:?}: {detail}"
+    );
+    assert_eq!(
+        pg_dump(db),
+        before,
+        "the refused apply changed the database"
+    );
+}
+
+// Finding 3 (a): row-level security hid the lease from the controller's
+// role alone; workers, and the table's owner, still saw it.
+#[test]
+fn row_level_security_hiding_leases_from_the_controller_is_refused() {
+    let role = format!("fr_rls_{}", std::process::id());
+    let Some((mut stores, _live, db, plan)) = pg_leases_attacked(
+        "lease_rls",
+        &format!(
+            "CREATE ROLE {role} LOGIN; \
+             GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}; \
+             GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}; \
+             GRANT CREATE ON SCHEMA public TO {role}; \
+             ALTER TABLE workflow_leases ENABLE ROW LEVEL SECURITY; \
+             CREATE POLICY hide ON workflow_leases USING \
+               (current_user <> '{role}' OR owner_worker_identity IS DISTINCT FROM 'w-dead-1');"
+        ),
+        "workflow_leases",
+    ) else {
+        return;
+    };
+    let as_controller = db.url.replacen("://fleet@", &format!("://{role}@"), 1);
+    stores.registry = PathBuf::from(&as_controller);
+    stores.leases = PathBuf::from(&as_controller);
+    assert_lease_store_refused(&stores, &db, &plan, "row-level security");
+    // The role outlives the database only until here (a failure above
+    // leaves it in the throwaway cluster, named by this process).
+    drop(db);
+    if let Ok(admin) = std::env::var("FLEET_RETIRE_TEST_POSTGRES") {
+        if let Ok(mut c) = ::postgres::Client::connect(&admin, ::postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP ROLE IF EXISTS {role}"));
+        }
+    }
+}
+
+// Finding 3 (b): a view that drops some leases.
+#[test]
+fn a_postgres_lease_view_that_drops_a_lease_is_refused() {
+    let Some((stores, _live, db, plan)) = pg_leases_attacked(
+        "lease_view",
+        "ALTER TABLE workflow_leases RENAME TO leases_real; \
+         CREATE VIEW workflow_leases AS SELECT * FROM leases_real \
+           WHERE owner_worker_identity IS DISTINCT FROM 'w-dead-1';",
+        "leases_real",
+    ) else {
+        return;
+    };
+    assert_lease_store_refused(&stores, &db, &plan, "not a plain table");
+}
+
+// Reached by the review's brief: a rule, or a trigger enabled ALWAYS
+// (which fires whatever `session_replication_role` says), on the lease
+// table.
+#[test]
+fn rules_and_always_enabled_triggers_on_the_postgres_lease_table_are_refused() {
+    let Some((stores, _live, db, plan)) = pg_leases_attacked(
+        "lease_rule",
+        "CREATE FUNCTION keep_none() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER quietly BEFORE UPDATE ON workflow_leases \
+           FOR EACH ROW EXECUTE FUNCTION keep_none(); \
+         ALTER TABLE workflow_leases ENABLE ALWAYS TRIGGER quietly; \
+         CREATE RULE no_release AS ON DELETE TO workflow_leases DO INSTEAD NOTHING;",
+        "workflow_leases",
+    ) else {
+        return;
+    };
+    assert_lease_store_refused(&stores, &db, &plan, "trigger \"quietly\"");
+    assert_lease_store_refused(&stores, &db, &plan, "rule \"no_release\"");
+}
+
+fn is_superuser(db: &PgDb) -> bool {
+    db.client()
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+// Finding 4: an event trigger fired on apply's migration (adding a column
+// the registry lacked), inside its transaction and before the effect
+// check's first image, and retired a worker nobody asked for, with no audit
+// row: a candidate of the plan outside the batch, which the re-read then
+// took for one an earlier batch had retired.
+#[test]
+fn an_event_trigger_cannot_write_inside_applys_migration() {
+    let Some((stores, _live, db)) = pg_fleet("event_trigger") else {
+        return;
+    };
+    if !is_superuser(&db) {
+        eprintln!("skipped: creating an event trigger needs a superuser");
+        return;
+    }
+    let mut c = db.client();
+    c.batch_execute(
+        "ALTER TABLE worker_registrations DROP COLUMN live_revision; \
+         CREATE FUNCTION retire_live() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN \
+           UPDATE worker_registrations SET status = 'retired' \
+             WHERE worker_identity = 'w-dead-3'; END $$;",
+    )
+    .unwrap();
+    let (plan, _) = save_plan(&stores, &[]);
+    let name = format!("fr_evt_{}", std::process::id());
+    c.batch_execute(&format!(
+        "CREATE EVENT TRIGGER {name} ON ddl_command_end EXECUTE FUNCTION retire_live()"
+    ))
+    .unwrap();
+    let before = pg_dump(&db);
+    let out = bin()
+        .args(stores.apply_args("controller-prgs"))
+        .args(["--first", "1"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let (code, report): (_, Value) = (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap(),
+    );
+    let after = pg_dump(&db);
+    // An event trigger is the cluster's database's own: drop it before
+    // asserting, so a failure leaves no trigger behind.
+    c.batch_execute(&format!("DROP EVENT TRIGGER {name}"))
+        .unwrap();
+    assert_ne!(report["outcome"], "applied", "{report}");
+    assert_ne!(code, Some(0), "{report}");
+    assert!(
+        report["detail"].as_str().unwrap().contains(&name),
+        "{report}"
+    );
+    assert_eq!(after, before, "the refused apply changed the database");
+    assert!(pg_statuses(&db).contains(&("w-dead-3".into(), "active".into())));
+}
+
+// Finding 5: `registry create` followed a dangling symbolic link and
+// created the registry where it pointed.
+#[test]
+fn registry_create_never_follows_a_symbolic_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("elsewhere.sqlite");
+    let link = dir.path().join("registry.sqlite");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = bin()
+        .args(["registry", "create", "--registry"])
+        .arg(&link)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("symbolic link"), "{}", text(&out));
+    assert!(!target.exists(), "nothing was created through the link");
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    // A path that does not exist is created, as before.
+    let fresh = dir.path().join("new.sqlite");
+    let out = bin()
+        .args(["registry", "create", "--registry"])
+        .arg(&fresh)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(fresh.is_file());
+}
