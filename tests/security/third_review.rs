@@ -520,3 +520,45 @@ fn registry_create_never_follows_a_symbolic_link() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(fresh.is_file());
 }
+
+// Found by the independent attack: a lease `status` of a domain type over
+// text with its own `=`, which an exact type match prefers to
+// `pg_catalog`'s whatever the search path says; it answered "not active"
+// to fleet-retire's session alone, so apply retired a leased worker
+// (`information_schema` reports the column as `text`).
+#[test]
+fn a_domain_type_bringing_its_own_equality_hides_no_lease() {
+    let plant = "CREATE DOMAIN public.lease_status AS text; \
+         CREATE FUNCTION public.lease_status_eq(a public.lease_status, b public.lease_status) \
+           RETURNS boolean LANGUAGE sql STABLE AS \
+           $$ SELECT a::text = b::text AND current_setting('application_name') <> 'fleet-retire' $$; \
+         CREATE OPERATOR public.= (LEFTARG = public.lease_status, RIGHTARG = public.lease_status, \
+           FUNCTION = public.lease_status_eq);";
+    let Some((stores, _live, db, plan)) = pg_leases_attacked(
+        "lease_domain",
+        &format!(
+            "{plant} ALTER TABLE workflow_leases ALTER COLUMN status TYPE public.lease_status;"
+        ),
+        "workflow_leases",
+    ) else {
+        return;
+    };
+    assert_lease_store_refused(&stores, &db, &plan, "a domain");
+    // The same type on the registry is refused too, before any write.
+    let mut c = db.client();
+    c.batch_execute(
+        "ALTER TABLE workflow_leases ALTER COLUMN status TYPE text; \
+         DELETE FROM workflow_leases; \
+         ALTER TABLE worker_registrations ALTER COLUMN status TYPE public.lease_status;",
+    )
+    .unwrap();
+    let before = pg_dump(&db);
+    let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_eq!(report["outcome"], "registry_untrusted", "{report}");
+    assert_eq!(code, Some(2), "{report}");
+    assert!(
+        report["detail"].as_str().unwrap().contains("a domain"),
+        "{report}"
+    );
+    assert_eq!(pg_dump(&db), before);
+}

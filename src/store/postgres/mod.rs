@@ -553,7 +553,7 @@ pub fn read_leases(
         .collect::<Vec<_>>()
         .join(", ");
     let filter = if active_only {
-        " WHERE status = 'active'"
+        " WHERE status OPERATOR(pg_catalog.=) 'active'"
     } else {
         ""
     };
@@ -580,7 +580,7 @@ pub fn active_lease_version(client: &mut impl GenericClient, label: &str) -> Res
         .query_one(
             &format!(
                 "SELECT count(*)::text || ':' || md5(coalesce(string_agg(t::text, E'\\x1e' \
-                 ORDER BY t::text), '')) FROM {} t WHERE status = 'active'",
+                 ORDER BY t::text), '')) FROM {} t WHERE status OPERATOR(pg_catalog.=) 'active'",
                 super::leases::TABLE
             ),
             &[],

@@ -58,6 +58,12 @@ pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result
         }
     }
     problems.extend(code_that_writes_can_run(client, &tables, label)?);
+    problems.extend(columns_of_foreign_types(
+        client,
+        &tables,
+        Store::Registry,
+        label,
+    )?);
     if let Some(existing) =
         table_columns(client, crate::store::audit::TABLE, Store::Registry, label)?
     {
@@ -187,6 +193,12 @@ pub(super) fn lease_shape_problem(
             ));
         }
     }
+    problems.extend(columns_of_foreign_types(
+        client,
+        &[table],
+        Store::Leases,
+        label,
+    )?);
     for (kind, sql) in [
         (
             "trigger",
@@ -209,8 +221,8 @@ pub(super) fn lease_shape_problem(
     Ok((!problems.is_empty()).then(|| {
         format!(
             "the lease table could show fewer leases than the workers hold: {}. The lease \
-             store must hold `{table}` as a plain table with no row-level security, rule or \
-             trigger; inspect it (psql: \\d+ {table}) and remove what is named, or point \
+             store must hold `{table}` as a plain table of PostgreSQL's own column types, with \
+             no row-level security, rule or trigger; inspect it (psql: \\d+ {table}) and remove what is named, or point \
              --leases at the control plane's own lease store",
             problems.join("; ")
         )
@@ -260,4 +272,39 @@ pub(super) fn no_event_trigger(tx: &mut impl GenericClient, label: &str, when: &
             found.join("; ")
         ),
     ))
+}
+
+/// Columns of `tables` whose type is a domain or is not one of
+/// PostgreSQL's own (`pg_catalog`): such a type can bring its own `=` (or
+/// any operator), which an exact type match prefers to `pg_catalog`'s
+/// whatever the pinned `search_path` says, so a comparison in our reads
+/// (`status = 'active'`) would run code of the database's choosing and
+/// could hide a lease. `information_schema` reports a domain over text as
+/// `text`, so the catalog is asked directly.
+fn columns_of_foreign_types(
+    client: &mut impl GenericClient,
+    tables: &[&str],
+    store: Store,
+    label: &str,
+) -> Result<Vec<String>> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.format('column %I of %I has type %s, %s', a.attname, c.relname, \
+               t.oid::pg_catalog.regtype, CASE WHEN t.typtype = 'd' THEN 'a domain' \
+               ELSE 'not one of PostgreSQL''s own' END) \
+             FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+             WHERE c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace \
+             AND c.relname = ANY($1) AND a.attnum > 0 AND NOT a.attisdropped \
+             AND (t.typtype = 'd' OR t.typnamespace <> 'pg_catalog'::pg_catalog.regnamespace) \
+             ORDER BY 1",
+            &[&tables],
+        )
+        .map_err(Error::postgres(
+            store,
+            label,
+            "cannot inspect the column types",
+        ))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
