@@ -142,8 +142,10 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
     };
     std::fs::create_dir_all(dir).map_err(io)?;
     let policy_text: Vec<&str> = POLICY_FILES.iter().map(|f| embedded(f)).collect();
-    std::fs::write(dir.join("policies.cedar"), policy_text.join("\n")).map_err(io)?;
-    std::fs::write(dir.join(SCHEMA_FILE), embedded(SCHEMA_FILE)).map_err(io)?;
+    // Each file replaces its path, never following a link there.
+    let write = |name: &str, text: &str| crate::outfile::replace(&dir.join(name), text.as_bytes());
+    write("policies.cedar", &policy_text.join("\n")).map_err(io)?;
+    write(SCHEMA_FILE, embedded(SCHEMA_FILE)).map_err(io)?;
     let mut script = String::from(
         "#!/usr/bin/env bash\n# Check fleet-retire's fixture decisions with Cedar's own CLI.\nset -e\ncd \"$(dirname \"$0\")\"\n",
     );
@@ -165,9 +167,9 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
         count += tests.len();
         let name = script_safe_name(files_written, file);
         files_written += 1;
-        std::fs::write(
-            dir.join(&name),
-            serde_json::to_string_pretty(&tests).expect("tests serialise"),
+        write(
+            &name,
+            &serde_json::to_string_pretty(&tests).expect("tests serialise"),
         )
         .map_err(io)?;
         // The name is made of [A-Za-z0-9._-] only; quoted all the same.
@@ -175,6 +177,6 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
             "cedar run-tests --policies policies.cedar --schema {SCHEMA_FILE} --tests '{name}'\n"
         ));
     }
-    std::fs::write(dir.join("run.sh"), script).map_err(io)?;
+    write("run.sh", &script).map_err(io)?;
     Ok(count)
 }

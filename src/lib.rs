@@ -28,6 +28,7 @@ pub mod launcher;
 pub mod liveness;
 pub mod mutate;
 pub mod observe;
+pub mod outfile;
 pub mod pgurl;
 pub mod plan;
 pub mod policy;

@@ -12,7 +12,7 @@ use std::path::Path;
 /// other (the test checks that too).
 const LAYERS: &[&[&str]] = &[
     &["pgurl"],
-    &["error", "value", "time", "reasons", "pool"],
+    &["error", "value", "time", "reasons", "pool", "outfile"],
     &["row", "text"],
     &["store"],
     &["fingerprint"],

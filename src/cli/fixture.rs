@@ -130,41 +130,11 @@ fn write_case(path: &Path, text: &str, force: bool) -> Result<()> {
     fill(file, text).map_err(Error::io(path, "cannot write the fixture"))
 }
 
-/// Write `text` to a new temporary file in `path`'s folder and rename it
-/// over `path` (the rename replaces a link, not the file it points to).
+/// Replace `path` itself with the case (a link is replaced, not the file
+/// it points to): `crate::outfile`.
 fn replace_path(path: &Path, text: &str) -> Result<()> {
-    let name = path.file_name().ok_or_else(|| {
-        Error::input(
-            About::Option("--out"),
-            format!("--out {}: names no file; give a file name", path.display()),
-        )
-    })?;
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let temporary = folder.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        crate::evidence::random_hex(8)?
-    ));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&temporary)
-        .and_then(|file| fill(file, text))
-        .map_err(Error::io(
-            &temporary,
-            "cannot write the fixture's temporary file",
-        ))
-        .and_then(|()| {
-            std::fs::rename(&temporary, path)
-                .map_err(Error::io(path, "cannot replace the path with the fixture"))
-        });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    written
+    crate::outfile::replace(path, text.as_bytes())
+        .map_err(Error::io(path, "cannot replace the path with the fixture"))
 }
 
 /// Write all of `text` to `file` and flush it to disk.

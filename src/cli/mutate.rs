@@ -61,9 +61,12 @@ fn save_survivors(report: &Report, save: Option<&Path>) -> Result<Vec<PathBuf>> 
     std::fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create the folder"))?;
     let survivors = report.outcomes.iter().filter(|o| o.witness.is_some());
     for (n, o) in survivors.enumerate() {
-        let path = dir.join(format!("mutant-{n:03}-{}-{}.json", o.policy, o.operator));
+        // The policy's `@id` is the policy author's text: made a safe name,
+        // and the path replaced rather than followed or written into.
+        let name = format!("mutant-{n:03}-{}-{}.json", o.policy, o.operator);
+        let path = dir.join(crate::outfile::safe_name(&name));
         let text = serde_json::to_string_pretty(&o.witness).expect("a case serialises");
-        std::fs::write(&path, format!("{text}\n"))
+        crate::outfile::replace(&path, format!("{text}\n").as_bytes())
             .map_err(Error::io(&path, "cannot write the survivor's case"))?;
         saved.push(path);
     }

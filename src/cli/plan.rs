@@ -53,10 +53,10 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
         .require(&policies, crate::capability::Operation::Plan)?;
     let plan = plan_from_world(&args.store, &policies)?;
     if let Some(out) = &args.out {
+        // The path is replaced, never followed: a link at it, or a FIFO,
+        // is not written through (crate::outfile).
         let write = |path: &std::path::Path| -> std::io::Result<()> {
-            let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
-            plan.write_saved(&mut w)?;
-            w.flush()
+            crate::outfile::replace_with(path, |w| plan.write_saved(w))
         };
         write(out).map_err(Error::io(out, "cannot write the plan"))?;
     }

@@ -134,7 +134,8 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
                 .unwrap_or_else(|| pretty.lines().count().min(text.lines().count()) + 1);
             match (&path, fix) {
                 (Some(p), true) => {
-                    std::fs::write(p, format!("{}\n", pretty.trim_end())).map_err(|e| {
+                    let text = format!("{}\n", pretty.trim_end());
+                    crate::outfile::replace(p, text.as_bytes()).map_err(|e| {
                         Error::policy(
                             About::File(p.to_path_buf()),
                             format!("{}: cannot rewrite ({e})", p.display()),
@@ -333,9 +334,10 @@ fn save_counterexamples(
     std::fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create the folder"))?;
     for a in &proved.actions {
         for (n, c) in a.counterexamples.iter().enumerate() {
-            let path = dir.join(format!("{}-{}-{n}.json", a.action, c.direction));
+            let name = format!("{}-{}-{n}.json", a.action, c.direction);
+            let path = dir.join(crate::outfile::safe_name(&name));
             let text = serde_json::to_string_pretty(&c.case).expect("a case serialises");
-            std::fs::write(&path, format!("{text}\n"))
+            crate::outfile::replace(&path, format!("{text}\n").as_bytes())
                 .map_err(Error::io(&path, "cannot write the counterexample"))?;
             saved.push(path);
         }

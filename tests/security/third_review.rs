@@ -562,3 +562,112 @@ fn a_domain_type_bringing_its_own_equality_hides_no_lease() {
     );
     assert_eq!(pg_dump(&db), before);
 }
+
+/// A copy of the built-in policies whose properties are cut to the first,
+/// so mutants survive, and whose `status-not-active` policy is renamed
+/// `@id("x/../../ESCAPED")`.
+fn weak_policies_with_a_climbing_id(dir: &Path) -> PathBuf {
+    let pol = dir.join("pol");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    std::fs::create_dir_all(pol.join("properties")).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            let text = std::fs::read_to_string(entry.path()).unwrap();
+            let text = text.replace("@id(\"status-not-active\")", "@id(\"x/../../ESCAPED\")");
+            std::fs::write(pol.join(entry.file_name()), text).unwrap();
+        }
+    }
+    let props = std::fs::read_to_string(src.join("properties/retirement.cedar")).unwrap();
+    let first = props.split("\n@id(").next().unwrap();
+    std::fs::write(pol.join("properties/retirement.cedar"), first).unwrap();
+    pol
+}
+
+// Found by the independent attack: the files a command is asked to write
+// were written with a plain open: through a symbolic link at the name (its
+// target overwritten, or created when dangling), into a FIFO (waiting for
+// ever), and under a name taken from a policy's `@id`, which climbed out of
+// the folder.
+#[test]
+fn saved_survivors_replace_their_paths_and_stay_in_their_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let pol = weak_policies_with_a_climbing_id(dir.path());
+    let out = dir.path().join("a/b/out");
+    std::fs::create_dir_all(out.join("mutant-000-x")).unwrap();
+    let mutate = |save: &Path| {
+        bin()
+            .args(["--format", "json", "--policies"])
+            .arg(&pol)
+            .args([
+                "policy",
+                "mutate",
+                "--only",
+                "x/../../ESCAPED",
+                "--jobs",
+                "1",
+            ])
+            .arg("--save-survivors")
+            .arg(save)
+            .output()
+            .unwrap()
+    };
+    let first = mutate(&out);
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    assert!(!names.is_empty(), "no survivor saved: {}", text(&first));
+    assert!(!dir.path().join("a/ESCAPED-negate-condition.json").exists());
+    let escaped: Vec<_> = std::fs::read_dir(dir.path().join("a"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(escaped, ["b"], "nothing written above the folder");
+    // A link at a survivor's name, to a file, and a FIFO at another.
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "precious").unwrap();
+    let linked = out.join(&names[0]);
+    std::fs::remove_file(&linked).unwrap();
+    std::os::unix::fs::symlink(&victim, &linked).unwrap();
+    if let Some(name) = names.get(1) {
+        std::fs::remove_file(out.join(name)).unwrap();
+        nix::unistd::mkfifo(&out.join(name), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    }
+    let second = mutate(&out);
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "precious",
+        "{}",
+        text(&second)
+    );
+    assert!(!std::fs::symlink_metadata(&linked).unwrap().is_symlink());
+    for name in &names {
+        assert!(
+            std::fs::metadata(out.join(name)).unwrap().is_file(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn plan_out_replaces_a_link_instead_of_writing_through_it() {
+    let (stores, live) = fleet();
+    let victim = stores.dir.path().join("victim.txt");
+    std::fs::write(&victim, "precious").unwrap();
+    let out = stores.dir.path().join("plan.json");
+    std::os::unix::fs::symlink(&victim, &out).unwrap();
+    let run = bin()
+        .args(stores.plan_args("controller-prgs"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(std::fs::read_to_string(&out)
+        .unwrap()
+        .contains("planned_rows"));
+    drop(live);
+}
