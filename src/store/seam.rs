@@ -70,7 +70,34 @@ pub struct RowVersions {
     pub clock: i64,
     /// The rowid of each row read, in the order read (rowid order).
     pub rowids: Vec<i64>,
+    /// The file the rows were read from (device and inode of the reading
+    /// connection's own descriptor), when it could be told: under the lock
+    /// the versions vouch only if it is the file apply writes.
+    pub file: Option<(u64, u64)>,
+    /// What keeps that file open while the marker lives (the connection
+    /// that read it), so its inode cannot be freed and given to another
+    /// file (a journal, say) before apply compares it.
+    pub pin: Option<Pin>,
 }
+
+/// Something an engine keeps alive beside a marker; compared as equal
+/// always (it only holds a file open).
+#[derive(Clone)]
+pub struct Pin(pub std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+impl std::fmt::Debug for Pin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pin")
+    }
+}
+
+impl PartialEq for Pin {
+    fn eq(&self, _: &Pin) -> bool {
+        true
+    }
+}
+
+impl Eq for Pin {}
 
 /// A lease store as apply's fence reads it, again and again while it
 /// writes: each read sees what other connections have committed.

@@ -671,3 +671,159 @@ fn plan_out_replaces_a_link_instead_of_writing_through_it() {
         .contains("planned_rows"));
     drop(live);
 }
+
+fn file_id(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.dev(), m.ino())
+}
+
+/// Whether process `pid` has the file `id` open.
+fn child_has_open(pid: u32, id: (u64, u64)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == id))
+    })
+}
+
+/// Poll `done` for at most 30 s.
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < until, "timed out waiting");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Apply from a saved plan as a child process with a long busy timeout,
+/// while the caller holds locks; `(exit code, report)` once it ends.
+fn apply_child(stores: &Stores, plan: &Path) -> std::process::Child {
+    bin()
+        .args(stores.apply_args("controller-prgs"))
+        .args(["--busy-timeout-ms", "30000"])
+        .arg(plan)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn report_of(child: std::process::Child) -> (Option<i32>, Value) {
+    let out = child.wait_with_output().unwrap();
+    eprintln!("apply's stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
+    (out.status.code(), report)
+}
+
+// Found by the independent attack: apply opened its write connection on
+// the registry's path, then opened the path again to judge outside the
+// lock. A copy renamed over the path for the judgement alone (its clock
+// made to match by a no-op UPDATE) was judged, the real file written: the
+// live worker that had joined a candidate's session went unseen and three
+// rows a whole read keeps were retired.
+#[test]
+fn a_file_swapped_in_for_the_judgement_alone_is_not_trusted() {
+    let (stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let (plan, _) = save_plan(&stores, &[]);
+    let fork = stores.dir.path().join("fork.sqlite");
+    std::fs::copy(&stores.registry, &fork).unwrap();
+    set_column(&stores.registry, "session_id", "sess-w-dead-1", "w-running");
+    Connection::open(&fork)
+        .unwrap()
+        .execute_batch(
+            "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-running'",
+        )
+        .unwrap();
+    // Hold apply at its lease read (before it judges) and at its lock.
+    let leases = Connection::open(&stores.leases).unwrap();
+    leases.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let registry = Connection::open(&stores.registry).unwrap();
+    registry.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let child = apply_child(&stores, &plan);
+    // Apply has the real file open for writing and the lease store open.
+    let real_id = file_id(&stores.registry);
+    let fork_id = file_id(&fork);
+    wait_until(|| {
+        child_has_open(child.id(), real_id) && child_has_open(child.id(), file_id(&stores.leases))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let real = stores.dir.path().join("real.keep");
+    std::fs::hard_link(&stores.registry, &real).unwrap();
+    std::fs::rename(&fork, &stores.registry).unwrap();
+    leases.execute_batch("COMMIT").unwrap();
+    // The judgement opens the fork and reads it (and keeps it open with
+    // its marker); then apply waits for the write lock on the real file.
+    wait_until(|| child_has_open(child.id(), fork_id));
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    std::fs::rename(&real, &stores.registry).unwrap();
+    registry.execute_batch("ROLLBACK").unwrap();
+    let (code, report) = report_of(child);
+    assert_eq!(report["retired_count"], 0, "{report}");
+    assert_ne!(code, Some(0), "{report}");
+    let read = &report["read_under_lock"];
+    assert_eq!(read["scope"], "whole_registry", "{report}");
+    assert!(
+        read["why"]
+            .as_str()
+            .unwrap()
+            .contains("not the one apply holds open"),
+        "{report}"
+    );
+    for w in ["w-dead-1", "w-dead-2", "w-dead-3"] {
+        assert_eq!(status_of(&stores.registry, w), "active", "{report}");
+    }
+    drop(live);
+}
+
+// Found by the independent attack: a WAL registry also reached through a
+// hard link. SQLite names the WAL and its lock file after the path, so a
+// writer through the link (another process, plain SQL) committed while
+// apply held the write lock, and checkpointed into the shared file; the
+// fast path saw no stamp and retired three rows a whole read keeps.
+#[test]
+fn a_registry_with_a_second_name_is_refused() {
+    let (stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let wal = Connection::open(&stores.registry).unwrap();
+    wal.execute_batch("PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;")
+        .unwrap();
+    let (plan, _) = save_plan(&stores, &[]);
+    wal.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    let link = stores.dir.path().join("registry-link.sqlite");
+    std::fs::hard_link(&stores.registry, &link).unwrap();
+    wal.execute_batch(
+        "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-dead-3'",
+    )
+    .unwrap();
+    let held = Connection::open(&stores.registry).unwrap();
+    held.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let child = apply_child(&stores, &plan);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let writer = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3\n\
+             w = sqlite3.connect({:?}, isolation_level=None, timeout=1)\n\
+             w.execute(\"UPDATE worker_registrations SET session_id = 'sess-w-dead-1' \
+             WHERE worker_identity = 'w-running'\")\n\
+             w.execute('PRAGMA wal_checkpoint(FULL)')\n",
+            link.display().to_string()
+        ))
+        .output()
+        .unwrap();
+    assert!(writer.status.success(), "{}", text(&writer));
+    held.execute_batch("ROLLBACK").unwrap();
+    let (code, report) = report_of(child);
+    assert_eq!(report["outcome"], "registry_untrusted", "{report}");
+    assert_eq!(code, Some(2), "{report}");
+    assert!(
+        report["detail"].as_str().unwrap().contains("hard links"),
+        "{report}"
+    );
+    assert_eq!(report["retired_count"], 0, "{report}");
+    drop(live);
+}

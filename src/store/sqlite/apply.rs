@@ -137,6 +137,9 @@ impl Tx<'_> {
 
 impl ApplyTx for Tx<'_> {
     fn untrusted_objects(&mut self) -> Result<Option<String>> {
+        if let Some(problem) = super::held::write_file_problem(self.path) {
+            return Ok(Some(problem));
+        }
         crate::store::untrusted_objects(&self.tx, crate::store::registry::TABLE)
             .map_err(self.err("cannot inspect the schema"))
     }
@@ -158,6 +161,15 @@ impl ApplyTx for Tx<'_> {
 
     /// A SQLite registry file never holds the lease store's table.
     fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {
+        // The rows judged must come from the file this transaction writes:
+        // the one this process holds open for writing (`held`).
+        if !since.file.is_some_and(super::held::held_for_writing) {
+            return Ok(Err(
+                "the file read outside the lock is not the one apply holds open for writing \
+                 (the registry's path was replaced meanwhile, or the file read could not be told)"
+                    .into(),
+            ));
+        }
         let changed = match super::versions::changed_since(&self.tx, since, self.schema_at_begin)
             .map_err(self.err("cannot read the row versions"))?
         {
@@ -216,6 +228,10 @@ impl ApplyTx for Tx<'_> {
     /// One UPDATE and one audit row per retirement and nothing else, and
     /// this apply's audit rows there.
     fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>> {
+        // A second name made while apply held the lock.
+        if let Some(problem) = super::held::write_file_problem(self.path) {
+            return Ok(Some(problem));
+        }
         let n = written.len() as u64;
         let changed = self.tx.total_changes() - self.changes_before;
         if changed != 2 * n + self.stamped {

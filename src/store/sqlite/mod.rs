@@ -1,6 +1,7 @@
 //! The SQLite engine: a registry and a lease store are files.
 
 pub mod apply;
+pub mod held;
 pub mod leases;
 pub mod read;
 pub mod versions;

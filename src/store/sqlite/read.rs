@@ -430,7 +430,7 @@ pub fn load_versioned(path: &Path) -> Result<Option<(Vec<Row>, RowVersions)>> {
 fn load_marked(path: &Path, with_marker: bool) -> Result<Option<(Vec<Row>, Option<RowVersions>)>> {
     // The file the path names now; a second connection must find the same.
     let file = file_identity(path);
-    let conn = open_read_only(path)?;
+    let (conn, opened) = super::held::opened(path, || open_read_only(path))?;
     let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
     map_for_reading(&conn).map_err(sql_err)?;
     // One read transaction: the shared lock its first read takes is held
@@ -444,9 +444,21 @@ fn load_marked(path: &Path, with_marker: bool) -> Result<Option<(Vec<Row>, Optio
         },
         false => None,
     };
-    let rows = read_in_parts(&conn, path, &|| second_reader(path, file))?;
+    let rows = read_in_parts(&conn, path, &|| second_reader(path, file, opened))?;
     conn.execute_batch("COMMIT").map_err(sql_err)?;
-    let marker = marker.filter(|m| m.rowids.len() == rows.len());
+    // The reading connection stays open with the marker: closing it could
+    // free the file (if renamed over meanwhile) and let another file, a
+    // journal say, take its inode before apply compares the two. SQLite
+    // closes it safely later, while apply's own locks are held too.
+    let marker = marker
+        .filter(|m| m.rowids.len() == rows.len())
+        .map(|m| RowVersions {
+            file: opened,
+            pin: Some(crate::store::seam::Pin(std::sync::Arc::new(
+                std::sync::Mutex::new(conn),
+            ))),
+            ..m
+        });
     if with_marker && marker.is_none() {
         return Ok(None);
     }
@@ -598,12 +610,24 @@ fn split_point(conn: &Connection) -> Option<i64> {
 /// A second read-only connection to the registry, inside a read
 /// transaction that already holds its shared lock, on the same file as the
 /// first (`file`, as the path named it before the first was opened).
-fn second_reader(path: &Path, file: Option<(u64, u64)>) -> std::result::Result<Connection, String> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
+///
+/// When the file the first connection opened is known (`first`, from its
+/// own descriptor), the second must have opened that very file.
+fn second_reader(
+    path: &Path,
+    file: Option<(u64, u64)>,
+    first: Option<super::held::FileId>,
+) -> std::result::Result<Connection, String> {
+    let (conn, second) = super::held::opened(path, || {
+        Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+    })
     .map_err(|e| e.to_string())?;
+    if first.is_some() && second != first {
+        return Err("the second connection opened another file than the first".into());
+    }
     // Never wait: a writer waiting to commit holds a lock that keeps new
     // readers out until the first connection, which holds its shared lock
     // until its half is read, lets it through. Waiting would stall both.
@@ -826,7 +850,7 @@ mod tests {
                     assert!(started.elapsed().as_secs() < 20, "the writer never waited");
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
-                let refused = second_reader(&path, file_identity(&path));
+                let refused = second_reader(&path, file_identity(&path), None);
                 assert!(refused.is_err(), "a second reader does not get in");
                 refused
             };
@@ -861,7 +885,7 @@ mod tests {
         conn.execute_batch("BEGIN").unwrap();
         let second = || {
             std::fs::rename(&other, &path).unwrap();
-            let refused = second_reader(&path, file);
+            let refused = second_reader(&path, file, None);
             assert!(
                 refused.as_ref().is_err_and(|e| e.contains("another file")),
                 "refused: {:?}",

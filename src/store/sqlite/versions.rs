@@ -267,6 +267,8 @@ pub fn marker(conn: &Connection) -> rusqlite::Result<Option<Marker>> {
         schema_version,
         clock,
         rowids,
+        file: None,
+        pin: None,
     }))
 }
 
