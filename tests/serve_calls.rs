@@ -415,3 +415,71 @@ fn the_apply_tool_retires_one_plan_in_batches_with_first() {
     wire.finish();
     drop(live);
 }
+
+/// Found by the independent attack: an apply cancelled while it waited
+/// for the registry's lock still committed, and the client, whose SDK
+/// drops the answer to a cancelled request, was told nothing. A cancelled
+/// apply now retires nothing (it stops before the lock, or rolls back
+/// before COMMIT), and the server's log says how it ended.
+#[test]
+fn a_cancelled_apply_retires_nothing_and_the_log_says_so() {
+    let dir = fleet_of(200);
+    let registry = dir.path().join("registry.sqlite");
+    let mut wire = Wire::start(dir.path(), &[]);
+    wire.plan(1, None);
+    let plan = wire.next(Duration::from_secs(60)).expect("the plan");
+    let plan = &plan["result"]["structuredContent"];
+    let mut args = json!({});
+    for token in [
+        "registry_fingerprint",
+        "candidate_fingerprint",
+        "policy_fingerprint",
+    ] {
+        args[token] = plan[token].clone();
+    }
+    args["first"] = json!(3);
+    // (The server's own row comes and goes; only retirements count.)
+    let retired = || -> i64 {
+        rusqlite::Connection::open(&registry)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM worker_registrations WHERE status = 'retired'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(retired(), 0);
+    // Apply waits for this lock while the client gives up.
+    let held = rusqlite::Connection::open(&registry).unwrap();
+    held.execute_batch("BEGIN IMMEDIATE").unwrap();
+    wire.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "apply_stale_worker_retirement", "arguments": args}}));
+    std::thread::sleep(Duration::from_millis(1000));
+    wire.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "the agent changed its mind"}}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    held.execute_batch("ROLLBACK").unwrap();
+    wire.send(json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
+    let mut replies = Vec::new();
+    while let Some(line) = wire.next(Duration::from_secs(5)) {
+        replies.push(line);
+    }
+    assert!(replies.iter().any(|l| l["id"] == 3), "{replies:?}");
+    assert!(!replies.iter().any(|l| l["id"] == 2), "{replies:?}");
+    let log = wire.finish();
+    assert_eq!(retired(), 0, "the cancelled apply retired rows: {log}");
+    let audited: i64 = rusqlite::Connection::open(&registry)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'retirement_audit'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(audited, 0, "no audit table was even created: {log}");
+    assert!(log.contains("cancelled by the client"), "{log}");
+    assert!(log.contains("nothing was retired"), "{log}");
+}

@@ -141,6 +141,11 @@ pub struct Hooks<'a> {
     pub before_commit: Option<&'a mut dyn FnMut()>,
     /// Fail instead of committing (the failure path must leave nothing).
     pub fail_commit: bool,
+    /// Not only a test seam: whether the caller has given up on the apply
+    /// (`serve` passes its client's cancellation). Asked before the lock
+    /// is taken, before the first write and before COMMIT; a cancelled
+    /// apply retires nothing (`transaction_failed`, saying so).
+    pub cancelled: Option<&'a dyn Fn() -> bool>,
 }
 
 /// Why a transaction must be rolled back, as opposed to a refusal.
@@ -249,6 +254,11 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
     let mut hooks = hooks;
     if let Some(hook) = hooks.after_prejudge.as_mut() {
         hook();
+    }
+    if hooks.cancelled.is_some_and(|c| c()) {
+        let mut report = Report::new(req, Outcome::TransactionFailed, CANCELLED_BEFORE_LOCK);
+        report.success = false;
+        return Ok((report, None));
     }
     // 6. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
@@ -468,6 +478,7 @@ fn inside(
     if let Some(hook) = hooks.before_first_write.as_mut() {
         hook();
     }
+    refuse_if_cancelled(&hooks)?;
     let audit = AuditContext {
         apply_id: crate::evidence::random_hex(16)?,
         os_uid: i64::from(nix::unistd::getuid().as_raw()),
@@ -497,6 +508,7 @@ fn inside(
     if let Some(hook) = hooks.before_commit.as_mut() {
         hook();
     }
+    refuse_if_cancelled(&hooks)?;
     verify_before_commit(t, &w.fence, &audit, report)?;
     step("verified");
     let written = std::mem::take(&mut w.written);
@@ -517,6 +529,20 @@ fn inside(
         );
     }
     Ok(rows)
+}
+
+const CANCELLED_BEFORE_LOCK: &str =
+    "the caller cancelled the apply before it took the registry's lock; nothing was retired";
+
+/// Inside the transaction: a cancelled apply rolls everything back.
+fn refuse_if_cancelled(hooks: &Hooks) -> std::result::Result<(), Abort> {
+    if hooks.cancelled.is_some_and(|c| c()) {
+        return Err(Abort::Fail(
+            "the caller cancelled the apply; everything was rolled back and nothing was retired"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The plan and its targets (indices of its entries) under the lock: the

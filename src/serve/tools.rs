@@ -187,12 +187,12 @@ impl FleetServer {
             ToolKind::Apply => {
                 let a: ApplyArgs = parse(name, args)?;
                 let canonical = nonblank(a.canonical_repository.clone())?;
-                Ok(self.apply(a, canonical))
+                Ok(self.apply(a, canonical, call))
             }
         }
     }
 
-    fn apply(&self, a: ApplyArgs, canonical: Option<String>) -> CallToolResult {
+    fn apply(&self, a: ApplyArgs, canonical: Option<String>, call: &Call) -> CallToolResult {
         // Every plan this server issued used its bound repository, so the
         // recalled rows and the repository always agree.
         let canonical = match self.canonical(canonical) {
@@ -215,10 +215,25 @@ impl FleetServer {
             probe: &probe,
             busy_timeout: b.busy_timeout,
         };
-        let report = match apply(&req, &ctx, Hooks::default()) {
+        // A cancelled call stops before the lock, or rolls back before
+        // COMMIT; the client never reads the answer (its SDK drops it), so
+        // the log says how the call ended.
+        let hooks = Hooks {
+            cancelled: Some(&*call.cancelled),
+            ..Hooks::default()
+        };
+        let report = match apply(&req, &ctx, hooks) {
             Ok(r) => r,
             Err(e) => return error_result(&e),
         };
+        if (call.cancelled)() {
+            tracing::warn!(
+                outcome = report.outcome.code(),
+                retired = report.retired_count,
+                "apply_stale_worker_retirement was cancelled by the client: {}",
+                report.detail
+            );
+        }
         let mut body = match serde_json::to_value(&report) {
             Ok(v) => v,
             Err(e) => return error_result(&Error::input(About::ToolCall, e.to_string())),
