@@ -477,7 +477,10 @@ fn script(c: char) -> Option<&'static str> {
 /// `l`; full-width forms), with case folded, so two names with the same
 /// skeleton look alike in a table.
 fn skeleton(name: &str) -> String {
-    let once: String = unicode_security::skeleton(name).collect();
+    // White space of any kind (a trailing space, a no-break space, an
+    // ideographic space) is invisible at the end of a table cell.
+    let visible: String = name.chars().filter(|c| !c.is_whitespace()).collect();
+    let once: String = unicode_security::skeleton(&visible).collect();
     unicode_security::skeleton(&once.to_lowercase()).collect()
 }
 
@@ -493,6 +496,13 @@ pub fn warnings(profiles: &Profiles) -> Vec<String> {
                 "profile {:?} is malformed and is denied everything: {}",
                 esc(name),
                 p.problems.join("; ")
+            ));
+        }
+        if name.chars().any(char::is_whitespace) {
+            out.push(format!(
+                "profile {:?} holds white space, which a table does not show: it may be posing \
+                 as another name",
+                esc(name)
             ));
         }
         let mut scripts: Vec<&str> = name.chars().filter_map(script).collect();
@@ -524,6 +534,26 @@ pub fn warnings(profiles: &Profiles) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_differing_by_white_space_alone_are_flagged() {
+        for trailing in [" ", "\u{a0}", "\u{3000}", "\t"] {
+            let doc = serde_json::json!({"profiles": {
+                "controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]},
+                format!("controller-prgs{trailing}"): {"role": "controller",
+                    "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+            }});
+            let w = warnings(&Profiles::from_json(&doc).unwrap());
+            assert!(
+                w.iter().any(|l| l.contains("look alike")),
+                "{trailing:?}: {w:?}"
+            );
+            assert!(
+                w.iter().any(|l| l.contains("white space")),
+                "{trailing:?}: {w:?}"
+            );
+        }
+    }
 
     #[test]
     fn look_alike_and_mixed_script_names_are_flagged() {

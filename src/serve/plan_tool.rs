@@ -415,7 +415,10 @@ impl FleetServer {
         }
         let rest = uri.strip_prefix("fleet-retire://plan/").ok_or_else(|| {
             rmcp::ErrorData::resource_not_found(
-                format!("{uri:?} is not a resource of this server (fleet-retire://plan/<token>)"),
+                format!(
+                    "{} is not a resource of this server (fleet-retire://plan/<token>)",
+                    clipped(uri)
+                ),
                 None,
             )
         })?;
@@ -442,11 +445,36 @@ impl FleetServer {
         };
         let kept = self.kept.whole(token).ok_or_else(|| {
             rmcp::ErrorData::resource_not_found(
-                format!("no plan with registry_fingerprint {token} is kept; plan again"),
+                format!(
+                    "no plan with registry_fingerprint {} is kept; plan again",
+                    clipped(token)
+                ),
                 None,
             )
         })?;
         let page = pages::document_page(&kept, &position, &self.sealer);
         serde_json::to_string(&page).map_err(|e| refused(e.to_string()))
+    }
+}
+
+/// A caller's text quoted in an error, at most 200 characters of it (a
+/// URI can be megabytes long, and every answer stays under 1 MiB).
+fn clipped(text: &str) -> String {
+    const SHOWN: usize = 200;
+    match text.char_indices().nth(SHOWN) {
+        None => format!("{text:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes in all)", &text[..end], text.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_long_uri_is_clipped_in_errors() {
+        let long = format!("fleet://{}", "x".repeat(15_000_000));
+        let shown = super::clipped(&long);
+        assert!(shown.len() < 300, "{}", shown.len());
+        assert!(shown.ends_with("(15000008 bytes in all)"), "{shown}");
+        assert_eq!(super::clipped("short"), "\"short\"");
     }
 }
