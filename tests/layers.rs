@@ -49,11 +49,6 @@ fn module_of(rel: &Path) -> String {
     first.trim_end_matches(".rs").to_string()
 }
 
-/// Braces as names, so that the code reading braces keeps its own
-/// balanced (a line counter sees through literals otherwise).
-const OPEN: char = '\u{7b}';
-const CLOSE: char = '\u{7d}';
-
 /// The crate modules a file's non-test code names, as `crate::NAME` or in
 /// `use crate::{A, B::…}`.
 fn uses(text: &str) -> BTreeSet<String> {
@@ -75,8 +70,8 @@ fn uses(text: &str) -> BTreeSet<String> {
         let mut rest = line;
         while let Some(at) = rest.find("crate::") {
             rest = &rest[at + "crate::".len()..];
-            if let Some(group) = rest.strip_prefix(OPEN) {
-                let end = group.find(CLOSE).unwrap_or(group.len());
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
                 for part in group[..end].split(',') {
                     let name = ident(part.trim());
                     if !name.is_empty() {
@@ -93,16 +88,15 @@ fn uses(text: &str) -> BTreeSet<String> {
     }
     // Multi-line `use crate::{…};` groups.
     let mut rest = code;
-    let group = format!("use crate::{OPEN}");
-    while let Some(at) = rest.find(&group) {
-        rest = &rest[at + group.len()..];
-        let end = rest.find(&format!("{CLOSE};")).unwrap_or(rest.len());
+    while let Some(at) = rest.find("use crate::{") {
+        rest = &rest[at + "use crate::{".len()..];
+        let end = rest.find("};").unwrap_or(rest.len());
         let mut depth = 0;
         let mut item = String::new();
         for c in rest[..end].chars() {
             match c {
-                OPEN => depth += 1,
-                CLOSE => depth -= 1,
+                '{' => depth += 1,
+                '}' => depth -= 1,
                 ',' if depth == 0 => {
                     let name = item
                         .trim()

@@ -340,7 +340,7 @@ fn a_malformed_fixture_names_the_file_and_the_field() {
     std::fs::write(&f, json!({"name": "x", "now": "2026-07-30T12:00:00Z", "context": {}, "processes": {"abc": {"alive": true}}, "rows": [], "leases": [], "expect": {}}).to_string()).unwrap();
     let out = run(&["test", f.to_str().unwrap()]);
     assert_clean_failure(&out, 1, &["bad.json", "processes.abc"]);
-    std::fs::write(&f, "\u{7b}not json").unwrap();
+    std::fs::write(&f, "{not json").unwrap();
     let out = run(&["test", f.to_str().unwrap()]);
     assert_clean_failure(&out, 1, &["bad.json", "line 1"]);
     std::fs::write(&f, json!({"name": "x", "now": "2026-07-30 12:00:00Z", "context": {}, "processes": {}, "rows": [], "leases": [], "expect": {}}).to_string()).unwrap();

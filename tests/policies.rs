@@ -1082,7 +1082,7 @@ fn fast_rendering_equals_serde_on_every_fixture_and_awkward_values() {
         let text = String::from_utf8(doc).unwrap();
         let lines: Vec<&str> = text
             .lines()
-            .filter(|l| l.starts_with("\u{7b}\"worker_identity\""))
+            .filter(|l| l.starts_with("{\"worker_identity\""))
             .map(|l| l.trim_end_matches(','))
             .collect();
         let expected: Vec<String> = plan
