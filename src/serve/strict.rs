@@ -9,7 +9,9 @@
 //! object never reaches rmcp: a request gets a JSON-RPC `invalid request`
 //! error naming the key and its place, anything else is dropped with a
 //! warning. Lines that are not JSON go on unchanged, for rmcp to treat as it
-//! always does.
+//! always does. A line longer than rmcp reads is dropped, as rmcp would, but
+//! a request whose `id` comes within its first 64 KiB is answered
+//! (`request_too_long`), so its client does not wait for ever.
 
 use rmcp::model::{ErrorData, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
@@ -33,6 +35,8 @@ struct Refusal {
     request: bool,
     /// The strict parser's words: the duplicated key and where it is.
     why: String,
+    /// The error's `reason_code`.
+    reason_code: &'static str,
 }
 
 /// The transport `serve` speaks over stdin and stdout.
@@ -67,39 +71,52 @@ fn check(line: &[u8]) -> Option<Refusal> {
         id,
         request: lenient.get("method").is_some() && !ids.is_empty(),
         why,
+        reason_code: "duplicate_key",
     })
 }
 
 /// Every value given for the top-level key `id`, in order.
 fn top_level_ids(text: &str) -> Vec<Json> {
-    struct Ids;
-    impl<'de> Visitor<'de> for Ids {
-        type Value = Vec<Json>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<Json>, A::Error> {
-            let mut ids = Vec::new();
-            while let Some(key) = map.next_key::<String>()? {
-                if key == "id" {
-                    ids.push(map.next_value::<Json>()?);
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(ids)
-        }
-    }
-    serde_json::Deserializer::from_str(text)
-        .deserialize_map(Ids)
-        .unwrap_or_default()
+    ids_until_error(text.as_bytes())
 }
+
+/// The top-level `id` values met before the text ends or stops being JSON
+/// (an over-long line is cut short: its id usually comes before its
+/// parameters).
+fn ids_until_error(text: &[u8]) -> Vec<Json> {
+    let found = std::cell::RefCell::new(Vec::new());
+    let _ = serde_json::Deserializer::from_slice(text).deserialize_map(IdsInto(&found));
+    found.into_inner()
+}
+
+struct IdsInto<'f>(&'f std::cell::RefCell<Vec<Json>>);
+
+impl<'de> Visitor<'de> for IdsInto<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "id" {
+                let id = map.next_value::<Json>()?;
+                self.0.borrow_mut().push(id);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How much of an over-long line is kept to find its id.
+const ID_PREFIX: usize = 64 << 10;
 
 /// The JSON-RPC error that answers a refused request.
 fn answer(refusal: Refusal) -> TxJsonRpcMessage<RoleServer> {
     let message = format!("request refused, nothing was done: {}", refusal.why);
     TxJsonRpcMessage::<RoleServer>::error(
-        ErrorData::invalid_request(message, Some(json!({"reason_code": "duplicate_key"}))),
+        ErrorData::invalid_request(message, Some(json!({"reason_code": refusal.reason_code}))),
         refusal.id,
     )
 }
@@ -142,6 +159,9 @@ impl<R> CheckedLines<R> {
                 tracing::warn!(
                     "a request line is longer than {DEFAULT_MAX_LINE_LENGTH} bytes; dropped"
                 );
+                self.line
+                    .extend_from_slice(&part[..part.len().min(ID_PREFIX)]);
+                self.refuse_over_long();
                 self.line.clear();
                 self.skipping = true;
             }
@@ -155,6 +175,27 @@ impl<R> CheckedLines<R> {
                 self.skipping = false;
             }
         }
+    }
+
+    /// Answer an over-long request whose id comes early enough in it to be
+    /// read (a client otherwise waits for ever); a line without one is
+    /// dropped unanswered, as it may be a notification.
+    fn refuse_over_long(&mut self) {
+        let start = &self.line[..self.line.len().min(ID_PREFIX)];
+        let ids = ids_until_error(start);
+        let [one] = ids.as_slice() else { return };
+        let Ok(id) = serde_json::from_value::<RequestId>(one.clone()) else {
+            return;
+        };
+        let _ = self.refused.send(Refusal {
+            id: Some(id),
+            request: true,
+            why: format!(
+                "the request is longer than {DEFAULT_MAX_LINE_LENGTH} bytes, the most one line \
+                 may hold; send smaller arguments (page through plans with cursors)"
+            ),
+            reason_code: "request_too_long",
+        });
     }
 
     fn finish_line(&mut self) {
@@ -303,6 +344,27 @@ mod tests {
         );
         let refused = rx.try_recv().unwrap();
         assert_eq!(refused.id, Some(RequestId::Number(2)));
+        // The over-long line has no id: dropped unanswered.
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn an_over_long_request_is_answered_by_its_id() {
+        use tokio::io::AsyncReadExt;
+        let mut input = Vec::new();
+        input.extend_from_slice(
+            b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"tools/call\",\"params\":\"",
+        );
+        input.extend(std::iter::repeat_n(b'y', DEFAULT_MAX_LINE_LENGTH));
+        input.extend_from_slice(b"\"}\n{\"id\":3,\"method\":\"c\"}\n");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut lines = CheckedLines::new(&input[..], tx);
+        let mut out = Vec::new();
+        lines.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out, b"{\"id\":3,\"method\":\"c\"}\n");
+        let refused = rx.try_recv().unwrap();
+        assert_eq!(refused.id, Some(RequestId::Number(9)));
+        assert_eq!(refused.reason_code, "request_too_long");
         assert!(rx.try_recv().is_err());
     }
 }
