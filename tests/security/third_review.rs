@@ -827,3 +827,153 @@ fn a_registry_with_a_second_name_is_refused() {
     assert_eq!(report["retired_count"], 0, "{report}");
     drop(live);
 }
+
+// Found by the second independent review: the identity check took any
+// descriptor of this process open for writing on the judged file as apply's
+// own. In `serve`, a heartbeat opens the registry's path for writing every
+// few seconds: with a copy renamed over the path just before one, the
+// heartbeat's descriptor vouched for the copy the judgement read, while
+// apply wrote the real file. Here the "heartbeat" is a connection this
+// process holds on the copy; apply must compare its own write connection's
+// file, and so read the whole registry.
+#[test]
+fn another_connection_of_the_process_on_the_judged_file_vouches_for_nothing() {
+    let (stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let registry = lib.stores.registry.clone();
+    let fork = lib.stores.dir.path().join("fork.sqlite");
+    std::fs::copy(&registry, &fork).unwrap();
+    set_column(&registry, "session_id", "sess-w-dead-1", "w-running");
+    let heartbeat = Connection::open(&fork).unwrap();
+    heartbeat
+        .execute_batch(
+            "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-running'",
+        )
+        .unwrap();
+    let leases = Connection::open(&lib.stores.leases).unwrap();
+    leases.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let real_lock = Connection::open(&registry).unwrap();
+    real_lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let report = std::thread::scope(|scope| {
+        let apply = scope.spawn(|| lib.run(&req, Hooks::default()));
+        // Apply has opened the real file and waits at the lease store.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let real = lib.stores.dir.path().join("real.keep");
+        std::fs::hard_link(&registry, &real).unwrap();
+        std::fs::rename(&fork, &registry).unwrap();
+        leases.execute_batch("COMMIT").unwrap();
+        // It judges the copy, then waits for the real file's lock.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        std::fs::rename(&real, &registry).unwrap();
+        real_lock.execute_batch("ROLLBACK").unwrap();
+        apply.join().unwrap()
+    });
+    let read = scope(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read} {}", report.detail);
+    assert_eq!(report.retired_count, 0, "{}", report.detail);
+    for w in ["w-dead-1", "w-dead-2", "w-dead-3"] {
+        assert_eq!(status_of(&registry, w), "active");
+    }
+    drop((heartbeat, live));
+}
+
+// Found by the second independent review: a registry whose primary key is
+// a column the program does not read. An ordinary `UPDATE OR REPLACE`
+// through that key deleted another row without a trigger, while the row it
+// wrote was stamped but unchanged in every column read: the fast path saw
+// nothing, where a whole read sees a row gone. Only a unique index on
+// `worker_identity` alone (bytewise, whole) now lets the versions vouch.
+#[test]
+fn a_primary_key_on_another_column_sends_apply_to_the_whole_read() {
+    let (stores, live) = fleet();
+    let columns: Vec<String> = COLUMNS
+        .iter()
+        .map(|(n, t)| format!("{n} {}", t.replace(" PRIMARY KEY", "")))
+        .collect();
+    Connection::open(&stores.registry)
+        .unwrap()
+        .execute_batch(&format!(
+            "CREATE TABLE w2 (slot TEXT PRIMARY KEY, {}); \
+             INSERT INTO w2 SELECT 'slot-' || worker_identity, * FROM worker_registrations; \
+             DROP TABLE worker_registrations; \
+             ALTER TABLE w2 RENAME TO worker_registrations;",
+            columns.join(", ")
+        ))
+        .unwrap();
+    keep_versions(&stores.registry);
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let registry = lib.stores.registry.clone();
+    let report = with_write_in_window(&lib, &req, || {
+        Connection::open(&registry)
+            .unwrap()
+            .execute_batch(
+                "UPDATE OR REPLACE worker_registrations SET slot = 'slot-w-dead-3' \
+                 WHERE worker_identity = 'w-running'",
+            )
+            .unwrap()
+    });
+    let read = scope(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    assert!(
+        read["why"]
+            .as_str()
+            .unwrap()
+            .contains("worker_identity alone"),
+        "{read}"
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::RegistryRevisionMoved,
+        "{}",
+        report.detail
+    );
+    assert_eq!(report.retired_count, 0);
+    drop(live);
+}
+
+// Found by the second independent review: the controller's role resolved
+// `workflow_leases` by its search path (`"$user", public`); an empty table
+// in a schema named after that role hid every lease the workers held in
+// `public`, and apply retired a leased worker. A table of ours in two
+// schemas of the path is now refused, naming both.
+#[test]
+fn a_lease_table_shadowed_by_the_roles_own_schema_is_refused() {
+    let Some(db) = postgres("lease_decoy") else {
+        return;
+    };
+    let (stores, live) = fleet();
+    let role = format!("fr_decoy_{}", std::process::id());
+    let mut c = db.client();
+    c.batch_execute(&format!(
+        "{}; INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) \
+           VALUES ('l-1', 'active', 'w-dead-1'); \
+         CREATE ROLE {role} LOGIN; GRANT SELECT ON public.workflow_leases TO {role}; \
+         CREATE SCHEMA {role}; CREATE TABLE {role}.workflow_leases (LIKE public.workflow_leases); \
+         GRANT USAGE ON SCHEMA {role} TO {role}; GRANT SELECT ON {role}.workflow_leases TO {role};",
+        fleet_retire::store::postgres::leases_create_sql()
+    ))
+    .unwrap();
+    let as_controller = db.url.replacen("://fleet@", &format!("://{role}@"), 1);
+    let mut args = stores.plan_args("controller-prgs");
+    let at = args.iter().position(|a| a == "--leases").unwrap();
+    args[at + 1] = as_controller;
+    let out = bin().args(&args).output().unwrap();
+    let said = text(&out);
+    drop(c);
+    drop(db);
+    if let Ok(admin) = std::env::var("FLEET_RETIRE_TEST_POSTGRES") {
+        if let Ok(mut c) = ::postgres::Client::connect(&admin, ::postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP ROLE IF EXISTS {role}"));
+        }
+    }
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("more than one schema"), "{said}");
+    assert!(
+        said.contains(&format!("workflow_leases (in {role}, public)")),
+        "{said}"
+    );
+    drop(live);
+}

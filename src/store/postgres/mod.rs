@@ -168,6 +168,15 @@ pub fn pin_search_path(client: &mut Client, store: Store, label: &str) -> Result
             ),
         )
     })?;
+    if let Some(why) = tables_in_two_schemas(client, &schema).map_err(err)? {
+        return Err(Error::input(
+            About::Option(match store {
+                Store::Leases => "--leases",
+                _ => "--registry",
+            }),
+            format!("{store} {label}: {why}"),
+        ));
+    }
     client
         .execute(
             "SELECT pg_catalog.set_config('search_path', \
@@ -176,6 +185,46 @@ pub fn pin_search_path(client: &mut Client, store: Store, label: &str) -> Result
         )
         .map_err(err)?;
     Ok(())
+}
+
+/// Why the session's `search_path` is ambiguous about our tables, if it
+/// is: one of them exists in more than one of its schemas. This program
+/// reads the first (`current_schema()`, often a schema named after the
+/// role, `"$user"`), while workers whose path differs write another: an
+/// empty `workflow_leases` in the controller's own schema would hide every
+/// lease the workers hold in `public` (docs/security.md, row 41.11).
+fn tables_in_two_schemas(
+    client: &mut Client,
+    first: &str,
+) -> std::result::Result<Option<String>, postgres::Error> {
+    let ours = [
+        crate::store::registry::TABLE,
+        crate::store::audit::TABLE,
+        crate::store::leases::TABLE,
+    ];
+    let rows = client.query(
+        "SELECT c.relname::pg_catalog.text, \
+           pg_catalog.string_agg(n.nspname::pg_catalog.text, ', ' ORDER BY n.nspname) \
+         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relname::pg_catalog.text = ANY($1) \
+           AND n.nspname = ANY(pg_catalog.current_schemas(false)) \
+         GROUP BY c.relname HAVING pg_catalog.count(*) > 1 ORDER BY 1",
+        &[&&ours[..]],
+    )?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let found: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{} (in {})", r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect();
+    Ok(Some(format!(
+        "{} exist in more than one schema of the session's search_path; this program would \
+         read the one in {first:?} while others may write another. Keep one table of each \
+         name on the path: set the role's search_path to the schema that holds them \
+         (ALTER ROLE … SET search_path = …), or drop the other",
+        found.join(", ")
+    )))
 }
 
 pub use super::quote_ident;

@@ -32,10 +32,12 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     let sql = |doing| Error::sqlite(crate::error::Store::Registry, path, doing);
     // One thread uses the connection at a time (rusqlite's `Connection` is
     // not `Sync`), so SQLite's per-call connection mutex only costs time.
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
+    let conn = super::held::opening(|| {
+        Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+    })
     .map_err(sql("cannot open for writing"))?;
     conn.busy_timeout(busy_timeout)
         .map_err(sql("cannot set the busy timeout"))?;
@@ -82,14 +84,19 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
 pub struct Sqlite {
     conn: Connection,
     path: PathBuf,
+    /// The file the connection opened, from its own descriptor (`held`).
+    file: Option<super::held::FileId>,
 }
 
 impl Sqlite {
     /// Open the registry at `path` for apply's transaction.
     pub fn open(path: &Path, busy_timeout: Duration) -> Result<Sqlite> {
+        let (conn, file) =
+            super::held::opened(path, true, || open_for_writing(path, busy_timeout))?;
         Ok(Sqlite {
-            conn: open_for_writing(path, busy_timeout)?,
+            conn,
             path: path.to_path_buf(),
+            file,
         })
     }
 }
@@ -107,6 +114,7 @@ impl ApplyConnection for Sqlite {
             tx,
             schema_at_begin,
             path: &self.path,
+            file: self.file,
             changes_before: 0,
             stamps: None,
             stamped: 0,
@@ -120,6 +128,8 @@ struct Tx<'c> {
     /// `PRAGMA schema_version` when the write lock was taken.
     schema_at_begin: i64,
     path: &'c Path,
+    /// The file the write connection opened (`held`).
+    file: Option<super::held::FileId>,
     /// `total_changes` before the first write.
     changes_before: u64,
     /// The clock this apply stamps its retirements with, when the registry
@@ -137,7 +147,7 @@ impl Tx<'_> {
 
 impl ApplyTx for Tx<'_> {
     fn untrusted_objects(&mut self) -> Result<Option<String>> {
-        if let Some(problem) = super::held::write_file_problem(self.path) {
+        if let Some(problem) = super::held::write_file_problem(self.path, self.file) {
             return Ok(Some(problem));
         }
         crate::store::untrusted_objects(&self.tx, crate::store::registry::TABLE)
@@ -161,9 +171,9 @@ impl ApplyTx for Tx<'_> {
 
     /// A SQLite registry file never holds the lease store's table.
     fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {
-        // The rows judged must come from the file this transaction writes:
-        // the one this process holds open for writing (`held`).
-        if !since.file.is_some_and(super::held::held_for_writing) {
+        // The rows judged must come from the file this transaction writes
+        // (each told from its connection's own descriptor, `held`).
+        if since.file.is_none() || since.file != self.file {
             return Ok(Err(
                 "the file read outside the lock is not the one apply holds open for writing \
                  (the registry's path was replaced meanwhile, or the file read could not be told)"
@@ -229,7 +239,7 @@ impl ApplyTx for Tx<'_> {
     /// this apply's audit rows there.
     fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>> {
         // A second name made while apply held the lock.
-        if let Some(problem) = super::held::write_file_problem(self.path) {
+        if let Some(problem) = super::held::write_file_problem(self.path, self.file) {
             return Ok(Some(problem));
         }
         let n = written.len() as u64;

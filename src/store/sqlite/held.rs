@@ -7,10 +7,11 @@
 //! judgement made on one file and the writes on another, with clocks and
 //! row ids made to match (docs/security.md, row 41.8). So the judgement
 //! records the device and inode its own connection opened, read from the
-//! descriptor the connection added (never from the path), and under the
-//! lock apply trusts it only if this process holds that very file open for
-//! reading and writing: the write connection's, since nothing else here
-//! opens a registry for writing.
+//! descriptor the connection added (never from the path), apply records
+//! the same of its write connection, and under the lock the judgement
+//! stands only if the two are one file. Every connection to a store path
+//! is opened under one lock ([`opening`]), so no other thread's descriptor
+//! (a `serve` heartbeat's) is taken for the one an open added.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -47,6 +48,18 @@ fn open_files() -> BTreeMap<u32, (FileId, bool)> {
     out
 }
 
+/// How many descriptors this process has open on each regular file, for
+/// writing or not as `writing` says.
+fn counted(writing: bool) -> BTreeMap<FileId, usize> {
+    let mut counts = BTreeMap::new();
+    for (id, rw) in open_files().into_values() {
+        if rw == writing {
+            *counts.entry(id).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
 /// Whether descriptor `fd` was opened for reading and writing
 /// (`/proc/self/fdinfo`'s `flags`, octal; `O_ACCMODE` is its low bits).
 fn writable(fd: u32) -> bool {
@@ -59,25 +72,63 @@ fn writable(fd: u32) -> bool {
         .is_some_and(|flags| flags & 0o3 == 0o2)
 }
 
-/// Open `path` with `open` and say which file it opened: the one among
-/// the descriptors it added that is also the file `path` names once it is
-/// open. `None` beside it when no such descriptor was added (the path was
-/// replaced around the open, or SQLite reused a descriptor it kept): the
-/// caller then trusts nothing it reads there to be the file written later.
-/// Descriptors other threads add meanwhile are told apart by that match.
+/// Every SQLite connection this program opens on a registry or lease
+/// store path is opened under this lock ([`opening`]), so that the
+/// descriptors a call of [`opened`] sees appear are its own: another thread
+/// (a `serve` heartbeat, a plan call) cannot open the same path meanwhile
+/// and be taken for it.
+static OPENING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// Whether this thread holds [`OPENING`] (an open inside an open, as
+    /// the hot-journal recovery is inside a read-only open).
+    static HOLDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `open` under [`OPENING`] (at once when this thread holds it).
+pub fn opening<T>(open: impl FnOnce() -> T) -> T {
+    if HOLDING.with(std::cell::Cell::get) {
+        return open();
+    }
+    let _held = OPENING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            HOLDING.with(|h| h.set(false));
+        }
+    }
+    HOLDING.with(|h| h.set(true));
+    let _release = Release;
+    open()
+}
+
+/// Open `path` with `open` (under [`opening`]) and say which file it
+/// opened: the file `path` names once it is open, if the open added a
+/// descriptor on it (open for writing as `writing` says). `None` beside it
+/// when it did not (the path was replaced around the open, SQLite reused a
+/// descriptor it kept, or another thread closed one on that file at that
+/// instant): the caller then trusts nothing it reads there to be the file
+/// written later.
 pub fn opened<T, E>(
     path: &Path,
+    writing: bool,
     open: impl FnOnce() -> Result<T, E>,
 ) -> Result<(T, Option<FileId>), E> {
-    let before = open_files();
-    let made = open()?;
-    let named = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
-    let id = open_files()
-        .into_iter()
-        .filter(|(fd, _)| !before.contains_key(fd))
-        .map(|(_, (id, _))| id)
-        .find(|id| Some(*id) == named);
-    Ok((made, id))
+    opening(|| {
+        let before = counted(writing);
+        let made = open()?;
+        let named = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+        // Counted by file, not by descriptor number: another thread may
+        // close a descriptor meanwhile and the open be given its number.
+        // Only an open raises a file's count, and every open of a store
+        // path is under this lock, so the file whose count rose is this
+        // open's; a close elsewhere can only hide it (`None`).
+        let after = counted(writing);
+        let id = named.filter(|id| after.get(id) > before.get(id));
+        Ok((made, id))
+    })
 }
 
 /// Whether this process holds `file` open for reading and writing.
@@ -87,22 +138,23 @@ pub fn held_for_writing(file: FileId) -> bool {
         .any(|(id, writing)| *writing && *id == file)
 }
 
-/// Why apply must not write the registry at `path` through the connection
-/// it opened, if it must not: the path names another file than one this
-/// process holds open for writing (it was replaced since apply opened it),
-/// or the file has more than one name. SQLite names its journal, its WAL
-/// and its shared-memory file after the path, so a writer reaching the same
-/// file through a hard link keeps its own and commits while apply holds
-/// what it believes is the write lock (docs/security.md, row 41.8).
-pub fn write_file_problem(path: &Path) -> Option<String> {
+/// Why apply must not write the registry at `path` through its write
+/// connection, whose own file is `written` (from its descriptor, when it
+/// was opened), if it must not: the file is not known, the path names
+/// another file now (it was replaced since apply opened it), or the file
+/// has more than one name. SQLite names its journal, its WAL and its
+/// shared-memory file after the path, so a writer reaching the same file
+/// through a hard link keeps its own and commits while apply holds what it
+/// believes is the write lock (docs/security.md, row 41.8).
+pub fn write_file_problem(path: &Path, written: Option<FileId>) -> Option<String> {
     let shown = crate::text::esc(&path.display().to_string()).into_owned();
     let Ok(meta) = std::fs::metadata(path) else {
         return Some(format!("{shown} can no longer be read by its path"));
     };
-    if !held_for_writing((meta.dev(), meta.ino())) {
+    if written != Some((meta.dev(), meta.ino())) {
         return Some(format!(
-            "{shown} names another file than the one apply opened for writing: it was replaced \
-             while apply ran"
+            "{shown} names another file than the one apply opened for writing (it was \
+             replaced while apply ran, or the file apply opened could not be told)"
         ));
     }
     (meta.nlink() > 1).then(|| {
@@ -127,7 +179,7 @@ mod tests {
             .unwrap()
             .execute_batch("CREATE TABLE t (x)")
             .unwrap();
-        let (conn, id) = opened(&path, || {
+        let (conn, id) = opened(&path, true, || {
             rusqlite::Connection::open_with_flags(
                 &path,
                 rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE,

@@ -30,8 +30,10 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
              fix the --leases path",
         ));
     }
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(Error::sqlite(Store::Leases, path, "cannot open as SQLite"))?;
+    let conn = super::held::opening(|| {
+        Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+    })
+    .map_err(Error::sqlite(Store::Leases, path, "cannot open as SQLite"))?;
     conn.busy_timeout(super::read::READ_BUSY_TIMEOUT)
         .map_err(Error::sqlite(
             Store::Leases,

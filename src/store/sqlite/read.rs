@@ -31,10 +31,12 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
              (or FLEET_RETIRE_REGISTRY)",
         ));
     }
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
+    let conn = super::held::opening(|| {
+        Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+    })
     .map_err(Error::sqlite(
         Store::Registry,
         path,
@@ -66,7 +68,7 @@ pub fn recover_hot_journal(path: &Path, what: &str) -> std::result::Result<(), S
         return Ok(());
     }
     let readable = |flags: OpenFlags| -> rusqlite::Result<Connection> {
-        let c = Connection::open_with_flags(path, flags)?;
+        let c = super::held::opening(|| Connection::open_with_flags(path, flags))?;
         c.busy_timeout(READ_BUSY_TIMEOUT)?;
         c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
             r.get::<_, i64>(0)
@@ -80,7 +82,9 @@ pub fn recover_hot_journal(path: &Path, what: &str) -> std::result::Result<(), S
     if !read_only_fails {
         return Ok(());
     }
-    match Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE) {
+    match super::held::opening(|| {
+        Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+    }) {
         Ok(c) if !c.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) => {
             c.busy_timeout(READ_BUSY_TIMEOUT).ok();
             c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
@@ -430,7 +434,7 @@ pub fn load_versioned(path: &Path) -> Result<Option<(Vec<Row>, RowVersions)>> {
 fn load_marked(path: &Path, with_marker: bool) -> Result<Option<(Vec<Row>, Option<RowVersions>)>> {
     // The file the path names now; a second connection must find the same.
     let file = file_identity(path);
-    let (conn, opened) = super::held::opened(path, || open_read_only(path))?;
+    let (conn, opened) = super::held::opened(path, false, || open_read_only(path))?;
     let sql_err = Error::sqlite(Store::Registry, path, "cannot read");
     map_for_reading(&conn).map_err(sql_err)?;
     // One read transaction: the shared lock its first read takes is held
@@ -618,7 +622,7 @@ fn second_reader(
     file: Option<(u64, u64)>,
     first: Option<super::held::FileId>,
 ) -> std::result::Result<Connection, String> {
-    let (conn, second) = super::held::opened(path, || {
+    let (conn, second) = super::held::opened(path, false, || {
         Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

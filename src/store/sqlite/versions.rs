@@ -304,7 +304,8 @@ pub fn changed_since(
     }
     if let Some(index) = other_unique_index(conn)? {
         return Ok(Err(format!(
-            "the registry has a unique index besides its key ({index:?}): a REPLACE through it \
+            "the registry has a unique index other than one on worker_identity alone ({index:?}): \
+             a REPLACE through it \
              deletes a row without a trigger, so its row versions cannot vouch for the rows"
         )));
     }
@@ -364,15 +365,37 @@ pub fn schema_version(conn: &Connection) -> rusqlite::Result<i64> {
     conn.query_row("PRAGMA schema_version", [], |r| r.get(0))
 }
 
-/// A unique index on the registry table other than its primary key's, if
-/// there is one.
+/// A unique index on the registry table other than one on
+/// `worker_identity` alone, if there is one. The safety argument lets a
+/// `REPLACE` delete only the row it writes again: its conflict must be on
+/// the identity (bytewise, whole), since any other key (a primary key on
+/// another column, an identity compared without case, a partial index, an
+/// expression) lets it delete a row of another identity without a trigger
+/// (docs/security.md, row 41.11).
 fn other_unique_index(conn: &Connection) -> rusqlite::Result<Option<String>> {
-    let mut stmt = conn.prepare("SELECT name, \"unique\", origin FROM pragma_index_list(?1)")?;
-    let indexes: Vec<(String, i64, String)> = stmt
+    let mut stmt = conn.prepare("SELECT name, \"unique\", partial FROM pragma_index_list(?1)")?;
+    let indexes: Vec<(String, i64, i64)> = stmt
         .query_map([TABLE], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
-    Ok(indexes
-        .into_iter()
-        .find(|(_, unique, origin)| *unique == 1 && origin != "pk")
-        .map(|(name, _, _)| name))
+    for (name, unique, partial) in indexes {
+        if unique != 1 {
+            continue;
+        }
+        if partial != 0 || !on_the_identity_alone(conn, &name)? {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether index `name` is on `worker_identity` alone, with the binary
+/// collation.
+fn on_the_identity_alone(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    let mut stmt =
+        conn.prepare("SELECT name, coll FROM pragma_index_xinfo(?1) WHERE key = 1 ORDER BY seqno")?;
+    let keys: Vec<(Option<String>, Option<String>)> = stmt
+        .query_map([name], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(matches!(keys.as_slice(),
+        [(Some(column), Some(coll))] if column == "worker_identity" && coll == "BINARY"))
 }

@@ -79,7 +79,8 @@ impl WorkerRows for Rows {
 /// tests), never of a worker's own writes ([`open_existing`]).
 pub fn open(path: &Path) -> Result<Connection> {
     let err = |doing| Error::sqlite(Store::Registry, path, doing);
-    let conn = Connection::open(path).map_err(err("cannot open or create"))?;
+    let conn =
+        super::held::opening(|| Connection::open(path)).map_err(err("cannot open or create"))?;
     migrated(conn, path, true)?
         .ok_or_else(|| Error::Refused("the registry could not be created".into()))
 }
@@ -104,7 +105,7 @@ pub fn create_new(path: &Path) -> Result<Option<Connection>> {
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
         | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW
         | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let made = Connection::open_with_flags(path, flags)
+    let made = super::held::opening(|| Connection::open_with_flags(path, flags))
         .map_err(err("cannot open the new registry"))
         .and_then(|conn| {
             migrated(conn, path, true)?
@@ -137,7 +138,8 @@ pub fn open_existing(path: &Path) -> Result<Connection> {
     }
     let flags =
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(err("cannot open"))?;
+    let conn = super::held::opening(|| Connection::open_with_flags(path, flags))
+        .map_err(err("cannot open"))?;
     migrated(conn, path, false)?.ok_or_else(|| missing("holds no worker_registrations table"))
 }
 
