@@ -2,7 +2,7 @@
 //! trusted summaries of rows, and the lease store's shape went unchecked.
 //! Each test performs the attack; docs/security.md lists them.
 
-use super::{add_lease, apply_cli, save_plan};
+use super::{add_lease, apply_cli, assert_refused_untouched, pg_attacked, save_plan};
 use crate::common::*;
 use fleet_retire::apply::{Hooks, Outcome, Report};
 use rusqlite::Connection;
@@ -976,4 +976,109 @@ fn a_lease_table_shadowed_by_the_roles_own_schema_is_refused() {
         "{said}"
     );
     drop(live);
+}
+
+// Found by the third independent review: the registry renamed while apply
+// waited for its lock, and a symbolic link left at its old name. The path
+// still led to the file apply had open, with one name, but SQLite resolves
+// links and names its WAL and lock files after the resolved name, so a
+// writer through the path kept other ones and committed under apply's lock.
+#[test]
+fn a_registry_renamed_and_linked_while_apply_waits_is_refused() {
+    let (stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let wal = Connection::open(&stores.registry).unwrap();
+    wal.execute_batch("PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;")
+        .unwrap();
+    let (plan, _) = save_plan(&stores, &[]);
+    // The clock's and stamps' pages in the WAL of the registry's own name.
+    wal.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    wal.execute_batch(
+        "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-dead-3'",
+    )
+    .unwrap();
+    let held = Connection::open(&stores.registry).unwrap();
+    held.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let child = apply_child(&stores, &plan);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let moved = stores.dir.path().join("registry-moved.sqlite");
+    std::fs::rename(&stores.registry, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &stores.registry).unwrap();
+    let writer = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3\n\
+             w = sqlite3.connect({:?}, isolation_level=None, timeout=1)\n\
+             w.execute(\"UPDATE worker_registrations SET session_id = 'sess-w-dead-1' \
+             WHERE worker_identity = 'w-running'\")\n\
+             w.execute('PRAGMA wal_checkpoint(FULL)')\n",
+            stores.registry.display().to_string()
+        ))
+        .output()
+        .unwrap();
+    held.execute_batch("ROLLBACK").unwrap();
+    let (code, report) = report_of(child);
+    assert!(writer.status.success(), "{}", text(&writer));
+    assert_eq!(report["retired_count"], 0, "{report}");
+    assert_eq!(report["outcome"], "registry_untrusted", "{report}");
+    assert_eq!(code, Some(2), "{report}");
+    drop((wal, live));
+}
+
+/// The control: a registry reached through a symbolic link from the
+/// start applies as before (SQLite opens the file the link names).
+#[test]
+fn a_registry_reached_through_a_link_applies() {
+    let (mut stores, live) = fleet();
+    keep_versions(&stores.registry);
+    let link = stores.dir.path().join("linked.sqlite");
+    std::os::unix::fs::symlink(&stores.registry, &link).unwrap();
+    stores.registry = link;
+    let (plan, _) = save_plan(&stores, &[]);
+    let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(
+        report["read_under_lock"]["scope"], "changed_rows",
+        "{report}"
+    );
+    drop(live);
+}
+
+// Found by the third independent review: a CHECK whose only function is
+// pg_catalog's `query_to_xml`, which runs the SQL it is given as text; the
+// catalog records a dependency on `pg_catalog` alone, so the shape check
+// passed, and inside apply's guarded UPDATE it ran a function that retired
+// the live worker and put a temporary view in place of the registry, which
+// the effect check then read (pg_temp is searched first unless named).
+// Such functions (and every volatile one) are now refused up front, and
+// `pg_temp` is named last in every session's path.
+#[test]
+fn a_check_running_sql_through_a_catalog_function_is_refused() {
+    // Once, in apply's session only: retire the live worker, and leave a
+    // temporary view showing it as it was where the registry's name is
+    // looked up.
+    let hide = "CREATE FUNCTION public.hide() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+          IF pg_catalog.current_setting('application_name') <> 'fleet-retire' \
+             OR pg_catalog.to_regclass('pg_temp.saved') IS NOT NULL THEN RETURN 1; END IF; \
+          CREATE TEMP TABLE saved AS SELECT * FROM public.worker_registrations \
+            WHERE worker_identity OPERATOR(pg_catalog.=) 'w-running'; \
+          UPDATE public.worker_registrations SET status = 'retired' \
+            WHERE worker_identity OPERATOR(pg_catalog.=) 'w-running'; \
+          CREATE TEMP VIEW worker_registrations AS SELECT * FROM public.worker_registrations \
+            WHERE worker_identity OPERATOR(pg_catalog.<>) 'w-running' \
+            UNION ALL SELECT * FROM pg_temp.saved; \
+          RETURN 1; END $$; \
+        ALTER TABLE worker_registrations ADD CONSTRAINT looks_catalog_only CHECK \
+          (pg_catalog.query_to_xml('SELECT public.hide()', true, true, '') IS NOT NULL);";
+    let Some((stores, _live, db, plan)) = pg_attacked("query_to_xml", hide) else {
+        return;
+    };
+    assert_refused_untouched(&stores, &db, &plan, "query_to_xml");
+    let mut session =
+        fleet_retire::store::postgres::connect(&db.url, fleet_retire::error::Store::Registry)
+            .unwrap();
+    let path: String = session.query_one("SHOW search_path", &[]).unwrap().get(0);
+    assert!(path.ends_with(", pg_temp"), "{path}");
 }

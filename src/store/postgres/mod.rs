@@ -151,7 +151,10 @@ pub fn connect_to(url: &PgUrl, store: Store) -> Result<Client> {
 /// PostgreSQL's own first (an `=` for `text` planted in `public` under
 /// `ALTER DATABASE … SET search_path = public, pg_catalog` is never
 /// chosen), our tables resolve in our schema, and tables we create go
-/// there (the first schema of the path, never `pg_catalog`).
+/// there (the first schema of the path, never `pg_catalog`). `pg_temp` is
+/// named last: unnamed, PostgreSQL searches it first for tables and views,
+/// and a temporary view a function made mid-transaction would stand in for
+/// our table (docs/security.md, row 41.12).
 pub fn pin_search_path(client: &mut Client, store: Store, label: &str) -> Result<()> {
     let err = Error::postgres(store, label, "cannot pin the session's search_path");
     let row = client
@@ -180,7 +183,7 @@ pub fn pin_search_path(client: &mut Client, store: Store, label: &str) -> Result
     client
         .execute(
             "SELECT pg_catalog.set_config('search_path', \
-             pg_catalog.quote_ident($1::pg_catalog.text), false)",
+             pg_catalog.quote_ident($1::pg_catalog.text) || ', pg_temp', false)",
             &[&schema],
         )
         .map_err(err)?;

@@ -108,7 +108,11 @@ const OURS: &str = "WITH ours AS (SELECT c.oid FROM pg_catalog.pg_class c \
 /// written through the parent); a foreign key into or out of our tables
 /// (a cascade writes another table, whose triggers are its own); and any
 /// constraint, column default, generated column or index expression that
-/// calls a function or operator outside `pg_catalog`.
+/// calls a function or operator outside `pg_catalog`, or one of
+/// `pg_catalog`'s that is volatile or runs SQL it is given as text or by a
+/// relation's name (`query_to_xml`, `table_to_xml`, `ts_stat`, …): such a
+/// call runs any function it names while only `pg_catalog` appears in the
+/// catalog's dependencies (docs/security.md, row 41.12).
 fn code_that_writes_can_run(
     client: &mut impl GenericClient,
     tables: &[&str],
@@ -147,6 +151,30 @@ fn code_that_writes_can_run(
                 OR (dep.refclassid = 'pg_catalog.pg_operator'::pg_catalog.regclass AND EXISTS ( \
                  SELECT 1 FROM pg_catalog.pg_operator p WHERE p.oid = dep.refobjid \
                  AND p.oprnamespace <> 'pg_catalog'::pg_catalog.regnamespace)) \
+             ORDER BY 1"
+        ),
+        // PostgreSQL records no dependency on its own (pinned) functions,
+        // so those are found in the stored expression trees themselves:
+        // every function and operator an expression calls.
+        format!(
+            "{OURS}, exprs AS ( \
+               SELECT pg_catalog.format('constraint %I', k.conname) AS what, k.conbin::pg_catalog.text AS tree \
+                 FROM pg_catalog.pg_constraint k WHERE k.conrelid IN (SELECT oid FROM ours) AND k.conbin IS NOT NULL \
+               UNION ALL SELECT pg_catalog.format('default of %s column %s', d.adrelid::pg_catalog.regclass, d.adnum), \
+                 d.adbin::pg_catalog.text FROM pg_catalog.pg_attrdef d WHERE d.adrelid IN (SELECT oid FROM ours) \
+               UNION ALL SELECT pg_catalog.format('index %s', x.indexrelid::pg_catalog.regclass), \
+                 pg_catalog.concat(x.indexprs::pg_catalog.text, ' ', x.indpred::pg_catalog.text) \
+                 FROM pg_catalog.pg_index x WHERE x.indrelid IN (SELECT oid FROM ours)), \
+             called AS ( \
+               SELECT e.what, m[1]::pg_catalog.oid AS fn FROM exprs e, \
+                 pg_catalog.regexp_matches(e.tree, ':(?:funcid|opfuncid) ([0-9]+)', 'g') AS m \
+               UNION SELECT e.what, o.oprcode::pg_catalog.oid FROM exprs e, \
+                 pg_catalog.regexp_matches(e.tree, ':opno ([0-9]+)', 'g') AS m \
+                 JOIN pg_catalog.pg_operator o ON o.oid = m[1]::pg_catalog.oid) \
+             SELECT DISTINCT pg_catalog.format('%s calls %s', c.what, p.oid::pg_catalog.regprocedure) \
+             FROM called c JOIN pg_catalog.pg_proc p ON p.oid = c.fn \
+             WHERE p.provolatile = 'v' \
+               OR p.proname::pg_catalog.text OPERATOR(pg_catalog.~) '(to_xml|xmlschema|^ts_stat$)' \
              ORDER BY 1"
         ),
     ];

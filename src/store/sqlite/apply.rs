@@ -147,7 +147,9 @@ impl Tx<'_> {
 
 impl ApplyTx for Tx<'_> {
     fn untrusted_objects(&mut self) -> Result<Option<String>> {
-        if let Some(problem) = super::held::write_file_problem(self.path, self.file) {
+        if let Some(problem) =
+            super::held::write_file_problem(self.path, self.file, self.tx.path().map(Path::new))
+        {
             return Ok(Some(problem));
         }
         crate::store::untrusted_objects(&self.tx, crate::store::registry::TABLE)
@@ -239,7 +241,9 @@ impl ApplyTx for Tx<'_> {
     /// this apply's audit rows there.
     fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>> {
         // A second name made while apply held the lock.
-        if let Some(problem) = super::held::write_file_problem(self.path, self.file) {
+        if let Some(problem) =
+            super::held::write_file_problem(self.path, self.file, self.tx.path().map(Path::new))
+        {
             return Ok(Some(problem));
         }
         let n = written.len() as u64;

@@ -140,13 +140,20 @@ pub fn held_for_writing(file: FileId) -> bool {
 
 /// Why apply must not write the registry at `path` through its write
 /// connection, whose own file is `written` (from its descriptor, when it
-/// was opened), if it must not: the file is not known, the path names
-/// another file now (it was replaced since apply opened it), or the file
-/// has more than one name. SQLite names its journal, its WAL and its
-/// shared-memory file after the path, so a writer reaching the same file
-/// through a hard link keeps its own and commits while apply holds what it
-/// believes is the write lock (docs/security.md, row 41.8).
-pub fn write_file_problem(path: &Path, written: Option<FileId>) -> Option<String> {
+/// was opened) and whose name as SQLite resolved it is `db_name`, if it
+/// must not: the file is not known; the path names another file now (it
+/// was replaced since apply opened it); SQLite's name for it is no longer
+/// that very file, a regular file and not a link (it was renamed and a link
+/// left in its place); or the file has more than one name. SQLite names its
+/// journal, WAL and shared-memory files after the name it resolved, so a
+/// writer reaching the same file by another name keeps its own and commits
+/// while apply holds what it believes is the write lock (docs/security.md,
+/// rows 41.8 and 41.12).
+pub fn write_file_problem(
+    path: &Path,
+    written: Option<FileId>,
+    db_name: Option<&Path>,
+) -> Option<String> {
     let shown = crate::text::esc(&path.display().to_string()).into_owned();
     let Ok(meta) = std::fs::metadata(path) else {
         return Some(format!("{shown} can no longer be read by its path"));
@@ -155,6 +162,18 @@ pub fn write_file_problem(path: &Path, written: Option<FileId>) -> Option<String
         return Some(format!(
             "{shown} names another file than the one apply opened for writing (it was \
              replaced while apply ran, or the file apply opened could not be told)"
+        ));
+    }
+    let named = db_name.and_then(|n| std::fs::symlink_metadata(n).ok());
+    if !named.is_some_and(|m| m.is_file() && (m.dev(), m.ino()) == (meta.dev(), meta.ino())) {
+        return Some(format!(
+            "{shown}: the name SQLite opened it by ({}) no longer is that file itself (it was \
+             renamed or a link put in its place while apply ran), so other writers would use \
+             other lock and journal files; apply again",
+            db_name.map_or_else(
+                || "unknown".into(),
+                |n| crate::text::esc(&n.display().to_string()).into_owned()
+            )
         ));
     }
     (meta.nlink() > 1).then(|| {

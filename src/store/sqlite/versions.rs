@@ -137,6 +137,68 @@ pub fn is_ours(name: &str, table: &str, sql: Option<&str>) -> bool {
         .any(|(n, t, s)| *n == name && *t == table && Some(s.as_str()) == sql)
 }
 
+/// Our tables and their index, each as `sqlite_master` keeps the text we
+/// create it with. They are accepted by that exact text, as the triggers
+/// are: a `version` column declared TEXT, say, would store every stamp as
+/// text, and `version > ?` would then compare text with an integer
+/// (`'10' > 5` is false), hiding changes (docs/security.md, row 41.12).
+const SHAPES: [(&str, &str, &str); 3] = [
+    (
+        "table",
+        CLOCK,
+        "CREATE TABLE fleet_retire_clock (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)",
+    ),
+    (
+        "table",
+        CHANGES,
+        "CREATE TABLE fleet_retire_changes (row_id INTEGER PRIMARY KEY, version INTEGER NOT NULL)",
+    ),
+    (
+        "index",
+        CHANGES_INDEX,
+        "CREATE INDEX fleet_retire_changes_by_version ON fleet_retire_changes (version)",
+    ),
+];
+
+/// Our tables and index that exist under our names but not exactly as we
+/// make them, each named with what was found.
+pub fn foreign_shapes(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut found = Vec::new();
+    for (kind, name, sql) in SHAPES {
+        let have: Option<(String, Option<String>)> = conn
+            .query_row(
+                "SELECT type, sql FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
+                [name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        if let Some((have_kind, have_sql)) = have {
+            if have_kind != kind || have_sql.as_deref() != Some(sql) {
+                found.push(format!(
+                    "{have_kind} {name:?} is not fleet-retire's ({})",
+                    have_sql.unwrap_or_default()
+                ));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Whether all three exist, exactly ours.
+fn shapes_all_there(conn: &Connection) -> rusqlite::Result<bool> {
+    for (kind, name, sql) in SHAPES {
+        let exact: bool = conn.query_row(
+            "SELECT count(*) = 1 FROM sqlite_master WHERE type = ?1 AND name = ?2 AND sql IS ?3",
+            [kind, name, sql],
+            |r| r.get(0),
+        )?;
+        if !exact {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// The tables our triggers write: never a view or anything but a table
 /// with exactly our columns (checked with the other objects).
 pub fn tables() -> [(&'static str, &'static [&'static str]); 2] {
@@ -186,11 +248,8 @@ pub fn installed(conn: &Connection) -> rusqlite::Result<bool> {
     if !all_ours {
         return Ok(false);
     }
-    for (table, columns) in tables() {
-        match crate::store::table_columns(conn, table)? {
-            Some(have) if have == columns => {}
-            _ => return Ok(false),
-        }
+    if !shapes_all_there(conn)? {
+        return Ok(false);
     }
     let clock: Option<i64> = conn
         .query_row(
@@ -398,4 +457,36 @@ fn on_the_identity_alone(conn: &Connection, name: &str) -> rusqlite::Result<bool
         .collect::<rusqlite::Result<_>>()?;
     Ok(matches!(keys.as_slice(),
         [(Some(column), Some(coll))] if column == "worker_identity" && coll == "BINARY"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(&format!(
+            "CREATE TABLE {TABLE} (worker_identity TEXT PRIMARY KEY)"
+        ))
+        .unwrap();
+        conn
+    }
+
+    #[test]
+    fn our_tables_are_known_by_their_exact_text() {
+        let conn = registry();
+        install(&conn).unwrap();
+        assert!(installed(&conn).unwrap());
+        assert!(foreign_shapes(&conn).unwrap().is_empty());
+        // A stamp table whose version is TEXT compares stamps as text.
+        let conn = registry();
+        conn.execute_batch(&format!(
+            "CREATE TABLE {CHANGES} (row_id INTEGER PRIMARY KEY, version TEXT NOT NULL)"
+        ))
+        .unwrap();
+        install(&conn).unwrap();
+        assert!(!installed(&conn).unwrap());
+        let found = foreign_shapes(&conn).unwrap();
+        assert!(found[0].contains("version TEXT"), "{found:?}");
+    }
 }
