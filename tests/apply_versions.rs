@@ -80,27 +80,11 @@ fn read_under_lock(report: &Report) -> Value {
     serde_json::to_value(&report.read_under_lock).unwrap()
 }
 
-fn run_with_writer(lib: &Lib, req: &fleet_retire::apply::Request, write: impl FnOnce()) -> Report {
-    let mut write = Some(write);
-    let mut hook = || {
-        if let Some(w) = write.take() {
-            w()
-        }
-    };
-    lib.run(
-        req,
-        Hooks {
-            after_prejudge: Some(&mut hook),
-            ..Default::default()
-        },
-    )
-}
-
 #[test]
 fn a_live_workers_heartbeat_while_apply_judges_is_confirmed_alone() {
     let (lib, live, req) = versioned_fleet();
     let registry = lib.stores.registry.clone();
-    let report = run_with_writer(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         plain_update(&registry, "last_heartbeat_at", &now(1), "w-running")
     });
     assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
@@ -138,7 +122,7 @@ fn a_plain_sql_writer_between_judging_and_the_lock_is_caught() {
     let shared = session_of(&registry, "w-dead-1");
     let before = dump(&registry);
     let mut after_write = String::new();
-    let report = run_with_writer(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         plain_update(&registry, "session_id", &shared, "w-running");
         after_write = dump(&registry);
     });
@@ -175,7 +159,7 @@ fn a_writer_that_drops_the_triggers_to_write_unseen_is_caught() {
         .into_iter()
         .find(|(name, _, _)| *name == "fleet_retire_stamp_update")
         .unwrap();
-    let report = run_with_writer(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         let conn = Connection::open(&registry).unwrap();
         conn.execute_batch("BEGIN IMMEDIATE; DROP TRIGGER fleet_retire_stamp_update;")
             .unwrap();
@@ -207,7 +191,7 @@ fn a_writer_that_drops_the_triggers_to_write_unseen_is_caught() {
 fn a_target_changed_with_triggers_off_is_still_kept_by_the_guarded_update() {
     let (lib, live, req) = versioned_fleet();
     let registry = lib.stores.registry.clone();
-    let report = run_with_writer(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         let conn = Connection::open(&registry).unwrap();
         conn.set_db_config(
             rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER,
@@ -347,7 +331,7 @@ fn a_unique_index_besides_the_key_sends_apply_to_the_whole_read() {
     req = req
         .with_planned(Some(std::sync::Arc::new(planned)))
         .unwrap();
-    let report = run_with_writer(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         plain_update(&registry, "last_heartbeat_at", &now(1), "w-running")
     });
     assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);

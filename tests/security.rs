@@ -892,11 +892,17 @@ fn assert_live_worker_kept(db: &PgDb, report: &Value) {
 /// Apply refused the registry (`registry_untrusted`, naming `names`) and
 /// wrote nothing at all.
 fn assert_refused_untouched(stores: &Stores, db: &PgDb, plan: &Path, names: &str) {
+    assert_refused_as(stores, db, plan, ("registry_untrusted", 2), names);
+}
+
+/// Apply was refused with `outcome` and its exit code, naming `names`,
+/// the live worker kept and the database as it was.
+fn assert_refused_as(stores: &Stores, db: &PgDb, plan: &Path, outcome: (&str, i32), names: &str) {
     let before = pg_dump(db);
     let (code, report) = apply_cli(stores, plan, "controller-prgs", &[]);
     assert_live_worker_kept(db, &report);
-    assert_eq!(report["outcome"], "registry_untrusted", "{report}");
-    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], outcome.0, "{report}");
+    assert_eq!(code, Some(outcome.1), "{report}");
     let detail = report["detail"].as_str().unwrap();
     assert!(
         detail.contains(names),

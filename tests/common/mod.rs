@@ -383,6 +383,31 @@ impl Lib {
     }
 }
 
+impl Lib {
+    /// Apply through the library with `write` committed in the window
+    /// between its judgement outside the lock and the lock itself.
+    #[allow(dead_code)]
+    pub fn run_with_writer(
+        &self,
+        req: &fleet_retire::apply::Request,
+        write: impl FnOnce(),
+    ) -> fleet_retire::apply::Report {
+        let mut write = Some(write);
+        let mut hook = || {
+            if let Some(w) = write.take() {
+                w()
+            }
+        };
+        self.run(
+            req,
+            fleet_retire::apply::Hooks {
+                after_prejudge: Some(&mut hook),
+                ..Default::default()
+            },
+        )
+    }
+}
+
 /// A child process killed (and reaped) when the guard drops, so a failing
 /// assertion leaves nothing running.
 pub struct KillOnDrop(pub std::process::Child);

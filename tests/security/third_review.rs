@@ -2,7 +2,9 @@
 //! trusted summaries of rows, and the lease store's shape went unchecked.
 //! Each test performs the attack; docs/security.md lists them.
 
-use super::{add_lease, apply_cli, assert_refused_untouched, pg_attacked, save_plan};
+use super::{
+    add_lease, apply_cli, assert_refused_as, assert_refused_untouched, pg_attacked, save_plan,
+};
 use crate::common::*;
 use fleet_retire::apply::{Hooks, Outcome, Report};
 use rusqlite::Connection;
@@ -16,28 +18,6 @@ fn keep_versions(registry: &Path) {
     fleet_retire::store::registry::add_missing_columns(&conn, registry).unwrap();
     fleet_retire::store::sqlite::versions::install(&conn).unwrap();
     conn.execute_batch("COMMIT").unwrap();
-}
-
-/// Run apply through the library with `write` in the window between its
-/// judgement outside the lock and the lock.
-fn with_write_in_window(
-    lib: &Lib,
-    req: &fleet_retire::apply::Request,
-    write: impl FnOnce(),
-) -> Report {
-    let mut write = Some(write);
-    let mut hook = || {
-        if let Some(w) = write.take() {
-            w()
-        }
-    };
-    lib.run(
-        req,
-        Hooks {
-            after_prejudge: Some(&mut hook),
-            ..Default::default()
-        },
-    )
 }
 
 fn set_column(registry: &Path, column: &str, value: &str, worker: &str) {
@@ -75,7 +55,7 @@ fn a_provenance_change_while_apply_waits_is_judged_again() {
     let lib = Lib::new(stores);
     let req = lib.request();
     let registry = lib.stores.registry.clone();
-    let report = with_write_in_window(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         set_column(&registry, "instance_id_source", "pid_fallback", "w-dead-1")
     });
     assert_eq!(
@@ -110,7 +90,7 @@ fn a_pid_namespace_change_of_another_candidate_is_not_passed_over() {
     let mut req = lib.request();
     req.first = Some(1);
     let registry = lib.stores.registry.clone();
-    let report = with_write_in_window(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         set_column(&registry, "pid_namespace", "pid:[4026532999]", "w-dead-2")
     });
     let read = scope(&report);
@@ -140,7 +120,7 @@ fn the_guarded_update_asserts_every_column_the_verdict_read() {
     let mut req = lib.request();
     req.first = Some(1);
     let registry = lib.stores.registry.clone();
-    let report = with_write_in_window(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         let conn = Connection::open(&registry).unwrap();
         conn.set_db_config(
             rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER,
@@ -212,7 +192,7 @@ fn a_column_named_rowid_keeps_no_row_versions() {
         let req = lib.request();
         // The live worker joins a candidate's session: that candidate must
         // be kept.
-        let report = with_write_in_window(&lib, &req, || {
+        let report = lib.run_with_writer(&req, || {
             set_column(&registry, "session_id", "sess-w-dead-1", "w-running")
         });
         assert_eq!(scope(&report)["scope"], "whole_registry", "{name}");
@@ -343,20 +323,7 @@ fn pg_leases_attacked(
 /// Apply was refused `lease_store_unavailable` naming `names`, and the
 /// database is as it was.
 fn assert_lease_store_refused(stores: &Stores, db: &PgDb, plan: &Path, names: &str) {
-    let before = pg_dump(db);
-    let (code, report) = apply_cli(stores, plan, "controller-prgs", &[]);
-    assert_eq!(report["outcome"], "lease_store_unavailable", "{report}");
-    assert_eq!(code, Some(1), "{report}");
-    let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains(names),
-        "the refusal does not name {names:?}: {detail}"
-    );
-    assert_eq!(
-        pg_dump(db),
-        before,
-        "the refused apply changed the database"
-    );
+    assert_refused_as(stores, db, plan, ("lease_store_unavailable", 1), names);
 }
 
 // Finding 3 (a): row-level security hid the lease from the controller's
@@ -783,27 +750,30 @@ fn a_file_swapped_in_for_the_judgement_alone_is_not_trusted() {
 // writer through the link (another process, plain SQL) committed while
 // apply held the write lock, and checkpointed into the shared file; the
 // fast path saw no stamp and retired three rows a whole read keeps.
-#[test]
-fn a_registry_with_a_second_name_is_refused() {
+/// A WAL registry with row versions and a saved plan; the clock's and the
+/// stamps' pages left in the WAL of the registry's own name by a no-op
+/// write, and its write lock held, so an apply started now waits for it.
+fn wal_fleet_held() -> (Stores, KillOnDrop, PathBuf, [Connection; 2]) {
     let (stores, live) = fleet();
     keep_versions(&stores.registry);
     let wal = Connection::open(&stores.registry).unwrap();
     wal.execute_batch("PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;")
         .unwrap();
     let (plan, _) = save_plan(&stores, &[]);
-    wal.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
-        .unwrap();
-    let link = stores.dir.path().join("registry-link.sqlite");
-    std::fs::hard_link(&stores.registry, &link).unwrap();
     wal.execute_batch(
-        "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-dead-3'",
+        "PRAGMA wal_checkpoint(TRUNCATE); \
+         UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-dead-3';",
     )
     .unwrap();
     let held = Connection::open(&stores.registry).unwrap();
     held.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let child = apply_child(&stores, &plan);
-    std::thread::sleep(std::time::Duration::from_millis(2500));
-    let writer = std::process::Command::new("python3")
+    (stores, live, plan, [wal, held])
+}
+
+/// Another process, plain SQL through `name`: the live worker joins
+/// `w-dead-1`'s session, and the WAL is checkpointed into the file.
+fn writer_through(name: &Path) -> std::process::Output {
+    std::process::Command::new("python3")
         .arg("-c")
         .arg(format!(
             "import sqlite3\n\
@@ -811,10 +781,20 @@ fn a_registry_with_a_second_name_is_refused() {
              w.execute(\"UPDATE worker_registrations SET session_id = 'sess-w-dead-1' \
              WHERE worker_identity = 'w-running'\")\n\
              w.execute('PRAGMA wal_checkpoint(FULL)')\n",
-            link.display().to_string()
+            name.display().to_string()
         ))
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_registry_with_a_second_name_is_refused() {
+    let (stores, live, plan, [wal, held]) = wal_fleet_held();
+    let link = stores.dir.path().join("registry-link.sqlite");
+    std::fs::hard_link(&stores.registry, &link).unwrap();
+    let child = apply_child(&stores, &plan);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let writer = writer_through(&link);
     assert!(writer.status.success(), "{}", text(&writer));
     held.execute_batch("ROLLBACK").unwrap();
     let (code, report) = report_of(child);
@@ -825,7 +805,7 @@ fn a_registry_with_a_second_name_is_refused() {
         "{report}"
     );
     assert_eq!(report["retired_count"], 0, "{report}");
-    drop(live);
+    drop((wal, live));
 }
 
 // Found by the second independent review: the identity check took any
@@ -906,7 +886,7 @@ fn a_primary_key_on_another_column_sends_apply_to_the_whole_read() {
     let lib = Lib::new(stores);
     let req = lib.request();
     let registry = lib.stores.registry.clone();
-    let report = with_write_in_window(&lib, &req, || {
+    let report = lib.run_with_writer(&req, || {
         Connection::open(&registry)
             .unwrap()
             .execute_batch(
@@ -985,38 +965,13 @@ fn a_lease_table_shadowed_by_the_roles_own_schema_is_refused() {
 // writer through the path kept other ones and committed under apply's lock.
 #[test]
 fn a_registry_renamed_and_linked_while_apply_waits_is_refused() {
-    let (stores, live) = fleet();
-    keep_versions(&stores.registry);
-    let wal = Connection::open(&stores.registry).unwrap();
-    wal.execute_batch("PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;")
-        .unwrap();
-    let (plan, _) = save_plan(&stores, &[]);
-    // The clock's and stamps' pages in the WAL of the registry's own name.
-    wal.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
-        .unwrap();
-    wal.execute_batch(
-        "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-dead-3'",
-    )
-    .unwrap();
-    let held = Connection::open(&stores.registry).unwrap();
-    held.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (stores, live, plan, [wal, held]) = wal_fleet_held();
     let child = apply_child(&stores, &plan);
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let moved = stores.dir.path().join("registry-moved.sqlite");
     std::fs::rename(&stores.registry, &moved).unwrap();
     std::os::unix::fs::symlink(&moved, &stores.registry).unwrap();
-    let writer = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sqlite3\n\
-             w = sqlite3.connect({:?}, isolation_level=None, timeout=1)\n\
-             w.execute(\"UPDATE worker_registrations SET session_id = 'sess-w-dead-1' \
-             WHERE worker_identity = 'w-running'\")\n\
-             w.execute('PRAGMA wal_checkpoint(FULL)')\n",
-            stores.registry.display().to_string()
-        ))
-        .output()
-        .unwrap();
+    let writer = writer_through(&stores.registry);
     held.execute_batch("ROLLBACK").unwrap();
     let (code, report) = report_of(child);
     assert!(writer.status.success(), "{}", text(&writer));
