@@ -62,7 +62,7 @@ fn check(line: &[u8]) -> Option<Refusal> {
     let text = std::str::from_utf8(line).ok()?;
     let lenient: Json = serde_json::from_str(text).ok()?;
     let why = crate::jsonfile::parse_strict(text).err()?;
-    let ids = top_level_ids(text);
+    let ids = ids_until_error(text.as_bytes());
     let id = match ids.as_slice() {
         [one] => serde_json::from_value::<RequestId>(one.clone()).ok(),
         _ => None,
@@ -73,11 +73,6 @@ fn check(line: &[u8]) -> Option<Refusal> {
         why,
         reason_code: "duplicate_key",
     })
-}
-
-/// Every value given for the top-level key `id`, in order.
-fn top_level_ids(text: &str) -> Vec<Json> {
-    ids_until_error(text.as_bytes())
 }
 
 /// The top-level `id` values met before the text ends or stops being JSON

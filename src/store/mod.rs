@@ -108,7 +108,7 @@ pub fn untrusted_object_list(
     for table in [registry_table, audit::TABLE] {
         problems.extend(not_a_table(conn, table));
     }
-    for (table, _) in sqlite::versions::tables() {
+    for table in sqlite::versions::tables() {
         problems.extend(not_a_table(conn, table));
     }
     // The row-version tables and index, by their exact text (a column of

@@ -131,13 +131,6 @@ pub fn opened<T, E>(
     })
 }
 
-/// Whether this process holds `file` open for reading and writing.
-pub fn held_for_writing(file: FileId) -> bool {
-    open_files()
-        .values()
-        .any(|(id, writing)| *writing && *id == file)
-}
-
 /// Why apply must not write the registry at `path` through its write
 /// connection, whose own file is `written` (from its descriptor, when it
 /// was opened) and whose name as SQLite resolved it is `db_name`, if it
@@ -156,12 +149,16 @@ pub fn write_file_problem(
 ) -> Option<String> {
     let shown = crate::text::esc(&path.display().to_string()).into_owned();
     let Ok(meta) = std::fs::metadata(path) else {
-        return Some(format!("{shown} can no longer be read by its path"));
+        return Some(format!(
+            "{shown} can no longer be read by its path (it was moved or deleted while apply \
+             ran); nothing was written: put the registry back at its path and apply again"
+        ));
     };
     if written != Some((meta.dev(), meta.ino())) {
         return Some(format!(
             "{shown} names another file than the one apply opened for writing (it was \
-             replaced while apply ran, or the file apply opened could not be told)"
+             replaced while apply ran, or the file apply opened could not be told); nothing \
+             was written: make sure nothing replaces the registry file, and apply again"
         ));
     }
     let named = db_name.and_then(|n| std::fs::symlink_metadata(n).ok());
@@ -190,6 +187,11 @@ pub fn write_file_problem(
 mod tests {
     use super::*;
 
+    /// Whether this process holds `file` open for reading and writing.
+    fn held_for_writing(file: FileId) -> bool {
+        counted(true).contains_key(&file)
+    }
+
     #[test]
     fn the_file_a_connection_opened_is_told_from_its_descriptor() {
         let dir = tempfile::tempdir().unwrap();
@@ -215,6 +217,8 @@ mod tests {
         let now = std::fs::metadata(&path).unwrap();
         assert!(!held_for_writing((now.dev(), now.ino())));
         assert!(held_for_writing(id.unwrap()));
+        let problem = write_file_problem(&path, id, conn.path().map(Path::new)).unwrap();
+        assert!(problem.contains("names another file"), "{problem}");
         drop(conn);
         assert!(!held_for_writing(id.unwrap()));
     }
