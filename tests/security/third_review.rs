@@ -665,23 +665,32 @@ fn wait_until(mut done: impl FnMut() -> bool) {
 
 /// Apply from a saved plan as a child process with a long busy timeout,
 /// while the caller holds locks; `(exit code, report)` once it ends.
-fn apply_child(stores: &Stores, plan: &Path) -> std::process::Child {
-    bin()
-        .args(stores.apply_args("controller-prgs"))
-        .args(["--busy-timeout-ms", "30000"])
-        .arg(plan)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
+fn apply_child(stores: &Stores, plan: &Path) -> KillOnDrop {
+    KillOnDrop(
+        bin()
+            .args(stores.apply_args("controller-prgs"))
+            .args(["--busy-timeout-ms", "30000"])
+            .arg(plan)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
-fn report_of(child: std::process::Child) -> (Option<i32>, Value) {
-    let out = child.wait_with_output().unwrap();
-    eprintln!("apply's stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let report = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
-    (out.status.code(), report)
+/// The exit code and JSON report of an apply started by [`apply_child`]
+/// (killed on drop, so a failing test leaves it not running).
+fn report_of(mut child: KillOnDrop) -> (Option<i32>, Value) {
+    let mut stdout = Vec::new();
+    std::io::Read::read_to_end(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
+    let status = child.0.wait().unwrap();
+    let report = serde_json::from_slice(&stdout).unwrap_or_else(|_| {
+        panic!(
+            "apply printed no JSON: {}",
+            String::from_utf8_lossy(&stdout)
+        )
+    });
+    (status.code(), report)
 }
 
 // Found by the independent attack: apply opened its write connection on
