@@ -58,7 +58,8 @@ on_both_engines!(
     a_locked_registry_is_waited_for_within_the_busy_timeout,
     the_post_apply_summary_is_the_registry_as_committed,
     a_heartbeat_that_expires_between_plan_and_apply_adds_a_candidate_not_retired,
-    a_live_worker_that_dies_between_plan_and_apply_moves_the_candidate_set,
+    a_live_worker_that_dies_between_plan_and_apply_is_reported_not_retired,
+    a_target_whose_peer_facts_moved_is_refused,
     a_saved_plan_is_retired_in_batches_under_the_blast_radius,
     one_saved_plan_is_retired_batch_after_batch,
 );
@@ -652,29 +653,81 @@ fn a_heartbeat_that_expires_between_plan_and_apply_adds_a_candidate_not_retired(
     drop(live);
 }
 
-/// Any other change to the candidate set still refuses, naming the row: a
-/// live worker that died is a candidate now, but not because time passed.
-fn a_live_worker_that_dies_between_plan_and_apply_moves_the_candidate_set(engine: Engine) {
+/// A row beside the targets that became a candidate for another reason
+/// than time (its live worker died) refuses nothing: it is reported and left
+/// active (semantics §13, "Churn beside the targets"). A target's own
+/// verdict moving still refuses (the lease test above).
+fn a_live_worker_that_dies_between_plan_and_apply_is_reported_not_retired(engine: Engine) {
     let Some((stores, mut live, access)) = fleet_on(engine, "dies_between") else {
         return;
     };
     let (plan_path, _) = save_plan(&stores);
     live.0.kill().unwrap();
     live.0.wait().unwrap();
-    let before = access.dump();
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "applied");
+    assert_eq!(report["retired_count"], 3);
+    assert_eq!(report["candidates_added_since_plan"], json!(["w-running"]));
+    assert_eq!(access.status_of("w-running"), "active");
+}
+
+/// What a target's verdict reads of other rows is held to the plan: a plan
+/// whose recorded peer facts for a target differ from the re-plan's is
+/// refused once anything moved, and so is one saved without them when the
+/// moved row shares an instance slot with the targets (every row of
+/// `fleet` does).
+fn a_target_whose_peer_facts_moved_is_refused(engine: Engine) {
+    let Some((stores, mut live, access)) = fleet_on(engine, "peers_moved") else {
+        return;
+    };
+    let (plan_path, plan) = save_plan(&stores);
+    live.0.kill().unwrap();
+    live.0.wait().unwrap();
+    let rewrite = |edit: &dyn Fn(&mut Value)| {
+        let mut plan = plan.clone();
+        for row in plan["planned_rows"]["rows"].as_array_mut().unwrap() {
+            if row["worker_identity"] == "w-dead-2" {
+                edit(row);
+            }
+        }
+        let path = stores.dir.path().join("edited-plan.json");
+        std::fs::write(&path, serde_json::to_vec(&plan).unwrap()).unwrap();
+        path
+    };
+    let recorded = plan["planned_rows"]["rows"][1]["peers"].clone();
+    assert!(
+        recorded
+            .as_str()
+            .unwrap()
+            .contains("slot_active_claimants=4"),
+        "{recorded}"
+    );
+    let before = access.dump();
+    let other = rewrite(&|row| {
+        row["peers"] = json!("slot_active_claimants=5 slot_occupants=0 shared_identity_evidence=[]")
+    });
+    let (code, report) = apply_cli(&stores, &other, "controller-prgs", &[]);
     assert_eq!(code, Some(2), "{report}");
     assert_eq!(report["outcome"], "candidate_set_moved");
-    assert_eq!(
-        report["verdicts_moved"][0]["worker_identity"], "w-running",
-        "{report}"
-    );
-    assert_eq!(report["verdicts_moved"][0]["now"], "eligible_stale_orphan");
+    let detail = report["detail"].as_str().unwrap();
     assert!(
-        report.get("candidates_added_since_plan").is_none(),
-        "{report}"
+        detail.contains("what a target's verdict reads of other rows moved"),
+        "{detail}"
     );
+    assert!(detail.contains("w-dead-2"), "{detail}");
+    let unrecorded = rewrite(&|row| {
+        row.as_object_mut().unwrap().remove("peers");
+    });
+    let (code, report) = apply_cli(&stores, &unrecorded, "controller-prgs", &[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "candidate_set_moved");
+    assert_eq!(report["verdicts_moved"][0]["worker_identity"], "w-running");
     assert_eq!(access.dump(), before);
+    // The plan as saved goes on.
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["retired_count"], 3);
 }
 
 /// A plan with more candidates than the blast radius is retired in

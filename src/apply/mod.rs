@@ -20,6 +20,7 @@ use crate::row::{Col, Row};
 use crate::store::seam::{ApplyConnection, ApplyTx, FenceSource, Written};
 use standing::Standing;
 
+mod moved;
 mod prejudge;
 mod report;
 mod standing;
@@ -387,8 +388,14 @@ fn conclude(
             let added = report.candidates_added_since_plan.len();
             if added > 0 {
                 report.detail.push_str(&format!(
-                    "; {added} row(s) became candidates since the plan as their heartbeat \
-                     expired (not retired: plan again)"
+                    "; {added} row(s) became candidates since the plan (not retired: plan again)"
+                ));
+            }
+            let left = report.verdicts_moved.len();
+            if left > 0 {
+                report.detail.push_str(&format!(
+                    "; {left} row(s) beside the targets stopped being candidates since the plan \
+                     (see verdicts_moved; what the targets' verdicts read of them did not move)"
                 ));
             }
             report

@@ -144,13 +144,16 @@ pub struct Report {
     pub heartbeats_tolerated: usize,
     /// Those workers.
     pub heartbeats_tolerated_workers: Vec<String>,
-    /// When refused `candidate_set_moved` with the plan's rows at hand:
-    /// the rows whose verdict moved since the plan.
+    /// With the plan's rows at hand, rows whose verdict moved since the
+    /// plan. Refused `candidate_set_moved`: every such row. Applied: the
+    /// rows beside the targets (no target, no peer of one) that stopped
+    /// being candidates; they refuse nothing (semantics §13).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub verdicts_moved: Vec<crate::plan::planned::VerdictMoved>,
-    /// Rows kept at plan time only because their heartbeat had not expired,
-    /// and candidates now: reported, never retired by this apply (semantics
-    /// §13); plan again to retire them.
+    /// Rows that were not candidates at plan time and are now (a heartbeat
+    /// that expired, a process that ended, a lease released), beside the
+    /// targets: reported, never retired by this apply (semantics §13); plan
+    /// again to retire them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub candidates_added_since_plan: Vec<String>,
     /// Candidates of the plan retired since it was made (an earlier batch

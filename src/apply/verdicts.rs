@@ -76,23 +76,73 @@ pub(super) fn replan(
         }
     }
     if fresh.candidate_fingerprint != req.candidate_fingerprint {
-        let moved = planned_verdicts_moved(req, &fresh);
-        if let Some(added) = moved
-            .as_deref()
-            .and_then(|m| moved_as_planned(req, &fresh, m, &report.retired_since_plan))
-        {
-            report.candidates_added_since_plan = added;
-            return Ok(fresh);
-        }
-        let which = verdicts_moved_words(moved, report);
-        return Err(Abort::Refuse(
+        return candidates_moved(req, fresh, report);
+    }
+    Ok(fresh)
+}
+
+/// The candidate token moved. With the plan's verdicts at hand, rows that
+/// are neither targets nor their peers moving refuse nothing (semantics
+/// §13, "Churn beside the targets"): they are reported, and the apply goes
+/// on. A target's verdict moving, or a peer's, still refuses; so does a plan
+/// whose recorded verdicts do not make its own token, and a plan given
+/// without its rows (which rows moved is then unknown).
+fn candidates_moved(
+    req: &Request,
+    fresh: crate::plan::Plan,
+    report: &mut Report,
+) -> std::result::Result<crate::plan::Plan, Abort> {
+    let refuse = |which: String| {
+        Abort::Refuse(
             Outcome::CandidateSetMoved,
             format!(
                 "the eligibility verdict changed since the plan (now {}){which}; plan again",
                 fresh.candidate_fingerprint
             ),
-        ));
+        )
+    };
+    let Some(moved) = planned_verdicts_moved(req, &fresh) else {
+        return Err(refuse(verdicts_moved_words(None, report)));
+    };
+    let retired = &report.retired_since_plan;
+    if !super::moved::plan_token_holds(&fresh, &moved, retired, &req.candidate_fingerprint) {
+        let words = verdicts_moved_words(Some(moved), report);
+        return Err(refuse(format!(
+            "{words}; the plan's recorded verdicts do not make its candidate token"
+        )));
     }
+    let planned = req
+        .planned
+        .as_deref()
+        .expect("verdicts moved come from the plan's rows");
+    let sorted = super::moved::sort(&fresh, planned, moved, req, retired);
+    if !sorted.concerning.is_empty() {
+        let words = verdicts_moved_words(Some(sorted.concerning), report);
+        return Err(refuse(format!(
+            "{words} (a target's own verdict, or, for a plan saved without its candidates' \
+             peer facts, that of a row sharing identity evidence or an instance slot with a \
+             target)"
+        )));
+    }
+    if !sorted.peers_moved.is_empty() {
+        let shown: Vec<&str> = sorted
+            .peers_moved
+            .iter()
+            .take(5)
+            .map(String::as_str)
+            .collect();
+        let more = if sorted.peers_moved.len() > 5 {
+            "; …"
+        } else {
+            ""
+        };
+        return Err(refuse(format!(
+            ": what a target's verdict reads of other rows moved ({}{more})",
+            shown.join("; ")
+        )));
+    }
+    report.candidates_added_since_plan = sorted.added;
+    report.verdicts_moved = sorted.left;
     Ok(fresh)
 }
 
@@ -106,58 +156,6 @@ pub(super) fn planned_verdicts_moved(
         .as_deref()
         .filter(|p| p.registry_fingerprint == req.registry_fingerprint)
         .and_then(|p| p.verdicts_moved(fresh))
-}
-
-/// Semantics §13: the candidate set moved only as time and this plan's own
-/// batches move it. Every moved row either was kept at plan time only for
-/// an unexpired heartbeat and is a candidate now (time passed), or was a
-/// candidate and has been retired since (an earlier batch of this plan,
-/// `retired`); and the plan's candidates, rebuilt from the rows now (the
-/// retired ones as they were, `active`), make exactly the plan's token.
-/// Then the apply goes on: the rows that became candidates are named and
-/// left alone. `None` when any other change is in the set.
-pub(super) fn moved_as_planned(
-    req: &Request,
-    fresh: &crate::plan::Plan,
-    moved: &[crate::plan::planned::VerdictMoved],
-    retired: &[String],
-) -> Option<Vec<String>> {
-    let retired: std::collections::HashSet<&str> = retired.iter().map(String::as_str).collect();
-    let explained = |m: &&crate::plan::planned::VerdictMoved| {
-        m.expired_since || retired.contains(m.worker_identity.as_str())
-    };
-    if moved.is_empty() || !moved.iter().all(|m| explained(&m)) {
-        return None;
-    }
-    let added: std::collections::HashSet<usize> = moved
-        .iter()
-        .filter(|m| m.expired_since)
-        .map(|m| m.entry)
-        .collect();
-    let planned: Vec<Row> = fresh
-        .entries
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| {
-            let row = &fresh.rows[e.index];
-            if e.is_candidate() && !added.contains(&i) {
-                Some(row.clone())
-            } else if retired.contains(fresh.identity(e).as_str()) {
-                let mut before = row.clone();
-                before.set(Col::Status, Value::Text("active".into()));
-                Some(before)
-            } else {
-                None
-            }
-        })
-        .collect();
-    (crate::fingerprint::candidate_fingerprint(&planned) == req.candidate_fingerprint).then(|| {
-        moved
-            .iter()
-            .filter(|m| m.expired_since)
-            .map(|m| m.worker_identity.clone())
-            .collect()
-    })
 }
 
 /// The refusal's words for the rows whose verdict moved, and those rows

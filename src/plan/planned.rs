@@ -38,6 +38,23 @@ pub struct PlannedRow {
     /// Absent in plans saved before they were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason_codes: Option<Vec<String>>,
+    /// A candidate's peer facts in the plan ([`peer_text`]): what its
+    /// verdict read of other rows, so an apply can tell that a row moving
+    /// beside it left its verdict's inputs alone (semantics §13). Absent
+    /// for rows kept, and in plans saved before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<String>,
+}
+
+/// A row's peer facts as one line: the active claimants of its instance
+/// slot, the occupants among them, and the identity evidence it shares.
+pub fn peer_text(peers: &crate::observe::PeerFacts) -> String {
+    format!(
+        "slot_active_claimants={} slot_occupants={} shared_identity_evidence=[{}]",
+        peers.slot_active_claimants,
+        peers.slot_occupants,
+        peers.shared_identity_evidence.join(",")
+    )
 }
 
 /// A row whose verdict differs between the plan and the apply's re-plan.
@@ -154,6 +171,9 @@ impl PlannedRows {
                 digest_without_heartbeat,
                 live: live_here(plan, e),
                 reason_codes: Some(codes_of(e)),
+                peers: e
+                    .is_candidate()
+                    .then(|| peer_text(&plan.observation(e).peers)),
             }
         });
         PlannedRows {
