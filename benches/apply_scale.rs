@@ -12,8 +12,19 @@
 //! under the lock, and the heartbeats' latency during the apply (p50, p99,
 //! slowest) and failures.
 //!
-//! The SQLite registry keeps row versions, as one made by `registry create`
-//! or after a first apply does (`docs/apply.md`).
+//! SQLite runs three ways: a registry as the seed made it, without row
+//! versions, in each journal mode (rollback and WAL), applied first with
+//! `--first 1` (the first apply, which installs the bookkeeping) and then
+//! `--first 2000` from the same plan; and one with row versions, as
+//! `registry create` or a first apply leaves it (`docs/apply.md`).
+//!
+//! Churn beside the targets (issue 44 §2): throughout the plan and the
+//! applies a thread starts a short-lived process every 20 ms (each takes
+//! the next pid, which rows of the registry hold), and five processes
+//! are placed, by steering the kernel's next pid (root only), on the pids
+//! of dead candidates that are no target, so those rows move to
+//! `pid_reuse_detected` between the plan and the apply. Every apply must
+//! still be `applied`; the rows that moved are counted (`verdicts_moved`).
 //!
 //! Run with `cargo bench --bench apply_scale`.
 
@@ -27,6 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod churn;
 mod common;
 
 const WRITERS: usize = 20;
@@ -36,6 +48,8 @@ struct Location {
     engine: &'static str,
     registry: PathBuf,
     leases: PathBuf,
+    /// A registry without row versions: its first apply is measured too.
+    first_apply: bool,
     _db: Option<Db>,
 }
 
@@ -62,7 +76,11 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         generate(generator, rows, dir.path());
         let writers = add_writers(&dir.path().join("registry.sqlite"));
-        let mut locations = vec![sqlite_copy(dir.path())];
+        let mut locations = vec![
+            seed_made_copy(dir.path(), "delete"),
+            seed_made_copy(dir.path(), "wal"),
+            sqlite_copy(dir.path()),
+        ];
         if let Some(admin) = &admin {
             locations.push(postgres_copy(admin, dir.path(), rows));
         }
@@ -142,9 +160,33 @@ fn sqlite_copy(dir: &Path) -> Location {
     fleet_retire::store::sqlite::versions::install(&conn).unwrap();
     conn.execute_batch("COMMIT").unwrap();
     Location {
-        engine: "sqlite",
+        engine: "sqlite with row versions",
         registry,
         leases: dir.join("leases.sqlite"),
+        first_apply: false,
+        _db: None,
+    }
+}
+
+/// The SQLite registry as the seed leaves it: no row versions, in the
+/// journal mode `mode` (`delete` or `wal`).
+fn seed_made_copy(dir: &Path, mode: &'static str) -> Location {
+    let registry = dir.join(format!("registry-seed-{mode}.sqlite"));
+    std::fs::copy(dir.join("registry.sqlite"), &registry).unwrap();
+    let conn = rusqlite::Connection::open(&registry).unwrap();
+    let set: String = conn
+        .query_row(&format!("PRAGMA journal_mode = {mode}"), [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(set, mode);
+    Location {
+        engine: if mode == "wal" {
+            "sqlite as the seed made it, WAL"
+        } else {
+            "sqlite as the seed made it, rollback journal"
+        },
+        registry,
+        leases: dir.join("leases.sqlite"),
+        first_apply: true,
         _db: None,
     }
 }
@@ -167,6 +209,7 @@ fn postgres_copy(admin: &str, dir: &Path, rows: usize) -> Location {
         engine: "postgres",
         registry: url.clone(),
         leases: url,
+        first_apply: false,
         _db: Some(db),
     }
 }
@@ -182,22 +225,44 @@ fn run(at: &Location, rows: usize, targets: usize, writers: &[String], dir: &Pat
         .iter()
         .map(|w| start_writer(w.clone(), &at.registry, &phase))
         .collect();
+    let churn = churn::Churn::start();
     let started = Instant::now();
-    let req = common::plan_and_request(&at.registry, &at.leases, &policies, targets, Some(targets));
+    let (mut req, bystanders) =
+        churn::plan_with_bystanders(&at.registry, &at.leases, &policies, targets + 1);
     let planned_in = started.elapsed();
+    let placed = churn::place_on(&bystanders, 5);
+    println!(
+        "  churn: {} processes placed on pids of dead candidates beside the targets",
+        placed.len()
+    );
     let profiles = dir.join("profiles.json");
     let ctx = common::apply_context(&at.registry, &at.leases, &profiles, &policies, &probe);
     std::thread::sleep(Duration::from_millis(500));
     phase.store(1, Ordering::SeqCst);
+    if at.first_apply {
+        req.first = Some(1);
+        let started = Instant::now();
+        let report = apply(&req, &ctx, Hooks::default()).unwrap();
+        print_run(
+            &format!("{}, first apply", at.engine),
+            rows,
+            planned_in,
+            started.elapsed(),
+            &report,
+        );
+    }
+    req.first = Some(targets);
     let started = Instant::now();
     let report = apply(&req, &ctx, Hooks::default()).unwrap();
     let took = started.elapsed();
     phase.store(2, Ordering::SeqCst);
+    let spawned = churn.stop();
+    drop(placed);
     let (during, failed) = join(beats);
     print_run(at.engine, rows, planned_in, took, &report);
     println!(
-        "  heartbeats during the apply: {} beats of {WRITERS} writers every 200 ms, p50 {:.1} ms, \
-         p99 {:.1} ms, slowest {:.1} ms, failed {failed}",
+        "  heartbeats during the applies: {} beats of {WRITERS} writers every 200 ms, p50 {:.1} ms, \
+         p99 {:.1} ms, slowest {:.1} ms, failed {failed}; {spawned} short-lived processes started",
         during.len(),
         percentile(&during, 0.5),
         percentile(&during, 0.99),
@@ -209,7 +274,8 @@ fn print_run(engine: &str, rows: usize, planned_in: Duration, took: Duration, re
     let read = serde_json::to_value(&report.read_under_lock).unwrap();
     println!(
         "apply_scale {engine}, {rows} rows: {:?}, {} retired, lock_held_ms {}, read under the \
-         lock: {} {} rows{}; plan {:.2} s, apply {:.2} s, {} heartbeats tolerated",
+         lock: {} {} rows{}; plan {:.2} s, apply {:.2} s, {} heartbeats tolerated, {} verdicts \
+         moved beside the targets, {} candidates added{}",
         report.outcome,
         report.retired_count,
         report.lock_held_ms,
@@ -221,7 +287,13 @@ fn print_run(engine: &str, rows: usize, planned_in: Duration, took: Duration, re
             .unwrap_or_default(),
         planned_in.as_secs_f64(),
         took.as_secs_f64(),
-        report.heartbeats_tolerated
+        report.heartbeats_tolerated,
+        report.verdicts_moved.len(),
+        report.candidates_added_since_plan.len(),
+        report
+            .versions_install_lock_ms
+            .map(|ms| format!("; row versions installed first, lock held {ms} ms"))
+            .unwrap_or_default()
     );
     if !report.success || report.retired_count == 0 {
         println!("  detail: {}", report.detail);

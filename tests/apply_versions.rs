@@ -220,30 +220,102 @@ fn a_target_changed_with_triggers_off_is_still_kept_by_the_guarded_update() {
     drop(live);
 }
 
-/// A registry without row versions is read whole under the lock, as
-/// before, and the apply installs them for the next one (inside its
-/// transaction: a refused apply leaves the file as it was).
+/// A registry without row versions (one the seed made) gains them in a
+/// short transaction of their own before its first apply judges, so even
+/// that apply reads only the rows changed since under its lock; a refused
+/// first apply leaves them in place, and nothing else (docs/apply.md, "The
+/// first apply").
 #[test]
-fn an_apply_installs_row_versions_and_the_next_reads_only_changes() {
+fn the_first_apply_installs_row_versions_before_it_judges() {
     let (stores, live) = fleet();
     let registry = stores.registry.clone();
     let lib = Lib::new(stores);
+    let before = dump(&registry);
+    let mut refused = lib.request();
+    refused.candidate_fingerprint = "candidatefp-not-this-plan".into();
+    let report = lib.run(&refused, Hooks::default());
+    assert_eq!(
+        report.outcome,
+        Outcome::CandidateSetMoved,
+        "{}",
+        report.detail
+    );
+    assert_eq!(read_under_lock(&report)["scope"], "nothing");
+    assert!(report.versions_install_lock_ms.is_some(), "{report:?}");
+    assert_eq!(dump(&registry), before, "only the bookkeeping, untouched");
+    assert!(
+        fleet_retire::store::sqlite::versions::installed(&Connection::open(&registry).unwrap())
+            .unwrap(),
+        "the bookkeeping survives the refusal"
+    );
     let mut req = lib.request();
     req.workers.truncate(1);
     let first = lib.run(&req, Hooks::default());
     assert_eq!(first.outcome, Outcome::Applied, "{}", first.detail);
-    assert_eq!(read_under_lock(&first)["scope"], "whole_registry");
-    let mut req = lib.request();
-    req.workers.truncate(1);
-    let second = lib.run(&req, Hooks::default());
-    assert_eq!(second.outcome, Outcome::Applied, "{}", second.detail);
     assert_eq!(
-        read_under_lock(&second),
+        read_under_lock(&first),
         serde_json::json!({"scope": "changed_rows", "rows": 0})
     );
-    assert_eq!(second.retired_count, 1);
+    assert_eq!(first.versions_install_lock_ms, None, "installed once");
+    assert_eq!(first.retired_count, 1);
     drop(live);
-    let _ = registry;
+}
+
+/// A write racing the install is never lost to the fast path: whether it
+/// lands after the install and before the judgement (the judgement reads
+/// it), or after the judgement (the triggers stamp it, the lock sees the
+/// stamp), and even from a connection opened, with its statement compiled,
+/// before the triggers existed.
+#[test]
+fn a_write_racing_the_install_is_still_seen() {
+    for after in ["install", "prejudge"] {
+        let (stores, live) = fleet();
+        let registry = stores.registry.clone();
+        let lib = Lib::new(stores);
+        let writer = Connection::open(&registry).unwrap();
+        let sql = "UPDATE worker_registrations SET session_id = ?1 WHERE worker_identity = ?2";
+        writer
+            .prepare_cached(sql)
+            .unwrap()
+            .execute(["x", "nobody"])
+            .unwrap();
+        let write = || {
+            writer
+                .prepare_cached(sql)
+                .unwrap()
+                .execute(["sess-moved", "w-dead-1"])
+                .unwrap();
+        };
+        let mut hook = write;
+        let hooks = if after == "install" {
+            Hooks {
+                after_install: Some(&mut hook),
+                ..Default::default()
+            }
+        } else {
+            Hooks {
+                after_prejudge: Some(&mut hook),
+                ..Default::default()
+            }
+        };
+        let report = lib.run(&lib.request(), hooks);
+        assert_eq!(
+            report.outcome,
+            Outcome::RegistryRevisionMoved,
+            "a write after the {after}: {}",
+            report.detail
+        );
+        assert_eq!(report.retired_count, 0);
+        assert_eq!(session_of(&registry, "w-dead-1"), "sess-moved");
+        let scope = read_under_lock(&report)["scope"].clone();
+        let expected = if after == "install" {
+            "nothing"
+        } else {
+            "whole_registry"
+        };
+        assert_eq!(scope, expected, "a write after the {after}: {report:?}");
+        drop(live);
+    }
 }
 
 /// The bookkeeping defends itself against a writer that would hide a

@@ -29,8 +29,8 @@ mod workers;
 mod writes;
 
 use crate::value::Value;
-use prejudge::Prejudged;
 pub use prejudge::ReadUnderLock;
+use prejudge::{NotJudged, Prejudged};
 pub use report::{Kept, Outcome, Report, Retired};
 use std::collections::HashMap;
 use std::path::Path;
@@ -133,6 +133,9 @@ pub struct Context<'a> {
 /// Test seams: code that runs at fixed points inside the transaction.
 #[derive(Default)]
 pub struct Hooks<'a> {
+    /// After the row-version bookkeeping was installed (or found), before
+    /// the judgement outside the lock.
+    pub after_install: Option<&'a mut dyn FnMut()>,
     /// After the judgement outside the lock, before `BEGIN`.
     pub after_prejudge: Option<&'a mut dyn FnMut()>,
     /// Runs after revalidation, before the first write.
@@ -254,9 +257,23 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
         Ok(stores) => stores,
         Err((outcome, why)) => return Ok((Report::new(req, outcome, why), None)),
     };
-    // 5. Judged outside the lock when the registry keeps row versions.
-    let prejudged = prejudge::prejudge(req, ctx, &mut *lease_source);
+    // 5. A registry without the row-version bookkeeping (one the seed
+    //    made) gains it in a short transaction of its own, so that it is
+    //    judged outside the lock from its first apply on.
     let mut hooks = hooks;
+    let installed = match install_versions_first(&mut *conn) {
+        Ok(installed) => installed,
+        Err((why, lock_ms)) => {
+            let mut report = Report::new(req, Outcome::RegistryUntrusted, why);
+            report.versions_install_lock_ms = Some(lock_ms);
+            return Ok((report, None));
+        }
+    };
+    if let Some(hook) = hooks.after_install.as_mut() {
+        hook();
+    }
+    // 6. Judged outside the lock when the registry keeps row versions.
+    let prejudged = prejudge::prejudge(req, ctx, &mut *lease_source);
     if let Some(hook) = hooks.after_prejudge.as_mut() {
         hook();
     }
@@ -265,8 +282,9 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
         report.success = false;
         return Ok((report, None));
     }
-    // 6. The transaction.
+    // 7. The transaction.
     let mut report = Report::new(req, Outcome::Applied, "");
+    report.versions_install_lock_ms = installed;
     let mut tx = match conn.begin() {
         Ok(tx) => tx,
         Err(why) => {
@@ -299,9 +317,52 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
             Ok(())
         }
     });
-    let report = conclude(req, tx, result, report, locked_at);
+    let mut report = conclude(req, tx, result, report, locked_at);
+    report.versions_install_lock_ms = installed;
     let committed = committed.filter(|_| report.outcome == Outcome::Applied);
     Ok((report, committed))
+}
+
+/// Install the row-version bookkeeping when the registry lacks it, in a
+/// transaction that writes nothing else and commits on its own (docs/apply.md,
+/// "The first apply"). `Ok` with how long it held the write lock when it ran;
+/// `Err` (the reason, the lock's time) when the registry's schema is one
+/// apply refuses. Any other failure installs nothing and lets apply go on:
+/// its transaction then reads the whole registry under the lock, as before,
+/// and says what is wrong if something is.
+fn install_versions_first(
+    conn: &mut dyn ApplyConnection,
+) -> std::result::Result<Option<u64>, (String, u64)> {
+    let skip = |what: &str, why: &dyn std::fmt::Display| {
+        tracing::warn!("row-version bookkeeping not installed before judging ({what}): {why}");
+        Ok(None)
+    };
+    match conn.lacks_versions() {
+        Ok(false) => return Ok(None),
+        Ok(true) => {}
+        Err(e) => return skip("cannot tell whether it is there", &e),
+    }
+    let locked_at = std::time::Instant::now();
+    let mut tx = match conn.begin() {
+        Ok(tx) => tx,
+        Err(why) => return skip("no write lock", &why),
+    };
+    let lock_ms = || locked_at.elapsed().as_millis() as u64;
+    match tx.untrusted_objects() {
+        Ok(None) => {}
+        Ok(Some(why)) => {
+            tx.rollback();
+            return Err((why, lock_ms()));
+        }
+        Err(e) => return skip("cannot inspect the schema", &e),
+    }
+    if let Err(e) = tx.install_versions() {
+        return skip("install failed", &e);
+    }
+    match tx.commit() {
+        Ok(()) => Ok(Some(lock_ms())),
+        Err(e) => skip("commit failed", &e),
+    }
 }
 
 /// The refusals that need no store: the plan's policy set must be the one
@@ -463,7 +524,7 @@ struct Txn<'a, 'c> {
 /// as they stand once this transaction commits.
 fn inside(
     t: &mut Txn,
-    prejudged: std::result::Result<Prejudged, String>,
+    prejudged: std::result::Result<Prejudged, NotJudged>,
     mut hooks: Hooks,
     standing: &mut Standing,
     report: &mut Report,
@@ -561,13 +622,30 @@ fn refuse_if_cancelled(hooks: &Hooks) -> std::result::Result<(), Abort> {
 /// holds; otherwise the whole registry read and judged again here.
 fn judge_under_lock(
     t: &mut Txn,
-    prejudged: std::result::Result<Prejudged, String>,
+    prejudged: std::result::Result<Prejudged, NotJudged>,
     fence: &leases::Fence,
     active_leases: &[leases::Lease],
     report: &mut Report,
 ) -> std::result::Result<(crate::plan::Plan, Vec<usize>), Abort> {
     let why = match prejudged {
-        Err(why) => why,
+        Err(NotJudged::Unread(why)) => why,
+        Err(NotJudged::Refused(outcome, why, mut found)) => {
+            report.verdicts_moved = std::mem::take(&mut found.verdicts_moved);
+            report.retired_since_plan = std::mem::take(&mut found.retired_since_plan);
+            report.heartbeats_tolerated = found.heartbeats_tolerated;
+            report.heartbeats_tolerated_workers =
+                std::mem::take(&mut found.heartbeats_tolerated_workers);
+            report.read_under_lock = Some(ReadUnderLock {
+                scope: "nothing",
+                rows: 0,
+                why: Some(
+                    "refused on the registry as read outside the lock, moments before; \
+                     the lock checked the file and the fence only"
+                        .into(),
+                ),
+            });
+            return Err(Abort::Refuse(outcome, why));
+        }
         Ok(pre) => match pre.confirm(t, fence)? {
             Err(why) => why,
             Ok((fresh, targets, confirmed, rows)) => {

@@ -40,6 +40,29 @@ pub struct Prejudged {
     pub live_when_planned: Option<std::collections::HashMap<u128, bool>>,
 }
 
+/// Why apply did not judge outside the lock, or what it found there.
+pub enum NotJudged {
+    /// It could not (no row versions, a read that failed): the lock reads
+    /// the whole registry and judges there.
+    Unread(String),
+    /// A step refused: the lock answers the refusal without reading the
+    /// registry again (it checks only the file and takes the fence first,
+    /// so refusals keep their order), and the report as the steps left it.
+    Refused(Outcome, String, Box<Report>),
+}
+
+impl From<String> for NotJudged {
+    fn from(why: String) -> NotJudged {
+        NotJudged::Unread(why)
+    }
+}
+
+impl From<&str> for NotJudged {
+    fn from(why: &str) -> NotJudged {
+        NotJudged::Unread(why.into())
+    }
+}
+
 /// A judgement confirmed under the lock: the plan with the changed rows in
 /// place, its targets, the report as the steps left it, the rows read.
 pub type Confirmed = (Plan, Vec<usize>, Report, usize);
@@ -48,7 +71,8 @@ pub type Confirmed = (Plan, Vec<usize>, Report, usize);
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ReadUnderLock {
     /// `changed_rows` (judged outside the lock, the changed rows confirmed
-    /// under it) or `whole_registry` (read and judged under the lock).
+    /// under it), `whole_registry` (read and judged under the lock) or
+    /// `nothing` (refused on the judgement made outside it).
     pub scope: &'static str,
     /// Rows read under the lock.
     pub rows: usize,
@@ -57,15 +81,17 @@ pub struct ReadUnderLock {
     pub why: Option<String>,
 }
 
-/// Judge outside the lock, when the registry keeps row versions. `None`
-/// when it does not, when reading fails, or when a step refuses: apply
-/// then takes the lock and runs every step there, so refusals keep their
-/// order and say what the lock saw.
+/// Judge outside the lock, when the registry keeps row versions.
+/// `Unread` when it does not or reading fails (apply then takes the lock
+/// and runs every step there); `Refused` when a step refuses (apply
+/// answers it with the lock held only to check the file and the fence:
+/// an apply refused for what moved since its plan never holds the lock for
+/// a whole read, issue 44 §2).
 pub fn prejudge(
     req: &Request,
     ctx: &Context,
     fence_source: &mut dyn FenceSource,
-) -> std::result::Result<Prejudged, String> {
+) -> std::result::Result<Prejudged, NotJudged> {
     let engine = crate::store::open::engine(ctx.registry).map_err(|e| e.to_string())?;
     let (fence, active_leases) = leases::Fence::read(fence_source).map_err(|e| e.to_string())?;
     let (rows, versions) = engine
@@ -76,8 +102,17 @@ pub fn prejudge(
         )?
         .map_err(|e| e.to_string())?;
     let mut report = Report::new(req, Outcome::Applied, "");
-    let (fresh, targets) = judge(req, ctx, rows, &active_leases, &mut report)
-        .map_err(|_| "a step refused outside the lock, so the lock judges again".to_string())?;
+    let (fresh, targets) = match judge(req, ctx, rows, &active_leases, &mut report) {
+        Ok(judged) => judged,
+        Err(Abort::Refuse(outcome, why)) => {
+            return Err(NotJudged::Refused(outcome, why, Box::new(report)))
+        }
+        Err(Abort::Fail(why)) => {
+            return Err(NotJudged::Unread(format!(
+                "judging outside the lock failed ({why}), so the lock judges again"
+            )))
+        }
+    };
     let live_when_planned = req
         .planned
         .as_deref()

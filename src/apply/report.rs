@@ -164,6 +164,11 @@ pub struct Report {
     /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
     /// meanwhile.
     pub lock_held_ms: u64,
+    /// When this apply installed the row-version bookkeeping (the first
+    /// apply into a registry the seed made), how long that transaction of
+    /// its own held the write lock, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub versions_install_lock_ms: Option<u64>,
     /// How the registry was read under the lock: only the rows changed
     /// since a judgement made outside it, or whole (and why).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -200,6 +205,7 @@ impl Report {
             candidates_added_since_plan: Vec::new(),
             retired_since_plan: Vec::new(),
             lock_held_ms: 0,
+            versions_install_lock_ms: None,
             read_under_lock: None,
             detail: detail.into(),
             post_apply: None,

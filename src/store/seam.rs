@@ -132,6 +132,15 @@ pub trait ApplyConnection {
     /// Begin the transaction (SQLite: the write lock; PostgreSQL:
     /// SERIALIZABLE); the failure as the report says it.
     fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String>;
+
+    /// Whether the registry lacks the row-version bookkeeping it could keep
+    /// (SQLite: a registry the seed made, before its first apply). Apply
+    /// then installs it in a short transaction of its own before it judges
+    /// ([`ApplyTx::install_versions`]), so its judgement can be made outside
+    /// the lock. Read without a lock; PostgreSQL keeps none.
+    fn lacks_versions(&mut self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// Apply's transaction on the registry: the steps of docs/semantics.md §10
@@ -146,6 +155,13 @@ pub trait ApplyTx {
 
     /// Create the audit table, or add the columns it lacks.
     fn migrate_audit(&mut self) -> Result<()>;
+
+    /// Install the row-version bookkeeping alone (nothing else is written),
+    /// for [`ApplyConnection::lacks_versions`]: committed on its own, it
+    /// stays whatever the apply that installed it ends in.
+    fn install_versions(&mut self) -> Result<()> {
+        Ok(())
+    }
 
     /// The authoritative read of every registration.
     fn read_rows(&mut self) -> Result<Vec<Row>>;

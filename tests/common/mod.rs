@@ -447,18 +447,41 @@ pub fn skip_unless(available: bool, what: &str) -> bool {
     true
 }
 
+/// Whether the registry's row-version bookkeeping is there and has never
+/// counted a write: its clock at 0, no row stamped.
+fn bookkeeping_untouched(conn: &Connection) -> bool {
+    conn.query_row(
+        "SELECT (SELECT version FROM fleet_retire_clock) = 0 \
+         AND NOT EXISTS (SELECT 1 FROM fleet_retire_changes)",
+        [],
+        |r| r.get::<_, bool>(0),
+    )
+    .unwrap_or(false)
+}
+
 /// Every object of the registry (schema and rows), in a stable order.
+///
+/// The row-version bookkeeping installed and never written (docs/apply.md,
+/// "The first apply": the first apply into a registry without it installs
+/// it on its own, before it judges, whatever that apply ends in) is left
+/// out, so a registry before its first apply and after a refused one
+/// compare equal. Bookkeeping that counted anything (a stamp a rolled-back
+/// apply leaked, say) is dumped with its rows.
 pub fn dump(path: &Path) -> String {
     let conn =
         rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .unwrap();
     let mut out = String::new();
+    let untouched = bookkeeping_untouched(&conn);
     let objects: Vec<(String, String, Option<String>)> = conn
         .prepare("SELECT type, name, sql FROM sqlite_master ORDER BY type, name")
         .unwrap()
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap()
         .map(Result::unwrap)
+        .filter(|(_, name, _): &(String, String, Option<String>)| {
+            !(untouched && name.starts_with("fleet_retire_"))
+        })
         .collect();
     for (kind, name, sql) in objects {
         out.push_str(&format!("{kind} {name}: {}\n", sql.unwrap_or_default()));

@@ -120,6 +120,27 @@ impl ApplyConnection for Sqlite {
             stamped: 0,
         }))
     }
+
+    /// Not installed, and the registry table could keep versions (it has
+    /// row ids no column shadows).
+    fn lacks_versions(&mut self) -> Result<bool> {
+        let read = || -> rusqlite::Result<bool> {
+            Ok(!super::versions::installed(&self.conn)?
+                && super::versions::rowid_shadowed(&self.conn)?.is_none()
+                && self
+                    .conn
+                    .prepare(&format!(
+                        "SELECT rowid FROM {} LIMIT 0",
+                        crate::store::registry::TABLE
+                    ))
+                    .is_ok())
+        };
+        read().map_err(Error::sqlite(
+            Store::Registry,
+            &self.path,
+            "cannot read whether the registry keeps row versions",
+        ))
+    }
 }
 
 /// Apply's transaction on a SQLite registry.
@@ -165,6 +186,11 @@ impl ApplyTx for Tx<'_> {
     fn migrate_audit(&mut self) -> Result<()> {
         crate::store::audit::create_or_migrate(&self.tx)
             .map_err(self.err("cannot create or migrate the audit table"))
+    }
+
+    fn install_versions(&mut self) -> Result<()> {
+        super::versions::install(&self.tx)
+            .map_err(self.err("cannot install the row-version bookkeeping"))
     }
 
     fn read_rows(&mut self) -> Result<Vec<Row>> {
