@@ -26,18 +26,21 @@ impl From<ExitCode> for std::process::ExitCode {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The worker registry could not be opened or read as one.
-    #[error("registry {}: {message}", crate::pgurl::label(path))]
+    #[error("registry {shown}: {message}")]
     Registry {
-        /// The registry file.
-        path: PathBuf,
+        /// The registry as messages name it: a file's path, or a
+        /// PostgreSQL URL without its password (`store::location::label`
+        /// makes it; only the store's code, which alone reads URLs, builds
+        /// this error).
+        shown: String,
         /// What is wrong and what to do.
         message: String,
     },
     /// The lease store could not be read (never taken as "no leases").
-    #[error("lease store {}: {message}", crate::pgurl::label(path))]
+    #[error("lease store {shown}: {message}")]
     Leases {
-        /// The lease database.
-        path: PathBuf,
+        /// The lease store as messages name it (see `Registry`).
+        shown: String,
         /// What is wrong and what to do.
         message: String,
     },
@@ -428,7 +431,7 @@ mod tests {
         assert!(e.to_string().contains("try again"), "{e}");
         assert_eq!(e.exit_code(), ExitCode::Error);
         let not_busy = Error::Registry {
-            path: path.clone(),
+            shown: path.display().to_string(),
             message: "database is locked (in words only)".into(),
         };
         assert!(!not_busy.is_lock_contention());

@@ -29,7 +29,6 @@ pub mod liveness;
 pub mod mutate;
 pub mod observe;
 pub mod outfile;
-pub mod pgurl;
 pub mod plan;
 pub mod policy;
 pub mod pool;

@@ -11,7 +11,6 @@ use std::path::Path;
 /// Lowest first. Modules on one line are peers that never import each
 /// other (the test checks that too).
 const LAYERS: &[&[&str]] = &[
-    &["pgurl"],
     &["error", "value", "time", "reasons", "pool", "outfile"],
     &["row", "text"],
     &["store"],
@@ -362,4 +361,53 @@ fn the_file_graph_sees_sibling_and_crate_paths() {
     );
     assert!(holds("snapshot", "snapshot::detect"));
     assert!(!holds("snapshot", "snapshot::detect::deep"));
+}
+
+/// What names an engine: the URL test, a match on the location's engine,
+/// a call into one engine's folder, SQL run through a driver.
+const ENGINE_MARKS: &[&str] = &[
+    "is_postgres(",
+    "Location::Postgres",
+    "Location::Sqlite",
+    "store::postgres::",
+    "\"SELECT ",
+    "\"INSERT ",
+    "\"UPDATE ",
+    "\"DELETE ",
+    "\"CREATE ",
+    "execute_batch(",
+    "query_row(",
+    "rusqlite::Connection",
+    "postgres::Client",
+];
+
+/// Engines are chosen and spoken to only in `src/store/` (issue 44 §3):
+/// outside it, non-test code asks the store.
+#[test]
+fn no_engine_is_named_outside_the_store() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(&root).unwrap();
+        if rel.starts_with("store") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            if let Some(mark) = ENGINE_MARKS.iter().find(|m| line.contains(**m)) {
+                found.push(format!("src/{}:{}: {mark}", rel.display(), n + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "engine-specific code outside src/store/ (move it into the store and ask it):\n{}",
+        found.join("\n")
+    );
 }

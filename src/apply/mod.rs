@@ -165,20 +165,16 @@ enum Abort {
 impl From<Error> for Abort {
     fn from(e: Error) -> Abort {
         match &e {
-            // PostgreSQL aborted this transaction because a concurrent one
+            // The engine aborted this transaction because a concurrent one
             // (another apply, a lease taken) made the two unserializable:
             // what this apply read is no longer the registry.
-            Error::Postgres { source, .. }
-                if crate::store::postgres::is_serialization_failure(source) =>
-            {
-                Abort::Refuse(
-                    Outcome::RegistryRevisionMoved,
-                    format!(
-                        "a concurrent transaction changed what this apply read ({e}); \
+            e if crate::store::lost_a_race(e) => Abort::Refuse(
+                Outcome::RegistryRevisionMoved,
+                format!(
+                    "a concurrent transaction changed what this apply read ({e}); \
                          nothing was retired; plan again"
-                    ),
-                )
-            }
+                ),
+            ),
             _ => Abort::Fail(e.to_string()),
         }
     }

@@ -258,7 +258,7 @@ impl<'p> Demo<'p> {
         self.workers.push(("w-legacy-author".into(), 2));
         self.say(format!("   legacy worker w-legacy-author (pid {legacy_pid}) has no launcher-minted instance id"))?;
         // An active lease held by one worker of the launch that is about to die.
-        leases_with_one(&self.leases, "w-2-merger")?;
+        crate::store::sqlite::leases::create_with_one_active(&self.leases, "w-2-merger")?;
         self.say("   an active workflow lease is held by w-2-merger")
     }
 
@@ -370,26 +370,4 @@ impl<'p> Demo<'p> {
         }
         Ok(())
     }
-}
-
-fn leases_with_one(path: &Path, owner: &str) -> Result<()> {
-    let conn = rusqlite::Connection::open(path).map_err(Error::sqlite(
-        crate::error::Store::Leases,
-        path,
-        "demo: cannot create",
-    ))?;
-    conn.execute_batch(&crate::store::leases::create_sql())
-        .and_then(|_| {
-            conn.execute(
-            "INSERT INTO workflow_leases (lease_id, role, target, status, owner_worker_identity)
-             VALUES ('lease-demo', 'merger', 'pr-7', 'active', ?1)",
-            [owner],
-        )
-        })
-        .map(|_| ())
-        .map_err(Error::sqlite(
-            crate::error::Store::Leases,
-            path,
-            "demo: cannot write",
-        ))
 }

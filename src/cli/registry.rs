@@ -54,16 +54,9 @@ fn create(args: &CreateArgs) -> Result<ExitCode> {
     let path = &args.registry;
     let name = path.display().to_string();
     let shown = crate::text::esc(&name);
-    if crate::pgurl::is_postgres(path) {
-        return Err(crate::error::Error::input(
-            About::Option("registry create"),
-            "a PostgreSQL registry's tables are created by `fleet-retire registry copy` or by \
-             its first worker (docs/multi-host.md); `registry create` makes a SQLite file",
-        ));
-    }
     // Made with O_EXCL: an existing path, a symbolic link (dangling or not)
     // included, is refused rather than followed.
-    if crate::store::sqlite::worker::create_new(path)?.is_none() {
+    if !crate::store::open::create_registry(path)? {
         return Err(crate::error::Error::input(
             About::File(path.clone()),
             format!(

@@ -1,8 +1,8 @@
 //! Where a store is, parsed once: a SQLite file or a PostgreSQL database
-//! (its URL a [`PgUrl`], which shows only masked; `crate::pgurl` says why).
+//! (its URL a [`PgUrl`], which shows only masked; `store::pgurl` says why).
 
+pub use super::pgurl::{is_postgres, label, PgUrl};
 use crate::error::About;
-pub use crate::pgurl::{is_postgres, label, PgUrl};
 use std::fmt;
 use std::path::Path;
 

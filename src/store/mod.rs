@@ -21,15 +21,26 @@
 
 pub mod audit;
 pub mod batch;
+pub mod copy;
 pub mod leases;
 pub mod location;
 pub mod open;
+pub mod pgurl;
 pub mod postgres;
 pub mod registry;
 pub mod seam;
 pub mod sqlite;
 
 use rusqlite::Connection;
+
+/// Whether `e` says the engine aborted a transaction because a concurrent
+/// one made the two unserializable (PostgreSQL's serialization failure or
+/// deadlock): what the transaction read is no longer the store, and it may
+/// simply be tried again. SQLite serializes writers with its lock instead.
+pub fn lost_a_race(e: &crate::error::Error) -> bool {
+    matches!(e, crate::error::Error::Postgres { source, .. }
+        if postgres::is_serialization_failure(source))
+}
 
 /// An identifier quoted for SQL (SQLite and PostgreSQL alike): in double
 /// quotes, an embedded double quote doubled. Every identifier put into SQL

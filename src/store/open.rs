@@ -3,7 +3,7 @@
 
 use super::location::Location;
 use super::seam::Engine;
-use crate::error::Result;
+use crate::error::{About, Error, Result};
 use std::path::Path;
 
 /// The engine holding the store at `location`: a PostgreSQL database for a
@@ -14,4 +14,19 @@ pub fn engine(location: &Path) -> Result<Box<dyn Engine>> {
         Location::Sqlite(path) => Box::new(super::sqlite::Sqlite::at(path)),
         Location::Postgres(url) => Box::new(super::postgres::Postgres::at(*url, location)),
     })
+}
+
+/// `registry create`: a new registry at `location`. Only a SQLite file is
+/// made this way (a PostgreSQL registry's tables are made by `registry
+/// copy` or by its first worker). `Ok(false)` when the path exists already,
+/// a symbolic link included, which is never followed.
+pub fn create_registry(location: &Path) -> Result<bool> {
+    match Location::parse(location)? {
+        Location::Sqlite(path) => Ok(super::sqlite::worker::create_new(&path)?.is_some()),
+        Location::Postgres(_) => Err(Error::input(
+            About::Option("registry create"),
+            "a PostgreSQL registry's tables are created by `fleet-retire registry copy` or by \
+             its first worker (docs/multi-host.md); `registry create` makes a SQLite file",
+        )),
+    }
 }

@@ -14,7 +14,7 @@ pub const TABLE: &str = "worker_registrations";
 
 fn registry_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Registry {
-        path: path.to_path_buf(),
+        shown: crate::store::location::label(path),
         message: message.into(),
     }
 }

@@ -234,14 +234,14 @@ pub use super::quote_ident;
 
 fn registry_error(label: &str, message: impl Into<String>) -> Error {
     Error::Registry {
-        path: label.into(),
+        shown: label.into(),
         message: message.into(),
     }
 }
 
 fn lease_error(label: &str, message: impl Into<String>) -> Error {
     Error::Leases {
-        path: label.into(),
+        shown: label.into(),
         message: message.into(),
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 /// failed apply leaves the file exactly as it was.
 pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection> {
     let err = |message: String| Error::Registry {
-        path: path.to_path_buf(),
+        shown: crate::store::location::label(path),
         message,
     };
     if !path.is_file() {

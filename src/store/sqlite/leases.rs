@@ -10,9 +10,29 @@ use std::path::{Path, PathBuf};
 
 fn lease_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Leases {
-        path: path.to_path_buf(),
+        shown: crate::store::location::label(path),
         message: message.into(),
     }
+}
+
+/// Create a SQLite lease store at `path` holding one active lease, owned
+/// by `owner` (the demo's merger holds one while the rest is retired).
+pub fn create_with_one_active(path: &Path, owner: &str) -> Result<()> {
+    let conn = Connection::open(path).map_err(Error::sqlite(
+        Store::Leases,
+        path,
+        "cannot create the lease store",
+    ))?;
+    conn.execute_batch(&crate::store::leases::create_sql())
+        .and_then(|_| {
+            conn.execute(
+                "INSERT INTO workflow_leases (lease_id, role, target, status, owner_worker_identity)
+                 VALUES ('lease-demo', 'merger', 'pr-7', 'active', ?1)",
+                [owner],
+            )
+        })
+        .map(|_| ())
+        .map_err(Error::sqlite(Store::Leases, path, "cannot write the lease"))
 }
 
 /// Read every lease row of the SQLite store at `path` (read-only).

@@ -17,7 +17,7 @@ pub use crate::store::registry::TABLE;
 
 fn registry_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Registry {
-        path: path.to_path_buf(),
+        shown: crate::store::location::label(path),
         message: message.into(),
     }
 }
