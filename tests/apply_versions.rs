@@ -415,3 +415,49 @@ fn a_unique_index_besides_the_key_sends_apply_to_the_whole_read() {
     );
     drop(live);
 }
+
+/// In WAL mode another connection of the same process holds a lock on the
+/// registry for as long as it reads, so SQLite keeps the descriptors of
+/// connections closed meanwhile and hands them to the next open of that
+/// file (a `serve` that heartbeats while it applies; the bench's writer
+/// threads). Apply still tells which file its connections opened, from the
+/// connection itself, and applies batch after batch.
+#[test]
+fn applies_in_one_process_beside_a_wal_reader_tell_their_file() {
+    let (stores, live) = fleet();
+    let registry = stores.registry.clone();
+    let wal: String = Connection::open(&registry)
+        .unwrap()
+        .query_row("PRAGMA journal_mode = wal", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(wal, "wal");
+    let holder = Connection::open(&registry).unwrap();
+    holder.execute_batch("BEGIN").unwrap();
+    let _: i64 = holder
+        .query_row("SELECT count(*) FROM worker_registrations", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let lib = Lib::new(stores);
+    for batch in 0..3 {
+        let mut req = lib.request();
+        req.workers = vec![format!("w-dead-{}", batch + 1)];
+        let report = lib.run(&req, Hooks::default());
+        assert_eq!(
+            report.outcome,
+            Outcome::Applied,
+            "batch {batch}: {}",
+            report.detail
+        );
+        assert_eq!(report.retired_count, 1, "batch {batch}");
+        if batch > 0 {
+            assert_eq!(
+                read_under_lock(&report)["scope"],
+                "changed_rows",
+                "batch {batch}: {report:?}"
+            );
+        }
+    }
+    holder.execute_batch("COMMIT").unwrap();
+    drop(live);
+}

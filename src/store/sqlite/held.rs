@@ -12,6 +12,13 @@
 //! stands only if the two are one file. Every connection to a store path
 //! is opened under one lock ([`opening`]), so no other thread's descriptor
 //! (a `serve` heartbeat's) is taken for the one an open added.
+//!
+//! An open does not always add a descriptor: POSIX locks belong to the
+//! process, so while another connection of this process holds a lock on
+//! the file (in WAL mode any reader does), SQLite keeps the descriptor of
+//! a connection that closes and gives it to the next open of that file.
+//! The file is then read from the connection's own file object
+//! ([`descriptor_of`]).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -106,16 +113,16 @@ pub fn opening<T>(open: impl FnOnce() -> T) -> T {
 
 /// Open `path` with `open` (under [`opening`]) and say which file it
 /// opened: the file `path` names once it is open, if the open added a
-/// descriptor on it (open for writing as `writing` says). `None` beside it
-/// when it did not (the path was replaced around the open, SQLite reused a
-/// descriptor it kept, or another thread closed one on that file at that
-/// instant): the caller then trusts nothing it reads there to be the file
-/// written later.
-pub fn opened<T, E>(
+/// descriptor on it (open for writing as `writing` says); else the file of
+/// the descriptor the connection's own file object holds (SQLite gave it
+/// one it kept). `None` beside it when neither tells (the path was replaced
+/// around the open, or the two disagree): the caller then trusts nothing
+/// it reads there to be the file written later.
+pub fn opened<E>(
     path: &Path,
     writing: bool,
-    open: impl FnOnce() -> Result<T, E>,
-) -> Result<(T, Option<FileId>), E> {
+    open: impl FnOnce() -> Result<rusqlite::Connection, E>,
+) -> Result<(rusqlite::Connection, Option<FileId>), E> {
     opening(|| {
         let before = counted(writing);
         let made = open()?;
@@ -124,11 +131,77 @@ pub fn opened<T, E>(
         // close a descriptor meanwhile and the open be given its number.
         // Only an open raises a file's count, and every open of a store
         // path is under this lock, so the file whose count rose is this
-        // open's; a close elsewhere can only hide it (`None`).
+        // open's; a close elsewhere can only hide it.
         let after = counted(writing);
-        let id = named.filter(|id| after.get(id) > before.get(id));
+        let added = named.filter(|id| after.get(id) > before.get(id));
+        let own = descriptor_of(&made)
+            .and_then(|fd| open_files().get(&fd).copied())
+            .filter(|(_, rw)| *rw == writing)
+            .map(|(id, _)| id);
+        let id = match (added, own) {
+            (Some(a), Some(o)) if a != o => None,
+            (Some(a), _) => Some(a),
+            (None, own) => own,
+        };
         Ok((made, id))
     })
+}
+
+/// The descriptor the file object of `conn`'s main database holds, read
+/// from that object (`SQLITE_FCNTL_FILE_POINTER`). SQLite has no call that
+/// returns it, so it is read where the unix VFS keeps it: its file object
+/// (`unixFile` in os_unix.c of the bundled SQLite, unchanged since 2011)
+/// begins with its methods, the VFS that made it, its inode record and the
+/// descriptor. The object is read so only when the VFS that made it is
+/// SQLite's own `unix` VFS, which every connection here uses; anything else
+/// is `None` (and the caller trusts nothing read there).
+fn descriptor_of(conn: &rusqlite::Connection) -> Option<u32> {
+    use rusqlite::ffi;
+    use std::os::raw::{c_int, c_void};
+    #[repr(C)]
+    struct UnixFileHead {
+        methods: *const c_void,
+        vfs: *mut ffi::sqlite3_vfs,
+        inode: *mut c_void,
+        fd: c_int,
+    }
+    // One pointer out of the connection's main database by a file control.
+    let pointer = |op: c_int| -> *mut c_void {
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the handle is `conn`'s, alive for this call; the file
+        // controls asked for here write one pointer into `out`.
+        let rc = unsafe {
+            ffi::sqlite3_file_control(
+                conn.handle(),
+                c"main".as_ptr(),
+                op,
+                (&raw mut out).cast::<c_void>(),
+            )
+        };
+        if rc == ffi::SQLITE_OK {
+            out
+        } else {
+            std::ptr::null_mut()
+        }
+    };
+    // SAFETY: `sqlite3_vfs_find` reads SQLite's list of registered VFSes.
+    let unix = unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()) };
+    let vfs = pointer(ffi::SQLITE_FCNTL_VFS_POINTER).cast::<ffi::sqlite3_vfs>();
+    let file = pointer(ffi::SQLITE_FCNTL_FILE_POINTER);
+    // The connection's VFS must be the unix VFS before its file object is
+    // read as that VFS's.
+    if unix.is_null() || vfs != unix || file.is_null() {
+        return None;
+    }
+    // SAFETY: `file` is the open file object of `conn`'s main database,
+    // alive as long as the connection, made by the unix VFS (checked
+    // above), whose objects begin with the four members of
+    // `UnixFileHead`; the object's own `vfs` member is checked again.
+    let head = unsafe { &*file.cast::<UnixFileHead>() };
+    if head.vfs != unix || head.fd < 0 {
+        return None;
+    }
+    u32::try_from(head.fd).ok()
 }
 
 /// Why apply must not write the registry at `path` through its write
@@ -190,6 +263,23 @@ mod tests {
     /// Whether this process holds `file` open for reading and writing.
     fn held_for_writing(file: FileId) -> bool {
         counted(true).contains_key(&file)
+    }
+
+    #[test]
+    fn the_descriptor_is_read_from_the_connections_own_file_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sqlite");
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        let fd = descriptor_of(&conn).expect("the unix VFS's descriptor");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            open_files().get(&fd).map(|(id, _)| *id),
+            Some((meta.dev(), meta.ino()))
+        );
+        // An in-memory database has no file: nothing is read.
+        let memory = rusqlite::Connection::open_in_memory().unwrap();
+        assert_eq!(descriptor_of(&memory), None);
     }
 
     #[test]
