@@ -128,7 +128,12 @@ fn grants_against_reports_an_added_retire_grant() {
         "--against",
         old.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a widened grant stops CI as a loosened policy does: {}",
+        text(&out)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         v["changes"],
@@ -153,6 +158,75 @@ fn grants_against_reports_an_added_retire_grant() {
         "{}",
         text(&out)
     );
+}
+
+/// A role or operation mistyped in profiles.json is denied without a word
+/// from the policies: grants warns, naming what was probably meant; a
+/// revoked grant alone exits 0 under `--against`.
+#[test]
+fn grants_catches_a_mistyped_role_and_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles.json");
+    std::fs::write(
+        &profiles,
+        json!({"profiles": {
+            "controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retrie", "gitea.pr.create"]},
+            "reconciler-prgs": {"role": "Reconciler", "allowed_operations": ["gitea.read"]},
+            "author-prgs": {"role": "author", "allowed_operations": ["gitea.read"]}
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let out = run(&[
+        "--format",
+        "json",
+        "grants",
+        "--profiles",
+        profiles.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings: Vec<&str> = v["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("\"gitea.worker_registry.retrie\"")
+                && w.contains("did you mean \"gitea.worker_registry.retire\"")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings.iter().any(|w| w.contains("role \"Reconciler\"")
+            && w.contains("did you mean \"reconciler\"")),
+        "{warnings:?}"
+    );
+    // Another tool's operation and a fleet role are nobody's typo.
+    assert!(!warnings
+        .iter()
+        .any(|w| w.contains("gitea.pr.create") || w.contains("\"author\"")));
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    let old = dir.path().join("old.json");
+    std::fs::write(
+        &old,
+        json!({"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}})
+            .to_string(),
+    )
+    .unwrap();
+    let out = run(&[
+        "grants",
+        "--profiles",
+        profiles.to_str().unwrap(),
+        "--against",
+        old.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "only revoked: {}", text(&out));
 }
 
 /// The statements an operator relies on are proved over the capability

@@ -4,6 +4,8 @@
 //! Rust only reads the entry as written (never normalising case, trimming or
 //! expanding wildcards) and renders the denial; Cedar decides.
 
+pub mod known;
+
 use crate::error::{About, Error, Result};
 use crate::policy::eval::judge;
 use crate::policy::Policies;
@@ -486,11 +488,13 @@ fn skeleton(name: &str) -> String {
 
 /// What an operator should look at in `profiles.json` before trusting a
 /// grants table: malformed entries (always denied), names that mix scripts,
-/// and names that look alike.
-pub fn warnings(profiles: &Profiles) -> Vec<String> {
+/// names that look alike, and roles or operations the policies do not read
+/// ([`known::Known`]: a typo is denied without a word otherwise).
+pub fn warnings(profiles: &Profiles, known: &known::Known) -> Vec<String> {
     let esc = |s: &str| crate::text::esc(s).into_owned();
     let mut out = Vec::new();
     for (name, p) in &profiles.profiles {
+        out.extend(typos(name, p, known));
         if !p.problems.is_empty() {
             out.push(format!(
                 "profile {:?} is malformed and is denied everything: {}",
@@ -531,9 +535,48 @@ pub fn warnings(profiles: &Profiles) -> Vec<String> {
     out
 }
 
+/// A profile's role that no policy reads and is no fleet role, and its
+/// operations a letter or two off one the policies read.
+fn typos(name: &str, p: &Profile, known: &known::Known) -> Vec<String> {
+    let esc = |s: &str| crate::text::esc(s).into_owned();
+    let mut out = Vec::new();
+    if let Some(role) = &p.role {
+        if let Some(near) = known.role_near(role) {
+            let roles: Vec<&str> = known.roles.iter().map(String::as_str).collect();
+            let hint = near.map_or(String::new(), |n| format!("; did you mean {n:?}?"));
+            out.push(format!(
+                "profile {:?}: role {:?} is no role the capability policies read nor a fleet \
+                 role ({}), so no policy grants it anything by role{hint}",
+                esc(name),
+                esc(role),
+                roles.join(", ")
+            ));
+        }
+    }
+    for op in p.allowed_operations.iter().flatten() {
+        if let Some(near) = known.operation_near(op) {
+            out.push(format!(
+                "profile {:?}: allowed_operations holds {:?}, which no capability policy reads; \
+                 did you mean {near:?}?",
+                esc(name),
+                esc(op)
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fleet_known() -> known::Known {
+        let policies = Policies::load(&crate::policy::PolicySource::Embedded).unwrap();
+        known::Known::of(
+            &policies,
+            &["author", "reviewer", "merger", "controller", "reconciler"],
+        )
+    }
 
     #[test]
     fn names_differing_by_white_space_alone_are_flagged() {
@@ -543,7 +586,7 @@ mod tests {
                 format!("controller-prgs{trailing}"): {"role": "controller",
                     "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
             }});
-            let w = warnings(&Profiles::from_json(&doc).unwrap());
+            let w = warnings(&Profiles::from_json(&doc).unwrap(), &fleet_known());
             assert!(
                 w.iter().any(|l| l.contains("look alike")),
                 "{trailing:?}: {w:?}"
@@ -562,7 +605,7 @@ mod tests {
             "contr\u{43e}ller-prgs": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
             "author-prgs": {"role": "author", "allowed_operations": "gitea.read"},
         }});
-        let w = warnings(&Profiles::from_json(&doc).unwrap());
+        let w = warnings(&Profiles::from_json(&doc).unwrap(), &fleet_known());
         assert!(
             w.iter()
                 .any(|l| l.contains("mixes scripts (Cyrillic + Latin)")),
@@ -584,14 +627,14 @@ mod tests {
                 "controller-prgs": {"role": "controller", "allowed_operations": []},
                 fake: {"role": "controller", "allowed_operations": []},
             }});
-            let w = warnings(&Profiles::from_json(&doc).unwrap());
+            let w = warnings(&Profiles::from_json(&doc).unwrap(), &fleet_known());
             assert!(w.iter().any(|l| l.contains("look alike")), "{fake}: {w:?}");
         }
         let clean = serde_json::json!({"profiles": {
             "controller-prgs": {"role": "controller", "allowed_operations": []},
             "reconciler-prgs": {"role": "reconciler", "allowed_operations": []},
         }});
-        assert!(warnings(&Profiles::from_json(&clean).unwrap()).is_empty());
+        assert!(warnings(&Profiles::from_json(&clean).unwrap(), &fleet_known()).is_empty());
     }
 
     /// A malformed entry reaches Cedar with its role and operations as

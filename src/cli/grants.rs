@@ -21,7 +21,9 @@ pub struct GrantsArgs {
     /// solver over capabilities.cedar, the statements an operator relies on
     /// whatever either file says (policies/properties/capabilities.cedar):
     /// only a controller or reconciler holding gitea.worker_registry.retire
-    /// can apply. Needs cvc5.
+    /// can apply. Needs cvc5. Exits 2 when an edit grants anything it did
+    /// not grant before (as `policy diff` does when a policy loosens), 3
+    /// when a proof fails.
     #[arg(long, value_name = "OLD.json")]
     pub against: Option<PathBuf>,
 }
@@ -70,7 +72,8 @@ pub fn changes(old: &Grants, new: &Grants) -> Vec<(String, String, bool)> {
 pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     let profiles = Profiles::load(&args.profiles)?;
-    let warnings = crate::capability::warnings(&profiles);
+    let known = crate::capability::known::Known::of(&policies, crate::launcher::NAMESPACES);
+    let warnings = crate::capability::warnings(&profiles, &known);
     let now = grants(&policies, &profiles)?;
     let diff = match &args.against {
         Some(old) => Some(changes(&grants(&policies, &Profiles::load(old)?)?, &now)),
@@ -93,10 +96,15 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
             }
         }
     }
-    Ok(if failed == 0 {
-        ExitCode::Ok
-    } else {
+    // As `policy diff` exits 2 when a policy loosens: a grant that widens
+    // is something a CI job stops for.
+    let widened = diff.iter().flatten().any(|(_, _, now)| *now);
+    Ok(if failed > 0 {
         ExitCode::InvalidPolicy
+    } else if widened {
+        ExitCode::Refused
+    } else {
+        ExitCode::Ok
     })
 }
 
