@@ -55,7 +55,10 @@ fn all_300_pass(dir: &Path) {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    assert!(text.lines().any(|l| l == "300 passed, 0 failed"), "{text}");
+    assert!(
+        text.lines().any(|l| l == "300 passed, 0 failed, 0 errors"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -367,7 +367,71 @@ fn the_fixture_runner_reports_failures_and_exits_1() {
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("PASS pid_alive"), "{all}");
     assert!(all.contains("want worker_live, got pid_alive"), "{all}");
-    assert!(all.lines().any(|l| l == "1 passed, 1 failed"), "{all}");
+    assert!(
+        all.lines().any(|l| l == "1 passed, 1 failed, 0 errors"),
+        "{all}"
+    );
+    // A malformed file between them is an error of its own: the run goes
+    // on to the next file and ends with one summary.
+    std::fs::write(dir.path().join("a2-malformed.json"), "{not json").unwrap();
+    let out = run(&["test", dir.path().to_str().unwrap()]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("ERROR ") && all.contains("a2-malformed.json"),
+        "{all}"
+    );
+    assert!(
+        all.contains("want worker_live, got pid_alive"),
+        "the file after it ran: {all}"
+    );
+    assert!(
+        all.lines().any(|l| l == "1 passed, 1 failed, 1 errors"),
+        "{all}"
+    );
+    // The same run as JSON: every case with its file and status.
+    let out = run(&["--format", "json", "test", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(
+        (
+            doc["passed"].clone(),
+            doc["failed"].clone(),
+            doc["errors"].clone()
+        ),
+        (json!(1), json!(1), json!(1))
+    );
+    let statuses: Vec<(String, String)> = doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let file = c["file"].as_str().unwrap();
+            let name = std::path::Path::new(file)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (name, c["status"].as_str().unwrap().to_string())
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("a.json", "pass"),
+            ("a2-malformed.json", "error"),
+            ("b.json", "fail")
+        ]
+        .map(|(f, s)| (f.to_string(), s.to_string()))
+    );
+    let failing = &doc["cases"][2];
+    assert!(
+        failing["details"][0]
+            .as_str()
+            .unwrap()
+            .contains("want worker_live, got pid_alive"),
+        "{failing}"
+    );
 }
 
 #[test]

@@ -26,99 +26,174 @@ pub struct TestArgs {
     pub min_coverage: Option<u8>,
 }
 
-/// Run `test`: one line per case, then `N passed, M failed`.
+/// One fixture file's result.
+#[derive(Debug, serde::Serialize)]
+struct CaseResult {
+    /// The file, as given or found.
+    file: String,
+    /// The case's name, when the file could be read as one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    case: Option<String>,
+    /// `pass`, `fail` or `error` (the file is not a case this runner reads).
+    status: &'static str,
+    /// For a failure, each expectation that does not hold, saying what was
+    /// expected and what came out; for an error, what is wrong with the file.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    details: Vec<String>,
+}
+
+/// Load and judge one fixture file: its case's name and what differs.
+fn judge(
+    policies: &crate::policy::Policies,
+    file: &std::path::Path,
+) -> Result<(String, Vec<String>)> {
+    Ok(match &load(file)? {
+        Case::Plan(c) => (c.name.clone(), c.differences(&c.plan(policies)?)),
+        Case::Capability(c) => (c.name.clone(), c.differences(policies)?),
+        Case::Snapshot(c) => (c.name.clone(), c.differences()),
+        Case::Entity(c) => (c.name.clone(), c.differences(policies, file)?),
+    })
+}
+
+/// Every file's result, in order: a malformed file is an error of its own,
+/// and the run goes on to the next.
+fn run_all(policies: &crate::policy::Policies, files: &[PathBuf]) -> Vec<CaseResult> {
+    files
+        .iter()
+        .map(|file| {
+            let shown = file.display().to_string();
+            match judge(policies, file) {
+                Ok((name, diffs)) => CaseResult {
+                    file: shown,
+                    case: Some(name),
+                    status: if diffs.is_empty() { "pass" } else { "fail" },
+                    details: diffs,
+                },
+                Err(e) => CaseResult {
+                    file: shown,
+                    case: None,
+                    status: "error",
+                    details: vec![e.to_string()],
+                },
+            }
+        })
+        .collect()
+}
+
+/// The human lines of the results: PASS, FAIL with what differs, ERROR with
+/// what is wrong.
+fn print_results(results: &[CaseResult]) -> Result<()> {
+    let esc = |s: &str| crate::text::esc(s).into_owned();
+    for r in results {
+        match (r.status, &r.case) {
+            ("pass", Some(name)) => crate::outln!("PASS {}", esc(name))?,
+            ("fail", Some(name)) => crate::outln!("FAIL {} ({})", esc(name), esc(&r.file))?,
+            _ => crate::outln!("ERROR {}", esc(&r.file))?,
+        }
+        for d in &r.details {
+            crate::outln!("    {}", esc(d))?;
+        }
+    }
+    Ok(())
+}
+
+/// Run `test`: one line per case (a malformed file is reported and the
+/// rest still run), then `N passed, M failed, K errors`; with `--format
+/// json`, one document with every case's result.
 pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     let files = collect(&args.paths)?;
-    let (mut passed, mut failed) = (0usize, 0usize);
-    for file in &files {
-        let case = load(file)?;
-        let (name, diffs) = match &case {
-            Case::Plan(c) => {
-                let plan = c.plan(&policies)?;
-                (c.name.clone(), c.differences(&plan))
-            }
-            Case::Capability(c) => (c.name.clone(), c.differences(&policies)?),
-            Case::Snapshot(c) => (c.name.clone(), c.differences()),
-            Case::Entity(c) => (c.name.clone(), c.differences(&policies, file)?),
-        };
-        let json = cli.format == crate::cli::Format::Json && args.coverage;
-        if diffs.is_empty() {
-            passed += 1;
-            if !json {
-                crate::outln!("PASS {}", crate::text::esc(&name))?;
-            }
-        } else {
-            failed += 1;
-            if !json {
-                crate::outln!("FAIL {} ({})", crate::text::esc(&name), file.display())?;
-                for d in diffs {
-                    crate::outln!("    {}", crate::text::esc(&d))?;
-                }
-            }
-        }
+    let results = run_all(&policies, &files);
+    let count = |status: &str| results.iter().filter(|r| r.status == status).count();
+    let (passed, failed, errors) = (count("pass"), count("fail"), count("error"));
+    // Export and coverage read the files that are cases.
+    let readable: Vec<PathBuf> = files
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.status != "error")
+        .map(|(f, _)| f.clone())
+        .collect();
+    let json = cli.format == crate::cli::Format::Json;
+    if !json {
+        print_results(&results)?;
     }
     if let Some(dir) = &args.export_cedar {
-        let n = crate::export::export(&files, dir, &policies)?;
+        let n = crate::export::export(&readable, dir, &policies)?;
         eprintln!(
             "exported {n} Cedar test case(s) to {} (run {}/run.sh)",
             dir.display(),
             dir.display()
         );
     }
-    let mut below = false;
-    if args.coverage {
-        let proved = match crate::verify::shadowed_forbids(&policies).and_then(|shadowed| {
-            Ok(crate::coverage::Proved {
-                shadowed,
-                never_primary: crate::verify::never_primary_forbids(&policies)?,
-            })
-        }) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!(
-                    "not proved which forbids are shadowed or can never decide, so each counts \
-                     only if a case shows it deciding: {e}"
-                );
-                None
-            }
-        };
-        let report = crate::coverage::coverage(&policies, &files, proved.as_ref())?;
-        below = args
-            .min_coverage
-            .is_some_and(|n| report.forbids_deciding_percent < f64::from(n));
-        if cli.format == crate::cli::Format::Json {
-            crate::outln!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({
-                    "passed": passed,
-                    "failed": failed,
-                    "coverage": report,
-                    "min_coverage": args.min_coverage,
-                    "below_min_coverage": below,
-                }))
-                .expect("coverage serialises")
-            )?;
-        } else {
-            crate::outln!()?;
-            render_coverage(&report)?;
-        }
-        if below {
-            eprintln!(
-                "coverage: {:.1} % of forbids decided some case (or are proved never to), below --min-coverage {}",
-                report.forbids_deciding_percent,
-                args.min_coverage.unwrap_or(0)
-            );
-        }
+    let mut doc = serde_json::json!({
+        "passed": passed,
+        "failed": failed,
+        "errors": errors,
+        "cases": results,
+    });
+    let below = match args.coverage {
+        true => coverage(cli, args, &policies, &readable, &mut doc)?,
+        false => false,
+    };
+    if json {
+        crate::outln!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("results serialise")
+        )?;
+    } else {
+        crate::outln!("{passed} passed, {failed} failed, {errors} errors")?;
     }
-    if !(args.coverage && cli.format == crate::cli::Format::Json) {
-        crate::outln!("{passed} passed, {failed} failed")?;
-    }
-    Ok(if failed == 0 && !below {
+    Ok(if failed == 0 && errors == 0 && !below {
         ExitCode::Ok
     } else {
         ExitCode::Error
     })
+}
+
+/// `--coverage`: the report (printed, or put into `doc` for JSON), and
+/// whether it is below `--min-coverage`.
+fn coverage(
+    cli: &Cli,
+    args: &TestArgs,
+    policies: &crate::policy::Policies,
+    files: &[PathBuf],
+    doc: &mut serde_json::Value,
+) -> Result<bool> {
+    let proved = match crate::verify::shadowed_forbids(policies).and_then(|shadowed| {
+        Ok(crate::coverage::Proved {
+            shadowed,
+            never_primary: crate::verify::never_primary_forbids(policies)?,
+        })
+    }) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!(
+                "not proved which forbids are shadowed or can never decide, so each counts \
+                 only if a case shows it deciding: {e}"
+            );
+            None
+        }
+    };
+    let report = crate::coverage::coverage(policies, files, proved.as_ref())?;
+    let below = args
+        .min_coverage
+        .is_some_and(|n| report.forbids_deciding_percent < f64::from(n));
+    if cli.format == crate::cli::Format::Json {
+        doc["coverage"] = serde_json::to_value(&report).expect("coverage serialises");
+        doc["min_coverage"] = serde_json::json!(args.min_coverage);
+        doc["below_min_coverage"] = serde_json::json!(below);
+    } else {
+        crate::outln!()?;
+        render_coverage(&report)?;
+    }
+    if below {
+        eprintln!(
+            "coverage: {:.1} % of forbids decided some case (or are proved never to), below --min-coverage {}",
+            report.forbids_deciding_percent,
+            args.min_coverage.unwrap_or(0)
+        );
+    }
+    Ok(below)
 }
 
 fn render_coverage(report: &crate::coverage::Coverage) -> Result<()> {

@@ -59,7 +59,10 @@ impl ToolKind {
         ToolAnnotations::new()
             .read_only(read_only)
             .destructive(!read_only)
-            .idempotent(true)
+            // MCP: idempotent means a repeated call has no further effect.
+            // Read-only tools have none; a repeated apply with `first` takes
+            // the next batch of the plan, so apply is not.
+            .idempotent(read_only)
             .open_world(false)
     }
 

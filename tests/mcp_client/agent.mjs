@@ -79,7 +79,7 @@ async function tools(agent) {
     assert(a.readOnlyHint === !writes, t.name, a);
     assert(a.openWorldHint === false, t.name, a);
     if (writes) {
-      assert(a.destructiveHint === true && a.idempotentHint === true, a);
+      assert(a.destructiveHint === true && a.idempotentHint === false, a);
     }
   }
   ok("eight tools, closed input schemas, output schemas, annotations");

@@ -120,7 +120,7 @@ async def tools(agent: Agent) -> None:
         assert a.read_only_hint is (not writes), (t.name, a)
         assert a.open_world_hint is False, (t.name, a)
         if writes:
-            assert a.destructive_hint is True and a.idempotent_hint is True, a
+            assert a.destructive_hint is True and a.idempotent_hint is False, a
     ok("eight tools, closed input schemas, output schemas, annotations")
 
 
