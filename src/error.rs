@@ -164,6 +164,38 @@ pub enum About {
 }
 
 impl Error {
+    /// A stable name for what failed, for the JSON error envelope
+    /// (`--format json`): `registry`, `leases`, `sqlite`, `postgres`, `io`,
+    /// `policy`, `fixture`, `profiles`, `refused`, `input`, `internal` or
+    /// `output`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Registry { .. } => "registry",
+            Error::Leases { .. } => "leases",
+            Error::Sqlite { .. } => "sqlite",
+            Error::Postgres { .. } => "postgres",
+            Error::Io { .. } => "io",
+            Error::Policy { .. } => "policy",
+            Error::Fixture { .. } => "fixture",
+            Error::Profiles { .. } => "profiles",
+            Error::Refused(_) => "refused",
+            Error::Input { .. } => "input",
+            Error::Internal { .. } => "internal",
+            Error::Output(_) => "output",
+        }
+    }
+
+    /// The JSON error envelope `--format json` prints on stdout when a
+    /// command fails: what failed, the exit code, and the message (which
+    /// says what to do).
+    pub fn envelope(&self) -> serde_json::Value {
+        serde_json::json!({"error": {
+            "kind": self.kind(),
+            "exit_code": self.exit_code() as u8,
+            "message": self.to_string(),
+        }})
+    }
+
     /// An [`Error::Input`].
     pub fn input(about: About, message: impl Into<String>) -> Error {
         Error::Input {

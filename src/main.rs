@@ -32,6 +32,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(if e.use_stderr() { 1 } else { 0 });
         }
     };
+    let json = cli.format == fleet_retire::cli::Format::Json;
     match fleet_retire::cli::run(cli) {
         Ok(code) => code,
         // The reader of our output went away (`| head`): it has all it
@@ -39,8 +40,13 @@ fn main() -> std::process::ExitCode {
         Err(e) if e.is_closed_pipe() => fleet_retire::error::ExitCode::Ok,
         Err(e) => {
             // Each failure's message carries its cause (SQLite's or the
-            // operating system's words) and what to do.
+            // operating system's words) and what to do; under --format
+            // json it is also a JSON document on stdout.
             eprintln!("fleet-retire: {e}");
+            if json {
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stdout(), "{}", e.envelope());
+            }
             e.exit_code()
         }
     }

@@ -518,3 +518,59 @@ fn human_plan_lists_candidates_and_counts_and_preserved_rows_on_request() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
 }
+
+/// The conventions people bring from other tools: completions and a man
+/// page from the command-line definitions, a JSON error envelope under
+/// `--format json`, a folder given as a file named as such, and a
+/// mistyped profile answered with the one meant.
+#[test]
+fn the_cli_keeps_the_conventions_users_expect() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", text(&out));
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains("fleet-retire") && script.contains("snapshot"),
+            "{shell}"
+        );
+    }
+    let out = run(&["man"]);
+    assert!(out.status.success());
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.contains(".TH fleet-retire 1") && page.contains("completions"),
+        "{page}"
+    );
+    let help = text(&run(&["registry", "--help"]));
+    assert!(help.contains("create") && help.contains("copy"), "{help}");
+    let help = text(&run(&["plan", "--help"]));
+    assert!(help.contains("postgres://"), "{help}");
+
+    let stores = Stores::new(&[]);
+    let mut args: Vec<String> = vec!["--format".into(), "json".into()];
+    args.extend(stores.plan_args("controller-prgs"));
+    let at = args.iter().position(|a| a == "--registry").unwrap() + 1;
+    args[at] = stores.dir.path().display().to_string();
+    let out = bin().args(&args).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let envelope: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("a JSON error envelope on stdout");
+    assert_eq!(envelope["error"]["kind"], "registry", "{envelope}");
+    assert_eq!(envelope["error"]["exit_code"], 1);
+    let message = envelope["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("is a folder, not a SQLite file"),
+        "{message}"
+    );
+
+    let mut args = stores.plan_args("controller-prgs");
+    let at = args.iter().position(|a| a == "controller-prgs").unwrap();
+    args[at] = "controler-prgs".into();
+    let out = bin().args(&args).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("did you mean \"controller-prgs\"?"),
+        "{}",
+        text(&out)
+    );
+}

@@ -417,7 +417,8 @@ fn a_malformed_fixture_names_its_file_and_member() {
         let path = dir.path().join(file);
         std::fs::write(&path, doc.to_string()).unwrap();
         let out = run(&["test", path.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&out.stderr);
+        // Reported among the run's results (`ERROR file` and what is wrong).
+        let err = text(&out);
         assert_eq!(out.status.code(), Some(1), "{file}: {err}");
         assert!(err.contains(path.to_str().unwrap()), "{file}: {err}");
         assert!(err.contains(want), "{file}: want {want:?} in {err}");

@@ -311,7 +311,10 @@ pub fn check(
     }
     Ok(Decision {
         allowed: false,
-        explanation: explain_denial(policies, profile, entry, operation, &verdict.errors),
+        explanation: match entry {
+            None => no_such_profile(profiles, profile, operation),
+            Some(_) => explain_denial(policies, profile, entry, operation, &verdict.errors),
+        },
     })
 }
 
@@ -330,6 +333,24 @@ pub fn check_named(
             explanation: format!("{operation:?} is not an operation (snapshot, plan, apply)"),
         }),
     }
+}
+
+/// The denial of a profile that is not in profiles.json, naming the one
+/// probably meant (within two edits, letter case aside).
+fn no_such_profile(profiles: &Profiles, profile: &str, operation: Operation) -> String {
+    let folded = profile.to_lowercase();
+    let near = profiles
+        .profiles
+        .keys()
+        .map(|k| (strsim::damerau_levenshtein(&folded, &k.to_lowercase()), k))
+        .filter(|(d, _)| *d <= 2)
+        .min();
+    let hint = near.map_or(String::new(), |(_, k)| {
+        format!("; did you mean {:?}?", crate::text::esc(k))
+    });
+    format!(
+        "profile {profile:?} may not {operation}: there is no such profile in profiles.json{hint}"
+    )
 }
 
 fn explain_denial(

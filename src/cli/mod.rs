@@ -76,17 +76,34 @@ pub enum Command {
     Test(test::TestArgs),
     /// Make fixtures: capture rows of a real registry as a case.
     Fixture(fixture::FixtureArgs),
-    /// Move a registry between stores: `registry copy` onto PostgreSQL.
+    /// Make a registry: `registry create` (a new SQLite file), `registry copy`
+    /// (a SQLite registry onto PostgreSQL).
     Registry(registry::RegistryArgs),
+    /// Print a completion script for a shell (e.g. `fleet-retire completions
+    /// bash > /etc/bash_completion.d/fleet-retire`).
+    Completions(CompletionsArgs),
+    /// Print the man page (`fleet-retire man > fleet-retire.1`).
+    Man,
+}
+
+/// Arguments of `completions`.
+#[derive(Debug, Clone, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// Where the registry and lease store are.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
-    /// The worker registry (SQLite).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    /// The worker registry: a SQLite file, or a PostgreSQL database as
+    /// postgres://USER@HOST:PORT/DATABASE (password in PGPASSWORD;
+    /// docs/multi-host.md).
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH|URL")]
     pub registry: PathBuf,
-    /// The control-plane lease store (SQLite); required, never assumed empty.
+    /// The control-plane lease store (a SQLite file, or a postgres:// URL);
+    /// required, never assumed empty.
     #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
     pub leases: PathBuf,
     /// The expected repository binding, e.g. prgs/gitea-tools (required by
@@ -176,5 +193,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Register(args) => worker::run_register(&cli, args),
         Command::Heartbeat(args) => worker::run_heartbeat(&cli, args),
         Command::Release(args) => worker::run_release(&cli, args),
+        Command::Completions(args) => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_complete::generate(args.shell, &mut command, "fleet-retire", &mut out);
+            crate::out!("{}", String::from_utf8_lossy(&out))?;
+            Ok(ExitCode::Ok)
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut out)
+                .map_err(crate::error::Error::Output)?;
+            crate::out!("{}", String::from_utf8_lossy(&out))?;
+            Ok(ExitCode::Ok)
+        }
     }
 }

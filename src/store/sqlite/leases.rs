@@ -43,6 +43,12 @@ pub fn load(path: &Path) -> Result<Vec<Lease>> {
 
 /// Open an existing lease store read-only.
 pub fn open_read_only(path: &Path) -> Result<Connection> {
+    if path.is_dir() {
+        return Err(lease_error(
+            path,
+            "is a folder, not a SQLite file; name the lease store's file itself",
+        ));
+    }
     if !path.is_file() {
         return Err(lease_error(
             path,

@@ -24,6 +24,12 @@ fn registry_error(path: &Path, message: impl Into<String>) -> Error {
 
 /// Open an existing registry without any possibility of writing to it.
 pub fn open_read_only(path: &Path) -> Result<Connection> {
+    if path.is_dir() {
+        return Err(registry_error(
+            path,
+            "is a folder, not a SQLite file; name the worker registry's file itself",
+        ));
+    }
     if !path.is_file() {
         return Err(registry_error(
             path,
