@@ -461,3 +461,83 @@ fn applies_in_one_process_beside_a_wal_reader_tell_their_file() {
     holder.execute_batch("COMMIT").unwrap();
     drop(live);
 }
+
+/// `already_retired` is a success (exit 0): found outside the lock, it is
+/// answered so only while no requested row changed since; a requested row
+/// made active again meanwhile sends the lock to read and judge again.
+#[test]
+fn an_already_retired_found_outside_stands_only_while_the_requested_rows_are_untouched() {
+    let (stores, live) = fleet();
+    let registry = stores.registry.clone();
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    let first = lib.run(&req, Hooks::default());
+    assert_eq!(first.outcome, Outcome::Applied, "{}", first.detail);
+    let replay = lib.run(&req, Hooks::default());
+    assert_eq!(replay.outcome, Outcome::AlreadyRetired, "{}", replay.detail);
+    assert_eq!(read_under_lock(&replay)["scope"], "nothing");
+    let mut revive = || plain_update(&registry, "status", "active", "w-dead-2");
+    let raced = lib.run(
+        &req,
+        Hooks {
+            after_prejudge: Some(&mut revive),
+            ..Default::default()
+        },
+    );
+    assert_ne!(raced.outcome, Outcome::AlreadyRetired, "{raced:?}");
+    assert_eq!(
+        read_under_lock(&raced)["scope"],
+        "whole_registry",
+        "{raced:?}"
+    );
+    drop(live);
+}
+
+/// A refusal read from another file than the one apply holds (a copy
+/// renamed over the path for the judgement alone, the real file put back
+/// before the lock) is not answered: the lock reads and judges the real
+/// file, and applies.
+#[test]
+fn a_refusal_read_from_a_swapped_file_is_not_answered_outside() {
+    let (stores, live) = fleet();
+    let registry = stores.registry.clone();
+    let dir = stores.dir.path().to_path_buf();
+    let lib = Lib::new(stores);
+    let req = lib.request();
+    // Installed now, so the apply below opens no transaction of its own
+    // for it.
+    let conn = Connection::open(&registry).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    fleet_retire::store::sqlite::versions::install(&conn).unwrap();
+    conn.execute_batch("COMMIT").unwrap();
+    drop(conn);
+    let fork = dir.join("fork.sqlite");
+    std::fs::copy(&registry, &fork).unwrap();
+    Connection::open(&fork)
+        .unwrap()
+        .execute_batch("UPDATE worker_registrations SET status = 'retired'")
+        .unwrap();
+    let real = dir.join("real.keep");
+    let mut swap_in = || {
+        std::fs::hard_link(&registry, &real).unwrap();
+        std::fs::rename(&fork, &registry).unwrap();
+    };
+    let mut swap_back = || std::fs::rename(&real, &registry).unwrap();
+    let report = lib.run(
+        &req,
+        Hooks {
+            after_install: Some(&mut swap_in),
+            after_prejudge: Some(&mut swap_back),
+            ..Default::default()
+        },
+    );
+    assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+    assert_eq!(report.retired_count, 3);
+    let read = read_under_lock(&report);
+    assert_eq!(read["scope"], "whole_registry", "{report:?}");
+    assert!(
+        read["why"].as_str().unwrap().contains("cannot tell"),
+        "{read}"
+    );
+    drop(live);
+}

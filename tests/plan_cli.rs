@@ -563,6 +563,18 @@ fn the_cli_keeps_the_conventions_users_expect() {
         "{message}"
     );
 
+    // plan --out says what it wrote and the command that applies it.
+    let saved = stores.dir.path().join("saved.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), saved.display().to_string()]);
+    let out = bin().args(&args).output().unwrap();
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        note.contains("wrote the plan to")
+            && note.contains(&format!("fleet-retire apply {}", saved.display())),
+        "{note}"
+    );
+
     let mut args = stores.plan_args("controller-prgs");
     let at = args.iter().position(|a| a == "controller-prgs").unwrap();
     args[at] = "controler-prgs".into();

@@ -262,6 +262,7 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
         Err((why, lock_ms)) => {
             let mut report = Report::new(req, Outcome::RegistryUntrusted, why);
             report.versions_install_lock_ms = Some(lock_ms);
+            report.lock_held_ms = lock_ms;
             return Ok((report, None));
         }
     };
@@ -625,23 +626,10 @@ fn judge_under_lock(
 ) -> std::result::Result<(crate::plan::Plan, Vec<usize>), Abort> {
     let why = match prejudged {
         Err(NotJudged::Unread(why)) => why,
-        Err(NotJudged::Refused(outcome, why, mut found)) => {
-            report.verdicts_moved = std::mem::take(&mut found.verdicts_moved);
-            report.retired_since_plan = std::mem::take(&mut found.retired_since_plan);
-            report.heartbeats_tolerated = found.heartbeats_tolerated;
-            report.heartbeats_tolerated_workers =
-                std::mem::take(&mut found.heartbeats_tolerated_workers);
-            report.read_under_lock = Some(ReadUnderLock {
-                scope: "nothing",
-                rows: 0,
-                why: Some(
-                    "refused on the registry as read outside the lock, moments before; \
-                     the lock checked the file and the fence only"
-                        .into(),
-                ),
-            });
-            return Err(Abort::Refuse(outcome, why));
-        }
+        Err(NotJudged::Refused(refusal)) => match answer_outside(t, *refusal, report)? {
+            Ok(refused) => return Err(refused),
+            Err(why) => why,
+        },
         Ok(pre) => match pre.confirm(t, fence)? {
             Err(why) => why,
             Ok((fresh, targets, confirmed, rows)) => {
@@ -666,6 +654,58 @@ fn judge_under_lock(
         why: Some(why),
     });
     prejudge::judge(t.req, t.ctx, rows, active_leases, report)
+}
+
+/// A refusal found outside the lock, answered under it without a whole
+/// read (`read_under_lock` `nothing`) when it was read from the file the
+/// lock holds and, for `already_retired` (a success), no requested row
+/// changed since. `Err` says why the lock must read and judge again.
+fn answer_outside(
+    t: &mut Txn,
+    refusal: prejudge::Refusal,
+    report: &mut Report,
+) -> std::result::Result<std::result::Result<Abort, String>, Abort> {
+    let prejudge::Refusal {
+        outcome,
+        why,
+        report: mut found,
+        versions,
+        requested,
+    } = refusal;
+    if !t.tx.same_file(&versions) {
+        return Ok(Err(format!(
+            "a step refused outside the lock ({why}), but on a file the lock cannot tell is \
+             the one it holds"
+        )));
+    }
+    if outcome == Outcome::AlreadyRetired {
+        let untouched = match t.tx.changed_since(&versions)? {
+            Ok(changes) => changes.iter().all(|(at, _)| !requested.contains(at)),
+            Err(_) => false,
+        };
+        if !untouched {
+            return Ok(Err(
+                "every requested worker was retired when read outside the lock, but a \
+                 requested row may have changed since"
+                    .into(),
+            ));
+        }
+    }
+    report.verdicts_moved = std::mem::take(&mut found.verdicts_moved);
+    report.retired_since_plan = std::mem::take(&mut found.retired_since_plan);
+    report.candidates_added_since_plan = std::mem::take(&mut found.candidates_added_since_plan);
+    report.heartbeats_tolerated = found.heartbeats_tolerated;
+    report.heartbeats_tolerated_workers = std::mem::take(&mut found.heartbeats_tolerated_workers);
+    report.read_under_lock = Some(ReadUnderLock {
+        scope: "nothing",
+        rows: 0,
+        why: Some(
+            "refused on the registry as read outside the lock, moments before, from the file \
+             the lock holds; the lock checked its shape and the fence only"
+                .into(),
+        ),
+    });
+    Ok(Ok(Abort::Refuse(outcome, why)))
 }
 
 /// Nothing in the file may turn our writes into other writes; migrations

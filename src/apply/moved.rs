@@ -31,7 +31,7 @@ pub struct Sorted {
     /// Rows that are not candidates now but were (not targets, no peer of one).
     pub left: Vec<VerdictMoved>,
     /// Rows that are candidates now but were not: never retired by this apply.
-    pub added: Vec<String>,
+    pub added: Vec<VerdictMoved>,
 }
 
 /// Sort `moved` (every row whose verdict differs from the plan's) for an
@@ -70,7 +70,7 @@ pub fn sort(
         {
             sorted.concerning.push(m);
         } else if fresh.entries[m.entry].is_candidate() {
-            sorted.added.push(m.worker_identity);
+            sorted.added.push(m);
         } else {
             sorted.left.push(m);
         }
@@ -115,15 +115,18 @@ fn targets(
         if retired.contains(w.as_str()) {
             continue;
         }
-        let rows = by_identity.get(w).map(Vec::as_slice).unwrap_or_default();
-        let would_write = |&at: &usize| {
-            was_candidate.contains(&at)
-                || (fresh.entries[at].is_candidate() && !became.contains(&at))
+        // As `select_targets` writes: an identity on one row only, a
+        // candidate now that did not become one since, or (had it not
+        // moved) one that was a candidate at the plan.
+        let [at] = by_identity.get(w).map(Vec::as_slice).unwrap_or_default() else {
+            continue;
         };
-        let mine: Vec<usize> = rows.iter().copied().filter(would_write).collect();
-        if !mine.is_empty() {
+        let at = *at;
+        if was_candidate.contains(&at)
+            || (fresh.entries[at].is_candidate() && !became.contains(&at))
+        {
             counted += 1;
-            out.extend(mine);
+            out.insert(at);
         }
     }
     out

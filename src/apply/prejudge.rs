@@ -46,9 +46,26 @@ pub enum NotJudged {
     /// the whole registry and judges there.
     Unread(String),
     /// A step refused: the lock answers the refusal without reading the
-    /// registry again (it checks only the file and takes the fence first,
-    /// so refusals keep their order), and the report as the steps left it.
-    Refused(Outcome, String, Box<Report>),
+    /// registry again (it checks the shape and takes the fence first, so
+    /// refusals keep their order), once it knows the refusal was read from
+    /// the file it holds ([`Refusal`]).
+    Refused(Box<Refusal>),
+}
+
+/// A refusal found outside the lock, with what the lock needs to answer it.
+pub struct Refusal {
+    /// The outcome and its words.
+    pub outcome: Outcome,
+    /// Why.
+    pub why: String,
+    /// The report as the steps left it.
+    pub report: Report,
+    /// Where the registry stood when it was read (its file among it).
+    pub versions: RowVersions,
+    /// For `already_retired` (a success, not a refusal): the positions of
+    /// the requested workers' rows, which must not have changed since for
+    /// the answer to stand.
+    pub requested: Vec<usize>,
 }
 
 impl From<String> for NotJudged {
@@ -102,17 +119,35 @@ pub fn prejudge(
         )?
         .map_err(|e| e.to_string())?;
     let mut report = Report::new(req, Outcome::Applied, "");
-    let (fresh, targets) = match judge(req, ctx, rows, &active_leases, &mut report) {
-        Ok(judged) => judged,
-        Err(Abort::Refuse(outcome, why)) => {
-            return Err(NotJudged::Refused(outcome, why, Box::new(report)))
-        }
-        Err(Abort::Fail(why)) => {
-            return Err(NotJudged::Unread(format!(
-                "judging outside the lock failed ({why}), so the lock judges again"
-            )))
-        }
+    let refused = |outcome, why, report, versions, requested| {
+        NotJudged::Refused(Box::new(Refusal {
+            outcome,
+            why,
+            report,
+            versions,
+            requested,
+        }))
     };
+    let by_identity = match refuse_if_all_retired(req, &rows) {
+        Ok(map) => map,
+        Err(Abort::Refuse(outcome, why)) => {
+            let requested = requested_positions(req, &rows);
+            return Err(refused(outcome, why, report, versions, requested));
+        }
+        Err(Abort::Fail(why)) => return Err(NotJudged::Unread(why)),
+    };
+    let (fresh, targets) =
+        match judge_read(req, ctx, rows, by_identity, &active_leases, &mut report) {
+            Ok(judged) => judged,
+            Err(Abort::Refuse(outcome, why)) => {
+                return Err(refused(outcome, why, report, versions, Vec::new()))
+            }
+            Err(Abort::Fail(why)) => {
+                return Err(NotJudged::Unread(format!(
+                    "judging outside the lock failed ({why}), so the lock judges again"
+                )))
+            }
+        };
     let live_when_planned = req
         .planned
         .as_deref()
@@ -138,6 +173,29 @@ pub(super) fn judge(
     report: &mut Report,
 ) -> std::result::Result<(Plan, Vec<usize>), Abort> {
     let by_identity = refuse_if_all_retired(req, &rows)?;
+    judge_read(req, ctx, rows, by_identity, active_leases, report)
+}
+
+/// The positions of the rows that carry a requested identity.
+fn requested_positions(req: &Request, rows: &[Row]) -> Vec<usize> {
+    let wanted: HashSet<&str> = req.workers.iter().map(String::as_str).collect();
+    rows.iter()
+        .enumerate()
+        .filter(|(_, r)| wanted.contains(r.get(Col::WorkerIdentity).canon_cow().as_ref()))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// [`judge`] after its first step: the re-plan held to the tokens, and the
+/// targets.
+fn judge_read(
+    req: &Request,
+    ctx: &Context,
+    rows: Vec<Row>,
+    by_identity: std::collections::HashMap<String, Vec<usize>>,
+    active_leases: &[leases::Lease],
+    report: &mut Report,
+) -> std::result::Result<(Plan, Vec<usize>), Abort> {
     let fresh = replan(req, ctx, rows, active_leases, report)?;
     let targets = select_targets(req, &fresh, &by_identity, report)?
         .into_iter()

@@ -145,9 +145,12 @@ pub struct Report {
     /// Those workers.
     pub heartbeats_tolerated_workers: Vec<String>,
     /// With the plan's rows at hand, rows whose verdict moved since the
-    /// plan. Refused `candidate_set_moved`: every such row. Applied: the
-    /// rows beside the targets (no target, no peer of one) that stopped
-    /// being candidates; they refuse nothing (semantics §13).
+    /// plan. Refused `candidate_set_moved`: the rows that refused it (the
+    /// targets whose own verdict moved, or, for a plan without peer facts,
+    /// rows near a target), or, when a target's peer facts moved, every
+    /// moved row beside the targets, or, when the plan's verdicts do not make
+    /// its token, every moved row. Applied: the rows beside the targets
+    /// that stopped being candidates; they refuse nothing (semantics §13).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub verdicts_moved: Vec<crate::plan::planned::VerdictMoved>,
     /// Rows that were not candidates at plan time and are now (a heartbeat

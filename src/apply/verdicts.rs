@@ -136,12 +136,19 @@ fn candidates_moved(
         } else {
             ""
         };
-        return Err(refuse(format!(
+        let words = format!(
             ": what a target's verdict reads of other rows moved ({}{more})",
             shown.join("; ")
-        )));
+        );
+        // The rows that moved it are among those whose verdict moved.
+        report.verdicts_moved = sorted.left.into_iter().chain(sorted.added).collect();
+        return Err(refuse(words));
     }
-    report.candidates_added_since_plan = sorted.added;
+    report.candidates_added_since_plan = sorted
+        .added
+        .into_iter()
+        .map(|m| m.worker_identity)
+        .collect();
     report.verdicts_moved = sorted.left;
     Ok(fresh)
 }

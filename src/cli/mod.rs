@@ -108,7 +108,8 @@ pub struct StoreArgs {
     pub leases: PathBuf,
     /// The expected repository binding, e.g. prgs/gitea-tools (required by
     /// plan; apply takes it from the saved plan when not given).
-    #[arg(long, value_name = "REPO", value_parser = crate::text::nonblank_repository)]
+    #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO",
+          value_parser = crate::text::nonblank_repository)]
     pub canonical_repository: Option<String>,
     /// Root of the proc filesystem (boot id, process start times).
     #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]

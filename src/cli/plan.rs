@@ -59,6 +59,7 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
             crate::outfile::replace_with(path, |w| plan.write_saved(w))
         };
         write(out).map_err(Error::io(out, "cannot write the plan"))?;
+        eprintln!("{}", saved_note(out, &plan, args));
     }
     let started = std::time::Instant::now();
     let stdout = std::io::stdout();
@@ -84,4 +85,35 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     // allocator one by one would only add time.
     std::mem::forget(plan);
     Ok(ExitCode::Ok)
+}
+
+/// What `plan --out` wrote and the command that applies it, for the
+/// operator (on stderr: stdout is the plan itself).
+fn saved_note(out: &std::path::Path, plan: &Plan, args: &PlanArgs) -> String {
+    let esc = |p: &std::path::Path| crate::text::esc(&p.display().to_string()).into_owned();
+    let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    let candidates = plan.candidates().count();
+    let mut command = format!(
+        "fleet-retire apply {} --registry {} --leases {}",
+        esc(out),
+        crate::store::location::label(&args.store.registry),
+        esc(&args.store.leases)
+    );
+    if let Some(p) = &args.operator.profiles_path {
+        command.push_str(&format!(" --profiles {}", esc(p)));
+    }
+    command.push_str(" --profile NAME");
+    if candidates > 100 {
+        command.push_str(" --first 100");
+    }
+    let size = if size >= 1_000_000 {
+        format!("{:.1} MB", size as f64 / 1_000_000.0)
+    } else {
+        format!("{:.1} kB", size as f64 / 1_000.0)
+    };
+    format!(
+        "wrote the plan to {} ({size}, {candidates} candidate(s)); apply it (a profile \
+         holding gitea.worker_registry.retire) with:\n  {command}",
+        esc(out)
+    )
 }

@@ -12,11 +12,16 @@ use std::path::{Path, PathBuf};
 /// Arguments of `snapshot`.
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
-    /// The worker registry (SQLite).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    /// The worker registry: a SQLite file, or a postgres:// URL.
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH|URL")]
     pub registry: PathBuf,
+    /// The lease store. Accepted (and its variable FLEET_RETIRE_LEASES
+    /// read) so one set of store flags serves every command; a snapshot
+    /// reads the registry alone, so it is not opened.
+    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH|URL")]
+    pub leases: Option<PathBuf>,
     /// Expected repository binding; workers bound elsewhere are findings.
-    #[arg(long, value_name = "REPO")]
+    #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO")]
     pub canonical_repository: Option<String>,
     /// Expected revision; workers on another revision are findings.
     #[arg(long, value_name = "REV")]

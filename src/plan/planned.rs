@@ -66,10 +66,6 @@ pub struct VerdictMoved {
     pub then: String,
     /// Its primary reason code now.
     pub now: String,
-    /// Whether it was kept at plan time for an unexpired heartbeat alone
-    /// and is a candidate now: time passed, nothing else (semantics §13).
-    #[serde(skip)]
-    pub expired_since: bool,
     /// Its entry in the re-derived plan.
     #[serde(skip)]
     pub entry: usize,
@@ -205,7 +201,6 @@ impl PlannedRows {
                 .push(codes);
         }
         let eligible = crate::reasons::Reason::Eligible.code();
-        let unexpired = crate::reasons::Reason::HeartbeatFresh.code();
         let mut moved = Vec::new();
         for (entry, e) in now.entries.iter().enumerate() {
             let identity = now.identity(e);
@@ -215,7 +210,6 @@ impl PlannedRows {
             let was = codes.remove(0);
             if (was[0] == eligible) != e.is_candidate() {
                 moved.push(VerdictMoved {
-                    expired_since: e.is_candidate() && was.len() == 1 && was[0] == unexpired,
                     worker_identity: identity,
                     then: was[0].clone(),
                     now: e.reason().code().to_string(),

@@ -175,6 +175,14 @@ pub trait ApplyTx {
         Ok(Err("this engine keeps no row versions".into()))
     }
 
+    /// Whether the rows read with `since` were read from the very file
+    /// this transaction writes (SQLite: each told from its connection's
+    /// own descriptor); `false` where the engine cannot tell.
+    fn same_file(&mut self, since: &RowVersions) -> bool {
+        let _ = since;
+        false
+    }
+
     /// When the lease store at `leases` is this same database, its version
     /// and active leases read inside this transaction (one snapshot with
     /// the registry); `None` when it is elsewhere.

@@ -223,6 +223,10 @@ impl ApplyTx for Tx<'_> {
             .collect()))
     }
 
+    fn same_file(&mut self, since: &RowVersions) -> bool {
+        since.file.is_some() && since.file == self.file
+    }
+
     fn read_leases_here(&mut self, _leases: &Path) -> Option<Result<(String, Vec<Lease>)>> {
         None
     }
