@@ -15,12 +15,72 @@ fn cut(s: &str, width: usize) -> String {
     }
 }
 
+/// How many of each list a human report shows unless told (`--limit N`,
+/// `--all`): a screen, whatever the registry's size.
+pub const LIST_DEFAULT: usize = 20;
+
+/// At most `cap` (all with `None`) of `items`, one line each by `line`,
+/// then how many were left out and how to see them.
+fn listed<T>(
+    out: &mut String,
+    items: &[T],
+    cap: Option<usize>,
+    what: &str,
+    mut line: impl FnMut(&mut String, &T),
+) {
+    let shown = cap.unwrap_or(usize::MAX).min(items.len());
+    for item in &items[..shown] {
+        line(out, item);
+    }
+    if shown < items.len() {
+        let _ = writeln!(
+            out,
+            "  … and {} more {what} (--all lists them, --limit N the first N; --format json has \
+             every one)",
+            items.len() - shown
+        );
+    }
+}
+
+/// Blockers (JSON objects with `classification` and `detail`) counted per
+/// class, most first: one line.
+fn blocker_classes(blockers: &[serde_json::Value]) -> String {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for b in blockers {
+        *counts
+            .entry(b["classification"].as_str().unwrap_or(""))
+            .or_default() += 1;
+    }
+    let mut by_count: Vec<(&str, usize)> = counts.into_iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    by_count
+        .iter()
+        .map(|(c, n)| format!("{} {n}", esc(c)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One blocker's line.
+fn blocker_line(out: &mut String, b: &serde_json::Value) {
+    let _ = writeln!(
+        out,
+        "  - {}: {}",
+        esc(b["classification"].as_str().unwrap_or("")),
+        esc(b["detail"].as_str().unwrap_or(""))
+    );
+}
+
 /// The plan as a person reads it: the counts, the preserved rows' counts
 /// per reason, one line per candidate, at most `preserved_limit` preserved
 /// rows (all of them with `None`; a large registry has tens of thousands),
 /// then the tokens and the policy set that decided (`built-in`, or a folder
 /// with its fingerprint).
-pub fn plan_table(plan: &Plan, policy_source: &str, preserved_limit: Option<usize>) -> String {
+pub fn plan_table(
+    plan: &Plan,
+    policy_source: &str,
+    preserved_limit: Option<usize>,
+    candidate_limit: Option<usize>,
+) -> String {
     let mut out = String::new();
     let candidates = plan.candidates().count();
     let preserved = plan.entries.len() - candidates;
@@ -52,8 +112,10 @@ pub fn plan_table(plan: &Plan, policy_source: &str, preserved_limit: Option<usiz
     let _ = writeln!(out);
     let _ = writeln!(out, "{:<32} {:<9} REASON", "WORKER", "VERDICT");
     let listed_preserved = preserved_limit.unwrap_or(usize::MAX).min(preserved);
+    let listed_candidates = candidate_limit.unwrap_or(usize::MAX).min(candidates);
     let shown = plan
         .candidates()
+        .take(listed_candidates)
         .chain(plan.preserved().take(listed_preserved));
     for e in shown {
         let verdict = if e.is_candidate() { "retire" } else { "keep" };
@@ -74,6 +136,14 @@ pub fn plan_table(plan: &Plan, policy_source: &str, preserved_limit: Option<usiz
             reason
         );
     }
+    if listed_candidates < candidates {
+        let _ = writeln!(
+            out,
+            "({} candidate(s) not listed: --all lists every row, --limit N the first N; \
+             --format json and plan --out have every one)",
+            candidates - listed_candidates
+        );
+    }
     if listed_preserved < preserved {
         let _ = writeln!(
             out,
@@ -89,8 +159,9 @@ pub fn plan_table(plan: &Plan, policy_source: &str, preserved_limit: Option<usiz
     out
 }
 
-/// An apply report in a few lines.
-pub fn apply_summary(report: &crate::apply::Report) -> String {
+/// An apply report in a few lines: at most `cap` of each list (all with
+/// `None`), the residual blockers counted per class.
+pub fn apply_summary(report: &crate::apply::Report, cap: Option<usize>) -> String {
     let mut out = String::new();
     let outcome = serde_json::to_value(report.outcome)
         .ok()
@@ -98,7 +169,7 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
         .unwrap_or_default();
     let _ = writeln!(out, "outcome: {outcome} ({} retired)", report.retired_count);
     let _ = writeln!(out, "{}", esc(&report.detail));
-    for r in &report.retired {
+    listed(&mut out, &report.retired, cap, "retired", |out, r| {
         let _ = writeln!(
             out,
             "  retired {:<32} at {} by {}",
@@ -106,8 +177,8 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
             r.retired_at,
             esc(&r.retired_by)
         );
-    }
-    for k in &report.preserved {
+    });
+    listed(&mut out, &report.preserved, cap, "kept", |out, k| {
         let _ = writeln!(
             out,
             "  kept    {:<32} {}: {}",
@@ -115,7 +186,7 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
             k.reason_code,
             esc(&k.detail)
         );
-    }
+    });
     if let Some(p) = &report.post_apply {
         let _ = writeln!(
             out,
@@ -130,20 +201,20 @@ pub fn apply_summary(report: &crate::apply::Report) -> String {
             },
             p["residual_blocker_count"]
         );
-        for b in p["residual_blockers"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "  - {}: {}",
-                esc(b["classification"].as_str().unwrap_or("")),
-                esc(b["detail"].as_str().unwrap_or(""))
-            );
+        let blockers = p["residual_blockers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !blockers.is_empty() {
+            let _ = writeln!(out, "  by class: {}", blocker_classes(&blockers));
         }
+        listed(&mut out, &blockers, cap, "blockers", blocker_line);
     }
     out
 }
 
 /// A snapshot: one line per instance, then the blockers.
-pub fn snapshot_summary(snap: &serde_json::Value) -> String {
+pub fn snapshot_summary(snap: &serde_json::Value, cap: Option<usize>) -> String {
     let mut out = String::new();
     let _ =
         writeln!(
@@ -156,7 +227,8 @@ pub fn snapshot_summary(snap: &serde_json::Value) -> String {
         snap["instance_count"],
         if snap["live_fleet_safe"] == true { "SAFE" } else { "NOT SAFE" }
     );
-    for inst in snap["instances"].as_array().into_iter().flatten() {
+    let instances = snap["instances"].as_array().cloned().unwrap_or_default();
+    listed(&mut out, &instances, cap, "instances", |out, inst| {
         let namespaces: Vec<&str> = inst["namespaces"]
             .as_array()
             .into_iter()
@@ -176,7 +248,7 @@ pub fn snapshot_summary(snap: &serde_json::Value) -> String {
                 "UNTRUSTED"
             }
         );
-    }
+    });
     let blockers = snap["active_blockers"]
         .as_array()
         .cloned()
@@ -184,15 +256,13 @@ pub fn snapshot_summary(snap: &serde_json::Value) -> String {
     if blockers.is_empty() {
         let _ = writeln!(out, "no blockers");
     } else {
-        let _ = writeln!(out, "blockers:");
-        for b in blockers {
-            let _ = writeln!(
-                out,
-                "  - {}: {}",
-                esc(b["classification"].as_str().unwrap_or("")),
-                esc(b["detail"].as_str().unwrap_or(""))
-            );
-        }
+        let _ = writeln!(
+            out,
+            "blockers: {} ({})",
+            blockers.len(),
+            blocker_classes(&blockers)
+        );
+        listed(&mut out, &blockers, cap, "blockers", blocker_line);
     }
     if let Some(c) = snap.get("comparison") {
         let _ = writeln!(

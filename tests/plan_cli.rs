@@ -509,7 +509,13 @@ fn human_plan_lists_candidates_and_counts_and_preserved_rows_on_request() {
                 .any(|l| l.starts_with("w-running") && l.contains("keep")),
             "{listed}"
         );
-        assert!(!listed.contains("not listed"), "{listed}");
+        assert!(!listed.contains("preserved row(s) not listed"), "{listed}");
+        // --limit caps the candidates too.
+        assert_eq!(
+            listed.contains("(2 candidate(s) not listed"),
+            asked[0] == "--limit",
+            "{listed}"
+        );
     }
     let out = common::bin()
         .args(stores.plan_args("controller-prgs"))
@@ -585,4 +591,48 @@ fn the_cli_keeps_the_conventions_users_expect() {
         "{}",
         text(&out)
     );
+}
+
+/// Human outputs stay under a screen whatever the registry's size: each
+/// list shows its first 20 (`--limit N`, `--all`) and says how many more
+/// there are; JSON keeps every row.
+#[test]
+fn human_outputs_summarise_long_lists() {
+    let rows: Vec<serde_json::Value> = (0..30)
+        .map(|i| {
+            let (pid, start) = dead_process();
+            stale_row(&format!("w-dead-{i:02}"), pid, &start)
+        })
+        .collect();
+    let stores = Stores::new(&rows);
+    let plan = bin()
+        .args(stores.plan_args("controller-prgs"))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&plan.stdout);
+    assert_eq!(table.matches(" retire ").count(), 20, "{table}");
+    assert!(table.contains("(10 candidate(s) not listed"), "{table}");
+    let mut all = stores.plan_args("controller-prgs");
+    all.push("--all".into());
+    let table = String::from_utf8_lossy(&bin().args(&all).output().unwrap().stdout).into_owned();
+    assert_eq!(table.matches(" retire ").count(), 30, "{table}");
+
+    let saved = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), saved.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+    // The human apply report: the apply args without `--format json`.
+    let mut apply: Vec<String> = stores.apply_args("controller-prgs")[2..].to_vec();
+    apply.extend([
+        saved.display().to_string(),
+        "--first".into(),
+        "25".into(),
+        "--max-retire".into(),
+        "25".into(),
+    ]);
+    let out = bin().args(&apply).output().unwrap();
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report.matches("  retired w-dead-").count(), 20, "{report}");
+    assert!(report.contains("… and 5 more retired"), "{report}");
 }

@@ -50,6 +50,9 @@ pub struct ApplyArgs {
     /// Operator profile.
     #[command(flatten)]
     pub operator: OperatorArgs,
+    /// How much of each list the human report shows.
+    #[command(flatten)]
+    pub list: crate::cli::ListArgs,
 }
 
 /// Read the apply request out of a saved plan: its head, as
@@ -208,7 +211,11 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
         Format::Json => serde_json::to_writer_pretty(&mut w, &report)
             .map_err(std::io::Error::other)
             .and_then(|_| writeln!(w)),
-        Format::Human => write!(w, "{}", crate::report::apply_summary(&report)),
+        Format::Human => write!(
+            w,
+            "{}",
+            crate::report::apply_summary(&report, args.list.cap())
+        ),
     };
     // The exit code follows what happened to the registry: a report that
     // cannot be written (a closed pipe, a full disk) is a warning, not a

@@ -315,7 +315,7 @@ impl<'p> Demo<'p> {
             &self.probe,
         );
         self.say("\n== 3. Snapshot")?;
-        for line in crate::report::snapshot_summary(&snap).lines() {
+        for line in crate::report::snapshot_summary(&snap, None).lines() {
             self.say(format!("   {line}"))?;
         }
         Ok(())
@@ -331,7 +331,7 @@ impl<'p> Demo<'p> {
             REPO.into(),
             self.policies,
         )?;
-        let table = crate::report::plan_table(&planned, &self.policies.source_label(), None);
+        let table = crate::report::plan_table(&planned, &self.policies.source_label(), None, None);
         for line in table.lines() {
             self.say(format!("   {line}"))?;
         }
@@ -365,7 +365,7 @@ impl<'p> Demo<'p> {
             },
             Hooks::default(),
         )?;
-        for line in crate::report::apply_summary(&report).lines() {
+        for line in crate::report::apply_summary(&report, None).lines() {
             self.say(format!("   {line}"))?;
         }
         Ok(())

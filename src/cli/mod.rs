@@ -116,6 +116,24 @@ pub struct StoreArgs {
     pub proc_root: PathBuf,
 }
 
+/// How much of a long list a human report shows (JSON always has all).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ListArgs {
+    /// Human format: list every row, not only the first of each list.
+    #[arg(long, conflicts_with = "limit")]
+    pub all: bool,
+    /// Human format: list the first N of each list (default 20).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+impl ListArgs {
+    /// The cap on each list: `None` for all.
+    pub fn cap(&self) -> Option<usize> {
+        (!self.all).then(|| self.limit.unwrap_or(crate::report::LIST_DEFAULT))
+    }
+}
+
 /// Who is asking.
 #[derive(Debug, Clone, Args)]
 pub struct OperatorArgs {

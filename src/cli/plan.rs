@@ -24,7 +24,8 @@ pub struct PlanArgs {
     /// counts per reason are shown, with the candidates).
     #[arg(long, conflicts_with = "limit")]
     pub all: bool,
-    /// Human format: list the first N preserved rows.
+    /// Human format: list the first N candidates (default 20) and the
+    /// first N preserved rows (default none).
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
 }
@@ -74,6 +75,11 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
                     None
                 } else {
                     Some(args.limit.unwrap_or(0))
+                },
+                if args.all {
+                    None
+                } else {
+                    Some(args.limit.unwrap_or(crate::report::LIST_DEFAULT))
                 },
             )
             .as_bytes(),

@@ -41,6 +41,9 @@ pub struct SnapshotArgs {
     /// Operator profile.
     #[command(flatten)]
     pub operator: OperatorArgs,
+    /// How much of each list the human report shows.
+    #[command(flatten)]
+    pub list: crate::cli::ListArgs,
 }
 
 fn read_json(path: &Path, what: &str) -> Result<Json> {
@@ -95,7 +98,10 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
                 .and_then(|()| w.flush())
                 .map_err(Error::Output)?;
         }
-        Format::Human => crate::out!("{}", crate::report::snapshot_summary(&snap.summary_json()))?,
+        Format::Human => crate::out!(
+            "{}",
+            crate::report::snapshot_summary(&snap.summary_json(), args.list.cap())
+        )?,
     }
     let safe = snap.live_fleet_safe();
     // The process ends next: returning a large registry's rows to the
