@@ -14,6 +14,9 @@ pub enum ExitCode {
     Refused = 2,
     /// Invalid policy or schema.
     InvalidPolicy = 3,
+    /// The policies are valid but a property does not hold of them
+    /// (`policy verify`, `grants --against`): a proof failed.
+    ProofFailed = 4,
 }
 
 impl From<ExitCode> for std::process::ExitCode {

@@ -86,7 +86,7 @@ fn every_hand_made_weakening_fails_a_proof() {
             "policy",
             "verify",
         ]);
-        assert_eq!(out.status.code(), Some(3), "{}: {}", w.what, text(&out));
+        assert_eq!(out.status.code(), Some(4), "{}: {}", w.what, text(&out));
         assert!(
             text(&out).contains(&format!("FAILED {}", w.property)),
             "{}: expected {} to fail:\n{}",

@@ -275,7 +275,7 @@ fn grants_against_proves_only_controllers_and_reconcilers_can_apply() {
         "--against",
         profiles.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let failed: Vec<&Value> = v["proofs"]
         .as_array()
@@ -292,7 +292,7 @@ fn grants_against_proves_only_controllers_and_reconcilers_can_apply() {
     );
     // The same proof fails in policy verify.
     let out = run(&["--policies", policies.to_str().unwrap(), "policy", "verify"]);
-    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.status.code(), Some(4));
     assert!(text(&out).contains("FAILED apply-only-controller-or-reconciler-with-retire"));
 }
 

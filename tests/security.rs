@@ -481,7 +481,7 @@ fn verifying_a_folder_proves_the_built_in_properties_too() {
         .output()
         .unwrap();
     let all = text(&out);
-    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert_eq!(out.status.code(), Some(4), "{all}");
     assert!(all.contains("FAILED retire-only-dead-pids"), "{all}");
     assert!(
         all.contains("FAILED retire-never-across-pid-namespaces"),

@@ -22,7 +22,7 @@ pub struct GrantsArgs {
     /// whatever either file says (policies/properties/capabilities.cedar):
     /// only a controller or reconciler holding gitea.worker_registry.retire
     /// can apply. Needs cvc5. Exits 2 when an edit grants anything it did
-    /// not grant before (as `policy diff` does when a policy loosens), 3
+    /// not grant before (as `policy diff` does when a policy loosens), 4
     /// when a proof fails.
     #[arg(long, value_name = "OLD.json")]
     pub against: Option<PathBuf>,
@@ -100,7 +100,7 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
     // is something a CI job stops for.
     let widened = diff.iter().flatten().any(|(_, _, now)| *now);
     Ok(if failed > 0 {
-        ExitCode::InvalidPolicy
+        ExitCode::ProofFailed
     } else if widened {
         ExitCode::Refused
     } else {

@@ -28,7 +28,12 @@ pub enum PolicyCommand {
     /// Every policy with its id, effect, reason, order and description.
     List,
     /// Prove the properties in policies/properties/ for all requests and entities (needs cvc5).
-    Verify,
+    /// Failed proofs come first; exit 4 when one fails.
+    Verify {
+        /// Print only the failed proofs and the closing count.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// Every single-point mutant of the policies, and whether a property
     /// (policies/properties/) or a fixture case kills it; each survivor is
     /// printed with a fixture case that would (needs cvc5). Mutants the
@@ -212,7 +217,7 @@ fn list(cli: &Cli) -> Result<ExitCode> {
     Ok(ExitCode::Ok)
 }
 
-fn verify(cli: &Cli) -> Result<ExitCode> {
+fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     let properties = crate::verify::load_properties(cli.policies.as_deref(), &policies, true)?;
     let verification = crate::verify::verify(&policies, &properties)?;
@@ -224,7 +229,10 @@ fn verify(cli: &Cli) -> Result<ExitCode> {
             serde_json::to_string_pretty(&verification).expect("proofs serialise")
         )?,
         Format::Human => {
-            for p in proofs {
+            // Failures first: one failed proof among seventy must not scroll away.
+            let mut ordered: Vec<&crate::verify::Proof> = proofs.iter().collect();
+            ordered.sort_by_key(|p| p.holds);
+            for p in ordered.into_iter().filter(|p| !quiet || !p.holds) {
                 crate::outln!(
                     "{} {} [{}]",
                     if p.holds { "PROVED" } else { "FAILED" },
@@ -240,7 +248,7 @@ fn verify(cli: &Cli) -> Result<ExitCode> {
             }
             // Not obligations: which forbids decide on their own (a property
             // above must then catch their deletion) and which are shadowed.
-            for f in &verification.forbids {
+            for f in verification.forbids.iter().filter(|_| !quiet) {
                 if f.shadowed {
                     crate::outln!(
                         "SHADOWED {} ({}): proved: the set without it decides every retire \
@@ -262,7 +270,7 @@ fn verify(cli: &Cli) -> Result<ExitCode> {
     Ok(if failed == 0 {
         ExitCode::Ok
     } else {
-        ExitCode::InvalidPolicy
+        ExitCode::ProofFailed
     })
 }
 
@@ -532,7 +540,7 @@ pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
     match &args.command {
         PolicyCommand::Validate { fix_format } => validate(cli, *fix_format),
         PolicyCommand::List => list(cli),
-        PolicyCommand::Verify => verify(cli),
+        PolicyCommand::Verify { quiet } => verify(cli, *quiet),
         PolicyCommand::Mutate {
             fixtures,
             min_score,

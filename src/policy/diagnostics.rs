@@ -139,7 +139,17 @@ fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, text: &str, out: &mu
             )
             .is_ok()
         {
-            out.extend(drawn.lines().map(|l| format!("    {l}")));
+            // The drawing's own header repeats the message (and its help)
+            // of the line above: only the snippet is kept.
+            out.extend(
+                drawn
+                    .lines()
+                    .filter(|l| {
+                        let t = l.trim_start();
+                        !t.is_empty() && !t.starts_with('×') && !t.starts_with("help:")
+                    })
+                    .map(|l| format!("    {l}")),
+            );
         }
     }
 }

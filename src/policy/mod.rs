@@ -168,9 +168,16 @@ impl Policies {
     /// Load from `(file name, text)` pairs: the schema and the policy files.
     pub fn from_texts(files: &[(String, String)], origin: String) -> Result<Policies> {
         let fingerprint = fingerprint_of(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
-        let schema = load_schema(files)?;
-        let parsed = parse_policies(files)?;
-        validate(&schema, &parsed)?;
+        // Messages name a folder's files with the folder, so a reviewer
+        // comparing two folders knows which one is wrong.
+        let folder = (origin != "embedded").then(|| origin.clone());
+        let shown = |name: &str| match &folder {
+            Some(dir) => format!("{}", Path::new(dir).join(name).display()),
+            None => name.to_string(),
+        };
+        let schema = load_schema(files, &shown)?;
+        let parsed = parse_policies(files, &shown)?;
+        validate(&schema, &parsed, &shown)?;
         Ok(Policies {
             schema,
             set: parsed.set,
@@ -210,15 +217,15 @@ impl Policies {
 }
 
 /// The schema, parsed; a warning rejects it as an error would.
-fn load_schema(files: &[(String, String)]) -> Result<Schema> {
+fn load_schema(files: &[(String, String)], shown: &dyn Fn(&str) -> String) -> Result<Schema> {
     let (schema_name, schema_text) = files
         .iter()
         .find(|(n, _)| n == SCHEMA_FILE)
         .ok_or_else(|| policy_error(vec![format!("{SCHEMA_FILE}: missing")]))?;
     let (schema, warnings) = Schema::from_cedarschema_str(schema_text)
-        .map_err(|e| policy_error(vec![describe(&e, schema_name, schema_text)]))?;
+        .map_err(|e| policy_error(vec![describe(&e, &shown(schema_name), schema_text)]))?;
     let warnings: Vec<String> = warnings
-        .map(|w| describe(&w, schema_name, schema_text))
+        .map(|w| describe(&w, &shown(schema_name), schema_text))
         .collect();
     if !warnings.is_empty() {
         return Err(policy_error(warnings));
@@ -234,7 +241,7 @@ struct Parsed {
     texts: HashMap<PolicyId, (String, String)>,
 }
 
-fn parse_policies(files: &[(String, String)]) -> Result<Parsed> {
+fn parse_policies(files: &[(String, String)], shown: &dyn Fn(&str) -> String) -> Result<Parsed> {
     let mut problems = Vec::new();
     let mut out = Parsed {
         set: PolicySet::new(),
@@ -245,7 +252,7 @@ fn parse_policies(files: &[(String, String)]) -> Result<Parsed> {
         let parsed = match PolicySet::from_str(text) {
             Ok(p) => p,
             Err(e) => {
-                problems.push(describe(&e, name, text));
+                problems.push(describe(&e, &shown(name), text));
                 continue;
             }
         };
@@ -258,20 +265,23 @@ fn parse_policies(files: &[(String, String)]) -> Result<Parsed> {
             let rule = match rule_of(policy, name, line) {
                 Ok(rule) => rule,
                 Err(msg) => {
-                    problems.push(format!("{name}:{line}: {msg}"));
+                    problems.push(format!("{}:{line}: {msg}", shown(name)));
                     continue;
                 }
             };
             let id = PolicyId::new(&rule.id);
             if let Some(prev) = out.rules.get(&id) {
                 problems.push(format!(
-                    "{name}:{line}: @id(\"{}\") is already used at {}:{}; ids must be unique",
-                    rule.id, prev.file, prev.line
+                    "{}:{line}: @id(\"{}\") is already used at {}:{}; ids must be unique",
+                    shown(name),
+                    rule.id,
+                    shown(&prev.file),
+                    prev.line
                 ));
                 continue;
             }
             if let Err(e) = out.set.add(policy.new_id(id.clone())) {
-                problems.push(format!("{name}:{line}: {e}"));
+                problems.push(format!("{}:{line}: {e}", shown(name)));
                 continue;
             }
             out.texts.insert(id.clone(), (name.clone(), text.clone()));
@@ -285,18 +295,18 @@ fn parse_policies(files: &[(String, String)]) -> Result<Parsed> {
 }
 
 /// Strict validation against the schema; warnings are errors here.
-fn validate(schema: &Schema, parsed: &Parsed) -> Result<()> {
+fn validate(schema: &Schema, parsed: &Parsed, shown: &dyn Fn(&str) -> String) -> Result<()> {
     let mut problems = Vec::new();
     let result = Validator::new(schema.clone()).validate(&parsed.set, ValidationMode::Strict);
     for e in result.validation_errors() {
         let (file, text) = parsed.texts.get(e.policy_id()).cloned().unwrap_or_default();
-        problems.push(describe(e, &file, &text));
+        problems.push(describe(e, &shown(&file), &text));
     }
     for w in result.validation_warnings() {
         let (file, text) = parsed.texts.get(w.policy_id()).cloned().unwrap_or_default();
         problems.push(format!(
             "{} (warnings are errors here)",
-            describe(w, &file, &text)
+            describe(w, &shown(&file), &text)
         ));
     }
     problems.extend(first_stage_reads_aggregates(parsed));
