@@ -240,6 +240,19 @@ pub fn render(e: &Json) -> String {
             r["occupy_instance_slot"]
         );
     }
-    let _ = writeln!(out, "  evidence: {}", e["evidence"]);
+    // One field a line, as a person reads it (`--format json` has the
+    // same object whole).
+    let _ = writeln!(out, "  evidence:");
+    if let Some(fields) = e["evidence"].as_object() {
+        let width = fields.keys().map(String::len).max().unwrap_or(0);
+        for (name, value) in fields {
+            // As JSON: a text "null" and a NULL stay apart.
+            let _ = writeln!(
+                out,
+                "    {name:<width$}  {}",
+                crate::text::esc(&value.to_string())
+            );
+        }
+    }
     out
 }

@@ -636,3 +636,29 @@ fn human_outputs_summarise_long_lists() {
     assert_eq!(report.matches("  retired w-dead-").count(), 20, "{report}");
     assert!(report.contains("… and 5 more retired"), "{report}");
 }
+
+/// A report that cannot be written (a full disk) is a warning that says
+/// what the apply did: a refusal retired nothing and left no audit row.
+#[test]
+fn an_unwritable_report_says_what_the_apply_did() {
+    let stores = Stores::new(&[]);
+    let (plan_path, _) = save_plan(&stores);
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = bin()
+        .args(&stores.apply_args("author-prgs")[2..])
+        .arg(&plan_path)
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("the apply report could not be written"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was retired (outcome "), "{err}");
+    assert!(!err.contains("retirement_audit"), "{err}");
+}

@@ -93,6 +93,17 @@ fn explain_on_the_command_line() {
         .find(|p| p["policy_id"] == "active-lease-owner")
         .unwrap();
     assert_eq!(lease["verdict"], "satisfied");
+    // The human form shows the evidence a field a line, values as JSON.
+    let out = run(&["explain", "--worker", "w-1", "--fixture", fixture]);
+    let human = text(&out);
+    assert!(human.contains("  evidence:\n"), "{human}");
+    assert!(
+        human
+            .lines()
+            .any(|l| l.trim_start().starts_with("protected_by_active_leases")
+                && l.contains("session_id=")),
+        "{human}"
+    );
     let out = run(&["explain", "--worker", "nobody", "--fixture", fixture]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("nobody"));

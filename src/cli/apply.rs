@@ -223,11 +223,29 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
     if let Err(e) = written.and_then(|()| w.flush()) {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             eprintln!(
-                "fleet-retire: warning: the apply report could not be written ({e}); \
-                 the outcome was {:?}: check the registry's retirement_audit table",
-                report.outcome
+                "fleet-retire: warning: the apply report could not be written ({e}); {}",
+                unwritten(&report)
             );
         }
     }
     Ok(report.outcome.exit_code())
+}
+
+/// What an apply whose report could not be written did, in one line: only
+/// a committed retirement has audit rows to check.
+fn unwritten(report: &crate::apply::Report) -> String {
+    if report.mutation_performed {
+        format!(
+            "{} worker(s) were retired (outcome {}); the registry's retirement_audit table \
+             holds one row for each",
+            report.retired_count,
+            report.outcome.code()
+        )
+    } else {
+        format!(
+            "nothing was retired (outcome {}): {}",
+            report.outcome.code(),
+            crate::text::esc(&report.detail)
+        )
+    }
 }
