@@ -29,6 +29,9 @@ fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
+            if let Some(hint) = fleet_retire::cli::missing_env_hint(&e) {
+                eprintln!("{hint}");
+            }
             return std::process::ExitCode::from(if e.use_stderr() { 1 } else { 0 });
         }
     };

@@ -547,6 +547,24 @@ fn the_cli_keeps_the_conventions_users_expect() {
         page.contains(".TH fleet-retire 1") && page.contains("completions"),
         "{page}"
     );
+    // A required flag that was not given is named with its variable too.
+    let mut serve = bin();
+    for var in [
+        "FLEET_RETIRE_REGISTRY",
+        "FLEET_RETIRE_LEASES",
+        "GITEA_MCP_CONFIG",
+        "GITEA_MCP_PROFILE",
+        "GITEA_MCP_NAMESPACE",
+    ] {
+        serve.env_remove(var);
+    }
+    let out = serve.arg("serve").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--namespace <NS>: or set GITEA_MCP_NAMESPACE"),
+        "{err}"
+    );
     let help = text(&run(&["registry", "--help"]));
     assert!(help.contains("create") && help.contains("copy"), "{help}");
     let help = text(&run(&["plan", "--help"]));

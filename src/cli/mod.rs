@@ -116,6 +116,44 @@ pub struct StoreArgs {
     pub proc_root: PathBuf,
 }
 
+/// For a command line missing required arguments: the environment variable
+/// each can come from, when it has one. A launcher sets them, so a person
+/// starting `serve` by hand sees only the flags clap names otherwise.
+pub fn missing_env_hint(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::MissingRequiredArgument {
+        return None;
+    }
+    let Some(ContextValue::Strings(missing)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let command = <Cli as clap::CommandFactory>::command();
+    let lines: Vec<String> = missing
+        .iter()
+        .filter_map(|m| {
+            let long = m.trim_start_matches("--").split(' ').next().unwrap_or("");
+            env_of(&command, long).map(|env| format!("  {m}: or set {env}"))
+        })
+        .collect();
+    (!lines.is_empty()).then(|| {
+        format!(
+            "each of these may come from the environment instead:\n{}",
+            lines.join("\n")
+        )
+    })
+}
+
+/// The environment variable of the flag `--long`, in `command` or any of
+/// its subcommands (a flag's variable is the same wherever it appears).
+fn env_of(command: &clap::Command, long: &str) -> Option<String> {
+    command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .or_else(|| command.get_subcommands().find_map(|c| env_of(c, long)))
+}
+
 /// How much of a long list a human report shows (JSON always has all).
 #[derive(Debug, Clone, Copy, Args)]
 pub struct ListArgs {
