@@ -483,3 +483,47 @@ fn a_cancelled_apply_retires_nothing_and_the_log_says_so() {
     assert!(log.contains("cancelled by the client"), "{log}");
     assert!(log.contains("nothing was retired"), "{log}");
 }
+
+/// A client that starts a server for every call (the MCP Inspector's CLI
+/// does) cannot follow a cursor: only the server that sealed it can open
+/// it. It pages a fresh plan by offset instead, and `next_offset` says
+/// where the next page starts.
+#[test]
+fn a_client_that_starts_a_server_per_call_pages_by_offset() {
+    let dir = fleet_of(300);
+    let call = |wire: &mut Wire, id: u64, preserved: Value| -> Value {
+        wire.send(
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "plan_stale_worker_retirement", "arguments": {"preserved": preserved}}}),
+        );
+        let reply = wire.next(Duration::from_secs(60)).expect("a reply");
+        reply["result"]["structuredContent"].clone()
+    };
+    let ids = |page: &Value| -> Vec<String> {
+        page["preserved"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["worker_identity"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let ask = json!({"reason_code": "host_binding_unproven", "limit": 5});
+    let mut first = Wire::start(dir.path(), &[]);
+    let one = call(&mut first, 1, ask.clone());
+    assert_eq!(one["next_offset"], 5, "{one:.500}");
+    let cursor = one["next_cursor"].clone();
+    first.finish();
+    let mut second = Wire::start(dir.path(), &[]);
+    let refused = call(&mut second, 1, json!({"cursor": cursor}));
+    assert_eq!(refused["reason_code"], "invalid_cursor", "{refused:.500}");
+    let mut by_offset = ask.clone();
+    by_offset["offset"] = json!(5);
+    let two = call(&mut second, 2, by_offset);
+    assert_eq!(two["next_offset"], 10, "{two:.500}");
+    let (a, b) = (ids(&one), ids(&two));
+    assert_eq!((a.len(), b.len()), (5, 5));
+    assert!(a.iter().all(|w| !b.contains(w)), "{a:?} {b:?}");
+    let both = call(&mut second, 3, json!({"cursor": "x", "offset": 5}));
+    assert_eq!(both["reason_code"], "cursor_and_offset", "{both:.500}");
+    second.finish();
+}

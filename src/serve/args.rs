@@ -30,6 +30,10 @@ pub(super) struct PreservedAsk {
     pub(super) limit: Option<usize>,
     /// The `next_cursor` of an earlier page: the next page of that plan.
     pub(super) cursor: Option<String>,
+    /// Without a cursor: start this many rows into the list, on the plan
+    /// made for this call (a client that starts a server per call cannot
+    /// keep a cursor, which only its server can open).
+    pub(super) offset: Option<usize>,
 }
 
 /// How much of the plan a call asks for.

@@ -51,12 +51,12 @@ impl FleetServer {
         }
         let (mut body, text) = pages::summary(&kept, self.binding.max_retire);
         self.first_cursors_into(&mut body, &kept);
-        if let Some(Asked::First(limit, reason)) = ask {
+        if let Some(Asked::First(limit, reason, offset)) = ask {
             let first = Position {
                 plan: kept.plan.registry_fingerprint.clone(),
                 list: List::Preserved,
                 reason_code: reason,
-                offset: 0,
+                offset,
                 limit,
             };
             self.preserved_into(&mut body, &kept, &first);
@@ -204,6 +204,9 @@ impl FleetServer {
         body.insert("preserved_reason_code".into(), json!(at.reason_code));
         body.insert("preserved_not_shown".into(), json!(page.remaining));
         if let Some(next) = page.next {
+            // The offset serves a client that cannot keep a cursor (one
+            // server per call): the same rows of a plan made afresh.
+            body.insert("next_offset".into(), json!(next.offset));
             body.insert("next_cursor".into(), json!(self.sealer.seal(&next)));
         }
         counted
@@ -264,8 +267,8 @@ impl FleetServer {
 /// or the page a cursor names.
 #[derive(Clone)]
 enum Asked {
-    /// Rows per page and reason code.
-    First(usize, Option<String>),
+    /// Rows per page, reason code, and how many rows in to start.
+    First(usize, Option<String>, usize),
     /// The cursor, a new page size if given, and the reason code restated.
     Next(String, Option<usize>, Option<String>),
 }
@@ -295,9 +298,20 @@ fn page_asked(p: &PreservedAsk) -> std::result::Result<Asked, Refusal> {
             ));
         }
     }
-    Ok(match &p.cursor {
-        Some(c) => Asked::Next(c.clone(), p.limit, p.reason_code.clone()),
-        None => Asked::First(p.limit.unwrap_or(DEFAULT_LIMIT), p.reason_code.clone()),
+    Ok(match (&p.cursor, p.offset) {
+        (Some(_), Some(_)) => {
+            return Err(refusal(
+                "cursor_and_offset",
+                "a call gives a cursor or an offset, not both".into(),
+                "follow next_cursor with the server that issued it, or page a fresh plan by offset",
+            ))
+        }
+        (Some(c), None) => Asked::Next(c.clone(), p.limit, p.reason_code.clone()),
+        (None, offset) => Asked::First(
+            p.limit.unwrap_or(DEFAULT_LIMIT),
+            p.reason_code.clone(),
+            offset.unwrap_or(0),
+        ),
     })
 }
 

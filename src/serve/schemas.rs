@@ -87,8 +87,8 @@ impl ToolKind {
             ToolKind::Plan => object(
                 json!({
                     "canonical_repository": canonical,
-                    "preserved": page_input(json!({"const": "preserved"}), "reason_code",
-                        "Only rows kept for this primary reason code (see preserved_reason_counts)."),
+                    "preserved": offset_page(page_input(json!({"const": "preserved"}), "reason_code",
+                        "Only rows kept for this primary reason code (see preserved_reason_counts).")),
                     "include": {"enum": ["summary", "all"],
                         "description": "summary (the default), or all: the whole document, refused above 1 MiB."},
                 }),
@@ -154,7 +154,7 @@ impl ToolKind {
                     "candidate_worker_identities": list, "candidates": {"type": "array", "items": entry()},
                     "candidates_not_shown": count,
                     "preserved": {"type": "array", "items": entry()},
-                    "preserved_not_shown": count, "next_cursor": text,
+                    "preserved_not_shown": count, "next_cursor": text, "next_offset": count,
                     "resource_uri": text, "audit_context": {"type": "object"},
                 }),
                 &required_tokens,
@@ -230,6 +230,14 @@ fn page_input(list: Json, filter: &str, filter_description: &str) -> Json {
         props["list"] = list;
     }
     json!({"type": "object", "properties": props, "additionalProperties": false})
+}
+
+/// A page request that may also start at an offset, on the plan made for
+/// the call, without a cursor (for clients that start a server per call).
+fn offset_page(mut page: Json) -> Json {
+    page["properties"]["offset"] = json!({"type": "integer", "minimum": 0,
+        "description": "Without a cursor: the first row of the page, counted from 0, in the plan made for this call (each call plans afresh, so rows may shift between calls; a cursor, which only the server that issued it can open, pages one plan)."});
+    page
 }
 
 fn audit_properties() -> Json {
