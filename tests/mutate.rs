@@ -366,3 +366,31 @@ fn the_policies_decide_which_evidence_kinds_a_row_holds() {
         );
     }
 }
+
+/// Long work shows its progress on a terminal, and only there: under a
+/// pseudo-terminal (`script`) the bar is drawn on stderr; captured, as a
+/// script or CI job captures it, stderr holds none of it.
+#[test]
+fn mutate_shows_progress_on_a_terminal_only() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    let only = ["policy", "mutate", "--only", "snapshot-with-read"];
+    let out = run(&only);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("judging mutants"));
+    if skip_unless(
+        Path::new("/usr/bin/script").is_file(),
+        "script (util-linux)",
+    ) {
+        return;
+    }
+    let command = format!("{} {}", env!("CARGO_BIN_EXE_fleet-retire"), only.join(" "));
+    let tty = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .unwrap();
+    let drawn = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{drawn}");
+    assert!(drawn.contains("judging mutants"), "{drawn}");
+}

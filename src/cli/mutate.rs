@@ -25,7 +25,12 @@ pub fn run(
     let properties = crate::verify::load_properties(dir, &policies, builtin)?;
     let cases = crate::mutate::load_cases(fixtures)?;
     let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let report = crate::mutate::run(&policies, &properties, &cases, only, jobs)?;
+    let bar = Bar(indicatif::ProgressBar::with_draw_target(
+        None,
+        indicatif::ProgressDrawTarget::stderr(),
+    ));
+    let report = crate::mutate::run(&policies, &properties, &cases, only, jobs, &bar)?;
+    bar.0.finish_and_clear();
     let saved = save_survivors(&report, save)?;
     let below = min_score.is_some_and(|n| report.score < f64::from(n));
     match cli.format {
@@ -147,4 +152,24 @@ fn print_shadowed(report: &Report) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The progress of the judging on stderr, when stderr is a terminal
+/// (indicatif draws nothing otherwise).
+struct Bar(indicatif::ProgressBar);
+
+impl crate::mutate::Progress for Bar {
+    fn start(&self, total: usize) {
+        self.0.set_length(total as u64);
+        self.0.set_style(
+            indicatif::ProgressStyle::with_template(
+                "judging mutants {bar:40} {pos}/{len} ({eta} left)",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+    }
+
+    fn judged(&self) {
+        self.0.inc(1);
+    }
 }

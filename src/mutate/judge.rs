@@ -76,6 +76,7 @@ pub(super) fn judge_all(
     properties: &[Property],
     cases: &[(PathBuf, Case)],
     share: Vec<(usize, &Mutant)>,
+    progress: &dyn super::Progress,
 ) -> Result<Vec<(usize, Outcome)>> {
     let cache = Cache::new(policies, properties)?;
     let mut pool = Pool::new(cache.envs.len());
@@ -89,6 +90,7 @@ pub(super) fn judge_all(
                 let judged =
                     judge(compiler, &cache, &mut pool, policies, properties, cases, m).await;
                 out.push((i, judged.map_err(|e| unjudged(m, e))?));
+                progress.judged();
             }
             Ok(())
         })?;

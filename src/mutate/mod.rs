@@ -130,12 +130,29 @@ pub fn load_cases(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Case)>> {
 }
 
 /// Judge every mutant on `jobs` threads, each with its own solver.
+/// Told how the judging goes, for a person watching (the CLI's progress
+/// bar); `()` tells no one.
+pub trait Progress: Sync {
+    /// How many mutants there are to judge.
+    fn start(&self, total: usize);
+    /// One more is judged.
+    fn judged(&self);
+}
+
+impl Progress for () {
+    fn start(&self, _: usize) {}
+    fn judged(&self) {}
+}
+
+/// Judge every mutant of the policies (those of `only`'s policies, when
+/// given) on `jobs` threads, telling `progress`.
 pub fn run(
     policies: &Policies,
     properties: &[Property],
     cases: &[(PathBuf, Case)],
     only: &[String],
     jobs: usize,
+    progress: &dyn Progress,
 ) -> Result<Report> {
     refuse_failing_properties(policies, properties)?;
     let mut all = mutants(policies)?;
@@ -159,12 +176,13 @@ pub fn run(
         all.retain(|m| only.contains(&m.policy));
     }
     let jobs = jobs.clamp(1, all.len().max(1));
+    progress.start(all.len());
     let outcomes = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..jobs)
             .map(|j| {
                 let share: Vec<(usize, &Mutant)> =
                     all.iter().enumerate().skip(j).step_by(jobs).collect();
-                scope.spawn(move || judge::judge_all(policies, properties, cases, share))
+                scope.spawn(move || judge::judge_all(policies, properties, cases, share, progress))
             })
             .collect();
         let mut out: Vec<(usize, Outcome)> = Vec::new();
