@@ -194,7 +194,8 @@ fn a_committed_apply_whose_report_cannot_be_written_exits_0() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
-        err.contains("could not be written") && err.contains("Applied"),
+        err.contains("could not be written")
+            && err.contains("1 worker(s) were retired (outcome applied)"),
         "{err}"
     );
     let status: String = rusqlite::Connection::open(&stores.registry)
