@@ -101,6 +101,7 @@ fn plan_and_request(
             host: host.clone(),
             canonical_repository: Some("prgs/gitea-tools".into()),
             protections: Protections::from_leases(&leases::load(lease_path).unwrap()),
+            active_leases: Vec::new(),
         },
         probe,
         policies,

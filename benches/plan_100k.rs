@@ -173,6 +173,7 @@ fn plan_once(reg: &Path, lease_path: &Path, policies: &Policies) -> Run {
         host: HostFacts::observe(Path::new("/proc")),
         canonical_repository: Some("prgs/gitea-tools".into()),
         protections: Protections::from_leases(&lease_rows),
+        active_leases: Vec::new(),
     };
     let p = plan(registry_rows, facts, &SystemProbe::new("/proc"), policies).unwrap();
     let written = Instant::now();

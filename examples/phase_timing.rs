@@ -32,6 +32,7 @@ fn main() {
         host: HostFacts::observe(Path::new("/proc")),
         canonical_repository: Some("prgs/gitea-tools".into()),
         protections: Protections::from_leases(&lease_rows),
+        active_leases: Vec::new(),
     };
     let probe = SystemProbe::new("/proc");
     let t = Instant::now();

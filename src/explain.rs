@@ -84,7 +84,32 @@ pub fn explain_entry(plan: &Plan, entry: &Entry, policies: &Policies) -> Json {
         "cedar_request": cedar,
         "first_stage": first_stage(plan, entry.index, policies),
         "evidence": plan.evidence(entry),
+        "protecting_leases": protecting_leases(row, &plan.facts.active_leases),
     })
+}
+
+/// The active leases that protect `row`, each with its id, role and target
+/// and the values of the row it names ("session_id=…"), matched exactly as
+/// the plan matched them (one lease at a time through the same index).
+fn protecting_leases(row: &crate::row::Row, leases: &[crate::evidence::leases::Lease]) -> Json {
+    use crate::evidence::leases::{LeaseCol, Protections};
+    let named: Vec<Json> = leases
+        .iter()
+        .filter_map(|lease| {
+            let one = Protections::from_leases(std::iter::once(lease));
+            let hits =
+                crate::observe::protection_hits(row, &crate::observe::ProtectionIndex::of(&one));
+            (!hits.is_empty()).then(|| {
+                json!({
+                    "lease_id": lease.get(LeaseCol::LeaseId).to_json(),
+                    "role": lease.get(LeaseCol::Role).to_json(),
+                    "target": lease.get(LeaseCol::Target).to_json(),
+                    "names": hits,
+                })
+            })
+        })
+        .collect();
+    Json::Array(named)
 }
 
 /// A uid as Cedar writes it (`Type::"id"`), the form `cedar authorize
@@ -239,6 +264,23 @@ pub fn render(e: &Json) -> String {
             r["claim_instance_slot"],
             r["occupy_instance_slot"]
         );
+    }
+    if let Some(leases) = e["protecting_leases"].as_array().filter(|l| !l.is_empty()) {
+        let _ = writeln!(out, "  protected by active leases:");
+        for l in leases {
+            let names: Vec<&str> = l["names"]
+                .as_array()
+                .map(|n| n.iter().filter_map(Json::as_str).collect())
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    lease {} (role {}, target {}) names {}",
+                crate::text::esc(&l["lease_id"].to_string()),
+                crate::text::esc(&l["role"].to_string()),
+                crate::text::esc(&l["target"].to_string()),
+                crate::text::esc(&names.join(", "))
+            );
+        }
     }
     // One field a line, as a person reads it (`--format json` has the
     // same object whole).

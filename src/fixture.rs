@@ -758,6 +758,12 @@ impl PlanCase {
             host: self.host.clone(),
             canonical_repository: self.canonical_repository.clone(),
             protections: Protections::from_leases(&self.leases),
+            active_leases: self
+                .leases
+                .iter()
+                .filter(|l| l.is_active())
+                .cloned()
+                .collect(),
         };
         plan(self.rows.clone(), facts, &self.probe, policies)
     }

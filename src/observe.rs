@@ -26,6 +26,9 @@ pub struct RunFacts {
     pub canonical_repository: Option<String>,
     /// What the active leases protect.
     pub protections: Protections,
+    /// The active leases themselves, so `explain` can name the lease that
+    /// protects a row (by its id), not only the value it matched.
+    pub active_leases: Vec<crate::evidence::leases::Lease>,
 }
 
 impl RunFacts {
@@ -44,6 +47,7 @@ impl RunFacts {
             host: HostFacts::observe(proc_root),
             canonical_repository,
             protections: Protections::from_leases(leases),
+            active_leases: leases.iter().filter(|l| l.is_active()).cloned().collect(),
         }
     }
 }

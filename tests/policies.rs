@@ -216,6 +216,7 @@ fn judge_edited(
         host: case.host.clone(),
         canonical_repository: case.canonical_repository.clone(),
         protections: Protections::from_leases(&case.leases),
+        active_leases: Vec::new(),
     };
     let mut obs = observe_all(&case.rows, &facts, &case.probe);
     edit(&mut obs[0]);
@@ -343,6 +344,7 @@ fn facts_of_nowhere() -> RunFacts {
         host: Default::default(),
         canonical_repository: None,
         protections: Default::default(),
+        active_leases: Vec::new(),
     }
 }
 
@@ -703,6 +705,7 @@ fn verdicts_both_ways(case: &PlanCase, p: &Policies) -> (Vec<String>, Vec<String
         host: case.host.clone(),
         canonical_repository: case.canonical_repository.clone(),
         protections: Protections::from_leases(&case.leases),
+        active_leases: Vec::new(),
     };
     let run = |memo: bool| -> Vec<String> {
         let plan =

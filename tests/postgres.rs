@@ -153,6 +153,7 @@ fn every_plan_fixture_reads_the_same_from_sqlite_and_postgres() {
                 host: case.host.clone(),
                 canonical_repository: case.canonical_repository.clone(),
                 protections: fleet_retire::evidence::leases::Protections::from_leases(leases),
+                active_leases: Vec::new(),
             };
             fleet_retire::plan::plan(rows, facts, &case.probe, &policies).unwrap()
         };

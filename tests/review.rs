@@ -93,6 +93,12 @@ fn explain_on_the_command_line() {
         .find(|p| p["policy_id"] == "active-lease-owner")
         .unwrap();
     assert_eq!(lease["verdict"], "satisfied");
+    // The lease that protects it is named by its id.
+    assert_eq!(
+        v[0]["protecting_leases"],
+        json!([{"lease_id": "l-1", "role": "author", "target": "issue-1",
+                "names": ["session_id=sess-w-1"]}])
+    );
     // The human form shows the evidence a field a line, values as JSON.
     let out = run(&["explain", "--worker", "w-1", "--fixture", fixture]);
     let human = text(&out);
@@ -102,6 +108,12 @@ fn explain_on_the_command_line() {
             .lines()
             .any(|l| l.trim_start().starts_with("protected_by_active_leases")
                 && l.contains("session_id=")),
+        "{human}"
+    );
+    assert!(
+        human.contains(
+            "lease \"l-1\" (role \"author\", target \"issue-1\") names session_id=sess-w-1"
+        ),
         "{human}"
     );
     let out = run(&["explain", "--worker", "nobody", "--fixture", fixture]);
