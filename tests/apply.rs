@@ -789,7 +789,7 @@ fn a_saved_plan_is_retired_in_batches_under_the_blast_radius(engine: Engine) {
 /// passes over the candidates earlier batches retired (named in
 /// `retired_since_plan`), so no re-plan is needed; a replay after the last
 /// batch retires nothing. A row retired by hand that was not a candidate of
-/// the plan is still a change that refuses.
+/// the plan, in the targets' instance slot, still refuses.
 fn one_saved_plan_is_retired_batch_after_batch(engine: Engine) {
     let Some((stores, live, access)) = fleet_on(engine, "onebatch") else {
         return;
@@ -821,7 +821,9 @@ fn one_saved_plan_is_retired_batch_after_batch(engine: Engine) {
     assert_eq!(code, Some(0), "an idempotent replay: {report}");
     assert_eq!(access.dump(), before);
 
-    // Another plan; a row it keeps is retired by hand: not a batch of it.
+    // Another plan; a row it keeps is retired by hand: not a batch of it,
+    // and it left the instance slot the targets' verdicts read (its active
+    // claimants), so the apply refuses.
     drop(live);
     let Some((stores, live, access)) = fleet_on(engine, "onebatchhand") else {
         return;
@@ -831,7 +833,15 @@ fn one_saved_plan_is_retired_batch_after_batch(engine: Engine) {
     let before = access.dump();
     let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &batch);
     assert_eq!(code, Some(2), "{report}");
-    assert_eq!(report["outcome"], "registry_revision_moved", "{report}");
+    assert_eq!(report["outcome"], "candidate_set_moved", "{report}");
+    assert_eq!(report["rows_changed_since_plan"], json!(["w-running"]));
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("what a target's verdict reads of other rows moved"),
+        "{report}"
+    );
     assert_eq!(access.dump(), before);
     drop(live);
 }

@@ -114,7 +114,7 @@ fn a_live_workers_heartbeat_while_apply_judges_is_confirmed_alone() {
 /// session of a candidate. That candidate now shares identity evidence
 /// with a live row and must be kept: the triggers stamped the row, the
 /// change is more than a heartbeat, so the lock reads the whole registry
-/// and refuses (the registry moved beyond what a saved plan tolerates).
+/// and refuses: the candidate's own verdict moved.
 #[test]
 fn a_plain_sql_writer_between_judging_and_the_lock_is_caught() {
     let (lib, live, req) = versioned_fleet();
@@ -128,11 +128,17 @@ fn a_plain_sql_writer_between_judging_and_the_lock_is_caught() {
     });
     assert_eq!(
         report.outcome,
-        Outcome::RegistryRevisionMoved,
+        Outcome::CandidateSetMoved,
         "{}",
         report.detail
     );
-    assert!(report.detail.contains("w-running"), "{}", report.detail);
+    assert!(
+        report
+            .detail
+            .contains("w-dead-1 eligible_stale_orphan -> conflicting_identity_evidence"),
+        "{}",
+        report.detail
+    );
     let read = read_under_lock(&report);
     assert_eq!(read["scope"], "whole_registry", "{read}");
     assert!(
@@ -173,7 +179,14 @@ fn a_writer_that_drops_the_triggers_to_write_unseen_is_caught() {
     });
     assert_eq!(
         report.outcome,
-        Outcome::RegistryRevisionMoved,
+        Outcome::CandidateSetMoved,
+        "{}",
+        report.detail
+    );
+    assert!(
+        report
+            .detail
+            .contains("w-dead-2 eligible_stale_orphan -> conflicting_identity_evidence"),
         "{}",
         report.detail
     );

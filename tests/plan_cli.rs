@@ -680,3 +680,39 @@ fn an_unwritable_report_says_what_the_apply_did() {
     assert!(err.contains("nothing was retired (outcome "), "{err}");
     assert!(!err.contains("retirement_audit"), "{err}");
 }
+
+/// A batch (`--first N`) says what it asked for: `first` and the plan's
+/// candidates it walked, not every candidate of the plan, whether it was
+/// applied or refused before its targets were chosen.
+#[test]
+fn a_batch_reports_the_batch_it_asked_for() {
+    let rows: Vec<serde_json::Value> = (0..12)
+        .map(|i| {
+            let (pid, start) = dead_process();
+            stale_row(&format!("w-dead-{i:02}"), pid, &start)
+        })
+        .collect();
+    let stores = Stores::new(&rows);
+    let saved = stores.dir.path().join("plan.json");
+    let mut args = stores.plan_args("controller-prgs");
+    args.extend(["--out".into(), saved.display().to_string()]);
+    assert!(bin().args(&args).output().unwrap().status.success());
+    let batch = |profile: &str| {
+        let mut apply = stores.apply_args(profile);
+        apply.extend([saved.display().to_string(), "--first".into(), "3".into()]);
+        let out = bin().args(&apply).output().unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let denied = batch("author-prgs");
+    assert_eq!(denied["outcome"], "capability_denied", "{denied}");
+    assert_eq!(denied["first"], 3, "{denied}");
+    assert_eq!(denied["requested"], serde_json::json!([]), "{denied}");
+    let applied = batch("controller-prgs");
+    assert_eq!(applied["outcome"], "applied", "{applied}");
+    assert_eq!(applied["first"], 3, "{applied}");
+    assert_eq!(
+        applied["requested"],
+        serde_json::json!(["w-dead-00", "w-dead-01", "w-dead-02"]),
+        "{applied}"
+    );
+}

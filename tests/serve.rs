@@ -165,7 +165,8 @@ fn a_plan_applied_thirty_seconds_later_in_a_heartbeating_fleet() {
         .unwrap();
     assert_eq!(audit, 3, "each audit row records the tolerance");
 
-    // A candidate whose heartbeat resumes between plan and apply is refused.
+    // A candidate whose heartbeat resumes between plan and apply is refused:
+    // the plan's candidate token covered its old heartbeat.
     let (pid, start) = dead_process();
     let mut row = stale_row("w-resumes", pid, &start);
     row["session_id"] = json!("sess-resumes");
@@ -184,7 +185,7 @@ fn a_plan_applied_thirty_seconds_later_in_a_heartbeating_fleet() {
         report["detail"]
             .as_str()
             .unwrap()
-            .contains("w-resumes\" heartbeated since the plan, but was not live"),
+            .contains("w-resumes\", a candidate of the plan, changed beyond its heartbeat"),
         "{report}"
     );
     let status: String = conn

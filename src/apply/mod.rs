@@ -472,13 +472,7 @@ fn conclude(
             let mut fresh = Report::new(req, outcome, format!("{detail}{rolled_back}"));
             fresh.external_state_fingerprint = report.external_state_fingerprint.take();
             fresh.lock_held_ms = lock_ms();
-            fresh.heartbeats_tolerated = report.heartbeats_tolerated;
-            fresh.heartbeats_tolerated_workers =
-                std::mem::take(&mut report.heartbeats_tolerated_workers);
-            fresh.verdicts_moved = std::mem::take(&mut report.verdicts_moved);
-            fresh.candidates_added_since_plan =
-                std::mem::take(&mut report.candidates_added_since_plan);
-            fresh.retired_since_plan = std::mem::take(&mut report.retired_since_plan);
+            fresh.carry_findings(&mut report);
             fresh.read_under_lock = report.read_under_lock.take();
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
@@ -691,11 +685,7 @@ fn answer_outside(
             ));
         }
     }
-    report.verdicts_moved = std::mem::take(&mut found.verdicts_moved);
-    report.retired_since_plan = std::mem::take(&mut found.retired_since_plan);
-    report.candidates_added_since_plan = std::mem::take(&mut found.candidates_added_since_plan);
-    report.heartbeats_tolerated = found.heartbeats_tolerated;
-    report.heartbeats_tolerated_workers = std::mem::take(&mut found.heartbeats_tolerated_workers);
+    report.carry_findings(&mut found);
     report.read_under_lock = Some(ReadUnderLock {
         scope: "nothing",
         rows: 0,

@@ -32,6 +32,9 @@ pub struct Sorted {
     pub left: Vec<VerdictMoved>,
     /// Rows that are candidates now but were not: never retired by this apply.
     pub added: Vec<VerdictMoved>,
+    /// Whether the plan recorded every target's peer facts (and they were
+    /// compared); otherwise rows near a target stood in for them.
+    pub peers_known: bool,
 }
 
 /// Sort `moved` (every row whose verdict differs from the plan's) for an
@@ -56,6 +59,7 @@ pub fn sort(
     let near = match peers_moved(fresh, planned, &targets, &retired) {
         Some(moved) => {
             sorted.peers_moved = moved;
+            sorted.peers_known = true;
             None
         }
         None => Some(Near::of(fresh, &targets)),

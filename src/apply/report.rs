@@ -127,8 +127,14 @@ pub struct Report {
     pub retired: Vec<Retired>,
     /// Requested workers kept, with reasons.
     pub preserved: Vec<Kept>,
-    /// What was asked.
+    /// What was asked: the workers named, or, for a batch (`first`), the
+    /// plan's candidates the batch walked (its targets and the rows it
+    /// kept), empty when it was refused before its targets were chosen.
     pub requested: Vec<String>,
+    /// The batch size asked for, when the request was "the first N
+    /// candidates of the plan" rather than named workers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first: Option<usize>,
     /// The token presented.
     pub registry_fingerprint: String,
     /// The token presented.
@@ -163,6 +169,12 @@ pub struct Report {
     /// of the same plan): neither a change that refuses nor a target.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub retired_since_plan: Vec<String>,
+    /// Rows added since the plan, or changed beyond a heartbeat, none of
+    /// them a candidate of the plan (another server's registration, a
+    /// worker restarted): they refuse the apply only through what they move
+    /// for its targets (semantics §13).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rows_changed_since_plan: Vec<String>,
     /// How long the registry's write lock was held (BEGIN IMMEDIATE to
     /// COMMIT or ROLLBACK), in milliseconds; workers cannot heartbeat
     /// meanwhile.
@@ -184,6 +196,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// Take over what the steps found about the registry since the plan
+    /// (what was tolerated, what moved, the batch walked) from a report
+    /// those steps filled, for the report that answers the apply.
+    pub(super) fn carry_findings(&mut self, from: &mut Report) {
+        self.requested = std::mem::take(&mut from.requested);
+        self.heartbeats_tolerated = from.heartbeats_tolerated;
+        self.heartbeats_tolerated_workers = std::mem::take(&mut from.heartbeats_tolerated_workers);
+        self.verdicts_moved = std::mem::take(&mut from.verdicts_moved);
+        self.candidates_added_since_plan = std::mem::take(&mut from.candidates_added_since_plan);
+        self.retired_since_plan = std::mem::take(&mut from.retired_since_plan);
+        self.rows_changed_since_plan = std::mem::take(&mut from.rows_changed_since_plan);
+    }
+
     pub(super) fn new(req: &Request, outcome: Outcome, detail: impl Into<String>) -> Report {
         Report {
             outcome,
@@ -196,7 +221,11 @@ impl Report {
             retired_count: 0,
             retired: Vec::new(),
             preserved: Vec::new(),
-            requested: req.workers.clone(),
+            requested: match req.first {
+                Some(_) => Vec::new(),
+                None => req.workers.clone(),
+            },
+            first: req.first,
             registry_fingerprint: req.registry_fingerprint.clone(),
             candidate_fingerprint: req.candidate_fingerprint.clone(),
             policy_fingerprint: req.policy_fingerprint.clone(),
@@ -207,6 +236,7 @@ impl Report {
             verdicts_moved: Vec::new(),
             candidates_added_since_plan: Vec::new(),
             retired_since_plan: Vec::new(),
+            rows_changed_since_plan: Vec::new(),
             lock_held_ms: 0,
             versions_install_lock_ms: None,
             read_under_lock: None,

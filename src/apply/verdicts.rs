@@ -70,12 +70,18 @@ pub(super) fn replan(
                     report.heartbeats_tolerated = tolerance.heartbeats.len();
                     report.heartbeats_tolerated_workers = tolerance.heartbeats;
                     report.retired_since_plan = tolerance.retired_since_plan;
+                    report.rows_changed_since_plan = tolerance.changed;
                 }
                 Err(why) => return Err(moved(format!(": {why}"))),
             },
         }
     }
-    if fresh.candidate_fingerprint != req.candidate_fingerprint {
+    // Rows added or changed beside the targets: what they move for the
+    // targets (verdicts, peer facts) is checked as when verdicts moved,
+    // even if the candidate token did not.
+    if fresh.candidate_fingerprint != req.candidate_fingerprint
+        || !report.rows_changed_since_plan.is_empty()
+    {
         return candidates_moved(req, fresh, report);
     }
     Ok(fresh)
@@ -92,13 +98,18 @@ fn candidates_moved(
     fresh: crate::plan::Plan,
     report: &mut Report,
 ) -> std::result::Result<crate::plan::Plan, Abort> {
+    let what = if fresh.candidate_fingerprint == req.candidate_fingerprint {
+        changed_words(&report.rows_changed_since_plan)
+    } else {
+        format!(
+            "the eligibility verdict changed since the plan (now {})",
+            fresh.candidate_fingerprint
+        )
+    };
     let refuse = |which: String| {
         Abort::Refuse(
             Outcome::CandidateSetMoved,
-            format!(
-                "the eligibility verdict changed since the plan (now {}){which}; plan again",
-                fresh.candidate_fingerprint
-            ),
+            format!("{what}{which}; plan again"),
         )
     };
     let Some(moved) = planned_verdicts_moved(req, &fresh) else {
@@ -116,6 +127,13 @@ fn candidates_moved(
         .as_deref()
         .expect("verdicts moved come from the plan's rows");
     let sorted = super::moved::sort(&fresh, planned, moved, req, retired);
+    if !sorted.peers_known && !report.rows_changed_since_plan.is_empty() {
+        return Err(refuse(
+            ": the plan was saved without its candidates' peer facts, so what the added or \
+             changed rows move for the targets cannot be told"
+                .into(),
+        ));
+    }
     if !sorted.concerning.is_empty() {
         let words = verdicts_moved_words(Some(sorted.concerning), report);
         return Err(refuse(format!(
@@ -151,6 +169,26 @@ fn candidates_moved(
         .collect();
     report.verdicts_moved = sorted.left;
     Ok(fresh)
+}
+
+/// The refusal's opening words when rows were added or changed since the
+/// plan but the candidate token did not move.
+fn changed_words(changed: &[String]) -> String {
+    let shown: Vec<String> = changed
+        .iter()
+        .take(5)
+        .map(|w| crate::text::esc(w).into_owned())
+        .collect();
+    let more = changed.len().saturating_sub(shown.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "rows were added or changed since the plan ({}{more})",
+        shown.join(", ")
+    )
 }
 
 /// The rows whose verdicts moved since the plan, when apply holds the
@@ -224,6 +262,9 @@ pub(super) fn select_targets<'p>(
         }
         if retired.contains(w) {
             continue;
+        }
+        if req.first.is_some() {
+            report.requested.push(w.clone());
         }
         let entries: Vec<_> = by_identity
             .get(w)

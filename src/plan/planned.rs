@@ -57,12 +57,17 @@ pub fn peer_text(peers: &crate::observe::PeerFacts) -> String {
     )
 }
 
+/// [`VerdictMoved::then`] of a row the plan did not judge (added since, or
+/// its identity changed).
+pub const ADDED_SINCE_PLAN: &str = "added_since_plan";
+
 /// A row whose verdict differs between the plan and the apply's re-plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VerdictMoved {
     /// The row's identity.
     pub worker_identity: String,
-    /// Its primary reason code in the plan (`eligible_stale_orphan`: a candidate).
+    /// Its primary reason code in the plan (`eligible_stale_orphan`: a
+    /// candidate), or [`ADDED_SINCE_PLAN`] for a row the plan did not judge.
     pub then: String,
     /// Its primary reason code now.
     pub now: String,
@@ -205,6 +210,16 @@ impl PlannedRows {
         for (entry, e) in now.entries.iter().enumerate() {
             let identity = now.identity(e);
             let Some(codes) = then.get_mut(identity.as_str()).filter(|c| !c.is_empty()) else {
+                // A row added since the plan (or whose identity changed)
+                // that is a candidate now: it moved from nowhere.
+                if e.is_candidate() {
+                    moved.push(VerdictMoved {
+                        worker_identity: identity,
+                        then: ADDED_SINCE_PLAN.into(),
+                        now: e.reason().code().to_string(),
+                        entry,
+                    });
+                }
                 continue;
             };
             let was = codes.remove(0);
@@ -236,14 +251,18 @@ impl PlannedRows {
     }
 
     /// Compare with a plan re-derived now. `Ok` lists the workers whose
-    /// heartbeat alone moved, on rows live then and now, and the candidates
-    /// of the plan that have been retired since (an earlier batch of it:
-    /// `status` is `retired` and nothing else of the row moved); `Err` says
-    /// what else changed.
+    /// heartbeat alone moved, on rows live then and now; the candidates of
+    /// the plan that have been retired since (an earlier batch of it:
+    /// `status` is `retired` and nothing else of the row moved); and the
+    /// rows added or changed otherwise, none of which was a candidate of
+    /// the plan (they refuse nothing by themselves: semantics §13, "Rows
+    /// added or changed beside the targets"). `Err` says what cannot be
+    /// vouched for: a row deleted, or a candidate of the plan (or any row,
+    /// for a plan saved without its verdicts) changed beyond its heartbeat.
     pub fn tolerated(&self, now: &Plan) -> Result<Tolerance, String> {
-        if self.rows.len() != now.rows.len() {
+        if now.rows.len() < self.rows.len() {
             return Err(format!(
-                "the registry had {} rows at plan time and has {} now",
+                "the registry had {} rows at plan time and has {} now (rows were deleted)",
                 self.rows.len(),
                 now.rows.len()
             ));
@@ -266,9 +285,10 @@ impl PlannedRows {
                 continue;
             }
             let Some(then) = by_stable.get_mut(stable.as_str()).filter(|v| !v.is_empty()) else {
-                return Err(format!(
-                    "worker {identity:?} was added or changed beyond its heartbeat since the plan"
-                ));
+                // Added, or changed beyond its heartbeat: its planned
+                // version (if any) is among those left over below.
+                tolerated.changed.push(identity);
+                continue;
             };
             // Prefer an identical planned row; otherwise the heartbeat moved.
             let at = then.iter().position(|r| r.row_digest == full);
@@ -276,19 +296,39 @@ impl PlannedRows {
             if planned.row_digest == full {
                 continue;
             }
-            if !planned.live {
-                return Err(format!(
-                    "worker {identity:?} heartbeated since the plan, but was not live when planned"
-                ));
+            if planned.live && live_here(now, e) {
+                tolerated.heartbeats.push(identity);
+                continue;
             }
-            if !live_here(now, e) {
-                return Err(format!(
-                    "worker {identity:?} heartbeated since the plan, but is not live now"
-                ));
-            }
-            tolerated.heartbeats.push(identity);
+            // A heartbeat on a row not live then, or not live now: a change
+            // like any other.
+            vouch_for_change(planned)?;
+            tolerated.changed.push(identity);
+        }
+        for left in by_stable.values().flatten() {
+            vouch_for_change(left)?;
         }
         Ok(tolerated)
+    }
+}
+
+/// A planned row that changed since may be passed over only when the plan
+/// recorded its verdict and it was not a candidate: a candidate's old
+/// content is part of the plan's candidate token, which cannot then be
+/// checked, and a plan without verdicts cannot say which rows moved.
+fn vouch_for_change(planned: &PlannedRow) -> Result<(), String> {
+    let eligible = crate::reasons::Reason::Eligible.code();
+    match planned.reason_codes.as_deref() {
+        Some(codes) if !codes.is_empty() && codes != [eligible] => Ok(()),
+        Some(_) => Err(format!(
+            "worker {:?}, a candidate of the plan, changed beyond its heartbeat since the plan",
+            planned.worker_identity
+        )),
+        None => Err(format!(
+            "worker {:?} changed beyond its heartbeat since the plan (a plan saved without its \
+             verdicts tolerates heartbeats only)",
+            planned.worker_identity
+        )),
     }
 }
 
@@ -300,6 +340,11 @@ pub struct Tolerance {
     /// Candidates of the plan retired since (`status` `retired`, every other
     /// fingerprint field as planned).
     pub retired_since_plan: Vec<String>,
+    /// Rows added since the plan, or changed beyond a tolerated heartbeat,
+    /// none of them a candidate of the plan: they refuse the apply only
+    /// through what they move for its targets (their verdicts, their peer
+    /// facts), which apply then checks.
+    pub changed: Vec<String>,
 }
 
 /// The row as it was planned had its status been `active`: a candidate of

@@ -655,7 +655,8 @@ pub fn serve_command(stores: &Stores, identity: &str, session: &str) -> Command 
         .env("GITEA_MCP_NAMESPACE", "author")
         .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
         .env("GITEA_MCP_WORKER_IDENTITY", identity)
-        .env("GITEA_MCP_CLIENT_SESSION", session);
+        .env("GITEA_MCP_CLIENT_SESSION", session)
+        .env("FLEET_RETIRE_PLAN_DIR", stores.dir.path().join("plans"));
     command
 }
 
@@ -976,6 +977,20 @@ impl StoreAccess {
                     )
                     .unwrap();
             }
+        }
+    }
+
+    /// Run one statement written for both engines (plain SQL, no
+    /// parameters), as an operator's or another writer's SQL would.
+    pub fn execute(&self, sql: &str) {
+        match self {
+            StoreAccess::Sqlite { registry, .. } => {
+                Connection::open(registry)
+                    .unwrap()
+                    .execute_batch(sql)
+                    .unwrap();
+            }
+            StoreAccess::Postgres(db) => db.client().batch_execute(sql).unwrap(),
         }
     }
 

@@ -153,17 +153,9 @@ async def tools_and_refusals() -> None:
         ]
         ok("apply as an author is refused on its role, with what to do")
 
-        # A new worker (the author's server) registered since the plan: an
-        # apply of the old plan is refused, and the server keeps serving.
-        stale = await controller.call_tool(
-            "apply_stale_worker_retirement", dict(tokens, worker_identities=["w-dead-1"])
-        )
-        assert stale.is_error and structured(stale)["reason_code"] == "registry_revision_moved", (
-            stale.content
-        )
-        doc = structured(await controller.call_tool("plan_stale_worker_retirement", {}))
-        tokens = {k: doc[k] for k in tokens}
-        ok("a worker registered since the plan: registry_revision_moved, then plan again")
+        # A new worker (the author's server) registered since the plan, in
+        # an instance slot of its own: reported beside the target, it
+        # refuses nothing (docs/semantics.md section 13).
         applied = await controller.call_tool(
             "apply_stale_worker_retirement",
             dict(tokens, worker_identities="w-dead-1", canonical_repository=CANON),
@@ -171,6 +163,8 @@ async def tools_and_refusals() -> None:
         assert not applied.is_error, applied.content
         body = structured(applied)
         assert body["outcome"] == "applied" and body["retired_count"] == 1, body
+        assert len(body["rows_changed_since_plan"]) == 1, body
+        ok("a worker registered since the plan is reported beside the target")
         audit = rows("SELECT worker_identity, retired_by FROM retirement_audit")
         assert audit == [("w-dead-1", "controller-prgs")], audit
         ok("apply as a controller with the grant retires, with an audit row")
