@@ -269,6 +269,7 @@ impl Server {
             .env("GITEA_MCP_PROFILE", "controller-prgs")
             .env("GITEA_MCP_NAMESPACE", "controller")
             .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
+            .env("FLEET_RETIRE_PLAN_DIR", dir.join("plans"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(match std::env::var_os("FLEET_RETIRE_LOG") {

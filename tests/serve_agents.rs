@@ -53,6 +53,48 @@ fn the_typescript_sdk_agent_passes_the_script_at_100k_rows() {
     run_agent(Command::new("node").arg("tests/mcp_client/agent.mjs"));
 }
 
+/// A client that starts a server per call (as the MCP Inspector's command
+/// line does), through each SDK, on a 3,000-row registry of the same
+/// shape: plans with one server, pages every preserved reason to the end
+/// by offset with one server per page, and applies two batches of that
+/// first plan with two more (`tests/mcp_client/per_call.py`).
+#[test]
+fn a_python_sdk_client_with_a_server_per_call_pages_and_applies() {
+    let available = Command::new("python3")
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless(available, "python3 with the `mcp` package") {
+        return;
+    }
+    let dir = generated_fleet(3_000);
+    run_script_in(
+        Command::new("python3").arg("tests/mcp_client/per_call.py"),
+        dir.path(),
+    );
+}
+
+/// The same, through the TypeScript SDK (`tests/mcp_client/per_call.mjs`).
+#[test]
+fn a_typescript_sdk_client_with_a_server_per_call_pages_and_applies() {
+    let installed = Path::new("tests/mcp_client/node_modules/@modelcontextprotocol/sdk").is_dir();
+    let node = Command::new("node")
+        .arg("--version")
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless(
+        installed && node,
+        "node with tests/mcp_client installed (cd tests/mcp_client && npm ci)",
+    ) {
+        return;
+    }
+    let dir = generated_fleet(3_000);
+    run_script_in(
+        Command::new("node").arg("tests/mcp_client/per_call.mjs"),
+        dir.path(),
+    );
+}
+
 /// Run one agent script on a fresh copy of the registry; it must print
 /// `all checks passed` within five minutes.
 fn run_agent(script: &mut Command) {
@@ -60,11 +102,17 @@ fn run_agent(script: &mut Command) {
     for file in ["registry.sqlite", "leases.sqlite", "profiles.json"] {
         std::fs::copy(fleet_dir().join(file), dir.path().join(file)).unwrap();
     }
-    heartbeat_the_live(&dir.path().join("registry.sqlite"));
+    run_script_in(script, dir.path());
+}
+
+/// Run a client script on the fleet in `dir` (its live rows heartbeated to
+/// now first); it must print `all checks passed` within five minutes.
+fn run_script_in(script: &mut Command, dir: &Path) {
+    heartbeat_the_live(&dir.join("registry.sqlite"));
     let child = KillOnDrop(
         script
             .arg(EXE)
-            .arg(dir.path())
+            .arg(dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -80,14 +128,20 @@ fn run_agent(script: &mut Command) {
 /// The generated fleet, made once per test run.
 fn fleet_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
+    DIR.get_or_init(|| generated_fleet(ROWS)).path()
+}
+
+/// A fleet of `rows` from the shared generator (or our plainer one), with
+/// profiles.json granting the controller plan and apply.
+fn generated_fleet(rows: usize) -> tempfile::TempDir {
+    {
         let dir = tempfile::tempdir().unwrap();
         let generator =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/gen_registry.py");
         if generator.is_file() {
             let ok = Command::new("python3")
                 .arg(&generator)
-                .args(["--rows", &ROWS.to_string(), "--out"])
+                .args(["--rows", &rows.to_string(), "--out"])
                 .arg(dir.path())
                 .stdout(Stdio::null())
                 .status()
@@ -98,7 +152,7 @@ fn fleet_dir() -> &'static Path {
                 "{} is not here: a plainer registry of our own",
                 generator.display()
             );
-            plain_fleet(dir.path(), ROWS);
+            plain_fleet(dir.path(), rows);
         }
         std::fs::write(
             dir.path().join("profiles.json"),
@@ -110,8 +164,7 @@ fn fleet_dir() -> &'static Path {
         )
         .unwrap();
         dir
-    })
-    .path()
+    }
 }
 
 /// A live fleet heartbeats: rows that looked live when generated are

@@ -35,6 +35,7 @@ impl Wire {
             .env("GITEA_MCP_PROFILE", "controller-prgs")
             .env("GITEA_MCP_NAMESPACE", "controller")
             .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
+            .env("FLEET_RETIRE_PLAN_DIR", dir.join("plans"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -412,6 +413,59 @@ fn the_apply_tool_retires_one_plan_in_batches_with_first() {
     both["worker_identities"] = json!([order[0]]);
     let refused = wire.call(6, "apply_stale_worker_retirement", both);
     assert!(refused.to_string().contains("exactly one of"), "{refused}");
+    wire.finish();
+    drop(live);
+}
+
+/// Found by CI: two plans of one server may share a registry token and
+/// differ in their candidates (time passed: a heartbeat expired, nothing
+/// was written). An apply of the first plan's tokens was held to the rows
+/// of the second, whose verdicts do not make the first's candidate token,
+/// and refused. A plan's rows are now found by both its tokens.
+#[test]
+fn two_plans_of_one_registry_token_are_told_apart_by_their_candidates() {
+    let (stores, live) = fleet();
+    let (pid, start) = dead_process();
+    let mut expiring = stale_row("w-expiring", pid, &start);
+    expiring["last_heartbeat_at"] = json!(fleet_retire::time::format_ts(fleet_retire::time::now()));
+    expiring["heartbeat_ttl_seconds"] = json!(3.0);
+    insert_row(
+        &rusqlite::Connection::open(&stores.registry).unwrap(),
+        &expiring,
+    );
+    let mut wire = Wire::start(stores.dir.path(), &[]);
+    let first = wire.call(1, "plan_stale_worker_retirement", json!({}));
+    let first = first["structuredContent"].clone();
+    std::thread::sleep(Duration::from_secs(4));
+    let second = wire.call(2, "plan_stale_worker_retirement", json!({}));
+    let second = &second["structuredContent"];
+    assert_eq!(
+        second["registry_fingerprint"],
+        first["registry_fingerprint"]
+    );
+    assert_ne!(
+        second["candidate_fingerprint"],
+        first["candidate_fingerprint"]
+    );
+    let applied = wire.call(
+        3,
+        "apply_stale_worker_retirement",
+        json!({
+            "registry_fingerprint": first["registry_fingerprint"],
+            "candidate_fingerprint": first["candidate_fingerprint"],
+            "policy_fingerprint": first["policy_fingerprint"],
+            "first": 3,
+        }),
+    );
+    let applied = &applied["structuredContent"];
+    assert_eq!(applied["outcome"], "applied", "{applied}");
+    assert_eq!(applied["retired_count"], 3, "{applied}");
+    assert_eq!(
+        applied["candidates_added_since_plan"],
+        json!(["w-expiring"]),
+        "{applied}"
+    );
+    assert_eq!(status_of(&stores.registry, "w-expiring"), "active");
     wire.finish();
     drop(live);
 }

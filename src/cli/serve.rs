@@ -50,9 +50,41 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10_000, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub busy_timeout_ms: u64,
+    /// Where the rows of the plans this server issues are kept for the
+    /// servers after it, so a client that starts a server per call can
+    /// apply a plan another server issued (default:
+    /// $XDG_STATE_HOME/fleet-retire/plans or ~/.local/state/fleet-retire/plans).
+    #[arg(long, env = "FLEET_RETIRE_PLAN_DIR", value_name = "DIR")]
+    pub plan_dir: Option<PathBuf>,
     /// Root of the proc filesystem.
     #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
     pub proc_root: PathBuf,
+}
+
+/// The folder of kept plans: the one named (an error when it cannot be
+/// used), else the default (a warning when it cannot, and plans are kept in
+/// memory only); none without a canonical repository, since plan and apply
+/// then refuse to run.
+fn plan_dir(args: &ServeArgs) -> Result<Option<crate::serve::plan_dir::PlanDir>> {
+    use crate::serve::plan_dir::{default_path, PlanDir};
+    let Some(canonical) = &args.canonical_repository else {
+        return Ok(None);
+    };
+    match &args.plan_dir {
+        Some(path) => PlanDir::open(path, canonical)
+            .map(Some)
+            .map_err(|why| Error::input(About::Option("serve"), format!("--plan-dir: {why}"))),
+        None => Ok(default_path().and_then(|path| {
+            PlanDir::open(&path, canonical)
+                .map_err(|why| {
+                    tracing::warn!(
+                        "plans are kept in memory only, so a client that starts a server per \
+                         call cannot apply them: {why}"
+                    )
+                })
+                .ok()
+        })),
+    }
 }
 
 /// Run `serve`.
@@ -97,6 +129,7 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitCode> {
         proc_root: args.proc_root.clone(),
         busy_timeout: Duration::from_millis(args.busy_timeout_ms),
         max_retire: args.max_retire,
+        plan_dir: plan_dir(args)?,
     };
     serve(
         binding,

@@ -31,8 +31,14 @@ pub(super) struct Kept {
     newest: Mutex<Option<(Instant, Arc<KeptPlan>)>>,
     /// The last plans, whole (newest last).
     whole: Mutex<VecDeque<Arc<KeptPlan>>>,
-    /// The last plans' row digests (newest last).
-    rows: Mutex<VecDeque<Arc<PlannedRows>>>,
+    /// The last plans' row digests, with their candidate tokens (newest
+    /// last). Two plans may share a registry token and differ in their
+    /// candidates (time passed between them: a heartbeat expired), so a
+    /// plan's rows are found by both tokens.
+    rows: Mutex<VecDeque<(String, Arc<PlannedRows>)>>,
+    /// Where the rows of every plan issued are also written, for the
+    /// servers after this one ([`super::plan_dir`]).
+    dir: Option<super::plan_dir::PlanDir>,
 }
 
 /// A lock whose holder panicked still guards consistent data here: every
@@ -42,6 +48,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Kept {
+    /// Plans kept in memory and, given a folder, on disk.
+    pub(super) fn new(dir: Option<super::plan_dir::PlanDir>) -> Kept {
+        Kept {
+            dir,
+            ..Kept::default()
+        }
+    }
+
     /// A plan at least as fresh as a call that `arrived` then: one computed
     /// since, or a new one computed by `compute`.
     pub(super) fn fresh(
@@ -75,12 +89,16 @@ impl Kept {
             whole.drain(..over).collect::<Vec<_>>()
         };
         {
+            let candidates = &plan.plan.candidate_fingerprint;
             let mut rows = lock(&self.rows);
-            rows.retain(|r| &r.registry_fingerprint != token);
+            rows.retain(|(c, r)| !(&r.registry_fingerprint == token && c == candidates));
             if rows.len() == KEEP_PLANS {
                 rows.pop_front();
             }
-            rows.push_back(plan.rows.clone());
+            rows.push_back((candidates.clone(), plan.rows.clone()));
+        }
+        if let Some(dir) = &self.dir {
+            dir.save(&plan.plan.candidate_fingerprint, &plan.rows);
         }
         if !dropped.is_empty() {
             std::thread::spawn(move || {
@@ -104,12 +122,25 @@ impl Kept {
         lock(&self.whole).iter().cloned().collect()
     }
 
-    /// The rows' digests of a plan issued under a registry token.
-    pub(super) fn rows(&self, registry_fingerprint: &str) -> Option<Arc<PlannedRows>> {
-        lock(&self.rows)
+    /// The rows' digests of a plan issued under these tokens: by this
+    /// server (kept in memory), or by another that wrote them to the
+    /// folder.
+    pub(super) fn rows(
+        &self,
+        registry_fingerprint: &str,
+        candidate_fingerprint: &str,
+    ) -> Option<Arc<PlannedRows>> {
+        let mine = lock(&self.rows)
             .iter()
             .rev()
-            .find(|r| r.registry_fingerprint == registry_fingerprint)
-            .cloned()
+            .find(|(c, r)| {
+                r.registry_fingerprint == registry_fingerprint && c == candidate_fingerprint
+            })
+            .map(|(_, r)| r.clone());
+        mine.or_else(|| {
+            let dir = self.dir.as_ref()?;
+            dir.load(registry_fingerprint, candidate_fingerprint)
+                .map(Arc::new)
+        })
     }
 }

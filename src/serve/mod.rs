@@ -36,6 +36,7 @@ mod handler;
 mod kept;
 mod lifecycle;
 mod pages;
+pub mod plan_dir;
 mod plan_tool;
 mod results;
 mod schemas;
@@ -74,6 +75,10 @@ pub struct Binding {
     pub busy_timeout: Duration,
     /// Apply's blast-radius limit.
     pub max_retire: usize,
+    /// Where the rows of the plans issued are kept for the servers after
+    /// this one (a client that starts a server per call); `None`: in
+    /// memory only.
+    pub plan_dir: Option<plan_dir::PlanDir>,
 }
 
 /// How the server lives as a worker.

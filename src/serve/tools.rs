@@ -58,9 +58,10 @@ pub(super) struct Call {
 impl FleetServer {
     /// A server over a binding.
     pub fn new(binding: Binding) -> crate::error::Result<FleetServer> {
+        let kept = Kept::new(binding.plan_dir.clone());
         Ok(FleetServer {
             binding: Arc::new(binding),
-            kept: Arc::new(Kept::default()),
+            kept: Arc::new(kept),
             sealer: Arc::new(Sealer::new()?),
             stopping: Arc::new(Mutex::new(None)),
             in_flight: Arc::default(),
@@ -261,32 +262,34 @@ impl FleetServer {
         let refuse = |code: &str, why: String, advice: &str| {
             Box::new(tool_error(code, why, advice, json!({})))
         };
-        let recalled = self.kept.rows(&tokens.registry_fingerprint);
-        let workers = match (workers, first, &recalled) {
-            (Some(w), None, _) => w.into_list().map_err(|e| {
-                refuse(
-                    "invalid_worker_identities",
-                    e.to_string(),
-                    "pass a list of strings, a JSON list, or comma-separated identities",
-                )
-            })?,
-            (None, Some(_), Some(rows)) => rows.candidates(),
-            (None, Some(_), None) => {
-                return Err(refuse(
+        let recalled = self
+            .kept
+            .rows(&tokens.registry_fingerprint, &tokens.candidate_fingerprint);
+        let workers =
+            match (workers, first, &recalled) {
+                (Some(w), None, _) => w.into_list().map_err(|e| {
+                    refuse(
+                        "invalid_worker_identities",
+                        e.to_string(),
+                        "pass a list of strings, a JSON list, or comma-separated identities",
+                    )
+                })?,
+                (None, Some(_), Some(rows)) => rows.candidates(),
+                (None, Some(_), None) => return Err(refuse(
                     "plan_not_kept",
-                    "first takes the candidates of a plan this server issued and still keeps,                      and it keeps none under this registry_fingerprint"
+                    "first takes the candidates of a plan issued under these tokens, and neither \
+                     this server nor the folder of kept plans holds one"
                         .into(),
-                    "plan again with this server, or name worker_identities",
-                ))
-            }
-            _ => {
-                return Err(refuse(
-                    "invalid_worker_identities",
-                    "give exactly one of worker_identities and first".into(),
-                    "name the workers, or ask for the first N candidates of the plan",
-                ))
-            }
-        };
+                    "plan again, or name worker_identities",
+                )),
+                _ => {
+                    return Err(refuse(
+                        "invalid_worker_identities",
+                        "give exactly one of worker_identities and first".into(),
+                        "name the workers, or ask for the first N candidates of the plan",
+                    ))
+                }
+            };
         let mut req = Request::new(tokens, workers)
             .with_planned(recalled)
             .map_err(|e| Box::new(error_result(&Error::input(About::ToolCall, e))))?;
