@@ -28,6 +28,7 @@ macro_rules! on_both_engines {
 on_both_engines!(
     a_row_added_beside_the_targets_refuses_only_when_it_touches_one,
     a_candidate_of_the_plan_that_changed_still_refuses,
+    a_deleted_row_hidden_by_an_inserted_one_still_refuses,
 );
 
 /// A plan file rewritten with `edit` applied to every planned row.
@@ -139,4 +140,35 @@ fn a_candidate_of_the_plan_that_changed_still_refuses(engine: Engine) {
     assert_eq!(access.status_of("w-dead-1"), "retired");
     assert_eq!(access.status_of("w-dead-3"), "active");
     drop(live);
+}
+
+/// Found by the independent review: the row count alone stood for
+/// "nothing deleted", so a row deleted and another inserted passed as a row
+/// added beside the targets. A planned row whose identity no row carries
+/// now refuses `registry_revision_moved`, naming it.
+fn a_deleted_row_hidden_by_an_inserted_one_still_refuses(engine: Engine) {
+    let Some((stores, live, access)) = fleet_on(engine, "deleted_hidden") else {
+        return;
+    };
+    let (plan_path, _) = save_plan(&stores);
+    let other = KillOnDrop(spawn_sleeper());
+    access.execute("DELETE FROM worker_registrations WHERE worker_identity = 'w-running'");
+    access.insert_row(&stale_row(
+        "w-impostor",
+        i64::from(other.id()),
+        &start_time(other.id()),
+    ));
+    let before = access.dump();
+    let (code, report) = apply_cli(&stores, &plan_path, "controller-prgs", &[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(report["outcome"], "registry_revision_moved", "{report}");
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("\"w-running\"'s row was deleted"),
+        "{report}"
+    );
+    assert_eq!(access.dump(), before, "nothing written");
+    drop((live, other));
 }

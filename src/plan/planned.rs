@@ -305,8 +305,19 @@ impl PlannedRows {
             vouch_for_change(planned)?;
             tolerated.changed.push(identity);
         }
+        let now_named: std::collections::HashSet<String> =
+            now.entries.iter().map(|e| now.identity(e)).collect();
         for left in by_stable.values().flatten() {
             vouch_for_change(left)?;
+            // Its row is gone, or no longer carries its identity: nothing
+            // deletes a registration, so this is not churn (found by the
+            // independent review: a deletion hidden by an insertion).
+            if !now_named.contains(&left.worker_identity) {
+                return Err(format!(
+                    "worker {:?}'s row was deleted, or its identity changed, since the plan",
+                    left.worker_identity
+                ));
+            }
         }
         Ok(tolerated)
     }
