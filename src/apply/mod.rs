@@ -430,8 +430,8 @@ fn conclude(
             if report.detail.is_empty() {
                 report.detail = match req.first {
                     Some(n) => format!(
-                        "retired {} (--first {n} of the plan's {} candidates; {} retired by \
-                         earlier batches)",
+                        "retired {} (a batch of the first {n} of the plan's {} candidates; {} \
+                         retired by earlier batches)",
                         report.retired_count,
                         req.workers.len(),
                         report.retired_since_plan.len()

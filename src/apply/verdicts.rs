@@ -298,8 +298,9 @@ pub(super) fn select_targets<'p>(
         return Err(Abort::Refuse(
             Outcome::BlastRadiusExceeded,
             format!(
-                "{} workers would be retired, more than the limit of {}; nothing was retired. \
-                 Raise --max-retire deliberately, or request fewer workers",
+                "{} workers would be retired, more than the blast-radius limit of {}; nothing \
+                 was retired. Request fewer workers (or a batch of the first N), or raise the \
+                 limit deliberately",
                 targets.len(),
                 req.max_retire
             ),

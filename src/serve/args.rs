@@ -40,8 +40,12 @@ pub(super) struct PreservedAsk {
 #[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum Include {
-    /// Tokens, counts and candidates (the default).
+    /// Tokens, counts and the candidates' identities (the default).
     Summary,
+    /// The summary with each candidate shown whole (evidence, reason
+    /// codes): the rows an apply would retire, for an agent that reviews
+    /// them before applying.
+    Candidates,
     /// The whole document, when it fits in one result.
     All,
 }

@@ -152,9 +152,14 @@ pub(super) fn preserved_page(kept: &KeptPlan, position: &Position) -> Page {
     )
 }
 
-/// The summary result of a plan (tokens, counts, and the candidates an
-/// apply can take) and the paragraph an agent reads first.
-pub(super) fn summary(kept: &KeptPlan, max_retire: usize) -> (Map<String, Json>, String) {
+/// The summary result of a plan (tokens, counts, and the identities of the
+/// candidates an apply can take; with `rows`, those candidates whole) and
+/// the paragraph an agent reads first.
+pub(super) fn summary(
+    kept: &KeptPlan,
+    max_retire: usize,
+    rows: bool,
+) -> (Map<String, Json>, String) {
     let plan = &kept.plan;
     let counts = Counts::of(plan);
     let first = Position {
@@ -200,7 +205,9 @@ pub(super) fn summary(kept: &KeptPlan, max_retire: usize) -> (Map<String, Json>,
     body.insert("preserved_reason_counts".into(), json!(counts.reasons));
     body.insert("other_host_rows".into(), json!(counts.other_host));
     body.insert("candidate_worker_identities".into(), json!(identities));
-    body.insert("candidates".into(), Json::Array(shown.rows));
+    if rows {
+        body.insert("candidates".into(), Json::Array(shown.rows));
+    }
     body.insert("candidates_not_shown".into(), json!(shown.remaining));
     body.insert("resource_uri".into(), json!(kept.uri()));
     (body, text)
@@ -237,16 +244,18 @@ impl Counts {
         let more = match self.candidates - shown {
             0 => String::new(),
             k => format!(
-                " ({shown} shown, {k} more: this server retires at most {max_retire} per apply; \
-                 apply these, then plan again)"
+                " ({shown} named here, {k} more: this server retires at most {max_retire} per \
+                 apply; retire them in batches with first: {max_retire} and these tokens, call \
+                 after call)"
             ),
         };
         format!(
             "{} rows assessed: {} may be retired{more}, {} preserved ({}); {} on other \
              hosts. To retire, call apply_stale_worker_retirement with registry_fingerprint {}, \
              candidate_fingerprint {}, policy_fingerprint {} and worker_identities from \
-             candidate_worker_identities. Preserved rows: call this tool with preserved \
-             {{\"reason_code\", \"limit\"}}; the whole document is the resource {}.",
+             candidate_worker_identities (or first: N). To review the candidates whole, call \
+             this tool with include \"candidates\". Preserved rows: call this tool with \
+             preserved {{\"reason_code\", \"limit\"}}; the whole document is the resource {}.",
             self.assessed,
             self.candidates,
             self.preserved(),

@@ -49,7 +49,8 @@ impl FleetServer {
         if a.include == Some(Include::All) {
             return whole_document(&kept, audit);
         }
-        let (mut body, text) = pages::summary(&kept, self.binding.max_retire);
+        let rows = a.include == Some(Include::Candidates);
+        let (mut body, text) = pages::summary(&kept, self.binding.max_retire, rows);
         self.first_cursors_into(&mut body, &kept);
         if let Some(Asked::First(limit, reason, offset)) = ask {
             let first = Position {

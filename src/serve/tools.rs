@@ -241,6 +241,7 @@ impl FleetServer {
         };
         body["audit_context"] = audit_context(&a.remote, &a.host, &a.org, &a.repo);
         trim_residual_blockers(&mut body);
+        trim_lists(&mut body);
         let code = report.outcome.code();
         if report.outcome.exit_code() == ExitCode::Ok {
             success(format!("{code}: {}", report.detail), body)
@@ -300,9 +301,42 @@ impl FleetServer {
     }
 }
 
-/// Keep an apply's result under the bound: the post-apply blockers of a
-/// large fleet are cut to what fits (their count stays in
-/// `residual_blocker_count`).
+/// The lists of an apply's report that grow with the fleet rather than
+/// with the request: each shows its first [`BLOCKERS_SHOWN`] entries in a
+/// tool result, and `<name>_not_shown` counts the rest (the command line's
+/// JSON keeps them whole).
+const FLEET_SIZED: [&str; 5] = [
+    "heartbeats_tolerated_workers",
+    "verdicts_moved",
+    "candidates_added_since_plan",
+    "retired_since_plan",
+    "rows_changed_since_plan",
+];
+
+/// Cut each of [`FLEET_SIZED`] to its first entries, counting the rest.
+fn trim_lists(body: &mut Json) {
+    let Some(map) = body.as_object_mut() else {
+        return;
+    };
+    for name in FLEET_SIZED {
+        let Some(list) = map.get_mut(name).and_then(Json::as_array_mut) else {
+            continue;
+        };
+        let over = list.len().saturating_sub(BLOCKERS_SHOWN);
+        if over > 0 {
+            list.truncate(BLOCKERS_SHOWN);
+            map.insert(format!("{name}_not_shown"), json!(over));
+        }
+    }
+}
+
+/// How many post-apply blockers an apply's result shows (their count is
+/// in `residual_blocker_count`; the snapshot tool pages them all).
+pub(super) const BLOCKERS_SHOWN: usize = 20;
+
+/// Keep an apply's result compact: the post-apply blockers of a large
+/// fleet are cut to the first [`BLOCKERS_SHOWN`], and to what fits (their
+/// count stays in `residual_blocker_count`).
 fn trim_residual_blockers(body: &mut Json) {
     let Some(list) = body
         .pointer_mut("/post_apply/residual_blockers")
@@ -310,5 +344,6 @@ fn trim_residual_blockers(body: &mut Json) {
     else {
         return;
     };
+    list.truncate(BLOCKERS_SHOWN);
     super::pages::keep_within(list, super::pages::RESULT_BOUND / 2);
 }

@@ -91,9 +91,20 @@ async function planSummary(agent) {
   assert(plan.candidate_count + plan.preserved_count === plan.assessed_count, plan.assessed_count);
   const reasons = Object.values(plan.preserved_reason_counts).reduce((a, b) => a + b, 0);
   assert(reasons === plan.preserved_count, reasons);
-  const shown = plan.candidates.length;
-  assert(shown === plan.candidate_worker_identities.length && shown <= MAX_RETIRE, shown);
+  // Compact: counts and identities; the candidates whole on request.
+  assert(plan.candidates === undefined, Object.keys(plan));
+  const size = Buffer.byteLength(JSON.stringify(plan));
+  assert(size < 16 * 1024, size);
+  const shown = plan.candidate_worker_identities.length;
+  assert(shown <= MAX_RETIRE, shown);
   assert(plan.candidates_not_shown === plan.candidate_count - shown);
+  const [wholeError, whole, wholeContent] = await agent.call("plan_stale_worker_retirement", {
+    include: "candidates",
+  });
+  assert(!wholeError, wholeContent);
+  const names = whole.candidates.map((c) => c.worker_identity);
+  assert(JSON.stringify(names) === JSON.stringify(whole.candidate_worker_identities), names);
+  assert(whole.candidates.every((c) => c.evidence !== undefined), "candidates whole");
   assert(content[0].text.includes("rows assessed"), content[0]);
   assert(content.some((c) => c.type === "resource_link" && c.uri === plan.resource_uri), content);
   ok(
@@ -266,6 +277,8 @@ async function apply(agent, plan) {
   });
   assert(!isError && body.outcome === "applied", content);
   assert(body.retired_count === workers.length, body.retired_count);
+  const size = Buffer.byteLength(JSON.stringify(body));
+  assert(size < 64 * 1024, `an apply result sized for an agent: ${size}`);
   [isError, body, content] = await agent.call("apply_stale_worker_retirement", {
     ...tokens,
     worker_identities: workers,
@@ -284,8 +297,13 @@ async function apply(agent, plan) {
     // one is refused when the set moved otherwise, or kept
     // not_in_current_plan when only time moved it (semantics section 13).
     const moved = ["registry_revision_moved", "candidate_set_moved"];
-    const sameSet = (a, b) => JSON.stringify([...a].sort()) === JSON.stringify([...b].sort());
-    const batch = !isError && body.retired_count === 1 && sameSet(body.retired_since_plan ?? [], workers);
+    // (a tool result shows the first 20 of retired_since_plan and counts the rest)
+    const since = body.retired_since_plan ?? [];
+    const batch =
+      !isError &&
+      body.retired_count === 1 &&
+      since.every((w) => workers.includes(w)) &&
+      since.length + (body.retired_since_plan_not_shown ?? 0) === workers.length;
     const kept =
       !isError &&
       body.retired_count === 0 &&

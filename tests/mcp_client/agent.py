@@ -13,8 +13,9 @@ controller-prgs may read and retire). The checks:
 
  1. tools: eight (four and their gitea_ aliases), closed input schemas, an
     output schema on each, the annotations;
- 2. plan: the summary, under 1 MiB, its counts adding up, the candidates at
-    most the server's --max-retire, a resource link;
+ 2. plan: the summary, compact (under 16 KiB: counts and identities), its
+    counts adding up, the candidates at most the server's --max-retire, a
+    resource link; with include "candidates", the candidates whole;
  3. preserved rows paged by reason code until no next_cursor: each page
     under 1 MiB, each reason's pages adding up to its count;
  4. the plan's resource read page by page: candidates and preserved rows,
@@ -129,9 +130,20 @@ async def plan_summary(agent: Agent) -> dict:
     assert not is_error, content
     assert plan["candidate_count"] + plan["preserved_count"] == plan["assessed_count"], plan
     assert sum(plan["preserved_reason_counts"].values()) == plan["preserved_count"]
-    shown = len(plan["candidates"])
-    assert shown == len(plan["candidate_worker_identities"]) <= MAX_RETIRE, shown
+    # Compact: counts and identities; the candidates whole on request.
+    assert "candidates" not in plan, list(plan)
+    size = len(json.dumps(plan, separators=(",", ":")).encode())
+    assert size < 16 * 1024, size
+    shown = len(plan["candidate_worker_identities"])
+    assert shown <= MAX_RETIRE, shown
     assert plan["candidates_not_shown"] == plan["candidate_count"] - shown
+    is_error, whole, content = await agent.call(
+        "plan_stale_worker_retirement", {"include": "candidates"}
+    )
+    assert not is_error, content
+    names = [c["worker_identity"] for c in whole["candidates"]]
+    assert names == whole["candidate_worker_identities"], names[:3]
+    assert all("evidence" in c for c in whole["candidates"])
     assert "rows assessed" in content[0].text, content[0]
     assert any(c.type == "resource_link" and c.uri == plan["resource_uri"] for c in content)
     ok(
@@ -272,6 +284,8 @@ async def apply(agent: Agent, plan: dict) -> None:
     )
     assert not is_error and body["outcome"] == "applied", content
     assert body["retired_count"] == len(workers), body["retired_count"]
+    size = len(json.dumps(body, separators=(",", ":")).encode())
+    assert size < 64 * 1024, ("an apply result sized for an agent", size)
     is_error, body, content = await agent.call(
         "apply_stale_worker_retirement", {**tokens, "worker_identities": workers}
     )
@@ -291,7 +305,11 @@ async def apply(agent: Agent, plan: dict) -> None:
         batch = (
             not is_error
             and body["retired_count"] == 1
-            and sorted(body.get("retired_since_plan", [])) == sorted(workers)
+            # (a tool result shows the first 20 and counts the rest)
+            and set(body.get("retired_since_plan", [])) <= set(workers)
+            and len(body.get("retired_since_plan", []))
+            + body.get("retired_since_plan_not_shown", 0)
+            == len(workers)
         )
         kept = not is_error and body["retired_count"] == 0 and any(
             p["worker_identity"] == others[0] and p["reason_code"] == "not_in_current_plan"
