@@ -704,7 +704,7 @@ fn a_batch_reports_the_batch_it_asked_for() {
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
     let denied = batch("author-prgs");
-    assert_eq!(denied["outcome"], "capability_denied", "{denied}");
+    assert_eq!(denied["outcome"], "permission_denied", "{denied}");
     assert_eq!(denied["first"], 3, "{denied}");
     assert_eq!(denied["requested"], serde_json::json!([]), "{denied}");
     let applied = batch("controller-prgs");
@@ -714,5 +714,54 @@ fn a_batch_reports_the_batch_it_asked_for() {
         applied["requested"],
         serde_json::json!(["w-dead-00", "w-dead-01", "w-dead-02"]),
         "{applied}"
+    );
+}
+
+/// Long work says what it is doing on a terminal (stderr, a spinner with
+/// the step), and nothing of it reaches a pipe. The terminal is a
+/// pseudo-terminal made by util-linux `script`.
+#[test]
+fn plan_shows_its_progress_on_a_terminal_only() {
+    let script = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if skip_unless(script, "util-linux `script` (a pseudo-terminal)") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    plain_fleet(dir.path(), 30_000);
+    let stores = Stores::new(&[]);
+    let mut args = stores.plan_args("controller-prgs");
+    assert_eq!(
+        (args[1].as_str(), args[3].as_str()),
+        ("--registry", "--leases")
+    );
+    args[2] = dir.path().join("registry.sqlite").display().to_string();
+    args[4] = dir.path().join("leases.sqlite").display().to_string();
+    let quoted: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_fleet-retire").to_string())
+        .chain(args.iter().cloned())
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let out = Command::new("script")
+        .args([
+            "-qec",
+            &format!("{} >/dev/null", quoted.join(" ")),
+            "/dev/null",
+        ])
+        .output()
+        .unwrap();
+    let terminal = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{terminal}");
+    assert!(
+        terminal.contains("planning: reading the registry and leases"),
+        "{terminal}"
+    );
+    let piped = bin().args(&args).output().unwrap();
+    assert!(piped.status.success());
+    assert!(
+        !String::from_utf8_lossy(&piped.stderr).contains("planning:"),
+        "{}",
+        text(&piped)
     );
 }

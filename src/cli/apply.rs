@@ -204,7 +204,12 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
         probe: &probe,
         busy_timeout: Duration::from_millis(args.busy_timeout_ms),
     };
-    let report = apply(&req, &ctx, Hooks::default())?;
+    let spinner = crate::cli::progress::Spinner::start(
+        "applying: judging the registry outside its lock, then retiring under it",
+    );
+    let report = apply(&req, &ctx, Hooks::default());
+    drop(spinner);
+    let report = report?;
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
     let written = match cli.format {

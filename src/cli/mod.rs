@@ -9,6 +9,7 @@ pub mod launch;
 pub mod mutate;
 pub mod plan;
 pub mod policy;
+pub mod progress;
 pub mod registry;
 pub mod serve;
 pub mod snapshot;

@@ -52,7 +52,14 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     args.operator
         .require(&policies, crate::capability::Operation::Plan)?;
+    let spinner = crate::cli::progress::Spinner::start(
+        "planning: reading the registry and leases, judging every row",
+    );
     let plan = plan_from_world(&args.store, &policies)?;
+    spinner.step(&format!(
+        "planning: writing the plan of {} rows",
+        plan.rows.len()
+    ));
     if let Some(out) = &args.out {
         // The path is replaced, never followed: a link at it, or a FIFO,
         // is not written through (crate::outfile).
@@ -60,7 +67,9 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
             crate::outfile::replace_with(path, |w| plan.write_saved(w))
         };
         write(out).map_err(Error::io(out, "cannot write the plan"))?;
-        eprintln!("{}", saved_note(out, &plan, args));
+        spinner
+            .0
+            .suspend(|| eprintln!("{}", saved_note(out, &plan, args)));
     }
     let started = std::time::Instant::now();
     let stdout = std::io::stdout();
@@ -86,6 +95,7 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
         ),
     };
     written.and_then(|_| w.flush()).map_err(Error::Output)?;
+    drop(spinner);
     tracing::debug!(elapsed = ?started.elapsed(), "plan written");
     // The process ends next: returning a large registry's rows to the
     // allocator one by one would only add time.

@@ -75,7 +75,13 @@ pub fn run(cli: &Cli, args: &RegistryArgs) -> Result<ExitCode> {
     match &args.command {
         RegistryCommand::Create(c) => create(c),
         RegistryCommand::Copy(c) => {
-            let report = crate::copy::copy(&c.from, c.leases.as_deref(), &c.to)?;
+            let spinner = crate::cli::progress::Spinner::start(&format!(
+                "copying the registry into {}",
+                crate::store::location::label(std::path::Path::new(&c.to))
+            ));
+            let report = crate::copy::copy(&c.from, c.leases.as_deref(), &c.to);
+            drop(spinner);
+            let report = report?;
             match cli.format {
                 Format::Json => {
                     let doc = serde_json::to_string_pretty(&report).map_err(|e| {

@@ -74,7 +74,9 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
     args.operator
         .require(&policies, crate::capability::Operation::Snapshot)?;
     let started = std::time::Instant::now();
+    let spinner = crate::cli::progress::Spinner::start("snapshot: reading the registry");
     let rows = registry::load(&args.registry)?;
+    spinner.step(&format!("snapshot: probing {} rows", rows.len()));
     tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "registry read");
     let opts = Options::here(
         &args.proc_root,
@@ -83,6 +85,7 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
         args.manifest.as_deref().map(load_manifest).transpose()?,
     );
     let mut snap = Snapshot::take(&rows, &opts, &SystemProbe::new(&args.proc_root));
+    drop(spinner);
     if let Some(path) = &args.compare {
         let earlier = read_json(path, "earlier snapshot")?;
         let later = serde_json::json!({"live_workers": snap.live_workers()});

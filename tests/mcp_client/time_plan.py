@@ -34,6 +34,9 @@ async def main() -> None:
         "GITEA_MCP_NAMESPACE": "controller",
         "FLEET_RETIRE_CANONICAL_REPOSITORY": "prgs/gitea-tools",
     }
+    # With a kept-plans folder, each plan's rows are also written there.
+    if os.environ.get("FLEET_RETIRE_PLAN_DIR"):
+        env["FLEET_RETIRE_PLAN_DIR"] = os.environ["FLEET_RETIRE_PLAN_DIR"]
     params = StdioServerParameters(command=exe, args=["serve"], env=env)
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
