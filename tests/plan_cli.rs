@@ -598,6 +598,22 @@ fn the_cli_keeps_the_conventions_users_expect() {
             && note.contains(&format!("fleet-retire apply {}", saved.display())),
         "{note}"
     );
+    // The saved plan is what apply needs: candidates whole, preserved rows'
+    // verdicts without their evidence (the JSON on stdout has it all).
+    let (fleet, _live) = fleet();
+    let (saved, doc) = save_plan(&fleet);
+    assert!(saved.is_file());
+    assert!(doc["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c.get("evidence").is_some()));
+    let preserved = doc["preserved"].as_array().unwrap();
+    assert!(!preserved.is_empty(), "{doc}");
+    assert!(preserved
+        .iter()
+        .all(|p| p.get("evidence").is_none() && p.get("reason_code").is_some()));
+    assert!(doc["planned_rows"]["rows"].is_array());
 
     let mut args = stores.plan_args("controller-prgs");
     let at = args.iter().position(|a| a == "controller-prgs").unwrap();

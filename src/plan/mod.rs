@@ -665,6 +665,7 @@ impl Plan {
         chunk: &[&Entry],
         first: bool,
         verdicts: &FxHashMap<usize, Vec<u8>>,
+        evidence: bool,
     ) -> Vec<u8> {
         let mut out = Vec::with_capacity(chunk.len() * 1536);
         for (n, entry) in chunk.iter().enumerate() {
@@ -673,15 +674,20 @@ impl Plan {
             render::value(&mut out, self.rows[entry.index].get(Col::WorkerIdentity));
             out.push(b',');
             out.extend_from_slice(&verdicts[&(Arc::as_ptr(&entry.verdict) as usize)]);
-            out.extend_from_slice(b",\"evidence\":");
-            render::evidence(&mut out, &self.evidence(entry));
+            if evidence {
+                out.extend_from_slice(b",\"evidence\":");
+                render::evidence(&mut out, &self.evidence(entry));
+            }
             out.push(b'}');
         }
         out
     }
 
     /// The document, with `extra` as one more top-level member (a saved
-    /// plan's `planned_rows`, see `planned`).
+    /// plan's `planned_rows`, see `planned`). A saved plan keeps its
+    /// candidates whole and its preserved rows' verdicts without their
+    /// evidence: apply reads none of it, and at 200,000 rows the evidence
+    /// was most of 349 MB (issue 45); `plan --format json` prints it all.
     fn write_json_with(
         &self,
         w: &mut dyn Write,
@@ -711,7 +717,9 @@ impl Plan {
             let mut written = Ok(());
             crate::pool::par_map_ordered(
                 &chunks,
-                |(first, chunk)| self.render_entries(chunk, *first, &verdicts),
+                |(first, chunk)| {
+                    self.render_entries(chunk, *first, &verdicts, candidates || extra.is_none())
+                },
                 |text| {
                     if written.is_ok() {
                         written = w.write_all(&text);
