@@ -300,7 +300,7 @@ pub(super) fn select_targets<'p>(
             format!(
                 "{} workers would be retired, more than the blast-radius limit of {}; nothing \
                  was retired. Request fewer workers (or a batch of the first N), or raise the \
-                 limit deliberately",
+                 limit deliberately (--max-retire; a server's is set when it is launched)",
                 targets.len(),
                 req.max_retire
             ),

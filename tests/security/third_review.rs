@@ -698,7 +698,9 @@ fn report_of(mut child: KillOnDrop) -> (Option<i32>, Value) {
 // lock. A copy renamed over the path for the judgement alone (its clock
 // made to match by a no-op UPDATE) was judged, the real file written: the
 // live worker that had joined a candidate's session went unseen and three
-// rows a whole read keeps were retired.
+// rows a whole read keeps were retired. (Since a row changed beside the
+// targets refuses only through what it moves for them, semantics §13, the
+// write here is to a target itself, which the whole read refuses.)
 #[test]
 fn a_file_swapped_in_for_the_judgement_alone_is_not_trusted() {
     let (stores, live) = fleet();
@@ -706,11 +708,11 @@ fn a_file_swapped_in_for_the_judgement_alone_is_not_trusted() {
     let (plan, _) = save_plan(&stores, &[]);
     let fork = stores.dir.path().join("fork.sqlite");
     std::fs::copy(&stores.registry, &fork).unwrap();
-    set_column(&stores.registry, "session_id", "sess-w-dead-1", "w-running");
+    set_column(&stores.registry, "session_id", "sess-moved", "w-dead-1");
     Connection::open(&fork)
         .unwrap()
         .execute_batch(
-            "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-running'",
+            "UPDATE worker_registrations SET status = status WHERE worker_identity = 'w-dead-1'",
         )
         .unwrap();
     // Hold apply at its lease read (before it judges) and at its lock.
