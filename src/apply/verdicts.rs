@@ -174,21 +174,17 @@ fn candidates_moved(
 /// The refusal's opening words when rows were added or changed since the
 /// plan but the candidate token did not move.
 fn changed_words(changed: &[String]) -> String {
-    let shown: Vec<String> = changed
-        .iter()
-        .take(5)
-        .map(|w| crate::text::esc(w).into_owned())
-        .collect();
-    let more = changed.len().saturating_sub(shown.len());
-    let more = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
-    };
-    format!(
-        "rows were added or changed since the plan ({}{more})",
-        shown.join(", ")
-    )
+    let named = first_five(changed, |w| crate::text::esc(w).into_owned());
+    format!("rows were added or changed since the plan ({named})")
+}
+
+/// The first five of `items` as words, and how many more.
+fn first_five<T>(items: &[T], words: impl Fn(&T) -> String) -> String {
+    let shown: Vec<String> = items.iter().take(5).map(words).collect();
+    match items.len().saturating_sub(shown.len()) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    }
 }
 
 /// The rows whose verdicts moved since the plan, when apply holds the
@@ -214,29 +210,20 @@ pub(super) fn verdicts_moved_words(
                 (plan --out, or through serve)"
             .into();
     };
-    let shown: Vec<String> = moved
-        .iter()
-        .take(5)
-        .map(|m| {
-            format!(
-                "{} {} -> {}",
-                crate::text::esc(&m.worker_identity),
-                m.then,
-                m.now
-            )
-        })
-        .collect();
-    let more = moved.len().saturating_sub(shown.len());
-    let more = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
-    };
+    let named = first_five(&moved, |m| {
+        format!(
+            "{} {} -> {}",
+            crate::text::esc(&m.worker_identity),
+            m.then,
+            m.now
+        )
+    });
+    let empty = moved.is_empty();
     report.verdicts_moved = moved;
-    if shown.is_empty() {
+    if empty {
         String::new()
     } else {
-        format!(": {}{more}", shown.join(", "))
+        format!(": {named}")
     }
 }
 
