@@ -101,6 +101,11 @@ fn a_row_added_beside_the_targets_refuses_only_when_it_touches_one(engine: Engin
     assert_eq!(changed, ["w-new-server", "w-running"], "{report}");
     assert_eq!(access.status_of("w-running"), "active");
     assert_eq!(access.status_of("w-new-server"), "stopped");
+    // Each audit row says how many rows moved beside its retirement.
+    assert_eq!(
+        access.audit_counts("rows_changed_since_plan"),
+        [Some(2), Some(2), Some(2)]
+    );
     drop((live, newcomer));
 }
 

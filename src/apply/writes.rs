@@ -181,6 +181,7 @@ impl Writes<'_> {
                     lease_store: &self.audit.lease_store,
                     lease_digest: &self.fence.digest,
                     heartbeats_tolerated: report.heartbeats_tolerated as i64,
+                    rows_changed_since_plan: report.rows_changed_since_plan.len() as i64,
                 };
                 (&self.fresh.rows[p.index], audit_row)
             })

@@ -34,6 +34,9 @@ pub const COLUMNS: &[(&str, &str)] = &[
     ("lease_digest", "TEXT"),
     // Rows whose heartbeat alone moved between plan and apply (tolerated).
     ("heartbeats_tolerated", "INTEGER"),
+    // Rows added or changed beside the targets since the plan, none of
+    // them a candidate of it (semantics §13).
+    ("rows_changed_since_plan", "INTEGER"),
 ];
 
 /// The key column.
@@ -107,6 +110,8 @@ pub struct AuditRow<'a> {
     pub lease_digest: &'a str,
     /// Rows whose heartbeat alone moved since the plan.
     pub heartbeats_tolerated: i64,
+    /// Rows added or changed beside the targets since the plan.
+    pub rows_changed_since_plan: i64,
 }
 
 impl<'a> AuditRow<'a> {
@@ -133,6 +138,7 @@ impl<'a> AuditRow<'a> {
             text(self.lease_store),
             text(self.lease_digest),
             Val::Int(self.heartbeats_tolerated),
+            Val::Int(self.rows_changed_since_plan),
         ]
     }
 
@@ -203,6 +209,7 @@ mod tests {
             lease_store: "l",
             lease_digest: "d",
             heartbeats_tolerated: 0,
+            rows_changed_since_plan: 0,
         };
         assert_eq!(row.values().len(), COLUMNS.len());
         let conn = Connection::open_in_memory().unwrap();

@@ -881,6 +881,32 @@ impl StoreAccess {
 
     /// Each audit row's worker and registry token, in the order written;
     /// none when there is no audit table.
+    /// One integer column of every audit row, in order.
+    pub fn audit_counts(&self, column: &str) -> Vec<Option<i64>> {
+        match self {
+            StoreAccess::Sqlite { registry, .. } => Connection::open(registry)
+                .unwrap()
+                .prepare(&format!(
+                    "SELECT {column} FROM retirement_audit ORDER BY audit_id"
+                ))
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect(),
+            StoreAccess::Postgres(db) => db
+                .client()
+                .query(
+                    &format!("SELECT {column}::bigint FROM retirement_audit ORDER BY audit_id"),
+                    &[],
+                )
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect(),
+        }
+    }
+
     pub fn audit_rows(&self) -> Vec<(String, String)> {
         let sql = "SELECT worker_identity, registry_fingerprint FROM retirement_audit \
                    ORDER BY audit_id";
