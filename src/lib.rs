@@ -24,6 +24,7 @@ pub mod fingerprint;
 pub mod fixture;
 pub mod identity;
 pub mod jsonfile;
+pub mod junit;
 pub mod launcher;
 pub mod liveness;
 pub mod mutate;

@@ -43,6 +43,8 @@ pub struct Property {
     pub proof: String,
     /// The property as a one-policy set.
     pub policy: Policy,
+    /// The property file it was read from (`properties/NAME.cedar`).
+    pub file: String,
 }
 
 /// The outcome of one proof obligation.
@@ -58,6 +60,13 @@ pub struct Proof {
     pub holds: bool,
     /// When it does not: the request and entities that break it.
     pub counterexample: Option<String>,
+    /// Where it comes from: its property file, or the policy file whose
+    /// policies must never error (for JUnit's suites).
+    #[serde(skip)]
+    pub file: String,
+    /// How long the solver took, in seconds.
+    #[serde(skip)]
+    pub seconds: f64,
 }
 
 /// The property files as written: (name, text, path when on disk), the
@@ -191,6 +200,7 @@ fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result
                 ));
             }
             out.push(Property {
+                file: name.to_string(),
                 description: get("description").unwrap_or_default(),
                 subject: format!("{subject}.cedar"),
                 proof,
@@ -306,6 +316,7 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
         let eligibility = subset(policies, ELIGIBILITY_FILE)?;
         for env in &envs {
             for p in eligibility.policies().filter(|p| applies(p, env)) {
+                let started = std::time::Instant::now();
                 let compiled = CompiledPolicy::compile(p, env, schema).map_err(sym_err)?;
                 let cex = compiler
                     .check_never_errors_with_counterexample_opt(&compiled)
@@ -317,6 +328,8 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
                     request_env: env_text(env),
                     holds: cex.is_none(),
                     counterexample: cex.as_ref().map(describe),
+                    file: ELIGIBILITY_FILE.to_string(),
+                    seconds: started.elapsed().as_secs_f64(),
                 });
             }
         }
@@ -480,6 +493,7 @@ async fn prove_with(
             .add(prop.policy.clone())
             .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
         for env in envs.iter().filter(|e| applies(&prop.policy, e)) {
+            let started = std::time::Instant::now();
             let s = CompiledPolicySet::compile(&subject, env, schema).map_err(sym_err)?;
             let p = CompiledPolicySet::compile(&prop_set, env, schema).map_err(sym_err)?;
             let (a, b) = if prop.proof == "subject_implies_property" {
@@ -497,6 +511,8 @@ async fn prove_with(
                 request_env: env_text(env),
                 holds: cex.is_none(),
                 counterexample: cex.as_ref().map(describe),
+                file: prop.file.clone(),
+                seconds: started.elapsed().as_secs_f64(),
             });
         }
     }

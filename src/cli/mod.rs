@@ -17,7 +17,7 @@ pub mod test;
 pub mod worker;
 
 use crate::capability::{check, Profiles};
-use crate::error::{Error, ExitCode, Result};
+use crate::error::{About, Error, ExitCode, Result};
 use crate::policy::{Policies, PolicySource};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -29,6 +29,9 @@ pub enum Format {
     Human,
     /// The stable, complete JSON document.
     Json,
+    /// JUnit XML, for a CI system's test view: `test` and `policy verify`
+    /// only.
+    Junit,
 }
 
 /// fleet-retire: retire stale worker registrations, decided by Cedar policy.
@@ -233,8 +236,27 @@ impl Cli {
     }
 }
 
+/// A standard format asked of a command that does not write it is an
+/// error that says which commands do.
+fn check_format(cli: &Cli) -> Result<()> {
+    let writes_junit = match &cli.command {
+        Command::Test(_) => true,
+        Command::Policy(p) => matches!(p.command, policy::PolicyCommand::Verify { .. }),
+        _ => false,
+    };
+    if cli.format == Format::Junit && !writes_junit {
+        return Err(Error::input(
+            About::Option("--format"),
+            "--format junit is written by `fleet-retire test` and `fleet-retire policy verify`; \
+             this command writes human or json",
+        ));
+    }
+    Ok(())
+}
+
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode> {
+    check_format(&cli)?;
     match &cli.command {
         Command::Plan(args) => plan::run(&cli, args),
         Command::Apply(args) => apply::run(&cli, args),

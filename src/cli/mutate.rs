@@ -45,7 +45,7 @@ pub fn run(
             }))
             .expect("the report serialises")
         )?,
-        Format::Human => print_human(&report, &saved, started.elapsed())?,
+        Format::Human | Format::Junit => print_human(&report, &saved, started.elapsed())?,
     }
     if below {
         eprintln!(

@@ -190,7 +190,7 @@ fn list(cli: &Cli) -> Result<ExitCode> {
                 serde_json::to_string_pretty(&items).expect("list serialises")
             )?;
         }
-        Format::Human => {
+        Format::Human | Format::Junit => {
             crate::outln!(
                 "{:<5} {:<7} {:<38} {:<32} DESCRIPTION",
                 "ORDER",
@@ -228,6 +228,11 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&verification).expect("proofs serialise")
         )?,
+        Format::Junit => {
+            let xml = crate::junit::write("fleet-retire policy verify", &proof_suites(proofs))
+                .map_err(Error::Output)?;
+            crate::out!("{}", String::from_utf8_lossy(&xml))?;
+        }
         Format::Human => {
             // Failures first: one failed proof among seventy must not scroll away.
             let mut ordered: Vec<&crate::verify::Proof> = proofs.iter().collect();
@@ -274,6 +279,40 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
     })
 }
 
+/// The proofs as JUnit suites: one per file (a property file, or the
+/// policy file whose policies must never error), a case per proof and
+/// request environment; a failure carries the counterexample.
+fn proof_suites(proofs: &[crate::verify::Proof]) -> Vec<crate::junit::Suite> {
+    use crate::junit::{Outcome, Suite, TestCase};
+    let mut suites: Vec<Suite> = Vec::new();
+    for p in proofs {
+        let case = TestCase {
+            name: format!("{} [{}]", p.id, p.request_env),
+            classname: p.file.trim_end_matches(".cedar").replace('/', "."),
+            seconds: p.seconds,
+            outcome: match &p.counterexample {
+                None if p.holds => Outcome::Passed,
+                c => Outcome::Failed(
+                    format!("not proved: {}", p.description),
+                    format!(
+                        "{}\ncounterexample:\n{}",
+                        p.description,
+                        c.as_deref().unwrap_or("(none given)")
+                    ),
+                ),
+            },
+        };
+        match suites.iter_mut().find(|s| s.name == p.file) {
+            Some(s) => s.cases.push(case),
+            None => suites.push(Suite {
+                name: p.file.clone(),
+                cases: vec![case],
+            }),
+        }
+    }
+    suites
+}
+
 fn diff(
     cli: &Cli,
     old: &str,
@@ -303,7 +342,7 @@ fn diff(
     };
     match cli.format {
         Format::Json => report.print_json()?,
-        Format::Human => report.print_human()?,
+        Format::Human | Format::Junit => report.print_human()?,
     }
     Ok(if loosened {
         ExitCode::Refused

@@ -40,6 +40,9 @@ struct CaseResult {
     /// expected and what came out; for an error, what is wrong with the file.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     details: Vec<String>,
+    /// How long it took, in seconds (for JUnit).
+    #[serde(skip)]
+    seconds: f64,
 }
 
 /// Load and judge one fixture file: its case's name and what differs.
@@ -62,19 +65,57 @@ fn run_all(policies: &crate::policy::Policies, files: &[PathBuf]) -> Vec<CaseRes
         .iter()
         .map(|file| {
             let shown = file.display().to_string();
-            match judge(policies, file) {
+            let started = std::time::Instant::now();
+            let judged = judge(policies, file);
+            let seconds = started.elapsed().as_secs_f64();
+            match judged {
                 Ok((name, diffs)) => CaseResult {
                     file: shown,
                     case: Some(name),
                     status: if diffs.is_empty() { "pass" } else { "fail" },
                     details: diffs,
+                    seconds,
                 },
                 Err(e) => CaseResult {
                     file: shown,
                     case: None,
                     status: "error",
                     details: vec![e.to_string()],
+                    seconds,
                 },
+            }
+        })
+        .collect()
+}
+
+/// The results as JUnit suites: one per fixture file, with its case; a
+/// failure says what was expected and what came out, an error what is
+/// wrong with the file.
+fn case_suites(results: &[CaseResult]) -> Vec<crate::junit::Suite> {
+    use crate::junit::{Outcome, Suite, TestCase};
+    results
+        .iter()
+        .map(|r| {
+            let path = std::path::Path::new(&r.file);
+            let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            let folder = path.parent().and_then(|p| p.file_name()).map_or_else(
+                || "fixtures".to_string(),
+                |f| f.to_string_lossy().into_owned(),
+            );
+            let text = r.details.join("\n");
+            let first = r.details.first().cloned().unwrap_or_default();
+            Suite {
+                name: r.file.clone(),
+                cases: vec![TestCase {
+                    name: r.case.clone().or(stem).unwrap_or_else(|| r.file.clone()),
+                    classname: folder,
+                    seconds: r.seconds,
+                    outcome: match r.status {
+                        "pass" => Outcome::Passed,
+                        "fail" => Outcome::Failed(first, text),
+                        _ => Outcome::Error(first, text),
+                    },
+                }],
             }
         })
         .collect()
@@ -101,6 +142,13 @@ fn print_results(results: &[CaseResult]) -> Result<()> {
 /// rest still run), then `N passed, M failed, K errors`; with `--format
 /// json`, one document with every case's result.
 pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
+    let junit = cli.format == crate::cli::Format::Junit;
+    if junit && args.coverage {
+        return Err(crate::error::Error::input(
+            crate::error::About::Option("--format"),
+            "--format junit reports the cases; run --coverage with --format human or json",
+        ));
+    }
     let policies = cli.load_policies()?;
     let files = collect(&args.paths)?;
     let results = run_all(&policies, &files);
@@ -114,7 +162,11 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
         .map(|(f, _)| f.clone())
         .collect();
     let json = cli.format == crate::cli::Format::Json;
-    if !json {
+    if junit {
+        let xml = crate::junit::write("fleet-retire test", &case_suites(&results))
+            .map_err(crate::error::Error::Output)?;
+        crate::out!("{}", String::from_utf8_lossy(&xml))?;
+    } else if !json {
         print_results(&results)?;
     }
     if let Some(dir) = &args.export_cedar {
@@ -140,7 +192,7 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&doc).expect("results serialise")
         )?;
-    } else {
+    } else if !junit {
         crate::outln!("{passed} passed, {failed} failed, {errors} errors")?;
     }
     Ok(if failed == 0 && errors == 0 && !below {

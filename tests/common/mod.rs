@@ -1258,3 +1258,54 @@ pub fn wait_with_deadline(
         stderr: stderr.join().unwrap(),
     }
 }
+
+/// A JUnit report as Python's `junitparser` reads it: per suite its name and
+/// counts, per case its name and result (`passed`, `failure`, `error`), as
+/// JSON. `None` (a skip) when junitparser is not installed, except under
+/// `CI=true`, where `.ci/run` installs it.
+#[allow(dead_code)]
+pub fn junit_read(xml: &[u8]) -> Option<Value> {
+    let script = r#"
+import json, sys
+from junitparser import JUnitXml, Failure, Error
+xml = JUnitXml.fromstring(sys.stdin.buffer.read())
+suites = []
+for s in xml:
+    cases = []
+    for c in s:
+        kinds = [type(r).__name__.lower() for r in c.result]
+        cases.append({"name": c.name, "classname": c.classname, "time": c.time,
+                      "result": kinds[0] if kinds else "passed",
+                      "message": c.result[0].message if c.result else None})
+    suites.append({"name": s.name, "tests": s.tests, "failures": s.failures,
+                   "errors": s.errors, "cases": cases})
+print(json.dumps({"tests": xml.tests, "failures": xml.failures, "errors": xml.errors,
+                  "suites": suites}))
+"#;
+    let available = Command::new("python3")
+        .args(["-c", "import junitparser"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if skip_unless(
+        available,
+        "python3 with junitparser (pip install junitparser)",
+    ) {
+        return None;
+    }
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), xml).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "junitparser refused the report: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(xml)
+    );
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}

@@ -1,0 +1,141 @@
+//! Sign-off artifacts in the standard formats CI systems read, checked by
+//! the ecosystem's own parsers: JUnit XML read by Python's `junitparser`
+//! (`fleet-retire test --format junit`; `policy verify --format junit` is
+//! checked beside the proofs in `tests/policies.rs`).
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// A folder holding a passing, a failing and a malformed fixture: one
+/// suite per file, one case each, the failure saying what was expected
+/// and what came out, the malformed file an error; exit 1.
+#[test]
+fn test_results_are_junit_a_ci_system_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/plan/lease-protects-session.json"
+    );
+    let good: Value = serde_json::from_str(&std::fs::read_to_string(source).unwrap()).unwrap();
+    std::fs::write(dir.path().join("a-pass.json"), good.to_string()).unwrap();
+    let mut bad = good.clone();
+    bad["name"] = Value::from("expects a retirement <that> & does not happen");
+    bad["expect"]["candidates"] = serde_json::json!(["w-1"]);
+    std::fs::write(dir.path().join("b-fail.json"), bad.to_string()).unwrap();
+    std::fs::write(dir.path().join("c-malformed.json"), "{\"rows\": [").unwrap();
+    let out = run(&["--format", "junit", "test", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let Some(report) = junit_read(&out.stdout) else {
+        return;
+    };
+    assert_eq!(
+        (&report["tests"], &report["failures"], &report["errors"]),
+        (&Value::from(3), &Value::from(1), &Value::from(1)),
+        "{report}"
+    );
+    let suites = report["suites"].as_array().unwrap();
+    assert_eq!(suites.len(), 3, "{report}");
+    let case = |i: usize| &suites[i]["cases"][0];
+    assert_eq!(case(0)["result"], "passed", "{report}");
+    assert_eq!(case(1)["result"], "failure", "{report}");
+    assert_eq!(
+        case(1)["name"],
+        "expects a retirement <that> & does not happen",
+        "{report}"
+    );
+    assert!(
+        case(1)["message"].as_str().unwrap().contains("w-1"),
+        "{report}"
+    );
+    assert_eq!(case(2)["result"], "error", "{report}");
+    assert!(suites[2]["name"]
+        .as_str()
+        .unwrap()
+        .ends_with("c-malformed.json"));
+
+    // A command that writes no JUnit says which do.
+    let out = run(&["--format", "junit", "policy", "list"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("--format junit is written by `fleet-retire test`"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// `policy verify --format junit` on the built-in set with its pid-alive
+/// forbid deleted: a suite per property file (and one for the never-errors
+/// proofs), the broken property a failure with its counterexample, exit 4.
+#[test]
+fn proofs_are_junit_a_ci_system_reads() {
+    if skip_unless(
+        cvc5_available(),
+        "cvc5 (Debian package; .ci/run installs it)",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    std::fs::create_dir_all(dir.path().join("properties")).unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+        "properties/retirement.cedar",
+        "properties/capabilities.cedar",
+    ] {
+        std::fs::copy(source.join(f), dir.path().join(f)).unwrap();
+    }
+    let path = dir.path().join("retirement.cedar");
+    let policy_text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = policy_text
+        .split("\n\n")
+        .filter(|b| !b.contains("@id(\"pid-alive\")"))
+        .collect();
+    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    let out = run(&[
+        "--policies",
+        dir.path().to_str().unwrap(),
+        "--format",
+        "junit",
+        "policy",
+        "verify",
+    ]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let Some(report) = junit_read(&out.stdout) else {
+        return;
+    };
+    let suites = report["suites"].as_array().unwrap();
+    let names: Vec<&str> = suites.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.ends_with("properties/retirement.cedar")),
+        "{names:?}"
+    );
+    assert!(names.contains(&"retirement.cedar"), "{names:?}");
+    let failed: Vec<&Value> = suites
+        .iter()
+        .flat_map(|s| s["cases"].as_array().unwrap())
+        .filter(|c| c["result"] == "failure")
+        .collect();
+    assert!(!failed.is_empty(), "{report}");
+    // The properties about pids, and nothing else.
+    let names: Vec<&str> = failed.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("retire-only-dead-pids [")),
+        "{names:?}"
+    );
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with("retire-only-dead-pids [")
+                || n.starts_with("retire-never-a-running-pid [")),
+        "{names:?}"
+    );
+    assert_eq!(report["failures"], failed.len(), "{report}");
+}
