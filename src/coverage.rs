@@ -29,6 +29,9 @@ pub struct PolicyCoverage {
     pub id: String,
     /// The policy file.
     pub file: String,
+    /// The lines it spans in its file, first and last (for LCOV).
+    #[serde(skip)]
+    pub lines: (usize, usize),
     /// `permit` or `forbid`.
     pub effect: &'static str,
     /// Its reason code, for an eligibility forbid.
@@ -177,6 +180,7 @@ fn per_policy(
             let c = PolicyCoverage {
                 id: rule.id.clone(),
                 file: rule.file.clone(),
+                lines: (rule.line, rule.end_line),
                 effect: if forbid { "forbid" } else { "permit" },
                 reason: rule.reason.map(|r| r.code().to_string()),
                 fired: t.fired.into_iter().collect(),
@@ -331,4 +335,51 @@ fn one_request(
         fired.clone()
     };
     Ok((fired, decided))
+}
+
+/// The coverage as an LCOV tracefile (`genhtml`, coverage services): a
+/// record per policy file (`SF:` its name in the policy folder); per policy
+/// a function (`FN:` its first line and `@id`, `FNDA:` the cases in which
+/// it fired); per line of each policy a `DA:` count: its first line, the
+/// cases in which it decided; its other lines, the cases in which its
+/// condition held (it fired).
+pub fn lcov(report: &Coverage) -> String {
+    use std::fmt::Write;
+    let mut by_file: BTreeMap<&str, Vec<&PolicyCoverage>> = BTreeMap::new();
+    for p in &report.policies {
+        by_file.entry(p.file.as_str()).or_default().push(p);
+    }
+    // An LCOV name ends at a comma or a line's end.
+    let name = |id: &str| -> String {
+        id.chars()
+            .map(|c| if c == ',' || c.is_control() { '_' } else { c })
+            .collect()
+    };
+    let mut out = String::from("TN:fleet_retire\n");
+    for (file, mut policies) in by_file {
+        policies.sort_by_key(|p| p.lines);
+        let _ = writeln!(out, "SF:{}", name(file));
+        for p in &policies {
+            let _ = writeln!(out, "FN:{},{}", p.lines.0, name(&p.id));
+        }
+        for p in &policies {
+            let _ = writeln!(out, "FNDA:{},{}", p.fired.len(), name(&p.id));
+        }
+        let hit = policies.iter().filter(|p| !p.fired.is_empty()).count();
+        let _ = writeln!(out, "FNF:{}\nFNH:{hit}", policies.len());
+        let mut lines: BTreeMap<usize, usize> = BTreeMap::new();
+        for p in &policies {
+            let (first, last) = p.lines;
+            *lines.entry(first).or_default() += p.decided.len();
+            for line in first + 1..=last {
+                *lines.entry(line).or_default() += p.fired.len();
+            }
+        }
+        for (line, count) in &lines {
+            let _ = writeln!(out, "DA:{line},{count}");
+        }
+        let covered = lines.values().filter(|c| **c > 0).count();
+        let _ = writeln!(out, "LF:{}\nLH:{covered}\nend_of_record", lines.len());
+    }
+    out
 }

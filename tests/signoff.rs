@@ -139,3 +139,71 @@ fn proofs_are_junit_a_ci_system_reads() {
     );
     assert_eq!(report["failures"], failed.len(), "{report}");
 }
+
+/// `test --coverage --format lcov`: a tracefile Debian's `lcov` summarises
+/// and `genhtml` renders from the policy folder; run on the capability
+/// fixtures alone, each eligibility policy is a function never entered, at
+/// the line of its `@id` in retirement.cedar.
+#[test]
+fn coverage_is_lcov_that_lcov_and_genhtml_read() {
+    let lcov = std::process::Command::new("lcov").arg("--version").output();
+    if skip_unless(
+        lcov.is_ok_and(|o| o.status.success()),
+        "lcov (Debian package; .ci/run installs it)",
+    ) {
+        return;
+    }
+    let policies = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("coverage.info");
+    let out = run(&[
+        "--format",
+        "lcov",
+        "test",
+        "--coverage",
+        fixtures.join("capabilities").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::write(&trace, &out.stdout).unwrap();
+    let info = String::from_utf8(out.stdout).unwrap();
+    let source = std::fs::read_to_string(policies.join("retirement.cedar")).unwrap();
+    let line = source
+        .lines()
+        .position(|l| l.contains("@id(\"worker-live\")"))
+        .unwrap()
+        + 1;
+    assert!(info.contains(&format!("FN:{line},worker-live\n")), "{info}");
+    assert!(info.contains("FNDA:0,worker-live\n"), "{info}");
+    assert!(info.contains("SF:capabilities.cedar\n"), "{info}");
+
+    let summary = std::process::Command::new("lcov")
+        .arg("--summary")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&summary.stdout),
+        String::from_utf8_lossy(&summary.stderr)
+    );
+    assert!(summary.status.success(), "{said}");
+    assert!(!said.contains("WARNING"), "{said}");
+    assert!(said.contains("functions..:"), "{said}");
+    assert!(!said.contains("functions..: 100.0%"), "{said}");
+    let html = dir.path().join("html");
+    let rendered = std::process::Command::new("genhtml")
+        .arg("-q")
+        .arg("-o")
+        .arg(&html)
+        .arg(&trace)
+        .current_dir(&policies)
+        .output()
+        .unwrap();
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    assert!(html.join("index.html").is_file());
+}

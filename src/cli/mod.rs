@@ -32,6 +32,9 @@ pub enum Format {
     /// JUnit XML, for a CI system's test view: `test` and `policy verify`
     /// only.
     Junit,
+    /// An LCOV tracefile of which policy lines the fixtures exercised:
+    /// `test --coverage` only.
+    Lcov,
 }
 
 /// fleet-retire: retire stale worker registrations, decided by Cedar policy.
@@ -249,6 +252,14 @@ fn check_format(cli: &Cli) -> Result<()> {
             About::Option("--format"),
             "--format junit is written by `fleet-retire test` and `fleet-retire policy verify`; \
              this command writes human or json",
+        ));
+    }
+    let writes_lcov = matches!(&cli.command, Command::Test(t) if t.coverage);
+    if cli.format == Format::Lcov && !writes_lcov {
+        return Err(Error::input(
+            About::Option("--format"),
+            "--format lcov is the coverage report of `fleet-retire test --coverage`; this \
+             command writes human or json",
         ));
     }
     Ok(())

@@ -45,7 +45,9 @@ pub fn run(
             }))
             .expect("the report serialises")
         )?,
-        Format::Human | Format::Junit => print_human(&report, &saved, started.elapsed())?,
+        Format::Human | Format::Junit | Format::Lcov => {
+            print_human(&report, &saved, started.elapsed())?
+        }
     }
     if below {
         eprintln!(

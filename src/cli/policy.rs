@@ -190,7 +190,7 @@ fn list(cli: &Cli) -> Result<ExitCode> {
                 serde_json::to_string_pretty(&items).expect("list serialises")
             )?;
         }
-        Format::Human | Format::Junit => {
+        Format::Human | Format::Junit | Format::Lcov => {
             crate::outln!(
                 "{:<5} {:<7} {:<38} {:<32} DESCRIPTION",
                 "ORDER",
@@ -233,7 +233,7 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
                 .map_err(Error::Output)?;
             crate::out!("{}", String::from_utf8_lossy(&xml))?;
         }
-        Format::Human => {
+        Format::Human | Format::Lcov => {
             // Failures first: one failed proof among seventy must not scroll away.
             let mut ordered: Vec<&crate::verify::Proof> = proofs.iter().collect();
             ordered.sort_by_key(|p| p.holds);
@@ -342,7 +342,7 @@ fn diff(
     };
     match cli.format {
         Format::Json => report.print_json()?,
-        Format::Human | Format::Junit => report.print_human()?,
+        Format::Human | Format::Junit | Format::Lcov => report.print_human()?,
     }
     Ok(if loosened {
         ExitCode::Refused

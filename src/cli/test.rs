@@ -162,11 +162,13 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
         .map(|(f, _)| f.clone())
         .collect();
     let json = cli.format == crate::cli::Format::Json;
+    // The LCOV tracefile alone goes to stdout; the count to stderr.
+    let lcov = cli.format == crate::cli::Format::Lcov;
     if junit {
         let xml = crate::junit::write("fleet-retire test", &case_suites(&results))
             .map_err(crate::error::Error::Output)?;
         crate::out!("{}", String::from_utf8_lossy(&xml))?;
-    } else if !json {
+    } else if !json && !lcov {
         print_results(&results)?;
     }
     if let Some(dir) = &args.export_cedar {
@@ -192,6 +194,8 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&doc).expect("results serialise")
         )?;
+    } else if lcov {
+        eprintln!("{passed} passed, {failed} failed, {errors} errors");
     } else if !junit {
         crate::outln!("{passed} passed, {failed} failed, {errors} errors")?;
     }
@@ -230,7 +234,9 @@ fn coverage(
     let below = args
         .min_coverage
         .is_some_and(|n| report.forbids_deciding_percent < f64::from(n));
-    if cli.format == crate::cli::Format::Json {
+    if cli.format == crate::cli::Format::Lcov {
+        crate::out!("{}", crate::coverage::lcov(&report))?;
+    } else if cli.format == crate::cli::Format::Json {
         doc["coverage"] = serde_json::to_value(&report).expect("coverage serialises");
         doc["min_coverage"] = serde_json::json!(args.min_coverage);
         doc["below_min_coverage"] = serde_json::json!(below);

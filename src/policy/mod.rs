@@ -71,6 +71,8 @@ pub struct Rule {
     pub file: String,
     /// 1-based line of its first character.
     pub line: usize,
+    /// 1-based line of its last character (its `;`).
+    pub end_line: usize,
 }
 
 /// A validated policy set with its schema and annotations.
@@ -256,14 +258,14 @@ fn parse_policies(files: &[(String, String)], shown: &dyn Fn(&str) -> String) ->
                 continue;
             }
         };
-        let mut policies: Vec<(usize, &Policy)> = parsed
+        let mut policies: Vec<((usize, usize), &Policy)> = parsed
             .policies()
-            .map(|p| (policy_line(p, text), p))
+            .map(|p| (policy_lines(p, text), p))
             .collect();
-        policies.sort_by_key(|(line, _)| *line);
-        for (line, policy) in policies {
+        policies.sort_by_key(|(lines, _)| *lines);
+        for ((line, end_line), policy) in policies {
             let rule = match rule_of(policy, name, line) {
-                Ok(rule) => rule,
+                Ok(rule) => Rule { end_line, ..rule },
                 Err(msg) => {
                     problems.push(format!("{}:{line}: {msg}", shown(name)));
                     continue;
@@ -414,13 +416,15 @@ fn read_dir_files(dir: &Path) -> Result<Vec<(String, String)>> {
     Ok(out)
 }
 
-/// The line a policy starts on, from the location Cedar's parser gave it;
-/// 1 when it has none.
-fn policy_line(policy: &Policy, text: &str) -> usize {
+/// The lines a policy starts and ends on, from the location Cedar's parser
+/// gave it; (1, 1) when it has none.
+fn policy_lines(policy: &Policy, text: &str) -> (usize, usize) {
     let ast: &cedar_policy_core::ast::Policy = policy.as_ref();
-    ast.loc()
-        .map(|loc| diagnostics::place(text, loc.start()).0)
-        .unwrap_or(1)
+    ast.loc().map_or((1, 1), |loc| {
+        let start = diagnostics::place(text, loc.start()).0;
+        let end = diagnostics::place(text, loc.end().saturating_sub(1).max(loc.start())).0;
+        (start, end.max(start))
+    })
 }
 
 fn rule_of(policy: &Policy, file: &str, line: usize) -> std::result::Result<Rule, String> {
@@ -461,5 +465,6 @@ fn rule_of(policy: &Policy, file: &str, line: usize) -> std::result::Result<Rule
         description,
         file: file.to_string(),
         line,
+        end_line: line,
     })
 }
