@@ -421,7 +421,8 @@ fn the_apply_tool_retires_one_plan_in_batches_with_first() {
 /// differ in their candidates (time passed: a heartbeat expired, nothing
 /// was written). An apply of the first plan's tokens was held to the rows
 /// of the second, whose verdicts do not make the first's candidate token,
-/// and refused. A plan's rows are now found by both its tokens.
+/// and refused; a cursor of the first paged the second. A plan's rows, its
+/// cursors and its resource are now found by both its tokens.
 #[test]
 fn two_plans_of_one_registry_token_are_told_apart_by_their_candidates() {
     let (stores, live) = fleet();
@@ -447,6 +448,25 @@ fn two_plans_of_one_registry_token_are_told_apart_by_their_candidates() {
         second["candidate_fingerprint"],
         first["candidate_fingerprint"]
     );
+    // The first plan's cursor pages the first plan, not the newer one of
+    // the same registry token (found by CI, as the apply was).
+    let cursor = first["preserved_cursors"]["heartbeat_not_expired"].clone();
+    assert!(cursor.is_string(), "{first}");
+    let page = wire.call(
+        9,
+        "plan_stale_worker_retirement",
+        json!({"preserved": {"cursor": cursor}}),
+    );
+    let page = &page["structuredContent"];
+    assert_eq!(
+        page["candidate_fingerprint"],
+        first["candidate_fingerprint"]
+    );
+    assert_eq!(
+        page["preserved"][0]["worker_identity"], "w-expiring",
+        "{page}"
+    );
+    assert_ne!(first["resource_uri"], second["resource_uri"]);
     let applied = wire.call(
         3,
         "apply_stale_worker_retirement",

@@ -33,8 +33,8 @@ pub(super) enum List {
 /// Where the next page starts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Position {
-    /// The plan's registry token (`snapshot` for a snapshot's lists, which
-    /// are read afresh for every page).
+    /// The plan's key, both its tokens (`snapshot` for a snapshot's lists,
+    /// which are read afresh for every page).
     pub(super) plan: String,
     /// The list paged.
     pub(super) list: List,

@@ -98,8 +98,9 @@ impl ServerHandler for FleetServer {
             .map(|k| {
                 let mut r = Resource::new(k.uri(), "plan");
                 r.description = Some(format!(
-                    "the plan issued under registry_fingerprint {}, a page per read",
-                    k.plan.registry_fingerprint
+                    "the plan issued under registry_fingerprint {} and candidate_fingerprint \
+                     {}, a page per read",
+                    k.plan.registry_fingerprint, k.plan.candidate_fingerprint
                 ));
                 r.mime_type = Some("application/json".into());
                 r

@@ -81,9 +81,10 @@ impl Kept {
     /// to be returned.
     fn keep(&self, plan: &Arc<KeptPlan>) {
         let token = &plan.plan.registry_fingerprint;
+        let key = plan.key();
         let dropped = {
             let mut whole = lock(&self.whole);
-            whole.retain(|k| &k.plan.registry_fingerprint != token);
+            whole.retain(|k| k.key() != key);
             whole.push_back(plan.clone());
             let over = whole.len().saturating_sub(KEEP_WHOLE);
             whole.drain(..over).collect::<Vec<_>>()
@@ -108,12 +109,13 @@ impl Kept {
         }
     }
 
-    /// The whole plan issued under a registry token, if still kept.
-    pub(super) fn whole(&self, registry_fingerprint: &str) -> Option<Arc<KeptPlan>> {
+    /// The whole plan of a key ([`KeptPlan::key`]: both its tokens), if
+    /// still kept.
+    pub(super) fn whole(&self, key: &str) -> Option<Arc<KeptPlan>> {
         lock(&self.whole)
             .iter()
             .rev()
-            .find(|k| k.plan.registry_fingerprint == registry_fingerprint)
+            .find(|k| k.key() == key)
             .cloned()
     }
 

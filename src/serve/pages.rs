@@ -45,9 +45,20 @@ pub(super) struct KeptPlan {
 }
 
 impl KeptPlan {
+    /// The plan's key: its registry and candidate tokens. Two plans of one
+    /// registry token may differ in their verdicts (time passed between
+    /// them, nothing was written), so a cursor or a resource names a plan
+    /// by both (found by CI: a cursor of one plan paged the other).
+    pub(super) fn key(&self) -> String {
+        format!(
+            "{}.{}",
+            self.plan.registry_fingerprint, self.plan.candidate_fingerprint
+        )
+    }
+
     /// The URI of the plan's full document, as a resource.
     pub(super) fn uri(&self) -> String {
-        format!("fleet-retire://plan/{}", self.plan.registry_fingerprint)
+        format!("fleet-retire://plan/{}", self.key())
     }
 }
 
@@ -163,7 +174,7 @@ pub(super) fn summary(
     let plan = &kept.plan;
     let counts = Counts::of(plan);
     let first = Position {
-        plan: plan.registry_fingerprint.clone(),
+        plan: kept.key(),
         list: List::Document,
         reason_code: None,
         offset: 0,

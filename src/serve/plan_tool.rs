@@ -54,7 +54,7 @@ impl FleetServer {
         self.first_cursors_into(&mut body, &kept);
         if let Some(Asked::First(limit, reason, offset)) = ask {
             let first = Position {
-                plan: kept.plan.registry_fingerprint.clone(),
+                plan: kept.key(),
                 list: List::Preserved,
                 reason_code: reason,
                 offset,
@@ -145,8 +145,7 @@ impl FleetServer {
             refusal(
                 "cursor_expired",
                 format!(
-                    "the plan with registry_fingerprint {} is no longer kept (a server keeps its \
-                     last {} plans whole)",
+                    "the plan {} is no longer kept (a server keeps its last {} plans whole)",
                     position.plan,
                     super::kept::KEEP_WHOLE
                 ),
@@ -179,7 +178,7 @@ impl FleetServer {
             .keys()
             .map(|code| {
                 let first = Position {
-                    plan: kept.plan.registry_fingerprint.clone(),
+                    plan: kept.key(),
                     list: List::Preserved,
                     reason_code: Some((*code).to_string()),
                     offset: 0,
@@ -431,7 +430,8 @@ impl FleetServer {
         let rest = uri.strip_prefix("fleet-retire://plan/").ok_or_else(|| {
             rmcp::ErrorData::resource_not_found(
                 format!(
-                    "{} is not a resource of this server (fleet-retire://plan/<token>)",
+                    "{} is not a resource of this server (fleet-retire://plan/<registry \
+                     token>.<candidate token>)",
                     clipped(uri)
                 ),
                 None,
@@ -460,10 +460,7 @@ impl FleetServer {
         };
         let kept = self.kept.whole(token).ok_or_else(|| {
             rmcp::ErrorData::resource_not_found(
-                format!(
-                    "no plan with registry_fingerprint {} is kept; plan again",
-                    clipped(token)
-                ),
+                format!("no plan {} is kept; plan again", clipped(token)),
                 None,
             )
         })?;
