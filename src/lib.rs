@@ -36,6 +36,7 @@ pub mod pool;
 pub mod reasons;
 pub mod report;
 pub mod row;
+pub mod sarif;
 pub mod serve;
 pub mod snapshot;
 pub mod store;

@@ -45,6 +45,8 @@ pub struct Property {
     pub policy: Policy,
     /// The property file it was read from (`properties/NAME.cedar`).
     pub file: String,
+    /// The line it starts on in that file.
+    pub line: usize,
 }
 
 /// The outcome of one proof obligation.
@@ -67,6 +69,9 @@ pub struct Proof {
     /// How long the solver took, in seconds.
     #[serde(skip)]
     pub seconds: f64,
+    /// The line of `file` where the property (or the policy) starts.
+    #[serde(skip)]
+    pub line: usize,
 }
 
 /// The property files as written: (name, text, path when on disk), the
@@ -201,6 +206,7 @@ fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result
             }
             out.push(Property {
                 file: name.to_string(),
+                line: crate::policy::policy_lines(p, &text).0,
                 description: get("description").unwrap_or_default(),
                 subject: format!("{subject}.cedar"),
                 proof,
@@ -330,6 +336,7 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
                     counterexample: cex.as_ref().map(describe),
                     file: ELIGIBILITY_FILE.to_string(),
                     seconds: started.elapsed().as_secs_f64(),
+                    line: policies.rules.get(p.id()).map_or(1, |r| r.line),
                 });
             }
         }
@@ -513,6 +520,7 @@ async fn prove_with(
                 counterexample: cex.as_ref().map(describe),
                 file: prop.file.clone(),
                 seconds: started.elapsed().as_secs_f64(),
+                line: prop.line,
             });
         }
     }

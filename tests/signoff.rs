@@ -207,3 +207,172 @@ fn coverage_is_lcov_that_lcov_and_genhtml_read() {
     );
     assert!(html.join("index.html").is_file());
 }
+
+/// A SARIF log validated by Microsoft's SARIF multitool
+/// (`tests/validators`): the validator's own findings, except SARIF2005
+/// (the tool has no public information URI to give).
+fn sarif_problems(log: &[u8]) -> Option<Vec<String>> {
+    let tool = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/validators/node_modules/.bin/sarif-multitool");
+    if skip_unless(
+        tool.is_file(),
+        "the SARIF multitool (cd tests/validators && npm ci)",
+    ) {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in.sarif"), dir.path().join("out.sarif"));
+    std::fs::write(&input, log).unwrap();
+    let ran = std::process::Command::new(&tool)
+        .arg("validate")
+        .arg(&input)
+        .arg("-o")
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert!(ran.status.success(), "{}", text(&ran));
+    let checked: Value = serde_json::from_slice(&std::fs::read(&output).unwrap()).unwrap();
+    Some(
+        checked["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["results"].as_array().cloned().unwrap_or_default())
+            .filter(|r| r["ruleId"] != "SARIF2005")
+            .map(|r| r.to_string())
+            .collect(),
+    )
+}
+
+/// A copy of the built-in policy folder, with or without its properties
+/// (without: an empty `properties/`, so the folder is judged by none).
+fn policy_folder(with_properties: bool) -> tempfile::TempDir {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("properties")).unwrap();
+    let mut files = vec![
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ];
+    if with_properties {
+        files.extend([
+            "properties/retirement.cedar",
+            "properties/capabilities.cedar",
+        ]);
+    }
+    for f in files {
+        std::fs::copy(source.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+/// `policy verify --format sarif` on the set with its pid-alive forbid
+/// deleted: the broken property a finding at its `@id` line in its
+/// property file, with its counterexample; valid SARIF 2.1.0.
+#[test]
+fn failed_proofs_are_sarif_located_at_the_property() {
+    if skip_unless(
+        cvc5_available(),
+        "cvc5 (Debian package; .ci/run installs it)",
+    ) {
+        return;
+    }
+    let weakened = policy_folder(true);
+    let path = weakened.path().join("retirement.cedar");
+    let policy_text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = policy_text
+        .split("\n\n")
+        .filter(|b| !b.contains("@id(\"pid-alive\")"))
+        .collect();
+    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    let out = run(&[
+        "--policies",
+        weakened.path().to_str().unwrap(),
+        "--format",
+        "sarif",
+        "policy",
+        "verify",
+    ]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let log: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = log["runs"][0]["results"].as_array().unwrap();
+    let properties =
+        std::fs::read_to_string(weakened.path().join("properties/retirement.cedar")).unwrap();
+    let dead_pids = results
+        .iter()
+        .find(|r| r["properties"]["id"] == "retire-only-dead-pids")
+        .expect("the broken property is a finding");
+    let place = &dead_pids["locations"][0]["physicalLocation"];
+    assert_eq!(
+        place["artifactLocation"]["uri"],
+        "properties/retirement.cedar"
+    );
+    let line = place["region"]["startLine"].as_u64().unwrap() as usize;
+    assert!(
+        properties
+            .lines()
+            .nth(line - 1)
+            .unwrap()
+            .contains("@id(\"retire-only-dead-pids\")"),
+        "line {line} is not the property's head"
+    );
+    assert!(dead_pids["properties"]["counterexample"].is_string());
+    if let Some(problems) = sarif_problems(&out.stdout) {
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+}
+
+/// `policy mutate --format sarif` on a folder whose (empty) properties
+/// kill nothing: each survivor a finding, the comparison mutant at the
+/// comparison's own line and column, with the case that would kill it;
+/// valid SARIF 2.1.0.
+#[test]
+fn survivors_are_sarif_located_at_the_mutated_text() {
+    if skip_unless(
+        cvc5_available(),
+        "cvc5 (Debian package; .ci/run installs it)",
+    ) {
+        return;
+    }
+    let unguarded = policy_folder(false);
+    let policy_text = std::fs::read_to_string(unguarded.path().join("retirement.cedar")).unwrap();
+    let out = run(&[
+        "--policies",
+        unguarded.path().to_str().unwrap(),
+        "--format",
+        "sarif",
+        "policy",
+        "mutate",
+        "--only",
+        "pid-alive",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let log: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = log["runs"][0]["results"].as_array().unwrap();
+    assert!(!results.is_empty(), "{log}");
+    let compared = results
+        .iter()
+        .find(|r| r["properties"]["operator"] == "comparison")
+        .expect("a comparison survivor");
+    let region = &compared["locations"][0]["physicalLocation"]["region"];
+    let (line, column) = (
+        region["startLine"].as_u64().unwrap() as usize,
+        region["startColumn"].as_u64().unwrap() as usize,
+    );
+    let before = compared["properties"]["before"].as_str().unwrap();
+    let at_line = policy_text.lines().nth(line - 1).unwrap();
+    assert_eq!(
+        at_line
+            .chars()
+            .skip(column - 1)
+            .collect::<String>()
+            .get(..before.len()),
+        Some(before),
+        "{at_line}"
+    );
+    assert!(compared["properties"]["witness"].is_object(), "{compared}");
+    if let Some(problems) = sarif_problems(&out.stdout) {
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+}

@@ -216,7 +216,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
         Format::Json => serde_json::to_writer_pretty(&mut w, &report)
             .map_err(std::io::Error::other)
             .and_then(|_| writeln!(w)),
-        Format::Human | Format::Junit | Format::Lcov => write!(
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => write!(
             w,
             "{}",
             crate::report::apply_summary(&report, args.list.cap())

@@ -35,6 +35,9 @@ pub enum Format {
     /// An LCOV tracefile of which policy lines the fixtures exercised:
     /// `test --coverage` only.
     Lcov,
+    /// A SARIF 2.1.0 log of findings located in the policy files, for
+    /// code-scanning views: `policy verify` and `policy mutate` only.
+    Sarif,
 }
 
 /// fleet-retire: retire stale worker registrations, decided by Cedar policy.
@@ -251,6 +254,17 @@ fn check_format(cli: &Cli) -> Result<()> {
         return Err(Error::input(
             About::Option("--format"),
             "--format junit is written by `fleet-retire test` and `fleet-retire policy verify`; \
+             this command writes human or json",
+        ));
+    }
+    let writes_sarif = matches!(&cli.command, Command::Policy(p) if matches!(
+        p.command,
+        policy::PolicyCommand::Verify { .. } | policy::PolicyCommand::Mutate { .. }
+    ));
+    if cli.format == Format::Sarif && !writes_sarif {
+        return Err(Error::input(
+            About::Option("--format"),
+            "--format sarif is written by `fleet-retire policy verify` and `policy mutate`; \
              this command writes human or json",
         ));
     }

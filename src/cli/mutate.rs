@@ -45,6 +45,14 @@ pub fn run(
             }))
             .expect("the report serialises")
         )?,
+        Format::Sarif => crate::outln!(
+            "{}",
+            serde_json::to_string_pretty(&crate::sarif::log(
+                &[crate::sarif::MUTANT_SURVIVED],
+                &survivor_findings(&report, &policies),
+            ))
+            .expect("a log serialises")
+        )?,
         Format::Human | Format::Junit | Format::Lcov => {
             print_human(&report, &saved, started.elapsed())?
         }
@@ -154,6 +162,48 @@ fn print_shadowed(report: &Report) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// Each survivor as a SARIF finding: at the mutated text where it stands
+/// verbatim in its policy, else at the policy's first line; the fixture
+/// case that would kill it in the properties.
+fn survivor_findings(
+    report: &crate::mutate::Report,
+    policies: &crate::policy::Policies,
+) -> Vec<crate::sarif::Finding> {
+    report
+        .outcomes
+        .iter()
+        .filter(|o| o.status == "survived")
+        .map(|o| {
+            let rule = policies.rules.get(&cedar_policy::PolicyId::new(&o.policy));
+            let (file, first) = rule.map_or((String::new(), 1), |r| (r.file.clone(), r.line));
+            let (line, column) = policies
+                .texts
+                .get(&file)
+                .and_then(|text| crate::sarif::find_from(text, first, &o.before))
+                .unwrap_or((first, 1));
+            crate::sarif::Finding {
+                rule: crate::sarif::MUTANT_SURVIVED,
+                message: format!(
+                    "A mutant of policy {} survived ({}: {} -> {}); no property or fixture \
+                     case tells it from the original",
+                    o.policy, o.operator, o.before, o.after
+                ),
+                file,
+                line,
+                column,
+                properties: serde_json::json!({
+                    "policy": o.policy,
+                    "operator": o.operator,
+                    "before": o.before,
+                    "after": o.after,
+                    "moved": o.moved,
+                    "witness": o.witness,
+                }),
+            }
+        })
+        .collect()
 }
 
 /// The progress of the judging on stderr, when stderr is a terminal

@@ -76,7 +76,7 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let mut w = std::io::BufWriter::new(stdout.lock());
     let written = match cli.format {
         Format::Json => plan.write_json(&mut w),
-        Format::Human | Format::Junit | Format::Lcov => w.write_all(
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => w.write_all(
             crate::report::plan_table(
                 &plan,
                 &policies.source_label(),

@@ -190,7 +190,7 @@ fn list(cli: &Cli) -> Result<ExitCode> {
                 serde_json::to_string_pretty(&items).expect("list serialises")
             )?;
         }
-        Format::Human | Format::Junit | Format::Lcov => {
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => {
             crate::outln!(
                 "{:<5} {:<7} {:<38} {:<32} DESCRIPTION",
                 "ORDER",
@@ -232,6 +232,16 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
             let xml = crate::junit::write("fleet-retire policy verify", &proof_suites(proofs))
                 .map_err(Error::Output)?;
             crate::out!("{}", String::from_utf8_lossy(&xml))?;
+        }
+        Format::Sarif => {
+            let log = crate::sarif::log(
+                &[crate::sarif::PROPERTY_NOT_PROVED],
+                &proof_findings(proofs),
+            );
+            crate::outln!(
+                "{}",
+                serde_json::to_string_pretty(&log).expect("a log serialises")
+            )?;
         }
         Format::Human | Format::Lcov => {
             // Failures first: one failed proof among seventy must not scroll away.
@@ -277,6 +287,30 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
     } else {
         ExitCode::ProofFailed
     })
+}
+
+/// Each proof that does not hold, as a SARIF finding at the property (or
+/// the policy that can error) in its file.
+fn proof_findings(proofs: &[crate::verify::Proof]) -> Vec<crate::sarif::Finding> {
+    proofs
+        .iter()
+        .filter(|p| !p.holds)
+        .map(|p| crate::sarif::Finding {
+            rule: crate::sarif::PROPERTY_NOT_PROVED,
+            message: format!(
+                "{} does not hold for {}: {}",
+                p.id, p.request_env, p.description
+            ),
+            file: crate::sarif::in_folder(&p.file),
+            line: p.line,
+            column: 1,
+            properties: json!({
+                "id": p.id,
+                "request_env": p.request_env,
+                "counterexample": p.counterexample,
+            }),
+        })
+        .collect()
 }
 
 /// The proofs as JUnit suites: one per file (a property file, or the
@@ -342,7 +376,7 @@ fn diff(
     };
     match cli.format {
         Format::Json => report.print_json()?,
-        Format::Human | Format::Junit | Format::Lcov => report.print_human()?,
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => report.print_human()?,
     }
     Ok(if loosened {
         ExitCode::Refused

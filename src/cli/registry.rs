@@ -89,7 +89,7 @@ pub fn run(cli: &Cli, args: &RegistryArgs) -> Result<ExitCode> {
                     })?;
                     outln!("{doc}")?;
                 }
-                Format::Human | Format::Junit | Format::Lcov => {
+                Format::Human | Format::Junit | Format::Lcov | Format::Sarif => {
                     outln!(
                         "copied {} registry rows and {} audit rows from {} to {}",
                         report.rows,

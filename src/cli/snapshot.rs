@@ -101,7 +101,7 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
                 .and_then(|()| w.flush())
                 .map_err(Error::Output)?;
         }
-        Format::Human | Format::Junit | Format::Lcov => crate::out!(
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => crate::out!(
             "{}",
             crate::report::snapshot_summary(&snap.summary_json(), args.list.cap())
         )?,

@@ -90,6 +90,8 @@ pub struct Policies {
     pub origin: String,
     /// The schema file's text, as read.
     pub schema_text: String,
+    /// Each policy file's text, as read (for reports that point into it).
+    pub texts: std::collections::BTreeMap<String, String>,
 }
 
 /// Where to read policies from.
@@ -164,6 +166,7 @@ impl Policies {
             fingerprint: self.fingerprint.clone(),
             origin: format!("{} (mutant of {id})", self.origin),
             schema_text: self.schema_text.clone(),
+            texts: self.texts.clone(),
         })
     }
 
@@ -191,6 +194,11 @@ impl Policies {
                 .find(|(n, _)| n == SCHEMA_FILE)
                 .map(|(_, t)| t.clone())
                 .unwrap_or_default(),
+            texts: files
+                .iter()
+                .filter(|(n, _)| n != SCHEMA_FILE)
+                .cloned()
+                .collect(),
         })
     }
 
@@ -418,7 +426,7 @@ fn read_dir_files(dir: &Path) -> Result<Vec<(String, String)>> {
 
 /// The lines a policy starts and ends on, from the location Cedar's parser
 /// gave it; (1, 1) when it has none.
-fn policy_lines(policy: &Policy, text: &str) -> (usize, usize) {
+pub fn policy_lines(policy: &Policy, text: &str) -> (usize, usize) {
     let ast: &cedar_policy_core::ast::Policy = policy.as_ref();
     ast.loc().map_or((1, 1), |loc| {
         let start = diagnostics::place(text, loc.start()).0;
