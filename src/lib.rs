@@ -28,6 +28,7 @@ pub mod junit;
 pub mod launcher;
 pub mod liveness;
 pub mod mutate;
+pub mod mutation_report;
 pub mod observe;
 pub mod outfile;
 pub mod plan;

@@ -11,7 +11,9 @@ use std::path::Path;
 /// Lowest first. Modules on one line are peers that never import each
 /// other (the test checks that too).
 const LAYERS: &[&[&str]] = &[
-    &["error", "value", "time", "reasons", "pool", "outfile"],
+    &[
+        "error", "value", "time", "reasons", "pool", "outfile", "junit", "sarif",
+    ],
     &["row", "text"],
     &["store"],
     &["fingerprint"],
@@ -26,6 +28,7 @@ const LAYERS: &[&[&str]] = &[
     &["fixture", "verify", "report"],
     &["export", "serve", "diff", "coverage", "capture"],
     &["mutate"],
+    &["mutation_report"],
     &["cli"],
 ];
 

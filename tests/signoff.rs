@@ -376,3 +376,116 @@ fn survivors_are_sarif_located_at_the_mutated_text() {
         assert!(problems.is_empty(), "{problems:?}");
     }
 }
+
+/// `policy mutate --format mutation-report`, validated against the schema
+/// its package ships (`tests/validators/mutation_report.mjs`); a report the
+/// schema refuses is refused, so the check can fail.
+fn mutation_report_valid(report: &[u8]) -> Option<bool> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/validators");
+    let installed = dir
+        .join("node_modules/mutation-testing-report-schema")
+        .is_dir();
+    if skip_unless(
+        installed,
+        "the mutation-testing report schema (cd tests/validators && npm ci)",
+    ) {
+        return None;
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), report).unwrap();
+    let out = std::process::Command::new("node")
+        .arg(dir.join("mutation_report.mjs"))
+        .arg(file.path())
+        .output()
+        .unwrap();
+    Some(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("valid"))
+}
+
+/// The built-in set's mutants of one forbid, each killed by a property
+/// (named in `killedBy`, listed among the test files), and a folder whose
+/// empty properties kill nothing: its comparison mutant `Survived` at the
+/// comparison's own place. Both reports are valid; one with a status the
+/// schema does not know is not.
+#[test]
+fn mutants_are_a_mutation_testing_report() {
+    if skip_unless(
+        cvc5_available(),
+        "cvc5 (Debian package; .ci/run installs it)",
+    ) {
+        return;
+    }
+    let args = |dir: Option<&str>| {
+        let mut a: Vec<&str> = Vec::new();
+        if let Some(d) = dir {
+            a.extend(["--policies", d]);
+        }
+        a.extend([
+            "--format",
+            "mutation-report",
+            "policy",
+            "mutate",
+            "--only",
+            "pid-alive",
+        ]);
+        run(&a)
+    };
+    let built_in = args(None);
+    assert!(built_in.status.success(), "{}", text(&built_in));
+    let report: Value = serde_json::from_slice(&built_in.stdout).unwrap();
+    assert_eq!(report["schemaVersion"], "2");
+    let mutants = report["files"]["retirement.cedar"]["mutants"]
+        .as_array()
+        .unwrap();
+    let killed: Vec<&Value> = mutants.iter().filter(|m| m["status"] == "Killed").collect();
+    assert!(!killed.is_empty(), "{report:.800}");
+    let property_ids: Vec<&str> = report["testFiles"]["properties/retirement.cedar"]["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    for m in &killed {
+        let by = m["killedBy"][0].as_str().unwrap();
+        assert!(property_ids.contains(&by), "{by} is not a listed test");
+    }
+    assert!(mutants
+        .iter()
+        .all(|m| m["status"] != "Ignored" || m["statusReason"].is_string()));
+
+    let unguarded = policy_folder(false);
+    let out = args(Some(unguarded.path().to_str().unwrap()));
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let compared = report["files"]["retirement.cedar"]["mutants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mutatorName"] == "comparison")
+        .expect("a comparison mutant")
+        .clone();
+    assert_eq!(compared["status"], "Survived");
+    let source = report["files"]["retirement.cedar"]["source"]
+        .as_str()
+        .unwrap();
+    let start = &compared["location"]["start"];
+    let line = source
+        .lines()
+        .nth(start["line"].as_u64().unwrap() as usize - 1)
+        .unwrap();
+    let from: String = line
+        .chars()
+        .skip(start["column"].as_u64().unwrap() as usize - 1)
+        .collect();
+    assert!(from.starts_with("resource.pid_probe != \"dead\""), "{from}");
+
+    for valid in [&built_in.stdout, &out.stdout] {
+        if let Some(ok) = mutation_report_valid(valid) {
+            assert!(ok, "the schema refused the report");
+        }
+    }
+    let mut broken = report.clone();
+    broken["files"]["retirement.cedar"]["mutants"][0]["status"] = Value::from("Bogus");
+    if let Some(ok) = mutation_report_valid(broken.to_string().as_bytes()) {
+        assert!(!ok, "the schema took a status it does not know");
+    }
+}

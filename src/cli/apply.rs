@@ -216,11 +216,13 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
         Format::Json => serde_json::to_writer_pretty(&mut w, &report)
             .map_err(std::io::Error::other)
             .and_then(|_| writeln!(w)),
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => write!(
-            w,
-            "{}",
-            crate::report::apply_summary(&report, args.list.cap())
-        ),
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
+            write!(
+                w,
+                "{}",
+                crate::report::apply_summary(&report, args.list.cap())
+            )
+        }
     };
     // The exit code follows what happened to the registry: a report that
     // cannot be written (a closed pipe, a full disk) is a warning, not a

@@ -92,7 +92,7 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&explained).expect("explain serialises")
         )?,
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => {
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
             for e in &explained {
                 crate::out!("{}", render(e))?;
             }

@@ -86,7 +86,7 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
     let failed = proofs.iter().flatten().filter(|p| !p.holds).count();
     match cli.format {
         Format::Json => print_json(&warnings, &now, diff.as_deref(), proofs.as_deref())?,
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => {
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
             print_table(&warnings, &now)?;
             if let Some(d) = &diff {
                 print_changes(d, args.against.as_deref())?;

@@ -38,6 +38,9 @@ pub enum Format {
     /// A SARIF 2.1.0 log of findings located in the policy files, for
     /// code-scanning views: `policy verify` and `policy mutate` only.
     Sarif,
+    /// The mutation-testing report schema's JSON (Stryker's format, read by
+    /// `mutation-testing-elements`): `policy mutate` only.
+    MutationReport,
 }
 
 /// fleet-retire: retire stale worker registrations, decided by Cedar policy.
@@ -266,6 +269,17 @@ fn check_format(cli: &Cli) -> Result<()> {
             About::Option("--format"),
             "--format sarif is written by `fleet-retire policy verify` and `policy mutate`; \
              this command writes human or json",
+        ));
+    }
+    let writes_mutants = matches!(&cli.command, Command::Policy(p) if matches!(
+        p.command,
+        policy::PolicyCommand::Mutate { .. }
+    ));
+    if cli.format == Format::MutationReport && !writes_mutants {
+        return Err(Error::input(
+            About::Option("--format"),
+            "--format mutation-report is written by `fleet-retire policy mutate`; this command \
+             writes human or json",
         ));
     }
     let writes_lcov = matches!(&cli.command, Command::Test(t) if t.coverage);

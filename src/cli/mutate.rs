@@ -53,6 +53,16 @@ pub fn run(
             ))
             .expect("a log serialises")
         )?,
+        Format::MutationReport => crate::outln!(
+            "{}",
+            serde_json::to_string_pretty(&crate::mutation_report::report(
+                &report,
+                &policies,
+                &properties,
+                &cases,
+            ))
+            .expect("the report serialises")
+        )?,
         Format::Human | Format::Junit | Format::Lcov => {
             print_human(&report, &saved, started.elapsed())?
         }

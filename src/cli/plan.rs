@@ -76,23 +76,24 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let mut w = std::io::BufWriter::new(stdout.lock());
     let written = match cli.format {
         Format::Json => plan.write_json(&mut w),
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => w.write_all(
-            crate::report::plan_table(
-                &plan,
-                &policies.source_label(),
-                if args.all {
-                    None
-                } else {
-                    Some(args.limit.unwrap_or(0))
-                },
-                if args.all {
-                    None
-                } else {
-                    Some(args.limit.unwrap_or(crate::report::LIST_DEFAULT))
-                },
-            )
-            .as_bytes(),
-        ),
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => w
+            .write_all(
+                crate::report::plan_table(
+                    &plan,
+                    &policies.source_label(),
+                    if args.all {
+                        None
+                    } else {
+                        Some(args.limit.unwrap_or(0))
+                    },
+                    if args.all {
+                        None
+                    } else {
+                        Some(args.limit.unwrap_or(crate::report::LIST_DEFAULT))
+                    },
+                )
+                .as_bytes(),
+            ),
     };
     written.and_then(|_| w.flush()).map_err(Error::Output)?;
     drop(spinner);

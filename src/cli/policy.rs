@@ -190,7 +190,7 @@ fn list(cli: &Cli) -> Result<ExitCode> {
                 serde_json::to_string_pretty(&items).expect("list serialises")
             )?;
         }
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => {
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
             crate::outln!(
                 "{:<5} {:<7} {:<38} {:<32} DESCRIPTION",
                 "ORDER",
@@ -243,7 +243,7 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
                 serde_json::to_string_pretty(&log).expect("a log serialises")
             )?;
         }
-        Format::Human | Format::Lcov => {
+        Format::Human | Format::Lcov | Format::MutationReport => {
             // Failures first: one failed proof among seventy must not scroll away.
             let mut ordered: Vec<&crate::verify::Proof> = proofs.iter().collect();
             ordered.sort_by_key(|p| p.holds);
@@ -376,7 +376,9 @@ fn diff(
     };
     match cli.format {
         Format::Json => report.print_json()?,
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => report.print_human()?,
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
+            report.print_human()?
+        }
     }
     Ok(if loosened {
         ExitCode::Refused

@@ -89,7 +89,11 @@ pub fn run(cli: &Cli, args: &RegistryArgs) -> Result<ExitCode> {
                     })?;
                     outln!("{doc}")?;
                 }
-                Format::Human | Format::Junit | Format::Lcov | Format::Sarif => {
+                Format::Human
+                | Format::Junit
+                | Format::Lcov
+                | Format::Sarif
+                | Format::MutationReport => {
                     outln!(
                         "copied {} registry rows and {} audit rows from {} to {}",
                         report.rows,

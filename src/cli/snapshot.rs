@@ -101,10 +101,12 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
                 .and_then(|()| w.flush())
                 .map_err(Error::Output)?;
         }
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif => crate::out!(
-            "{}",
-            crate::report::snapshot_summary(&snap.summary_json(), args.list.cap())
-        )?,
+        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
+            crate::out!(
+                "{}",
+                crate::report::snapshot_summary(&snap.summary_json(), args.list.cap())
+            )?
+        }
     }
     let safe = snap.live_fleet_safe();
     // The process ends next: returning a large registry's rows to the
