@@ -16,6 +16,44 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+/// One expectation of a fixture case that did not hold: what, what the
+/// case expected, and what came out. Shown as `what: want …, got …`; `test
+/// --format json` gives the three fields.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Difference {
+    /// What was compared.
+    pub what: String,
+    /// What the case expected.
+    pub expected: String,
+    /// What came out.
+    pub actual: String,
+}
+
+impl Difference {
+    /// A difference of `what`.
+    pub fn new(
+        what: impl Into<String>,
+        expected: impl std::fmt::Display,
+        actual: impl std::fmt::Display,
+    ) -> Difference {
+        Difference {
+            what: what.into(),
+            expected: expected.to_string(),
+            actual: actual.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: want {}, got {}",
+            self.what, self.expected, self.actual
+        )
+    }
+}
+
 /// What a plan case expects; absent members are not checked.
 #[derive(Debug, Clone, Default)]
 pub struct Expect {
@@ -357,7 +395,7 @@ impl UncheckedSnapshot {
 impl SnapshotCase {
     /// Take the case's snapshot and compare it with the expectations; each
     /// difference is one line.
-    pub fn differences(&self) -> Vec<String> {
+    pub fn differences(&self) -> Vec<Difference> {
         let opts = crate::snapshot::Options {
             now: self.now,
             canonical_repository: self.canonical_repository.clone(),
@@ -370,9 +408,10 @@ impl SnapshotCase {
         let e = &self.expect;
         if let Some(want) = e.live_fleet_safe {
             if want != snap.live_fleet_safe() {
-                diffs.push(format!(
-                    "live_fleet_safe: want {want}, got {}",
-                    snap.live_fleet_safe()
+                diffs.push(Difference::new(
+                    "live_fleet_safe",
+                    want,
+                    snap.live_fleet_safe(),
                 ));
             }
         }
@@ -388,7 +427,11 @@ impl SnapshotCase {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
             if *want != got {
-                diffs.push(format!("counts: want {want:?}, got {got:?}"));
+                diffs.push(Difference::new(
+                    "counts",
+                    format!("{want:?}"),
+                    format!("{got:?}"),
+                ));
             }
         }
         let key = |f: &crate::snapshot::Finding| -> ExpectedFinding {
@@ -403,14 +446,20 @@ impl SnapshotCase {
             got.sort();
             if *want != got {
                 for missing in want.iter().filter(|w| !got.contains(w)) {
-                    diffs.push(format!("finding expected but not found: {missing:?}"));
+                    diffs.push(Difference::new(
+                        "finding",
+                        format!("{missing:?}"),
+                        "(not found)",
+                    ));
                 }
                 for extra in got.iter().filter(|g| !want.contains(g)) {
-                    diffs.push(format!("finding not expected: {extra:?}"));
+                    diffs.push(Difference::new("finding", "(none)", format!("{extra:?}")));
                 }
                 if diffs.is_empty() {
-                    diffs.push(format!(
-                        "findings differ in number: want {want:?}, got {got:?}"
+                    diffs.push(Difference::new(
+                        "findings (in number)",
+                        format!("{want:?}"),
+                        format!("{got:?}"),
                     ));
                 }
             }
@@ -422,14 +471,19 @@ impl SnapshotCase {
                 .collect();
             got.sort();
             if *want != got {
-                diffs.push(format!("active_blockers: want {want:?}, got {got:?}"));
+                diffs.push(Difference::new(
+                    "active_blockers",
+                    format!("{want:?}"),
+                    format!("{got:?}"),
+                ));
             }
         }
         if let Some(want) = &e.consistency_token {
             if want != snap.consistency_token() {
-                diffs.push(format!(
-                    "consistency_token: want {want}, got {}",
-                    snap.consistency_token()
+                diffs.push(Difference::new(
+                    "consistency_token",
+                    want,
+                    snap.consistency_token(),
                 ));
             }
         }
@@ -668,23 +722,27 @@ impl EntityCase {
     }
 
     /// Compare Cedar's verdict with the expectations; one line per difference.
-    pub fn differences(&self, policies: &Policies, path: &Path) -> Result<Vec<String>> {
+    pub fn differences(&self, policies: &Policies, path: &Path) -> Result<Vec<Difference>> {
         let verdict = self.verdict(policies, path)?;
         let word = |allow: bool| if allow { "allow" } else { "deny" };
         let mut diffs = Vec::new();
         if let Some(want) = self.allow {
             if want != verdict.allowed {
-                diffs.push(format!(
-                    "decision: want {}, got {}",
+                diffs.push(Difference::new(
+                    "decision",
                     word(want),
-                    word(verdict.allowed)
+                    word(verdict.allowed),
                 ));
             }
         }
         if let Some(want) = &self.reasons {
             let got: Vec<&str> = verdict.reason_codes().iter().map(|r| r.code()).collect();
             if *want != got {
-                diffs.push(format!("reasons: want {want:?}, got {got:?}"));
+                diffs.push(Difference::new(
+                    "reasons",
+                    format!("{want:?}"),
+                    format!("{got:?}"),
+                ));
             }
         }
         Ok(diffs)
@@ -769,29 +827,35 @@ impl PlanCase {
     }
 
     /// Compare a plan with the expectations; each difference is one line.
-    pub fn differences(&self, plan: &Plan) -> Vec<String> {
+    pub fn differences(&self, plan: &Plan) -> Vec<Difference> {
         let mut diffs = Vec::new();
         let e = &self.expect;
         if let Some(want) = &e.registry_fingerprint {
             if *want != plan.registry_fingerprint {
-                diffs.push(format!(
-                    "registry_fingerprint: want {want}, got {}",
-                    plan.registry_fingerprint
+                diffs.push(Difference::new(
+                    "registry_fingerprint",
+                    want,
+                    &plan.registry_fingerprint,
                 ));
             }
         }
         if let Some(want) = &e.candidate_fingerprint {
             if *want != plan.candidate_fingerprint {
-                diffs.push(format!(
-                    "candidate_fingerprint: want {want}, got {}",
-                    plan.candidate_fingerprint
+                diffs.push(Difference::new(
+                    "candidate_fingerprint",
+                    want,
+                    &plan.candidate_fingerprint,
                 ));
             }
         }
         if let Some(want) = &e.candidates {
             let got: Vec<String> = plan.candidates().map(|c| plan.identity(c)).collect();
             if *want != got {
-                diffs.push(format!("candidates: want {want:?}, got {got:?}"));
+                diffs.push(Difference::new(
+                    "candidates",
+                    format!("{want:?}"),
+                    format!("{got:?}"),
+                ));
             }
         }
         if let Some(want) = &e.preserved {
@@ -802,15 +866,23 @@ impl PlanCase {
             for (worker, code) in want {
                 match got.get(worker) {
                     Some(g) if g == code => {}
-                    Some(g) => diffs.push(format!("preserved {worker:?}: want {code}, got {g}")),
-                    None => diffs.push(format!(
-                        "preserved {worker:?}: want {code}, but it was not preserved"
+                    Some(g) => {
+                        diffs.push(Difference::new(format!("preserved {worker:?}"), code, g))
+                    }
+                    None => diffs.push(Difference::new(
+                        format!("preserved {worker:?}"),
+                        code,
+                        "(not preserved)",
                     )),
                 }
             }
             for (worker, code) in &got {
                 if !want.contains_key(worker) {
-                    diffs.push(format!("preserved {worker:?}: not expected, got {code}"));
+                    diffs.push(Difference::new(
+                        format!("preserved {worker:?}"),
+                        "(not expected)",
+                        code,
+                    ));
                 }
             }
         }

@@ -32,6 +32,18 @@ fn main() -> std::process::ExitCode {
             if let Some(hint) = fleet_retire::cli::missing_env_hint(&e) {
                 eprintln!("{hint}");
             }
+            // Under --format json a command line that cannot be read is a
+            // JSON error too (kind `usage`), read from the arguments as given.
+            if e.use_stderr() && asks_for_json() {
+                use std::io::Write as _;
+                let envelope = serde_json::json!({"error": {
+                    "kind": "usage",
+                    "exit_code": 1,
+                    "message": e.kind().to_string(),
+                    "detail": e.render().to_string().trim_end(),
+                }});
+                let _ = writeln!(std::io::stdout(), "{envelope}");
+            }
             return std::process::ExitCode::from(if e.use_stderr() { 1 } else { 0 });
         }
     };
@@ -54,4 +66,13 @@ fn main() -> std::process::ExitCode {
         }
     }
     .into()
+}
+
+/// Whether the arguments, as given, ask for `--format json`.
+fn asks_for_json() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().any(|a| a == "--format=json")
+        || args
+            .windows(2)
+            .any(|w| w[0] == "--format" && w[1] == "json")
 }

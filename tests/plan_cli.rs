@@ -432,6 +432,17 @@ fn the_fixture_runner_reports_failures_and_exits_1() {
             .contains("want worker_live, got pid_alive"),
         "{failing}"
     );
+    // The same as fields: what was compared, expected and actual.
+    let difference = &failing["differences"][0];
+    assert_eq!(difference["expected"], "worker_live", "{failing}");
+    assert_eq!(difference["actual"], "pid_alive", "{failing}");
+    assert!(
+        difference["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("preserved"),
+        "{failing}"
+    );
 }
 
 #[test]
@@ -586,6 +597,19 @@ fn the_cli_keeps_the_conventions_users_expect() {
         message.contains("is a folder, not a SQLite file"),
         "{message}"
     );
+    // A command line that cannot be read is a JSON error too.
+    let out = bin()
+        .args(["--format", "json", "apply", "--bogus"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let envelope: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("a JSON usage error on stdout");
+    assert_eq!(envelope["error"]["kind"], "usage", "{envelope}");
+    assert!(envelope["error"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("--bogus"));
 
     // plan --out says what it wrote and the command that applies it.
     let saved = stores.dir.path().join("saved.json");

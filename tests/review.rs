@@ -807,3 +807,30 @@ fn explained_requests_replay_with_cedars_own_cli() {
         "{allowed} allowed, {denied} denied"
     );
 }
+
+/// `explain` reads the repository binding from the same variable as plan
+/// and apply, so the operator guide's setup works for it too.
+#[test]
+fn explain_reads_the_canonical_repository_variable() {
+    let (stores, live) = fleet();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-retire"))
+        .args([
+            "explain",
+            "--worker",
+            "w-dead-1",
+            "--registry",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--profiles",
+            stores.profiles.to_str().unwrap(),
+            "--profile",
+            "controller-prgs",
+        ])
+        .env("FLEET_RETIRE_CANONICAL_REPOSITORY", "prgs/gitea-tools")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("retire"), "{}", text(&out));
+    drop(live);
+}

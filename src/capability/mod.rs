@@ -467,16 +467,19 @@ pub fn parse_case(
 
 impl CapabilityCase {
     /// Check every request; one line per mismatch.
-    pub fn differences(&self, policies: &Policies) -> Result<Vec<String>> {
+    pub fn differences(&self, policies: &Policies) -> Result<Vec<crate::fixture::Difference>> {
         let mut diffs = Vec::new();
         for (profile, operation, expect) in &self.requests {
             let d = check_named(policies, &self.profiles, profile, operation)?;
             if d.allowed != *expect {
-                diffs.push(format!(
-                    "{profile} {operation}: want {}, got {} ({})",
+                diffs.push(crate::fixture::Difference::new(
+                    format!("{profile} {operation}"),
                     if *expect { "allow" } else { "deny" },
-                    if d.allowed { "allow" } else { "deny" },
-                    d.explanation
+                    format!(
+                        "{} ({})",
+                        if d.allowed { "allow" } else { "deny" },
+                        d.explanation
+                    ),
                 ));
             }
         }

@@ -22,7 +22,8 @@ pub struct ExplainArgs {
     #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
     pub leases: Option<PathBuf>,
     /// The expected repository binding.
-    #[arg(long, value_name = "REPO", value_parser = crate::text::nonblank_repository)]
+    #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO",
+          value_parser = crate::text::nonblank_repository)]
     pub canonical_repository: Option<String>,
     /// Root of the proc filesystem.
     #[arg(long, default_value = "/proc", hide = true)]

@@ -62,9 +62,10 @@ pub fn run(cli: &Cli, args: &FixtureArgs) -> Result<ExitCode> {
     args.operator
         .require(&policies, crate::capability::Operation::Plan)?;
     let canonical = args.store.canonical_repository.clone().ok_or_else(|| {
-        Error::input(About::Option("--canonical-repository"), 
-            "fixture capture needs the expected repository binding: pass --canonical-repository OWNER/REPO"
-                ,
+        Error::input(
+            About::Option("--canonical-repository"),
+            "fixture capture needs the expected repository binding: pass --canonical-repository \
+             OWNER/REPO (or set FLEET_RETIRE_CANONICAL_REPOSITORY)",
         )
     })?;
     let selection = if let Some(code) = &args.all_preserved_by {

@@ -117,7 +117,7 @@ pub struct StoreArgs {
     pub registry: PathBuf,
     /// The control-plane lease store (a SQLite file, or a postgres:// URL);
     /// required, never assumed empty.
-    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH|URL")]
     pub leases: PathBuf,
     /// The expected repository binding, e.g. prgs/gitea-tools (required by
     /// plan; apply takes it from the saved plan when not given).

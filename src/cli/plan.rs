@@ -35,7 +35,8 @@ pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
     let canonical = store.canonical_repository.clone().ok_or_else(|| {
         Error::input(
             About::Option("plan"),
-            "plan needs the expected repository binding: pass --canonical-repository OWNER/REPO",
+            "the expected repository binding is not given: pass --canonical-repository \
+             OWNER/REPO (or set FLEET_RETIRE_CANONICAL_REPOSITORY)",
         )
     })?;
     crate::plan::plan_from_files(

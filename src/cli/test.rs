@@ -40,6 +40,9 @@ struct CaseResult {
     /// expected and what came out; for an error, what is wrong with the file.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     details: Vec<String>,
+    /// For a failure, the same as fields: what, expected, actual.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    differences: Vec<crate::fixture::Difference>,
     /// How long it took, in seconds (for JUnit).
     #[serde(skip)]
     seconds: f64,
@@ -49,7 +52,7 @@ struct CaseResult {
 fn judge(
     policies: &crate::policy::Policies,
     file: &std::path::Path,
-) -> Result<(String, Vec<String>)> {
+) -> Result<(String, Vec<crate::fixture::Difference>)> {
     Ok(match &load(file)? {
         Case::Plan(c) => (c.name.clone(), c.differences(&c.plan(policies)?)),
         Case::Capability(c) => (c.name.clone(), c.differences(policies)?),
@@ -73,7 +76,8 @@ fn run_all(policies: &crate::policy::Policies, files: &[PathBuf]) -> Vec<CaseRes
                     file: shown,
                     case: Some(name),
                     status: if diffs.is_empty() { "pass" } else { "fail" },
-                    details: diffs,
+                    details: diffs.iter().map(ToString::to_string).collect(),
+                    differences: diffs,
                     seconds,
                 },
                 Err(e) => CaseResult {
@@ -81,6 +85,7 @@ fn run_all(policies: &crate::policy::Policies, files: &[PathBuf]) -> Vec<CaseRes
                     case: None,
                     status: "error",
                     details: vec![e.to_string()],
+                    differences: Vec::new(),
                     seconds,
                 },
             }

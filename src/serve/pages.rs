@@ -260,21 +260,26 @@ impl Counts {
                  after call)"
             ),
         };
+        let to_retire = if self.candidates == 0 {
+            "Nothing may be retired now.".to_string()
+        } else {
+            format!(
+                "To retire, call apply_stale_worker_retirement with registry_fingerprint {}, \
+                 candidate_fingerprint {}, policy_fingerprint {} and worker_identities from \
+                 candidate_worker_identities (or first: N). To review the candidates whole, \
+                 call this tool with include \"candidates\".",
+                plan.registry_fingerprint, plan.candidate_fingerprint, plan.policy_fingerprint,
+            )
+        };
         format!(
             "{} rows assessed: {} may be retired{more}, {} preserved ({}); {} on other \
-             hosts. To retire, call apply_stale_worker_retirement with registry_fingerprint {}, \
-             candidate_fingerprint {}, policy_fingerprint {} and worker_identities from \
-             candidate_worker_identities (or first: N). To review the candidates whole, call \
-             this tool with include \"candidates\". Preserved rows: call this tool with \
-             preserved {{\"reason_code\", \"limit\"}}; the whole document is the resource {}.",
+             hosts. {to_retire} Preserved rows: call this tool with preserved \
+             {{\"reason_code\", \"limit\"}}; the whole document is the resource {}.",
             self.assessed,
             self.candidates,
             self.preserved(),
             reasons.join(", "),
             self.other_host,
-            plan.registry_fingerprint,
-            plan.candidate_fingerprint,
-            plan.policy_fingerprint,
             kept.uri(),
         )
     }

@@ -50,17 +50,28 @@ impl FleetServer {
             return whole_document(&kept, audit);
         }
         let rows = a.include == Some(Include::Candidates);
-        let (mut body, text) = pages::summary(&kept, self.binding.max_retire, rows);
+        let (mut body, mut text) = pages::summary(&kept, self.binding.max_retire, rows);
         self.first_cursors_into(&mut body, &kept);
         if let Some(Asked::First(limit, reason, offset)) = ask {
             let first = Position {
                 plan: kept.key(),
                 list: List::Preserved,
-                reason_code: reason,
+                reason_code: reason.clone(),
                 offset,
                 limit,
             };
-            self.preserved_into(&mut body, &kept, &first);
+            let (shown, remaining) = self.preserved_into(&mut body, &kept, &first);
+            // Say which rows these are first: a client paging by offset
+            // reads this page of a plan made for this very call.
+            text =
+                format!(
+                "preserved rows {} to {} of {} in a plan made for this call ({remaining} more; \
+                 the next page starts at offset {}). {text}",
+                offset + 1,
+                offset + shown,
+                reason.as_deref().map_or("every reason".to_string(), |r| format!("reason {r}")),
+                offset + shown,
+            );
         }
         body.insert("audit_context".into(), audit);
         (call.progress)("rendered");

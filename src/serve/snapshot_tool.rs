@@ -251,8 +251,10 @@ fn summary(snap: &Snapshot) -> (Map<String, Json>, String) {
         json!(snap.instance_count().saturating_sub(instances.len())),
     );
     body.insert("instances".into(), Json::Array(instances));
+    // The first blockers only: finding_classes counts them all, and a page
+    // of a class lists its members (a summary stays a few KiB).
     let mut blockers = Vec::new();
-    let mut budget = Budget::new(LIST_BUDGET, usize::MAX);
+    let mut budget = Budget::new(LIST_BUDGET, super::tools::BLOCKERS_SHOWN);
     let mut blocker_count = 0;
     for b in snap.active_blockers() {
         blocker_count += 1;
