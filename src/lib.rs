@@ -16,6 +16,7 @@ pub mod cli;
 pub mod copy;
 pub mod coverage;
 pub mod diff;
+pub mod difference;
 pub mod error;
 pub mod evidence;
 pub mod explain;

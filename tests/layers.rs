@@ -12,7 +12,15 @@ use std::path::Path;
 /// other (the test checks that too).
 const LAYERS: &[&[&str]] = &[
     &[
-        "error", "value", "time", "reasons", "pool", "outfile", "junit", "sarif",
+        "error",
+        "value",
+        "time",
+        "reasons",
+        "pool",
+        "outfile",
+        "junit",
+        "sarif",
+        "difference",
     ],
     &["row", "text"],
     &["store"],

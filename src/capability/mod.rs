@@ -467,12 +467,12 @@ pub fn parse_case(
 
 impl CapabilityCase {
     /// Check every request; one line per mismatch.
-    pub fn differences(&self, policies: &Policies) -> Result<Vec<crate::fixture::Difference>> {
+    pub fn differences(&self, policies: &Policies) -> Result<Vec<crate::difference::Difference>> {
         let mut diffs = Vec::new();
         for (profile, operation, expect) in &self.requests {
             let d = check_named(policies, &self.profiles, profile, operation)?;
             if d.allowed != *expect {
-                diffs.push(crate::fixture::Difference::new(
+                diffs.push(crate::difference::Difference::new(
                     format!("{profile} {operation}"),
                     if *expect { "allow" } else { "deny" },
                     format!(
