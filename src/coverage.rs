@@ -95,7 +95,7 @@ pub fn coverage(
             continue;
         };
         cases += 1;
-        let label = format!("{} ({})", case_name(&case), file.display());
+        let label = format!("{} ({})", case.name(), file.display());
         for id in fired {
             tally.entry(id).or_default().fired.insert(label.clone());
         }
@@ -151,16 +151,6 @@ fn capability_case(
         decided.extend(d);
     }
     Ok((fired, decided))
-}
-
-/// A case's name, whatever its kind.
-fn case_name(case: &Case) -> &str {
-    match case {
-        Case::Plan(c) => &c.name,
-        Case::Capability(c) => &c.name,
-        Case::Entity(c) => &c.name,
-        Case::Snapshot(c) => &c.name,
-    }
 }
 
 /// Every policy with the cases it fired and decided in: those that never

@@ -66,6 +66,18 @@ pub enum Case {
     Entity(Box<EntityCase>),
 }
 
+impl Case {
+    /// The case's name, whatever its kind.
+    pub fn name(&self) -> &str {
+        match self {
+            Case::Plan(c) => &c.name,
+            Case::Capability(c) => &c.name,
+            Case::Entity(c) => &c.name,
+            Case::Snapshot(c) => &c.name,
+        }
+    }
+}
+
 /// One request over entities given as Cedar's entity JSON: the level at
 /// which `policy diff` finds its counterexamples (a Worker's measured
 /// attributes, not the registry row behind them).

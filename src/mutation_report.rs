@@ -98,16 +98,6 @@ fn mutant(id: usize, o: &Outcome, at: Json) -> Json {
     m
 }
 
-/// A fixture case's name (the id `killedBy` uses for it).
-fn case_name(case: &Case) -> &str {
-    match case {
-        Case::Plan(c) => &c.name,
-        Case::Capability(c) => &c.name,
-        Case::Entity(c) => &c.name,
-        Case::Snapshot(c) => &c.name,
-    }
-}
-
 /// The whole report.
 pub fn report(
     run: &Report,
@@ -144,7 +134,7 @@ pub fn report(
         }
     }
     for (path, case) in cases {
-        let name = case_name(case);
+        let name = case.name();
         tests.insert(
             path.display().to_string(),
             json!({"tests": [{"id": name, "name": name}]}),

@@ -76,25 +76,7 @@ fn proofs_are_junit_a_ci_system_reads() {
     ) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
-    std::fs::create_dir_all(dir.path().join("properties")).unwrap();
-    for f in [
-        "schema.cedarschema",
-        "retirement.cedar",
-        "capabilities.cedar",
-        "properties/retirement.cedar",
-        "properties/capabilities.cedar",
-    ] {
-        std::fs::copy(source.join(f), dir.path().join(f)).unwrap();
-    }
-    let path = dir.path().join("retirement.cedar");
-    let policy_text = std::fs::read_to_string(&path).unwrap();
-    let kept: Vec<&str> = policy_text
-        .split("\n\n")
-        .filter(|b| !b.contains("@id(\"pid-alive\")"))
-        .collect();
-    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    let dir = without_pid_alive();
     let out = run(&[
         "--policies",
         dir.path().to_str().unwrap(),
@@ -267,6 +249,26 @@ fn policy_folder(with_properties: bool) -> tempfile::TempDir {
     dir
 }
 
+/// The built-in folder, properties included, with its pid-alive forbid
+/// (its block of retirement.cedar) deleted: a weakening the properties
+/// about pids catch.
+fn without_pid_alive() -> tempfile::TempDir {
+    let dir = policy_folder(true);
+    let path = dir.path().join("retirement.cedar");
+    let policy_text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = policy_text
+        .split("\n\n")
+        .filter(|b| !b.contains("@id(\"pid-alive\")"))
+        .collect();
+    assert_eq!(
+        kept.len() + 1,
+        policy_text.split("\n\n").count(),
+        "pid-alive removed"
+    );
+    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    dir
+}
+
 /// `policy verify --format sarif` on the set with its pid-alive forbid
 /// deleted: the broken property a finding at its `@id` line in its
 /// property file, with its counterexample; valid SARIF 2.1.0.
@@ -278,14 +280,7 @@ fn failed_proofs_are_sarif_located_at_the_property() {
     ) {
         return;
     }
-    let weakened = policy_folder(true);
-    let path = weakened.path().join("retirement.cedar");
-    let policy_text = std::fs::read_to_string(&path).unwrap();
-    let kept: Vec<&str> = policy_text
-        .split("\n\n")
-        .filter(|b| !b.contains("@id(\"pid-alive\")"))
-        .collect();
-    std::fs::write(&path, kept.join("\n\n")).unwrap();
+    let weakened = without_pid_alive();
     let out = run(&[
         "--policies",
         weakened.path().to_str().unwrap(),
