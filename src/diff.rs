@@ -280,6 +280,16 @@ fn refuse_empty(side: &str, set: &Policies) -> Result<()> {
     ))
 }
 
+/// Whether `policy` can apply to the action with id `action` (`retire`).
+pub fn names_action(policy: &Policy, action: &str) -> bool {
+    let is = |uid: &cedar_policy::EntityUid| uid.id().unescaped() == action;
+    match policy.action_constraint() {
+        ActionConstraint::Any => true,
+        ActionConstraint::Eq(a) => is(&a),
+        ActionConstraint::In(list) => list.iter().any(is),
+    }
+}
+
 fn applies(policy: &Policy, env: &RequestEnv) -> bool {
     match policy.action_constraint() {
         ActionConstraint::Any => true,

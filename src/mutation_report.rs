@@ -5,8 +5,8 @@
 //!
 //! Each policy file with its source; each mutant with our operator as
 //! `mutatorName`, its replacement, its place in the text (the mutated
-//! expression where it stands verbatim in its policy, else the whole
-//! policy), and its status: `Killed` (by the property or fixture case named
+//! expression found again by its tokens among its policy's lines, see
+//! `mutate::locate`, else the whole policy), and its status: `Killed` (by the property or fixture case named
 //! in `killedBy`), `Survived`, `Ignored` for a mutant the solver proved
 //! equivalent (`statusReason` says so, and whether only because its forbid
 //! is shadowed), `CompileError` for one that does not type-check. The
@@ -19,36 +19,19 @@ use crate::verify::Property;
 use serde_json::{json, Map, Value as Json};
 use std::path::PathBuf;
 
-/// A place in a text: start inclusive, end exclusive, lines and columns
-/// from 1.
-fn location(start: (usize, usize), end: (usize, usize)) -> Json {
-    json!({
-        "start": {"line": start.0, "column": start.1},
-        "end": {"line": end.0, "column": end.1},
-    })
-}
-
-/// Where a mutant stands: its `before` text in its policy when it is
-/// there verbatim (on one line), else the policy's whole span.
+/// Where a mutant stands: its file, and the mutated text in it (the
+/// whole policy when that text is not found as written).
 fn place(o: &Outcome, policies: &Policies) -> (String, Json) {
-    let Some(rule) = policies.rules.get(&cedar_policy::PolicyId::new(&o.policy)) else {
-        return (String::new(), location((1, 1), (1, 2)));
-    };
-    let text = policies.texts.get(&rule.file).map_or("", String::as_str);
-    if !o.before.contains('\n') {
-        if let Some((line, column)) = crate::sarif::find_from(text, rule.line, &o.before) {
-            let end = column + o.before.chars().count();
-            return (rule.file.clone(), location((line, column), (line, end)));
-        }
-    }
-    let last = text
-        .lines()
-        .nth(rule.end_line.saturating_sub(1))
-        .map_or(1, |l| l.chars().count() + 1);
-    (
-        rule.file.clone(),
-        location((rule.line, 1), (rule.end_line, last.max(1))),
-    )
+    let file = policies
+        .rules
+        .get(&cedar_policy::PolicyId::new(&o.policy))
+        .map_or_else(String::new, |r| r.file.clone());
+    let at = o.location.map_or(((1, 1), (1, 2)), |s| (s.start, s.end));
+    let location = json!({
+        "start": {"line": at.0 .0, "column": at.0 .1},
+        "end": {"line": at.1 .0, "column": at.1 .1},
+    });
+    (file, location)
 }
 
 /// The schema's status of one of our outcomes, and why when it is not a

@@ -1,9 +1,12 @@
 //! SARIF 2.1.0, the static-analysis log that code-scanning views of pull
-//! requests and SARIF viewers read: the findings of `policy verify` (a
-//! property that does not hold) and `policy mutate` (a mutant no property or
-//! fixture kills), each located in its `.cedar` file. File names are
-//! relative to the policy folder (`originalUriBaseIds` `POLICYROOT`), so a
-//! log is the same on every machine. Built as JSON values, never as text.
+//! requests and SARIF viewers read: the findings of `policy validate` (a
+//! rejected policy, a file out of canonical layout), `policy verify` (a
+//! property that does not hold), `policy mutate` (a mutant no property or
+//! fixture kills), `policy diff` (a loosening) and `grants --against` (a
+//! grant widened), each located in its file. File names are relative to
+//! the policy folder (`originalUriBaseIds` `POLICYROOT`) or to the folder
+//! of profiles.json (`PROFILESROOT`), so a log is the same on every
+//! machine. Built as JSON values, never as text.
 
 use serde_json::{json, Value as Json};
 
@@ -16,6 +19,8 @@ pub struct Rule {
     pub name: &'static str,
     /// One sentence.
     pub text: &'static str,
+    /// `error` (the command fails on it) or `warning`.
+    pub level: &'static str,
 }
 
 /// A property of `policy verify` does not hold.
@@ -23,6 +28,7 @@ pub const PROPERTY_NOT_PROVED: Rule = Rule {
     id: "FR1001",
     name: "PropertyNotProved",
     text: "A property the policies must satisfy does not hold for some request the schema allows.",
+    level: "error",
 };
 
 /// A mutant of `policy mutate` survived.
@@ -30,7 +36,54 @@ pub const MUTANT_SURVIVED: Rule = Rule {
     id: "FR1002",
     name: "MutantSurvived",
     text: "A single-point change of a policy changes some decision, and no property or fixture case notices.",
+    level: "error",
 };
+
+/// `policy validate` rejects a policy file.
+pub const POLICY_REJECTED: Rule = Rule {
+    id: "FR1003",
+    name: "PolicyRejected",
+    text: "A policy file does not parse, does not validate strictly against the schema, or breaks a rule of the set (ids, reason codes, orders).",
+    level: "error",
+};
+
+/// `policy validate` finds a file out of Cedar's canonical layout.
+pub const NOT_CANONICAL_LAYOUT: Rule = Rule {
+    id: "FR1004",
+    name: "NotCanonicalLayout",
+    text: "A policy file is not in Cedar's canonical layout from this line on; `policy validate --fix-format` rewrites it.",
+    level: "error",
+};
+
+/// `policy diff` proves that NEW lets through something OLD stopped.
+pub const POLICY_LOOSENED: Rule = Rule {
+    id: "FR1005",
+    name: "PolicyLoosened",
+    text: "A policy change lets through a request the old policies stopped (or counts fewer rows as may-be-live).",
+    level: "error",
+};
+
+/// `grants --against` finds an operation granted that was not before.
+pub const GRANT_WIDENED: Rule = Rule {
+    id: "FR1006",
+    name: "GrantWidened",
+    text: "An edit of profiles.json lets a profile run an operation it could not run before.",
+    level: "error",
+};
+
+/// `grants` warns about profiles.json (a likely typo).
+pub const PROFILE_WARNING: Rule = Rule {
+    id: "FR1007",
+    name: "ProfileWarning",
+    text: "profiles.json names something the policies never look at, or grants nothing; most often a typo.",
+    level: "warning",
+};
+
+/// The policy folder, the base of `.cedar` file names.
+pub const POLICY_ROOT: &str = "POLICYROOT";
+
+/// The folder of profiles.json.
+pub const PROFILES_ROOT: &str = "PROFILESROOT";
 
 /// One finding, located in a file of the policy folder.
 #[derive(Debug, Clone)]
@@ -39,8 +92,10 @@ pub struct Finding {
     pub rule: Rule,
     /// What is wrong, a sentence or more, ending with a period.
     pub message: String,
-    /// The file, relative to the policy folder.
+    /// The file, relative to its base folder.
     pub file: String,
+    /// Its base folder: [`POLICY_ROOT`] or [`PROFILES_ROOT`].
+    pub base: &'static str,
     /// 1-based line and column.
     pub line: usize,
     /// 1-based column.
@@ -70,11 +125,11 @@ pub fn log(rules: &[Rule], findings: &[Finding]) -> Json {
             json!({
                 "ruleId": f.rule.id,
                 "ruleIndex": index(f.rule.id),
-                "level": "error",
+                "level": f.rule.level,
                 "message": {"text": sentence(&f.message)},
                 "locations": [{
                     "physicalLocation": {
-                        "artifactLocation": {"uri": f.file, "uriBaseId": "POLICYROOT"},
+                        "artifactLocation": {"uri": f.file, "uriBaseId": f.base},
                         "region": {"startLine": f.line.max(1), "startColumn": f.column.max(1)},
                     }
                 }],
@@ -90,7 +145,7 @@ pub fn log(rules: &[Rule], findings: &[Finding]) -> Json {
                 "name": r.name,
                 "shortDescription": {"text": r.text},
                 "fullDescription": {"text": r.text},
-                "defaultConfiguration": {"level": "error"},
+                "defaultConfiguration": {"level": r.level},
             })
         })
         .collect();
@@ -104,28 +159,14 @@ pub fn log(rules: &[Rule], findings: &[Finding]) -> Json {
                 "semanticVersion": env!("CARGO_PKG_VERSION"),
                 "rules": rules,
             }},
-            "originalUriBaseIds": {"POLICYROOT": {
-                "description": {"text": "The policy folder (--policies DIR, or the built-in set's policies/)."}
-            }},
+            "originalUriBaseIds": {
+                POLICY_ROOT: {"description": {"text": "The policy folder (--policies DIR, or the built-in set's policies/)."}},
+                PROFILES_ROOT: {"description": {"text": "The folder of profiles.json (grants --profiles)."}},
+            },
             "columnKind": "unicodeCodePoints",
             "results": results,
         }],
     })
-}
-
-/// Where `needle` first appears in `text` from line `from` on (1-based
-/// line and column), if it does.
-pub fn find_from(text: &str, from: usize, needle: &str) -> Option<(usize, usize)> {
-    if needle.is_empty() {
-        return None;
-    }
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines.iter().enumerate().skip(from.saturating_sub(1)) {
-        if let Some(at) = line.find(needle) {
-            return Some((i + 1, line[..at].chars().count() + 1));
-        }
-    }
-    None
 }
 
 /// A file name as the log names it: relative to the policy folder (the

@@ -515,19 +515,28 @@ fn skeleton(name: &str) -> String {
 /// names that look alike, and roles or operations the policies do not read
 /// ([`known::Known`]: a typo is denied without a word otherwise).
 pub fn warnings(profiles: &Profiles, known: &known::Known) -> Vec<String> {
+    warnings_by_profile(profiles, known)
+        .into_iter()
+        .map(|(_, w)| w)
+        .collect()
+}
+
+/// The same, each with the profile it is about (the first of two that look
+/// alike).
+pub fn warnings_by_profile(profiles: &Profiles, known: &known::Known) -> Vec<(String, String)> {
     let esc = |s: &str| crate::text::esc(s).into_owned();
     let mut out = Vec::new();
     for (name, p) in &profiles.profiles {
-        out.extend(typos(name, p, known));
+        let mut about: Vec<String> = typos(name, p, known);
         if !p.problems.is_empty() {
-            out.push(format!(
+            about.push(format!(
                 "profile {:?} is malformed and is denied everything: {}",
                 esc(name),
                 p.problems.join("; ")
             ));
         }
         if name.chars().any(char::is_whitespace) {
-            out.push(format!(
+            about.push(format!(
                 "profile {:?} holds white space, which a table does not show: it may be posing \
                  as another name",
                 esc(name)
@@ -537,22 +546,23 @@ pub fn warnings(profiles: &Profiles, known: &known::Known) -> Vec<String> {
         scripts.sort();
         scripts.dedup();
         if scripts.len() > 1 {
-            out.push(format!(
+            about.push(format!(
                 "profile {:?} mixes scripts ({}): it may be posing as another name",
                 esc(name),
                 scripts.join(" + ")
             ));
         }
+        out.extend(about.into_iter().map(|w| (name.clone(), w)));
     }
     let names: Vec<&String> = profiles.profiles.keys().collect();
     for (i, a) in names.iter().enumerate() {
         for b in &names[i + 1..] {
             if skeleton(a) == skeleton(b) {
-                out.push(format!(
+                out.push(((*a).clone(), format!(
                     "profiles {:?} and {:?} look alike; a person reading the table cannot tell them apart",
                     esc(a),
                     esc(b)
-                ));
+                )));
             }
         }
     }

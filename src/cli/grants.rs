@@ -86,7 +86,25 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
     let failed = proofs.iter().flatten().filter(|p| !p.holds).count();
     match cli.format {
         Format::Json => print_json(&warnings, &now, diff.as_deref(), proofs.as_deref())?,
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
+        Format::Sarif => {
+            let mut findings = profile_findings(
+                &args.profiles,
+                &crate::capability::warnings_by_profile(&profiles, &known),
+                diff.as_deref().unwrap_or_default(),
+            );
+            findings.extend(crate::cli::policy::proof_findings(
+                proofs.as_deref().unwrap_or_default(),
+            ));
+            crate::cli::print_sarif(
+                &[
+                    crate::sarif::GRANT_WIDENED,
+                    crate::sarif::PROPERTY_NOT_PROVED,
+                    crate::sarif::PROFILE_WARNING,
+                ],
+                &findings,
+            )?;
+        }
+        Format::Human | Format::Junit | Format::Lcov | Format::MutationReport => {
             print_table(&warnings, &now)?;
             if let Some(d) = &diff {
                 print_changes(d, args.against.as_deref())?;
@@ -106,6 +124,60 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
     } else {
         ExitCode::Ok
     })
+}
+
+/// The grants an edit widened and the warnings about profiles.json, as
+/// SARIF findings at each profile's name in the file.
+fn profile_findings(
+    path: &std::path::Path,
+    warnings: &[(String, String)],
+    diff: &[(String, String, bool)],
+) -> Vec<crate::sarif::Finding> {
+    let text = crate::jsonfile::read_json(path)
+        .map(|(_, bytes)| bytes.text)
+        .unwrap_or_default();
+    let file = path.file_name().map_or_else(
+        || "profiles.json".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let finding = |rule, profile: &str, message: String| {
+        let line = key_line(&text, profile);
+        crate::sarif::Finding {
+            rule,
+            message,
+            file: file.clone(),
+            base: crate::sarif::PROFILES_ROOT,
+            line,
+            column: 1,
+            properties: json!({"profile": profile}),
+        }
+    };
+    let widened = diff
+        .iter()
+        .filter(|(_, _, now)| *now)
+        .map(|(profile, op, _)| {
+            finding(
+                crate::sarif::GRANT_WIDENED,
+                profile,
+                format!(
+                    "profile {:?} may now {op}, which it could not before",
+                    crate::text::esc(profile)
+                ),
+            )
+        });
+    let warned = warnings
+        .iter()
+        .map(|(profile, w)| finding(crate::sarif::PROFILE_WARNING, profile, w.clone()));
+    widened.chain(warned).collect()
+}
+
+/// The line of `text` (JSON) where `key` is first written as an object's
+/// key; 1 when it is not found as written.
+fn key_line(text: &str, key: &str) -> usize {
+    let quoted = serde_json::to_string(key).unwrap_or_default();
+    text.match_indices(&quoted)
+        .find(|(at, _)| text[at + quoted.len()..].trim_start().starts_with(':'))
+        .map_or(1, |(at, _)| text[..at].matches('\n').count() + 1)
 }
 
 /// Prove the properties about capabilities.cedar (with `--against`).

@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod demo;
+pub mod diff;
 pub mod explain;
 pub mod fixture;
 pub mod grants;
@@ -35,8 +36,9 @@ pub enum Format {
     /// An LCOV tracefile of which policy lines the fixtures exercised:
     /// `test --coverage` only.
     Lcov,
-    /// A SARIF 2.1.0 log of findings located in the policy files, for
-    /// code-scanning views: `policy verify` and `policy mutate` only.
+    /// A SARIF 2.1.0 log of findings located in the policy files (and
+    /// profiles.json), for code-scanning views: `policy validate`, `verify`,
+    /// `mutate`, `diff` and `grants` only.
     Sarif,
     /// The mutation-testing report schema's JSON (Stryker's format, read by
     /// `mutation-testing-elements`): `policy mutate` only.
@@ -245,6 +247,15 @@ impl Cli {
     }
 }
 
+/// A SARIF log of `findings` on standard output.
+pub fn print_sarif(rules: &[crate::sarif::Rule], findings: &[crate::sarif::Finding]) -> Result<()> {
+    crate::outln!(
+        "{}",
+        serde_json::to_string_pretty(&crate::sarif::log(rules, findings))
+            .expect("a log serialises")
+    )
+}
+
 /// A standard format asked of a command that does not write it is an
 /// error that says which commands do.
 fn check_format(cli: &Cli) -> Result<()> {
@@ -260,15 +271,16 @@ fn check_format(cli: &Cli) -> Result<()> {
              this command writes human or json",
         ));
     }
-    let writes_sarif = matches!(&cli.command, Command::Policy(p) if matches!(
-        p.command,
-        policy::PolicyCommand::Verify { .. } | policy::PolicyCommand::Mutate { .. }
-    ));
+    let writes_sarif = match &cli.command {
+        Command::Policy(p) => !matches!(p.command, policy::PolicyCommand::List),
+        Command::Grants(_) => true,
+        _ => false,
+    };
     if cli.format == Format::Sarif && !writes_sarif {
         return Err(Error::input(
             About::Option("--format"),
-            "--format sarif is written by `fleet-retire policy verify` and `policy mutate`; \
-             this command writes human or json",
+            "--format sarif is written by `fleet-retire policy validate`, `policy verify`, \
+             `policy mutate`, `policy diff` and `grants`; this command writes human or json",
         ));
     }
     let writes_mutants = matches!(&cli.command, Command::Policy(p) if matches!(

@@ -45,13 +45,9 @@ pub fn run(
             }))
             .expect("the report serialises")
         )?,
-        Format::Sarif => crate::outln!(
-            "{}",
-            serde_json::to_string_pretty(&crate::sarif::log(
-                &[crate::sarif::MUTANT_SURVIVED],
-                &survivor_findings(&report, &policies),
-            ))
-            .expect("a log serialises")
+        Format::Sarif => crate::cli::print_sarif(
+            &[crate::sarif::MUTANT_SURVIVED],
+            &survivor_findings(&report, &policies),
         )?,
         Format::MutationReport => crate::outln!(
             "{}",
@@ -187,12 +183,8 @@ fn survivor_findings(
         .filter(|o| o.status == "survived")
         .map(|o| {
             let rule = policies.rules.get(&cedar_policy::PolicyId::new(&o.policy));
-            let (file, first) = rule.map_or((String::new(), 1), |r| (r.file.clone(), r.line));
-            let (line, column) = policies
-                .texts
-                .get(&file)
-                .and_then(|text| crate::sarif::find_from(text, first, &o.before))
-                .unwrap_or((first, 1));
+            let file = rule.map_or_else(String::new, |r| r.file.clone());
+            let (line, column) = o.location.map_or((1, 1), |at| at.start);
             crate::sarif::Finding {
                 rule: crate::sarif::MUTANT_SURVIVED,
                 message: format!(
@@ -203,6 +195,7 @@ fn survivor_findings(
                 file,
                 line,
                 column,
+                base: crate::sarif::POLICY_ROOT,
                 properties: serde_json::json!({
                     "policy": o.policy,
                     "operator": o.operator,

@@ -117,45 +117,60 @@ fn sources(cli: &Cli) -> Result<Vec<(String, String, Option<std::path::PathBuf>)
 }
 
 fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
-    let policies = cli.load_policies()?;
+    let files = sources(cli)?;
+    let set: Vec<(String, String)> = files
+        .iter()
+        .map(|(n, t, _)| (n.clone(), t.clone()))
+        .collect();
+    let origin = cli
+        .policies
+        .as_ref()
+        .map_or_else(|| "embedded".to_string(), |d| d.display().to_string());
+    let policies = match (
+        crate::policy::Policies::check_texts(&set, origin),
+        cli.format,
+    ) {
+        (Ok(p), _) => p,
+        (Err(found), Format::Sarif) => {
+            let findings: Vec<_> = found.iter().map(rejected_finding).collect();
+            crate::cli::print_sarif(&VALIDATE_RULES, &findings)?;
+            return Ok(ExitCode::InvalidPolicy);
+        }
+        (Err(found), _) => return Err(crate::policy::policy_error(&found)),
+    };
     crate::verify::load_properties(cli.policies.as_deref(), &policies, false)?;
-    let mut problems = Vec::new();
-    let config = cedar_policy_formatter::Config::default();
-    let files = sources(cli)?
+    let files = files
         .into_iter()
         .chain(crate::verify::property_files(cli.policies.as_deref())?);
-    for (name, text, path) in files {
-        if name == SCHEMA_FILE {
+    let mut out_of_layout = Vec::new();
+    for (name, text, path) in files.filter(|(n, _, _)| n != SCHEMA_FILE) {
+        let Some(line) = first_line_out_of_layout(&name, &text)? else {
             continue;
-        }
-        let pretty = cedar_policy_formatter::policies_str_to_pretty(&text, &config)
-            .map_err(|e| Error::policy(About::PolicySet, format!("{name}: cannot format: {e}")))?;
-        if pretty.trim_end() != text.trim_end() {
-            let line = pretty
-                .lines()
-                .zip(text.lines())
-                .position(|(a, b)| a != b)
-                .map(|i| i + 1)
-                .unwrap_or_else(|| pretty.lines().count().min(text.lines().count()) + 1);
-            match (&path, fix) {
-                (Some(p), true) => {
-                    let text = format!("{}\n", pretty.trim_end());
-                    crate::outfile::replace(p, text.as_bytes()).map_err(|e| {
-                        Error::policy(
-                            About::File(p.to_path_buf()),
-                            format!("{}: cannot rewrite ({e})", p.display()),
-                        )
-                    })?;
-                    eprintln!("{name}: reformatted");
-                }
-                _ => problems.push(format!(
-                    "{name}:{line}:1: not in Cedar's canonical layout from here on; \
-                     run `fleet-retire --policies DIR policy validate --fix-format`"
-                )),
-            }
+        };
+        match (&path, fix) {
+            (Some(p), true) => reformat(&name, &text, p)?,
+            _ => out_of_layout.push((name, line)),
         }
     }
-    if !problems.is_empty() {
+    if cli.format == Format::Sarif {
+        let findings: Vec<_> = out_of_layout.iter().map(layout_finding).collect();
+        crate::cli::print_sarif(&VALIDATE_RULES, &findings)?;
+        return Ok(if findings.is_empty() {
+            ExitCode::Ok
+        } else {
+            ExitCode::InvalidPolicy
+        });
+    }
+    if !out_of_layout.is_empty() {
+        let problems: Vec<String> = out_of_layout
+            .iter()
+            .map(|(name, line)| {
+                format!(
+                    "{name}:{line}:1: not in Cedar's canonical layout from here on; \
+                     run `fleet-retire --policies DIR policy validate --fix-format`"
+                )
+            })
+            .collect();
         return Err(Error::policy(About::PolicySet, problems.join("\n")));
     }
     crate::outln!(
@@ -164,6 +179,77 @@ fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
         policies.fingerprint
     )?;
     Ok(ExitCode::Ok)
+}
+
+/// The rules `policy validate --format sarif` reports under.
+const VALIDATE_RULES: [crate::sarif::Rule; 2] = [
+    crate::sarif::POLICY_REJECTED,
+    crate::sarif::NOT_CANONICAL_LAYOUT,
+];
+
+/// The first line (1-based) where `text` leaves Cedar's canonical layout,
+/// if it does.
+fn first_line_out_of_layout(name: &str, text: &str) -> Result<Option<usize>> {
+    let config = cedar_policy_formatter::Config::default();
+    let pretty = cedar_policy_formatter::policies_str_to_pretty(text, &config)
+        .map_err(|e| Error::policy(About::PolicySet, format!("{name}: cannot format: {e}")))?;
+    if pretty.trim_end() == text.trim_end() {
+        return Ok(None);
+    }
+    Ok(Some(
+        pretty
+            .lines()
+            .zip(text.lines())
+            .position(|(a, b)| a != b)
+            .map(|i| i + 1)
+            .unwrap_or_else(|| pretty.lines().count().min(text.lines().count()) + 1),
+    ))
+}
+
+/// Rewrite the file at `path` in Cedar's canonical layout.
+fn reformat(name: &str, text: &str, path: &std::path::Path) -> Result<()> {
+    let config = cedar_policy_formatter::Config::default();
+    let pretty = cedar_policy_formatter::policies_str_to_pretty(text, &config)
+        .map_err(|e| Error::policy(About::PolicySet, format!("{name}: cannot format: {e}")))?;
+    let text = format!("{}\n", pretty.trim_end());
+    crate::outfile::replace(path, text.as_bytes()).map_err(|e| {
+        Error::policy(
+            About::File(path.to_path_buf()),
+            format!("{}: cannot rewrite ({e})", path.display()),
+        )
+    })?;
+    eprintln!("{name}: reformatted");
+    Ok(())
+}
+
+/// A problem that rejects the set, as a SARIF finding in its file.
+fn rejected_finding(p: &crate::policy::diagnostics::Problem) -> crate::sarif::Finding {
+    crate::sarif::Finding {
+        rule: crate::sarif::POLICY_REJECTED,
+        message: p.message.clone(),
+        file: p.file.clone(),
+        base: crate::sarif::POLICY_ROOT,
+        line: p.line,
+        column: p.column,
+        properties: json!({"text": p.drawn}),
+    }
+}
+
+/// A file out of Cedar's canonical layout, as a SARIF finding at the first
+/// line that differs.
+fn layout_finding((name, line): &(String, usize)) -> crate::sarif::Finding {
+    crate::sarif::Finding {
+        rule: crate::sarif::NOT_CANONICAL_LAYOUT,
+        message: format!(
+            "{name} is not in Cedar's canonical layout from line {line} on; run \
+             `fleet-retire --policies DIR policy validate --fix-format`"
+        ),
+        file: name.clone(),
+        base: crate::sarif::POLICY_ROOT,
+        line: *line,
+        column: 1,
+        properties: json!({}),
+    }
 }
 
 fn list(cli: &Cli) -> Result<ExitCode> {
@@ -233,16 +319,10 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
                 .map_err(Error::Output)?;
             crate::out!("{}", String::from_utf8_lossy(&xml))?;
         }
-        Format::Sarif => {
-            let log = crate::sarif::log(
-                &[crate::sarif::PROPERTY_NOT_PROVED],
-                &proof_findings(proofs),
-            );
-            crate::outln!(
-                "{}",
-                serde_json::to_string_pretty(&log).expect("a log serialises")
-            )?;
-        }
+        Format::Sarif => crate::cli::print_sarif(
+            &[crate::sarif::PROPERTY_NOT_PROVED],
+            &proof_findings(proofs),
+        )?,
         Format::Human | Format::Lcov | Format::MutationReport => {
             // Failures first: one failed proof among seventy must not scroll away.
             let mut ordered: Vec<&crate::verify::Proof> = proofs.iter().collect();
@@ -291,7 +371,7 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
 
 /// Each proof that does not hold, as a SARIF finding at the property (or
 /// the policy that can error) in its file.
-fn proof_findings(proofs: &[crate::verify::Proof]) -> Vec<crate::sarif::Finding> {
+pub fn proof_findings(proofs: &[crate::verify::Proof]) -> Vec<crate::sarif::Finding> {
     proofs
         .iter()
         .filter(|p| !p.holds)
@@ -302,6 +382,7 @@ fn proof_findings(proofs: &[crate::verify::Proof]) -> Vec<crate::sarif::Finding>
                 p.id, p.request_env, p.description
             ),
             file: crate::sarif::in_folder(&p.file),
+            base: crate::sarif::POLICY_ROOT,
             line: p.line,
             column: 1,
             properties: json!({
@@ -347,269 +428,6 @@ fn proof_suites(proofs: &[crate::verify::Proof]) -> Vec<crate::junit::Suite> {
     suites
 }
 
-fn diff(
-    cli: &Cli,
-    old: &str,
-    new: &str,
-    fixtures: &[std::path::PathBuf],
-    save: Option<&std::path::Path>,
-    world: Option<(&std::path::Path, &std::path::Path, &std::path::Path, String)>,
-) -> Result<ExitCode> {
-    let (old_set, new_set) = (crate::diff::load_named(old)?, crate::diff::load_named(new)?);
-    let proved = crate::diff::diff(&old_set, &new_set)?;
-    let files = if fixtures.is_empty() {
-        Vec::new()
-    } else {
-        crate::fixture::collect(fixtures)?
-    };
-    let mut observed = crate::diff::observe_fixtures(&old_set, &new_set, &files)?;
-    let registry_rows = observe_world(&old_set, &new_set, world, &mut observed)?;
-    let saved = save_counterexamples(&proved, save)?;
-    let loosened = proved.overall().loosens() || observed.iter().any(|o| o.loosens);
-    let report = DiffReport {
-        proved,
-        observed,
-        fixtures_run: files.len(),
-        registry_rows,
-        saved,
-        loosened,
-    };
-    match cli.format {
-        Format::Json => report.print_json()?,
-        Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
-            report.print_human()?
-        }
-    }
-    Ok(if loosened {
-        ExitCode::Refused
-    } else {
-        ExitCode::Ok
-    })
-}
-
-/// With `--registry`: plan the real registry under both sets, add the
-/// verdicts that moved to `observed`, and return its label and row count.
-fn observe_world(
-    old_set: &crate::policy::Policies,
-    new_set: &crate::policy::Policies,
-    world: Option<(&std::path::Path, &std::path::Path, &std::path::Path, String)>,
-    observed: &mut Vec<crate::diff::Observed>,
-) -> Result<Option<(String, usize)>> {
-    let Some((registry, leases, proc_root, canonical)) = world else {
-        return Ok(None);
-    };
-    let (n, moved) =
-        crate::diff::observe_registry(old_set, new_set, registry, leases, proc_root, canonical)?;
-    observed.extend(moved);
-    Ok(Some((crate::store::location::label(registry), n)))
-}
-
-/// With `--save DIR`: write every counterexample as a fixture file there,
-/// and return the paths written.
-fn save_counterexamples(
-    proved: &crate::diff::PolicyDiff,
-    save: Option<&std::path::Path>,
-) -> Result<Vec<std::path::PathBuf>> {
-    let mut saved = Vec::new();
-    let Some(dir) = save else {
-        return Ok(saved);
-    };
-    std::fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create the folder"))?;
-    for a in &proved.actions {
-        for (n, c) in a.counterexamples.iter().enumerate() {
-            let name = format!("{}-{}-{n}.json", a.action, c.direction);
-            let path = dir.join(crate::outfile::safe_name(&name));
-            let text = serde_json::to_string_pretty(&c.case).expect("a case serialises");
-            crate::outfile::replace(&path, format!("{text}\n").as_bytes())
-                .map_err(Error::io(&path, "cannot write the counterexample"))?;
-            saved.push(path);
-        }
-    }
-    Ok(saved)
-}
-
-/// Everything `policy diff` reports: what was proved, what moved on
-/// fixtures and the registry, and what was saved.
-struct DiffReport {
-    /// The proofs per action and the notes per policy.
-    proved: crate::diff::PolicyDiff,
-    /// Every fixture or registry verdict that moved.
-    observed: Vec<crate::diff::Observed>,
-    /// How many fixture files were run.
-    fixtures_run: usize,
-    /// The registry's label and row count, when one was planned.
-    registry_rows: Option<(String, usize)>,
-    /// The counterexample files written.
-    saved: Vec<std::path::PathBuf>,
-    /// NEW lets through something OLD stopped.
-    loosened: bool,
-}
-
-/// Escape a text for the terminal.
-fn esc(s: &str) -> String {
-    crate::text::esc(s).into_owned()
-}
-
-impl DiffReport {
-    /// The report as one JSON document (`--format json`).
-    fn print_json(&self) -> Result<()> {
-        crate::outln!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "overall": self.proved.overall().word(),
-                "loosened": self.loosened,
-                "proved": self.proved,
-                "observed": self.observed,
-                "fixtures_run": self.fixtures_run,
-                "registry_rows": self.registry_rows.as_ref().map(|(_, n)| n),
-                "saved": self.saved,
-            }))
-            .expect("a diff serialises")
-        )
-    }
-
-    /// The report for a person: the sets, the proofs per action, the notes
-    /// per policy, what moved, what was saved, and the verdict.
-    fn print_human(&self) -> Result<()> {
-        let proved = &self.proved;
-        crate::outln!("OLD {} ({})", esc(&proved.old), proved.old_fingerprint)?;
-        crate::outln!("NEW {} ({})", esc(&proved.new), proved.new_fingerprint)?;
-        if proved.schema_changed {
-            crate::outln!("the schema changed; both sets were compared under NEW's")?;
-        }
-        crate::outln!("\nproved, for every request and entity store the schema allows:")?;
-        for a in &proved.actions {
-            print_action(a)?;
-        }
-        crate::outln!("\npolicies of NEW:")?;
-        for p in &proved.policies {
-            print_policy_note(p)?;
-        }
-        if self.fixtures_run > 0 || self.registry_rows.is_some() {
-            self.print_observed()?;
-        }
-        for p in &self.saved {
-            crate::outln!("saved {}", p.display())?;
-        }
-        crate::outln!(
-            "\n{}: {}",
-            proved.overall().word().to_uppercase(),
-            if self.loosened {
-                "NEW lets through something OLD stopped (exit 2)"
-            } else {
-                "nothing loosened"
-            }
-        )
-    }
-
-    /// What the verdicts moved on: each move (the first fifty), then a
-    /// count per kind of move.
-    fn print_observed(&self) -> Result<()> {
-        let observed = &self.observed;
-        let mut on = Vec::new();
-        if self.fixtures_run > 0 {
-            on.push(format!("{} fixture file(s)", self.fixtures_run));
-        }
-        if let Some((path, n)) = &self.registry_rows {
-            on.push(format!("{n} row(s) of {}", esc(path)));
-        }
-        crate::outln!(
-            "\nobserved on {}: {} verdict(s) moved",
-            on.join(" and "),
-            observed.len()
-        )?;
-        let mut counts: std::collections::BTreeMap<(String, String), usize> = Default::default();
-        const SHOWN: usize = 50;
-        for (n, o) in observed.iter().enumerate() {
-            *counts.entry((o.old.clone(), o.new.clone())).or_default() += 1;
-            if n == SHOWN {
-                crate::outln!(
-                    "  ... {} more (--format json lists every one)",
-                    observed.len() - SHOWN
-                )?;
-            }
-            if n >= SHOWN {
-                continue;
-            }
-            crate::outln!(
-                "  {} {} / {}: {} -> {}",
-                if o.loosens { "LOOSENS" } else { "tightens" },
-                esc(&o.case),
-                esc(&o.subject),
-                o.old,
-                o.new
-            )?;
-        }
-        for ((a, b), n) in counts {
-            crate::outln!("  {n} x {a} -> {b}")?;
-        }
-        Ok(())
-    }
-}
-
-/// One action's proved change, with its counterexamples as fixture cases.
-fn print_action(a: &crate::diff::ActionDiff) -> Result<()> {
-    let how = match (a.allows_more, a.allows_fewer) {
-        (false, false) => "decides every request alike",
-        (true, false) => "allows more requests",
-        (false, true) => "allows fewer requests",
-        (true, true) => "allows some requests more and some fewer",
-    };
-    let note = if crate::diff::MAY_BE_LIVE_ACTIONS.contains(&a.action.as_str()) && a.allows_fewer {
-        " (fewer rows count as may-be-live, so rows sharing their evidence or slot lose that protection)"
-    } else {
-        ""
-    };
-    crate::outln!(
-        "  {:<24} {:<10} NEW {how}{note}",
-        a.action,
-        a.change.word().to_uppercase()
-    )?;
-    for c in &a.counterexamples {
-        crate::outln!(
-            "    counterexample ({}): OLD {}, NEW {}; as a fixture case:",
-            c.direction,
-            if c.old_allows { "allows" } else { "refuses" },
-            if c.new_allows { "allows" } else { "refuses" }
-        )?;
-        let text = serde_json::to_string_pretty(&c.case).expect("a case serialises");
-        for line in text.lines() {
-            crate::outln!("      {}", esc(line))?;
-        }
-    }
-    Ok(())
-}
-
-/// One policy of NEW, when anything is known about it: its status against
-/// OLD and what was proved of it.
-fn print_policy_note(p: &crate::diff::PolicyNote) -> Result<()> {
-    let mut notes = Vec::new();
-    if p.status != "unchanged" {
-        notes.push(p.status.to_string());
-    }
-    if p.never_matches {
-        notes.push("NEVER MATCHES (proved)".into());
-    }
-    if p.always_matches {
-        notes.push(if p.effect == "forbid" {
-            "ALWAYS MATCHES (proved): it refuses every request of its actions".to_string()
-        } else {
-            "ALWAYS MATCHES (proved)".to_string()
-        });
-    }
-    if p.redundant && !p.never_matches && p.status != "removed" {
-        notes.push(if p.effect == "forbid" && p.reason.is_some() {
-            "shadowed: decides nothing the others do not (it only names a reason code)".to_string()
-        } else {
-            "redundant: the set without it decides every request alike".to_string()
-        });
-    }
-    if notes.is_empty() {
-        return Ok(());
-    }
-    crate::outln!("  {:<7} {:<40} {}", p.effect, esc(&p.id), notes.join("; "))
-}
-
 /// Run `policy`.
 pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
     match &args.command {
@@ -646,7 +464,7 @@ pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
                 }
                 _ => None,
             };
-            diff(
+            crate::cli::diff::run(
                 cli,
                 old,
                 new,

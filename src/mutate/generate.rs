@@ -25,8 +25,14 @@ pub struct Mutant {
     pub policy: String,
     /// The operator's name (module docs).
     pub operator: &'static str,
-    /// The mutated place before, as Cedar text.
+    /// The mutated place before, as Cedar text (cut for reports).
     pub before: String,
+    /// The same, whole: what [`super::locate`] looks for in the policy's
+    /// text (empty for a deleted forbid, which is the whole policy).
+    pub place: String,
+    /// Where the place stands in its file, once [`super::mutants`] has
+    /// found it.
+    pub at: Option<super::locate::Span>,
     /// The mutated place after.
     pub after: String,
     /// The mutated policy as Cedar JSON; `None` when the policy is deleted.
@@ -38,6 +44,7 @@ struct Edit {
     expr: Json,
     operator: &'static str,
     before: String,
+    place: String,
     after: String,
 }
 
@@ -135,6 +142,8 @@ pub fn mutants_of(id: &str, policy: &Json, vocab: &Vocabulary) -> Vec<Mutant> {
                 policy: id.to_string(),
                 operator: edit.operator,
                 before: edit.before,
+                place: edit.place,
+                at: None,
                 after: edit.after,
                 replacement: Some(p),
             });
@@ -154,7 +163,13 @@ fn scope_mutants(id: &str, policy: &Json) -> Vec<Mutant> {
     let mk = |operator, before: String, after: String, replacement| Mutant {
         policy: id.to_string(),
         operator,
-        before,
+        place: if before == "forbid" {
+            String::new()
+        } else {
+            before.clone()
+        },
+        at: None,
+        before: cut(&before),
         after,
         replacement,
     };
@@ -170,7 +185,7 @@ fn scope_mutants(id: &str, policy: &Json) -> Vec<Mutant> {
             if policy[part]["op"] != "All" {
                 let mut p = policy.clone();
                 p[part] = json!({"op": "All"});
-                let before = cut(&format!("{part} {}", scope_text(&policy[part])));
+                let before = format!("{part} {}", scope_text(&policy[part]));
                 out.push(mk("widen-scope", before, part.to_string(), Some(p)));
             }
         }
@@ -225,7 +240,8 @@ fn scope_text(c: &Json) -> String {
 fn condition_mutants(id: &str, policy: &Json, i: usize, cond: &Json) -> Vec<Mutant> {
     let kind = cond["kind"].as_str().unwrap_or("when");
     let flipped = if kind == "when" { "unless" } else { "when" };
-    let before = cut(&format!("{kind} {{ {} }}", render(&cond["body"])));
+    let place = format!("{kind} {{ {} }}", render(&cond["body"]));
+    let before = cut(&place);
     let mut negated = policy.clone();
     negated["conditions"][i]["kind"] = Json::from(flipped);
     let mut deleted = policy.clone();
@@ -237,6 +253,8 @@ fn condition_mutants(id: &str, policy: &Json, i: usize, cond: &Json) -> Vec<Muta
             policy: id.to_string(),
             operator: "negate-condition",
             before: before.clone(),
+            place: place.clone(),
+            at: None,
             after: cut(&format!("{flipped} {{ {} }}", render(&cond["body"]))),
             replacement: Some(negated),
         },
@@ -244,6 +262,8 @@ fn condition_mutants(id: &str, policy: &Json, i: usize, cond: &Json) -> Vec<Muta
             policy: id.to_string(),
             operator: "delete-condition",
             before,
+            place,
+            at: None,
             after: "(no condition)".into(),
             replacement: Some(deleted),
         },
@@ -293,6 +313,7 @@ fn local_edits(e: &Json, vocab: &Vocabulary, types: &(String, String)) -> Vec<Ed
     };
     let edit = |operator, expr: Json| Edit {
         before: cut(&render(e)),
+        place: render(e),
         after: cut(&render(&expr)),
         expr,
         operator,

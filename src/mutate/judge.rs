@@ -118,6 +118,7 @@ fn outcome(m: &Mutant, status: &'static str) -> Outcome {
         operator: m.operator,
         before: m.before.clone(),
         after: m.after.clone(),
+        location: m.at,
         status,
         shadowed: false,
         killed_by_property: None,

@@ -14,6 +14,7 @@
 
 pub mod generate;
 mod judge;
+pub mod locate;
 pub mod render;
 
 use crate::error::{About, Error, Result};
@@ -35,6 +36,9 @@ pub struct Outcome {
     pub before: String,
     /// After.
     pub after: String,
+    /// Where the mutated place stands in its file (the whole policy when
+    /// the mutated text is not found in it as written).
+    pub location: Option<locate::Span>,
     /// `killed`, `survived`, `equivalent` or `invalid`.
     pub status: &'static str,
     /// Equivalent only because the mutated forbid is shadowed: its own
@@ -103,10 +107,25 @@ pub fn mutants(policies: &Policies) -> Result<Vec<Mutant>> {
         &jsons.iter().map(|(_, j)| j.clone()).collect::<Vec<_>>(),
         &schema_json(policies)?,
     );
-    Ok(jsons
+    let mut all: Vec<Mutant> = jsons
         .iter()
         .flat_map(|(id, json)| mutants_of(id, json, &vocab))
-        .collect())
+        .collect();
+    for m in &mut all {
+        m.at = place_of(policies, m);
+    }
+    Ok(all)
+}
+
+/// Where a mutant's place stands in its policy file: the mutated text
+/// when it is found among the policy's lines, else the whole policy.
+fn place_of(policies: &Policies, m: &Mutant) -> Option<locate::Span> {
+    let rule = policies
+        .rules
+        .get(&cedar_policy::PolicyId::new(&m.policy))?;
+    let text = policies.texts.get(&rule.file)?;
+    locate::locate(text, rule.line, rule.end_line, &m.place)
+        .or_else(|| Some(locate::lines(text, rule.line, rule.end_line)))
 }
 
 fn schema_json(policies: &Policies) -> Result<Json> {

@@ -109,21 +109,54 @@ fn within_its_line(label: miette::LabeledSpan, text: &str) -> miette::LabeledSpa
     }
 }
 
-fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, text: &str, out: &mut Vec<String>) {
-    let file = source.name();
-    let at = diag
+/// One thing wrong with a policy file, located: what a script greps
+/// (`file:line:col: message`), a reader sees (the drawn snippet below it)
+/// and a SARIF log places (the file's name in its folder, line, column).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The file's name in its policy folder (`retirement.cedar`).
+    pub file: String,
+    /// 1-based line and column (1 when the problem has no place of its own).
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// What is wrong, with Cedar's help when it has some: one line.
+    pub message: String,
+    /// The whole text for a person: the `file:line:col: message` line, then
+    /// the snippet.
+    pub drawn: String,
+}
+
+impl Problem {
+    /// A problem found by our own checks, at a line of `file` (shown as
+    /// `shown`).
+    pub fn at(file: &str, shown: &str, line: usize, message: String) -> Problem {
+        Problem {
+            file: file.to_string(),
+            line: line.max(1),
+            column: 1,
+            drawn: format!("{shown}:{line}: {message}"),
+            message,
+        }
+    }
+}
+
+fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, file: &str, text: &str) -> Problem {
+    let shown = source.name();
+    let place_of = diag
         .labels()
         .and_then(|mut l| l.next())
-        .map(|span| {
-            let (line, col) = place(text, span.offset());
-            format!("{file}:{line}:{col}")
-        })
-        .unwrap_or_else(|| file.to_string());
+        .map(|span| place(text, span.offset()));
+    let at = match place_of {
+        Some((line, col)) => format!("{shown}:{line}:{col}"),
+        None => shown.to_string(),
+    };
     let help = diag
         .help()
         .map(|h| format!(" (help: {h})"))
         .unwrap_or_default();
-    out.push(format!("{at}: {diag}{help}"));
+    let message = format!("{diag}{help}");
+    let mut lines = vec![format!("{at}: {message}")];
     if diag.labels().is_some() {
         let mut drawn = String::new();
         let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
@@ -141,7 +174,7 @@ fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, text: &str, out: &mu
         {
             // The drawing's own header repeats the message (and its help)
             // of the line above: only the snippet is kept.
-            out.extend(
+            lines.extend(
                 drawn
                     .lines()
                     .filter(|l| {
@@ -152,19 +185,35 @@ fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, text: &str, out: &mu
             );
         }
     }
+    let (line, column) = place_of.unwrap_or((1, 1));
+    Problem {
+        file: file.to_string(),
+        line,
+        column,
+        message,
+        drawn: lines.join("\n"),
+    }
 }
 
-/// A Cedar diagnostic about `file` (whose text is `text`), with the ones
-/// related to it, as lines: each a `file:line:col: message (help: …)` line
+/// A Cedar diagnostic about `file` (shown to a person as `shown`, whose
+/// text is `text`), and the ones related to it: a problem each.
+pub fn problems(diag: &dyn Diagnostic, file: &str, shown: &str, text: &str) -> Vec<Problem> {
+    let source = NamedSource::new(shown, text.to_string());
+    let mut out = vec![one(diag, &source, file, text)];
+    for related in diag.related().into_iter().flatten() {
+        out.push(one(related, &source, file, text));
+    }
+    out
+}
+
+/// The same as lines: each a `file:line:col: message (help: …)` line
 /// followed by its drawn snippet.
 pub fn describe(diag: &dyn Diagnostic, file: &str, text: &str) -> String {
-    let source = NamedSource::new(file, text.to_string());
-    let mut lines = Vec::new();
-    one(diag, &source, text, &mut lines);
-    for related in diag.related().into_iter().flatten() {
-        one(related, &source, text, &mut lines);
-    }
-    lines.join("\n")
+    problems(diag, file, file, text)
+        .into_iter()
+        .map(|p| p.drawn)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::error::{About, Error, Result};
 use crate::fingerprint::hex;
 use crate::reasons::Reason;
 use cedar_policy::{Effect, Policy, PolicyId, PolicySet, Schema, ValidationMode, Validator};
-use diagnostics::describe;
+use diagnostics::{problems, Problem};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -103,7 +103,10 @@ pub enum PolicySource {
     Dir(PathBuf),
 }
 
-fn policy_error(lines: Vec<String>) -> Error {
+/// The error that stops a command over a rejected set: every problem, as
+/// a person reads it.
+pub fn policy_error(found: &[Problem]) -> Error {
+    let lines: Vec<&str> = found.iter().map(|p| p.drawn.as_str()).collect();
     Error::policy(
         About::PolicySet,
         format!(
@@ -112,6 +115,9 @@ fn policy_error(lines: Vec<String>) -> Error {
         ),
     )
 }
+
+/// What loading a set found wrong, before anything was evaluated.
+pub type Checked<T> = std::result::Result<T, Vec<Problem>>;
 
 impl Policies {
     /// Load from the given source, validate, and fingerprint.
@@ -157,7 +163,7 @@ impl Policies {
             return Err(e.to_string());
         }
         if let Some(problem) = first_stage_reads_aggregates(&parsed).into_iter().next() {
-            return Err(problem);
+            return Err(problem.drawn);
         }
         Ok(Policies {
             schema: self.schema.clone(),
@@ -172,6 +178,12 @@ impl Policies {
 
     /// Load from `(file name, text)` pairs: the schema and the policy files.
     pub fn from_texts(files: &[(String, String)], origin: String) -> Result<Policies> {
+        Self::check_texts(files, origin).map_err(|found| policy_error(&found))
+    }
+
+    /// As [`Policies::from_texts`], with what is wrong as located problems
+    /// (`policy validate --format sarif` places each in its file).
+    pub fn check_texts(files: &[(String, String)], origin: String) -> Checked<Policies> {
         let fingerprint = fingerprint_of(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
         // Messages name a folder's files with the folder, so a reviewer
         // comparing two folders knows which one is wrong.
@@ -227,18 +239,28 @@ impl Policies {
 }
 
 /// The schema, parsed; a warning rejects it as an error would.
-fn load_schema(files: &[(String, String)], shown: &dyn Fn(&str) -> String) -> Result<Schema> {
-    let (schema_name, schema_text) = files
-        .iter()
-        .find(|(n, _)| n == SCHEMA_FILE)
-        .ok_or_else(|| policy_error(vec![format!("{SCHEMA_FILE}: missing")]))?;
+fn load_schema(files: &[(String, String)], shown: &dyn Fn(&str) -> String) -> Checked<Schema> {
+    let (schema_name, schema_text) =
+        files
+            .iter()
+            .find(|(n, _)| n == SCHEMA_FILE)
+            .ok_or_else(|| {
+                vec![Problem {
+                    file: SCHEMA_FILE.to_string(),
+                    line: 1,
+                    column: 1,
+                    message: "missing".to_string(),
+                    drawn: format!("{SCHEMA_FILE}: missing"),
+                }]
+            })?;
+    let shown_name = shown(schema_name);
     let (schema, warnings) = Schema::from_cedarschema_str(schema_text)
-        .map_err(|e| policy_error(vec![describe(&e, &shown(schema_name), schema_text)]))?;
-    let warnings: Vec<String> = warnings
-        .map(|w| describe(&w, &shown(schema_name), schema_text))
+        .map_err(|e| problems(&e, schema_name, &shown_name, schema_text))?;
+    let warnings: Vec<Problem> = warnings
+        .flat_map(|w| problems(&w, schema_name, &shown_name, schema_text))
         .collect();
     if !warnings.is_empty() {
-        return Err(policy_error(warnings));
+        return Err(warnings);
     }
     Ok(schema)
 }
@@ -251,8 +273,8 @@ struct Parsed {
     texts: HashMap<PolicyId, (String, String)>,
 }
 
-fn parse_policies(files: &[(String, String)], shown: &dyn Fn(&str) -> String) -> Result<Parsed> {
-    let mut problems = Vec::new();
+fn parse_policies(files: &[(String, String)], shown: &dyn Fn(&str) -> String) -> Checked<Parsed> {
+    let mut found = Vec::new();
     let mut out = Parsed {
         set: PolicySet::new(),
         rules: HashMap::new(),
@@ -262,7 +284,7 @@ fn parse_policies(files: &[(String, String)], shown: &dyn Fn(&str) -> String) ->
         let parsed = match PolicySet::from_str(text) {
             Ok(p) => p,
             Err(e) => {
-                problems.push(describe(&e, &shown(name), text));
+                found.extend(problems(&e, name, &shown(name), text));
                 continue;
             }
         };
@@ -275,68 +297,72 @@ fn parse_policies(files: &[(String, String)], shown: &dyn Fn(&str) -> String) ->
             let rule = match rule_of(policy, name, line) {
                 Ok(rule) => Rule { end_line, ..rule },
                 Err(msg) => {
-                    problems.push(format!("{}:{line}: {msg}", shown(name)));
+                    found.push(Problem::at(name, &shown(name), line, msg));
                     continue;
                 }
             };
             let id = PolicyId::new(&rule.id);
             if let Some(prev) = out.rules.get(&id) {
-                problems.push(format!(
-                    "{}:{line}: @id(\"{}\") is already used at {}:{}; ids must be unique",
-                    shown(name),
+                let msg = format!(
+                    "@id(\"{}\") is already used at {}:{}; ids must be unique",
                     rule.id,
                     shown(&prev.file),
                     prev.line
-                ));
+                );
+                found.push(Problem::at(name, &shown(name), line, msg));
                 continue;
             }
             if let Err(e) = out.set.add(policy.new_id(id.clone())) {
-                problems.push(format!("{}:{line}: {e}", shown(name)));
+                found.push(Problem::at(name, &shown(name), line, e.to_string()));
                 continue;
             }
             out.texts.insert(id.clone(), (name.clone(), text.clone()));
             out.rules.insert(id, rule);
         }
     }
-    if !problems.is_empty() {
-        return Err(policy_error(problems));
+    if !found.is_empty() {
+        return Err(found);
     }
     Ok(out)
 }
 
 /// Strict validation against the schema; warnings are errors here.
-fn validate(schema: &Schema, parsed: &Parsed, shown: &dyn Fn(&str) -> String) -> Result<()> {
-    let mut problems = Vec::new();
+fn validate(schema: &Schema, parsed: &Parsed, shown: &dyn Fn(&str) -> String) -> Checked<()> {
+    let mut found = Vec::new();
     let result = Validator::new(schema.clone()).validate(&parsed.set, ValidationMode::Strict);
     for e in result.validation_errors() {
         let (file, text) = parsed.texts.get(e.policy_id()).cloned().unwrap_or_default();
-        problems.push(describe(e, &shown(&file), &text));
+        found.extend(problems(e, &file, &shown(&file), &text));
     }
     for w in result.validation_warnings() {
         let (file, text) = parsed.texts.get(w.policy_id()).cloned().unwrap_or_default();
-        problems.push(format!(
-            "{} (warnings are errors here)",
-            describe(w, &shown(&file), &text)
-        ));
+        let mut these = problems(w, &file, &shown(&file), &text);
+        for p in &mut these {
+            p.message.push_str(" (warnings are errors here)");
+        }
+        if let Some(last) = these.last_mut() {
+            last.drawn.push_str(" (warnings are errors here)");
+        }
+        found.extend(these);
     }
-    problems.extend(first_stage_reads_aggregates(parsed));
-    if problems.is_empty() {
+    found.extend(first_stage_reads_aggregates(parsed));
+    if found.is_empty() {
         Ok(())
     } else {
-        Err(policy_error(problems))
+        Err(found)
     }
 }
 
 /// A policy that can apply to a first-stage action must not read what is
 /// aggregated from first-stage answers: at that stage those attributes are
 /// still empty, so such a policy would judge on nothing.
-fn first_stage_reads_aggregates(parsed: &Parsed) -> Vec<String> {
+fn first_stage_reads_aggregates(parsed: &Parsed) -> Vec<Problem> {
     use cedar_policy::ActionConstraint;
     use cedar_policy_core::ast::{ExprKind, Var};
     let first_stage = |uid: &cedar_policy::EntityUid| {
         entities::FIRST_STAGE_ACTIONS.contains(&uid.id().unescaped())
     };
-    let mut problems = Vec::new();
+    let mut found = Vec::new();
     for policy in parsed.set.policies() {
         let applies = match policy.action_constraint() {
             ActionConstraint::Any => true,
@@ -356,18 +382,25 @@ fn first_stage_reads_aggregates(parsed: &Parsed) -> Vec<String> {
                     && entities::AGGREGATE_ATTRIBUTES.contains(&attr.as_str())
                 {
                     let (file, _) = parsed.texts.get(policy.id()).cloned().unwrap_or_default();
-                    problems.push(format!(
-                        "{file}: policy {} can apply to a first-stage action \
+                    let message = format!(
+                        "policy {} can apply to a first-stage action \
                          (hold_<kind>, claim_instance_slot, occupy_instance_slot) and reads \
                          resource.{attr}, which is collected from those actions' answers; \
                          limit it to action == FleetRetire::Action::\"retire\"",
                         policy.id()
-                    ));
+                    );
+                    found.push(Problem {
+                        line: parsed.rules.get(policy.id()).map_or(1, |r| r.line),
+                        column: 1,
+                        drawn: format!("{file}: {message}"),
+                        file,
+                        message,
+                    });
                 }
             }
         }
     }
-    problems
+    found
 }
 
 /// sha256 over `(file name, text)` pairs, sorted by name, as `sha256:<hex>`.

@@ -1,6 +1,8 @@
 //! Shared helpers for integration tests: real SQLite files, the real binary.
 #![allow(dead_code)]
 
+pub mod reports;
+
 use rusqlite::{params_from_iter, Connection};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
