@@ -74,6 +74,17 @@ pub struct Proved {
     pub never_primary: BTreeMap<String, bool>,
 }
 
+impl Proved {
+    /// Ask the solver which eligibility forbids are shadowed and which can
+    /// never be the deciding one.
+    pub fn prove(policies: &Policies) -> Result<Proved> {
+        Ok(Proved {
+            shadowed: crate::verify::shadowed_forbids(policies)?,
+            never_primary: crate::verify::never_primary_forbids(policies)?,
+        })
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     fired: BTreeSet<String>,

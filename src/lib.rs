@@ -40,6 +40,7 @@ pub mod report;
 pub mod row;
 pub mod sarif;
 pub mod serve;
+pub mod signoff;
 pub mod snapshot;
 pub mod store;
 pub mod text;

@@ -100,6 +100,9 @@ pub struct Finding {
     pub line: usize,
     /// 1-based column.
     pub column: usize,
+    /// Where the located text ends (line, column just after it), when the
+    /// finding is about a stretch of text (a mutated expression).
+    pub end: Option<(usize, usize)>,
     /// Anything else a reader may want (the policy's `@id`, the
     /// counterexample or the fixture case that would kill a mutant).
     pub properties: Json,
@@ -122,6 +125,11 @@ pub fn log(rules: &[Rule], findings: &[Finding]) -> Json {
     let results: Vec<Json> = findings
         .iter()
         .map(|f| {
+            let mut region = json!({"startLine": f.line.max(1), "startColumn": f.column.max(1)});
+            if let Some((line, column)) = f.end {
+                region["endLine"] = json!(line.max(f.line.max(1)));
+                region["endColumn"] = json!(column.max(1));
+            }
             json!({
                 "ruleId": f.rule.id,
                 "ruleIndex": index(f.rule.id),
@@ -130,7 +138,7 @@ pub fn log(rules: &[Rule], findings: &[Finding]) -> Json {
                 "locations": [{
                     "physicalLocation": {
                         "artifactLocation": {"uri": f.file, "uriBaseId": f.base},
-                        "region": {"startLine": f.line.max(1), "startColumn": f.column.max(1)},
+                        "region": region,
                     }
                 }],
                 "properties": f.properties,

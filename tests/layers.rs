@@ -36,7 +36,7 @@ const LAYERS: &[&[&str]] = &[
     &["fixture", "verify", "report"],
     &["export", "serve", "diff", "coverage", "capture"],
     &["mutate"],
-    &["mutation_report"],
+    &["mutation_report", "signoff"],
     &["cli"],
 ];
 

@@ -288,6 +288,12 @@ fn survivors_are_sarif_located_at_the_mutated_text() {
         Some(before),
         "{at_line}"
     );
+    // The region ends where the mutated text does.
+    assert_eq!(region["endLine"].as_u64().unwrap() as usize, line);
+    assert_eq!(
+        region["endColumn"].as_u64().unwrap() as usize,
+        column + before.chars().count()
+    );
     assert!(compared["properties"]["witness"].is_object(), "{compared}");
     if let Some(problems) = sarif_problems(&out.stdout) {
         assert!(problems.is_empty(), "{problems:?}");

@@ -600,6 +600,46 @@ fn typos(name: &str, p: &Profile, known: &known::Known) -> Vec<String> {
     out
 }
 
+/// profile → operation → allowed.
+pub type Grants = std::collections::BTreeMap<String, std::collections::BTreeMap<String, bool>>;
+
+/// Ask the capability policies about every profile and operation.
+pub fn grants(policies: &Policies, profiles: &Profiles) -> Result<Grants> {
+    let mut out = Grants::new();
+    for name in profiles.profiles.keys() {
+        let mut ops = std::collections::BTreeMap::new();
+        for op in Operation::ALL {
+            ops.insert(op.to_string(), check(policies, profiles, name, op)?.allowed);
+        }
+        out.insert(name.clone(), ops);
+    }
+    Ok(out)
+}
+
+/// What changes from `old` to `new`: (profile, operation, now allowed).
+pub fn changes(old: &Grants, new: &Grants) -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    let names: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    for name in names {
+        for op in Operation::ALL.map(Operation::code) {
+            let before = old
+                .get(name)
+                .and_then(|m| m.get(op))
+                .copied()
+                .unwrap_or(false);
+            let after = new
+                .get(name)
+                .and_then(|m| m.get(op))
+                .copied()
+                .unwrap_or(false);
+            if before != after {
+                out.push((name.clone(), op.to_string(), after));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

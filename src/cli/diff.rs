@@ -108,6 +108,7 @@ fn loosenings(
             base: crate::sarif::POLICY_ROOT,
             line,
             column: 1,
+            end: None,
             properties: json!({
                 "action": a.action,
                 "change": a.change.word(),

@@ -2,13 +2,12 @@
 //! capability policies about every profile; `--against OLD.json` shows what
 //! an edit of profiles.json grants or revokes.
 
-use crate::capability::{check, Operation, Profiles};
+use crate::capability::Profiles;
 use crate::cli::{Cli, Format};
 use crate::error::{About, Error, ExitCode, Result};
 use crate::policy::Policies;
 use clap::Args;
 use serde_json::json;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Arguments of `grants`.
@@ -28,45 +27,7 @@ pub struct GrantsArgs {
     pub against: Option<PathBuf>,
 }
 
-/// profile → operation → allowed.
-pub type Grants = BTreeMap<String, BTreeMap<String, bool>>;
-
-/// Ask the capability policies about every profile and operation.
-pub fn grants(policies: &Policies, profiles: &Profiles) -> Result<Grants> {
-    let mut out = Grants::new();
-    for name in profiles.profiles.keys() {
-        let mut ops = BTreeMap::new();
-        for op in Operation::ALL {
-            ops.insert(op.to_string(), check(policies, profiles, name, op)?.allowed);
-        }
-        out.insert(name.clone(), ops);
-    }
-    Ok(out)
-}
-
-/// What changes from `old` to `new`: (profile, operation, now allowed).
-pub fn changes(old: &Grants, new: &Grants) -> Vec<(String, String, bool)> {
-    let mut out = Vec::new();
-    let names: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
-    for name in names {
-        for op in Operation::ALL.map(Operation::code) {
-            let before = old
-                .get(name)
-                .and_then(|m| m.get(op))
-                .copied()
-                .unwrap_or(false);
-            let after = new
-                .get(name)
-                .and_then(|m| m.get(op))
-                .copied()
-                .unwrap_or(false);
-            if before != after {
-                out.push((name.clone(), op.to_string(), after));
-            }
-        }
-    }
-    out
-}
+use crate::capability::{changes, grants, Grants};
 
 /// Run `grants`.
 pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
@@ -149,6 +110,7 @@ fn profile_findings(
             base: crate::sarif::PROFILES_ROOT,
             line,
             column: 1,
+            end: None,
             properties: json!({"profile": profile}),
         }
     };

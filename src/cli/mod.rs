@@ -12,6 +12,7 @@ pub mod plan;
 pub mod policy;
 pub mod progress;
 pub mod registry;
+pub mod report_page;
 pub mod serve;
 pub mod snapshot;
 pub mod test;
@@ -272,7 +273,10 @@ fn check_format(cli: &Cli) -> Result<()> {
         ));
     }
     let writes_sarif = match &cli.command {
-        Command::Policy(p) => !matches!(p.command, policy::PolicyCommand::List),
+        Command::Policy(p) => !matches!(
+            p.command,
+            policy::PolicyCommand::List | policy::PolicyCommand::Report(_)
+        ),
         Command::Grants(_) => true,
         _ => false,
     };

@@ -195,6 +195,7 @@ fn survivor_findings(
                 file,
                 line,
                 column,
+                end: o.location.map(|at| at.end),
                 base: crate::sarif::POLICY_ROOT,
                 properties: serde_json::json!({
                     "policy": o.policy,

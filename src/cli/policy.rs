@@ -1,4 +1,4 @@
-//! `fleet-retire policy validate | list | verify | mutate | diff`: tools for the people who
+//! `fleet-retire policy validate | list | verify | mutate | report | diff`: tools for the people who
 //! read and edit the policies.
 
 use crate::cli::{Cli, Format};
@@ -55,6 +55,12 @@ pub enum PolicyCommand {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
         jobs: Option<u16>,
     },
+    /// Write the reviewer's page, DIR/index.html: every policy and property
+    /// file line by line, each policy with its proofs, fixture coverage and
+    /// mutants (a survivor marked at its line), the grants matrix, and the
+    /// proved difference from --base. Open it from disk; it fetches nothing
+    /// (needs cvc5).
+    Report(crate::cli::report_page::ReportArgs),
     /// What a policy change does: proved per action (tightened, loosened,
     /// equivalent, both) with a counterexample fixture case for each
     /// difference, what each policy contributes, and, with --fixtures,
@@ -231,6 +237,7 @@ fn rejected_finding(p: &crate::policy::diagnostics::Problem) -> crate::sarif::Fi
         base: crate::sarif::POLICY_ROOT,
         line: p.line,
         column: p.column,
+        end: None,
         properties: json!({"text": p.drawn}),
     }
 }
@@ -248,6 +255,7 @@ fn layout_finding((name, line): &(String, usize)) -> crate::sarif::Finding {
         base: crate::sarif::POLICY_ROOT,
         line: *line,
         column: 1,
+        end: None,
         properties: json!({}),
     }
 }
@@ -385,6 +393,7 @@ pub fn proof_findings(proofs: &[crate::verify::Proof]) -> Vec<crate::sarif::Find
             base: crate::sarif::POLICY_ROOT,
             line: p.line,
             column: 1,
+            end: None,
             properties: json!({
                 "id": p.id,
                 "request_env": p.request_env,
@@ -434,6 +443,7 @@ pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
         PolicyCommand::Validate { fix_format } => validate(cli, *fix_format),
         PolicyCommand::List => list(cli),
         PolicyCommand::Verify { quiet } => verify(cli, *quiet),
+        PolicyCommand::Report(args) => crate::cli::report_page::run(cli, args),
         PolicyCommand::Mutate {
             fixtures,
             min_score,

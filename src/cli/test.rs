@@ -220,12 +220,7 @@ fn coverage(
     files: &[PathBuf],
     doc: &mut serde_json::Value,
 ) -> Result<bool> {
-    let proved = match crate::verify::shadowed_forbids(policies).and_then(|shadowed| {
-        Ok(crate::coverage::Proved {
-            shadowed,
-            never_primary: crate::verify::never_primary_forbids(policies)?,
-        })
-    }) {
+    let proved = match crate::coverage::Proved::prove(policies) {
         Ok(p) => Some(p),
         Err(e) => {
             eprintln!(

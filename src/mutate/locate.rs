@@ -8,11 +8,11 @@
 //! the policy's own lines, so the same expression in another policy is
 //! never taken for it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A place in a text: start inclusive, end exclusive, lines and columns
 /// from 1, columns counted in characters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Span {
     /// First line and column.
     pub start: (usize, usize),
