@@ -275,6 +275,17 @@ fn postgres_message(e: &postgres::Error) -> String {
 /// What to do about the PostgreSQL errors an operator can act on.
 fn postgres_hint(e: &postgres::Error) -> &'static str {
     use postgres::error::SqlState;
+    let said = postgres_message(e);
+    if said.contains("server does not support TLS") {
+        return "; the server does not speak TLS: turn `ssl` on in its postgresql.conf (with a \
+                certificate), or, only on a network you trust, put sslmode=disable in the URL";
+    }
+    if said.contains("certificate verify failed") || said.contains("TLS handshake") {
+        return "; the server's certificate was refused: sslrootcert=FILE must hold the root \
+                that signed it, it must not have expired, and with sslmode=verify-full (the \
+                default for a host that is not this machine) it must name the host as the URL \
+                writes it";
+    }
     match e.code() {
         None if e.is_closed() || e.as_db_error().is_none() => {
             "; is the server running and the URL right (postgres://USER@HOST:PORT/DATABASE)?"

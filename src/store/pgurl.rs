@@ -25,24 +25,212 @@ pub fn is_postgres(location: &Path) -> bool {
 pub struct PgUrl {
     config: postgres::Config,
     shown: String,
+    tls: Tls,
 }
 
+/// How a connection is protected, with libpq's names and meanings
+/// (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`, in the URL or as
+/// `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain text.
+    Disable,
+    /// TLS when the server offers it, the certificate unchecked; plain
+    /// text otherwise.
+    Prefer,
+    /// TLS, the certificate unchecked.
+    Require,
+    /// TLS, the certificate signed by the roots; any host name.
+    VerifyCa,
+    /// TLS, the certificate signed by the roots and naming the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// libpq's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<SslMode> {
+        [
+            SslMode::Disable,
+            SslMode::Prefer,
+            SslMode::Require,
+            SslMode::VerifyCa,
+            SslMode::VerifyFull,
+        ]
+        .into_iter()
+        .find(|m| m.name() == name)
+    }
+
+    /// Whether the server's certificate is checked before anything else
+    /// (a password among it) is sent.
+    pub fn verifies(self) -> bool {
+        matches!(self, SslMode::VerifyCa | SslMode::VerifyFull)
+    }
+}
+
+/// The TLS a URL (or the environment) asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tls {
+    /// The mode in force.
+    pub mode: SslMode,
+    /// Whether the operator named it (URL or `PGSSLMODE`), rather than it
+    /// being our default for the hosts.
+    pub named: bool,
+    /// `sslrootcert`: a file of root certificates, or `system`.
+    pub root: Option<String>,
+    /// `sslcert`: the client's certificate.
+    pub cert: Option<String>,
+    /// `sslkey`: the client's key.
+    pub key: Option<String>,
+    /// Whether every host is this machine (loopback or a Unix socket).
+    pub local: bool,
+}
+
+/// The URL's TLS parameters, which the driver does not read.
+const TLS_KEYS: [(&str, &str); 4] = [
+    ("sslmode", "PGSSLMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+];
+
 impl PgUrl {
-    /// Parse a `postgres://` URL with the driver's parser. The error never
-    /// holds the URL's text (the driver's message names what is wrong).
+    /// Parse a `postgres://` URL with the driver's parser, the TLS
+    /// parameters and their environment variables with ours. The error
+    /// never holds the URL's text (the driver's message names what is
+    /// wrong).
     pub fn parse(url: &str) -> Result<PgUrl, String> {
-        let config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
+        Self::parse_with(url, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`PgUrl::parse`], the environment read through `env`.
+    pub fn parse_with(url: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<PgUrl, String> {
+        let (rest, asked) = take_tls_parameters(url)?;
+        let mut config: postgres::Config = rest.parse().map_err(|e: postgres::Error| {
             let cause = std::error::Error::source(&e).map_or(String::new(), |c| format!(": {c}"));
             format!("{e}{cause}")
         })?;
+        let get = |(key, var): (&str, &str)| {
+            asked
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+                .or_else(|| env(var).filter(|v| !v.is_empty()))
+        };
+        let local = config.get_hosts().iter().all(is_local);
+        let named = get(TLS_KEYS[0]);
+        let mut mode = match &named {
+            Some(name) => SslMode::from_name(name).ok_or_else(|| {
+                format!(
+                    "sslmode={name:?} is not one of disable, prefer, require, verify-ca, \
+                     verify-full"
+                )
+            })?,
+            None if local => SslMode::Prefer,
+            None => SslMode::VerifyFull,
+        };
+        let root = get(TLS_KEYS[1]);
+        // libpq: `require` with a root certificate file checks the chain.
+        if mode == SslMode::Require && root.is_some() {
+            mode = SslMode::VerifyCa;
+        }
+        config.ssl_mode(match mode {
+            SslMode::Disable => postgres::config::SslMode::Disable,
+            SslMode::Prefer => postgres::config::SslMode::Prefer,
+            _ => postgres::config::SslMode::Require,
+        });
+        let tls = Tls {
+            mode,
+            named: named.is_some(),
+            root,
+            cert: get(TLS_KEYS[2]),
+            key: get(TLS_KEYS[3]),
+            local,
+        };
         let shown = shown(&config);
-        Ok(PgUrl { config, shown })
+        Ok(PgUrl { config, shown, tls })
     }
 
     /// The parsed configuration, password included, for connecting.
     pub fn config(&self) -> &postgres::Config {
         &self.config
     }
+
+    /// The TLS asked for.
+    pub fn tls(&self) -> &Tls {
+        &self.tls
+    }
+}
+
+/// Whether a host is this machine: a Unix socket, `localhost`, or a
+/// loopback address.
+fn is_local(host: &postgres::config::Host) -> bool {
+    match host {
+        postgres::config::Host::Unix(_) => true,
+        postgres::config::Host::Tcp(name) => {
+            name == "localhost"
+                || name
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+    }
+}
+
+/// The URL without its TLS parameters, and those parameters (decoded).
+/// The query starts at the first `?` after the last `@` (a password may
+/// hold `?`), or after the scheme when there is no `@`.
+fn take_tls_parameters(url: &str) -> Result<(String, Vec<(String, String)>), String> {
+    let after_at = url.rfind('@').map_or(0, |i| i + 1);
+    let Some(q) = url[after_at..].find('?').map(|i| after_at + i) else {
+        return Ok((url.to_string(), Vec::new()));
+    };
+    let mut kept = Vec::new();
+    let mut tls = Vec::new();
+    for pair in url[q + 1..].split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if TLS_KEYS.iter().any(|(k, _)| *k == key) {
+            let value = percent_decode(value)
+                .ok_or_else(|| format!("the URL's {key} is not valid percent-encoded UTF-8"))?;
+            tls.push((key.to_string(), value));
+        } else {
+            kept.push(pair);
+        }
+    }
+    let mut rest = url[..q].to_string();
+    if !kept.is_empty() {
+        rest.push('?');
+        rest.push_str(&kept.join("&"));
+    }
+    Ok((rest, tls))
+}
+
+/// `%XX` sequences decoded (and `+` left as it is, as libpq does).
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 impl fmt::Display for PgUrl {
@@ -165,6 +353,70 @@ mod tests {
             "/var/lib/fleet/registry.sqlite"
         );
         assert!(!label(Path::new("postgres://u:sec ret@h:notaport/db")).contains("sec"));
+    }
+
+    fn tls_of(url: &str, env: &[(&str, &str)]) -> Result<Tls, String> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        PgUrl::parse_with(url, &|name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+        .map(|u| u.tls().clone())
+    }
+
+    #[test]
+    fn a_host_that_is_not_this_machine_is_verified_unless_told_otherwise() {
+        let t = tls_of("postgres://u@db.example/fleet", &[]).unwrap();
+        assert_eq!(
+            (t.mode, t.named, t.local),
+            (SslMode::VerifyFull, false, false)
+        );
+        let t = tls_of("postgres://u@127.0.0.1:5432,[::1]:5433/fleet", &[]).unwrap();
+        assert_eq!((t.mode, t.local), (SslMode::Prefer, true));
+        // One remote member makes the whole URL remote.
+        let t = tls_of("postgres://u@127.0.0.1,db.example/fleet", &[]).unwrap();
+        assert_eq!(t.mode, SslMode::VerifyFull);
+        let t = tls_of("postgres://u@db.example/fleet?sslmode=disable", &[]).unwrap();
+        assert_eq!((t.mode, t.named), (SslMode::Disable, true));
+        let t = tls_of("postgres://u@db.example/fleet", &[("PGSSLMODE", "require")]).unwrap();
+        assert_eq!((t.mode, t.named), (SslMode::Require, true));
+        // The URL wins over the environment, as in libpq.
+        let t = tls_of(
+            "postgres://u@db.example/fleet?sslmode=verify-ca",
+            &[("PGSSLMODE", "disable")],
+        )
+        .unwrap();
+        assert_eq!(t.mode, SslMode::VerifyCa);
+        assert!(tls_of("postgres://u@h/db?sslmode=verify_full", &[])
+            .unwrap_err()
+            .contains("verify-full"));
+    }
+
+    #[test]
+    fn tls_parameters_are_ours_and_the_rest_the_drivers() {
+        let url = PgUrl::parse_with(
+            "postgres://u:p?w@db.example:6432/fleet?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem\
+             &target_session_attrs=read-write&sslcert=/c.pem&sslkey=/k.pem",
+            &|_| None,
+        )
+        .unwrap();
+        let t = url.tls();
+        assert_eq!(t.root.as_deref(), Some("/etc/ca.pem"));
+        assert_eq!(
+            (t.cert.as_deref(), t.key.as_deref()),
+            (Some("/c.pem"), Some("/k.pem"))
+        );
+        assert_eq!(url.config().get_password(), Some(&b"p?w"[..]));
+        assert_eq!(
+            url.config().get_target_session_attrs(),
+            postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        // require with a root file checks the chain, as libpq does.
+        let t = tls_of("postgres://u@h/db?sslmode=require&sslrootcert=/ca.pem", &[]).unwrap();
+        assert_eq!(t.mode, SslMode::VerifyCa);
+        assert!(PgUrl::parse("postgres://u@h/db?bogus=1").is_err());
     }
 
     #[test]

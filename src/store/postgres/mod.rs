@@ -20,7 +20,7 @@ use crate::error::{About, Error, Result, Store};
 use crate::row::{Col, Row, COLUMNS};
 use crate::value::{Val, Value};
 use postgres::types::{ToSql, Type};
-use postgres::{Client, GenericClient, NoTls};
+use postgres::{Client, GenericClient};
 
 pub mod apply;
 pub mod image;
@@ -28,6 +28,7 @@ pub mod leases;
 mod read;
 mod schema;
 pub mod shape;
+pub mod tls;
 pub mod worker;
 mod write;
 
@@ -124,9 +125,8 @@ pub fn connect(url: &str, store: Store) -> Result<Client> {
 pub fn connect_to(url: &PgUrl, store: Store) -> Result<Client> {
     let label = url.to_string();
     let mut config = url.config().clone();
-    config
-        .application_name("fleet-retire")
-        .connect_timeout(CONNECT_TIMEOUT);
+    config.application_name("fleet-retire");
+    tls::bound_waits(&mut config);
     // A password on a command line is visible to every user of the host;
     // libpq's PGPASSWORD keeps it out of the URL.
     if config.get_password().is_none() {
@@ -134,9 +134,23 @@ pub fn connect_to(url: &PgUrl, store: Store) -> Result<Client> {
             config.password(password.as_encoded_bytes());
         }
     }
+    let connector = tls::connector(url.tls()).map_err(|message| {
+        let message = format!("cannot set up TLS: {message}");
+        match store {
+            Store::Registry => Error::Registry {
+                shown: label.clone(),
+                message,
+            },
+            Store::Leases => Error::Leases {
+                shown: label.clone(),
+                message,
+            },
+        }
+    })?;
+    tls::warn_if_unverified(url);
     let mut client =
         config
-            .connect(NoTls)
+            .connect(connector)
             .map_err(Error::postgres(store, &label, "cannot connect"))?;
     pin_search_path(&mut client, store, &label)?;
     Ok(client)
