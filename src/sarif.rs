@@ -137,7 +137,7 @@ pub fn log(rules: &[Rule], findings: &[Finding]) -> Json {
                 "message": {"text": sentence(&f.message)},
                 "locations": [{
                     "physicalLocation": {
-                        "artifactLocation": {"uri": f.file, "uriBaseId": f.base},
+                        "artifactLocation": {"uri": uri(&f.file), "uriBaseId": f.base},
                         "region": region,
                     }
                 }],
@@ -175,6 +175,21 @@ pub fn log(rules: &[Rule], findings: &[Finding]) -> Json {
             "results": results,
         }],
     })
+}
+
+/// A relative file name as a URI reference (RFC 3986): every byte but
+/// the unreserved ones and `/` percent-encoded, so a space, a quote or a
+/// letter outside ASCII makes a valid `artifactLocation.uri`.
+pub fn uri(file: &str) -> String {
+    let mut out = String::with_capacity(file.len());
+    for b in file.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// A file name as the log names it: relative to the policy folder (the

@@ -164,8 +164,12 @@ pub fn load_properties(
 fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result<Vec<Property>> {
     let mut out = Vec::new();
     for (name, text) in files {
-        let set = PolicySet::from_str(&text)
-            .map_err(|e| Error::policy(About::Policy(name.to_string()), format!("{name}: {e}")))?;
+        let set = PolicySet::from_str(&text).map_err(|e| {
+            Error::policy(
+                About::Policy(name.to_string()),
+                crate::policy::diagnostics::describe(&e, &name, &text),
+            )
+        })?;
         let validation = cedar_policy::Validator::new(policies.schema.clone())
             .validate(&set, cedar_policy::ValidationMode::Strict);
         if let Some(e) = validation.validation_errors().next() {

@@ -394,3 +394,83 @@ fn mutate_shows_progress_on_a_terminal_only() {
     assert!(tty.status.success(), "{drawn}");
     assert!(drawn.contains("judging mutants"), "{drawn}");
 }
+
+/// Every mutant of the built-in set is placed on the text it mutates: the
+/// text at its place reads as the mutated expression (parentheses and
+/// white space aside), never on an annotation, and two sub-expressions of
+/// one policy that read alike are placed apart, in text order.
+#[test]
+fn every_mutant_is_placed_on_the_text_it_mutates() {
+    use fleet_retire::policy::{Policies, PolicySource};
+    let policies = Policies::load(&PolicySource::Embedded).unwrap();
+    let mutants = fleet_retire::mutate::mutants(&policies).unwrap();
+    let squeeze = |s: &str| -> String {
+        s.chars()
+            .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')')
+            .collect()
+    };
+    let mut places: std::collections::BTreeMap<(String, String, usize), (usize, usize)> =
+        Default::default();
+    for m in &mutants {
+        let rule = &policies.rules[&cedar_policy::PolicyId::new(&m.policy)];
+        let text = &policies.texts[&rule.file];
+        let at = m.at.expect("every mutant is placed");
+        if m.place.is_empty() {
+            assert_eq!(
+                at.start,
+                (rule.line, 1),
+                "a deleted forbid is its whole policy"
+            );
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let mut span = String::new();
+        for line in at.start.0..=at.end.0 {
+            let chars: Vec<char> = lines[line - 1].chars().collect();
+            let from = if line == at.start.0 {
+                at.start.1 - 1
+            } else {
+                0
+            };
+            let to = if line == at.end.0 {
+                at.end.1 - 1
+            } else {
+                chars.len()
+            };
+            span.extend(&chars[from..to]);
+            span.push('\n');
+        }
+        assert!(
+            !lines[at.start.0 - 1].trim_start().starts_with('@'),
+            "{} {} placed on an annotation at {:?}",
+            m.policy,
+            m.operator,
+            at
+        );
+        assert_eq!(
+            squeeze(&span),
+            squeeze(&m.place),
+            "{} {} at {at:?}",
+            m.policy,
+            m.operator
+        );
+        let key = (m.policy.clone(), m.place.clone(), m.occurrence);
+        let start = *places.entry(key).or_insert(at.start);
+        assert_eq!(
+            start, at.start,
+            "one node, one place: {} {}",
+            m.policy, m.place
+        );
+    }
+    // The k-th occurrence stands after the (k-1)-th.
+    for ((policy, place, k), start) in &places {
+        if *k > 0 {
+            let before = places[&(policy.clone(), place.clone(), k - 1)];
+            assert!(
+                before < *start,
+                "{policy}: {place} #{k} at {start:?}, #{} at {before:?}",
+                k - 1
+            );
+        }
+    }
+}

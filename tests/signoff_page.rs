@@ -82,10 +82,10 @@ fn the_built_in_set_renders_with_its_marks() {
     );
     std::fs::write(
         &old,
-        r#"{"profiles": {"ctl": {"role": "controller", "allowed_operations": ["gitea.read"]}}}"#,
+        r#"{"profiles": {"ctl": {"role": "controller", "allowed_operations": ["gitea.read"]}, "gone": {"role": "reconciler", "allowed_operations": ["gitea.read"]}}}"#,
     )
     .unwrap();
-    std::fs::write(&new, r#"{"profiles": {"ctl": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}, "<b>rev</b>": {"role": "reviewer", "allowed_operations": ["gitea.read"]}}}"#).unwrap();
+    std::fs::write(&new, r#"{"profiles": {"ctl": {"role": "controller", "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}, "<b>rev</b>": {"role": "reviewr", "allowed_operations": ["gitea.read"]}}}"#).unwrap();
     let seen = open_page(
         "built-in",
         &[],
@@ -151,26 +151,7 @@ fn the_built_in_set_renders_with_its_marks() {
         "not judged"
     );
 
-    let grants = &seen["grants"];
-    assert_eq!(
-        (&grants["profiles"], &grants["operations"]),
-        (&Value::from(2), &Value::from(3))
-    );
-    let cells = grants["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 6);
-    let widened: Vec<&Value> = cells
-        .iter()
-        .filter(|c| c["change"].as_str().unwrap().contains("granted"))
-        .collect();
-    assert_eq!(widened.len(), 1, "{cells:?}");
-    assert_eq!(
-        (&widened[0]["profile"], &widened[0]["operation"]),
-        (&Value::from("ctl"), &Value::from("apply"))
-    );
-    assert!(
-        cells.iter().any(|c| c["profile"] == "<b>rev</b>"),
-        "a name with markup is text"
-    );
+    grants_as_edited(&seen);
 }
 
 /// A weakened copy: no properties, and pid-alive's description holding
@@ -185,7 +166,7 @@ fn a_planted_survivor_is_shown_at_its_line() {
     let folder = policy_folder(false);
     let file = folder.path().join("retirement.cedar");
     let policy_text = std::fs::read_to_string(&file).unwrap();
-    let hostile = "A live pid </script><script>alert(1)</script><b>blocks</b> retirement.";
+    let hostile = "A live pid </script><script>alert(1)</script><b>blocks</b> retirement \u{202e}.";
     let before = policy_text
         .lines()
         .find(|l| l.starts_with("@description(\"The recorded pid is still running"))
@@ -211,9 +192,14 @@ fn a_planted_survivor_is_shown_at_its_line() {
         "no script, not even the one in the text"
     );
     assert_eq!(seen["made_from_text"], 0);
+    let shown = hostile.replace('\u{202e}', "\\u{202e}");
     assert!(
-        seen["text"].as_str().unwrap().contains(hostile),
+        seen["text"].as_str().unwrap().contains(&shown),
         "shown as text"
+    );
+    assert!(
+        !seen["text"].as_str().unwrap().contains('\u{202e}'),
+        "no override reaches the page"
     );
     let pid_alive = policy(&seen, "pid-alive");
     assert!(pid_alive["survived"].as_u64().unwrap() > 0, "{pid_alive}");
@@ -263,9 +249,11 @@ fn a_failing_proof_is_shown_at_its_property() {
     );
     let failing = seen["failing"].as_array().unwrap();
     assert!(
-        failing
-            .iter()
-            .any(|f| f["file"] == "properties/retirement.cedar" && f["line"] == line),
+        failing.iter().any(|f| f["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("properties/retirement.cedar")
+            && f["line"] == line),
         "{failing:?}"
     );
     assert!(
@@ -278,4 +266,114 @@ fn a_failing_proof_is_shown_at_its_property() {
         .as_str()
         .unwrap()
         .contains("mutants are judged only against properties that hold"));
+}
+
+/// `--mutants FILE` takes a `policy mutate --format json` run only of the
+/// same policies judged by the same properties and cases: a folder whose
+/// properties differ is refused, naming the file, before anything is
+/// written.
+#[test]
+fn mutants_judged_by_other_properties_are_refused() {
+    if skip_unless(
+        cvc5_available(),
+        "cvc5 (Debian package; .ci/run installs it)",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run_file = dir.path().join("mutants.json");
+    let judged = run(&[
+        "--format",
+        "json",
+        "policy",
+        "mutate",
+        "--only",
+        "pid-alive",
+    ]);
+    assert!(judged.status.success(), "{}", text(&judged));
+    std::fs::write(&run_file, &judged.stdout).unwrap();
+    let page = dir.path().join("page");
+    let mutants = run_file.to_str().unwrap();
+    let out = run(&[
+        "policy",
+        "report",
+        "--out",
+        page.to_str().unwrap(),
+        "--mutants",
+        mutants,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    // The same policy files, with properties of the folder's own (none
+    // about pids): the run's kills were made by properties it lacks.
+    let weak = policy_folder(false);
+    std::fs::write(
+        weak.path().join("properties/capabilities.cedar"),
+        std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("policies/properties/capabilities.cedar"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let other = dir.path().join("other");
+    let out = run(&[
+        "--policies",
+        weak.path().to_str().unwrap(),
+        "policy",
+        "report",
+        "--out",
+        other.to_str().unwrap(),
+        "--mutants",
+        mutants,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("judged by other properties"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains(mutants),
+        "names the file: {}",
+        text(&out)
+    );
+    assert!(!other.join("index.html").exists());
+}
+
+/// The matrix of the built-in test's profiles: ctl gains apply, gone is
+/// removed (and loses what it had), `<b>rev</b>` is a name, not markup,
+/// and its misspelt role is warned of.
+fn grants_as_edited(seen: &Value) {
+    let grants = &seen["grants"];
+    assert_eq!(
+        (&grants["profiles"], &grants["operations"]),
+        (&Value::from(3), &Value::from(3))
+    );
+    let cells = grants["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 9, "the removed profile keeps its row");
+    let revoked = cells
+        .iter()
+        .filter(|c| c["profile"] == "gone" && c["change"].as_str().unwrap().contains("revoked"))
+        .count();
+    assert_eq!(revoked, 2, "gone loses snapshot and plan: {cells:?}");
+    assert!(
+        seen["text"]
+            .as_str()
+            .unwrap()
+            .contains("did you mean \"reviewer\""),
+        "the typo warning is on the page"
+    );
+    let widened: Vec<&Value> = cells
+        .iter()
+        .filter(|c| c["change"].as_str().unwrap().contains("granted"))
+        .collect();
+    assert_eq!(widened.len(), 1, "{cells:?}");
+    assert_eq!(
+        (&widened[0]["profile"], &widened[0]["operation"]),
+        (&Value::from("ctl"), &Value::from("apply"))
+    );
+    assert!(
+        cells.iter().any(|c| c["profile"] == "<b>rev</b>"),
+        "a name with markup is text"
+    );
 }

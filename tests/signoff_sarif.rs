@@ -115,6 +115,49 @@ fn a_rejected_policy_is_sarif_at_its_place() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(places(&out.stdout).is_empty());
     valid(&out.stdout);
+
+    // A folder that lacks its schema still gets a log, naming the file.
+    let lacking = policy_folder(false);
+    std::fs::remove_file(lacking.path().join("schema.cedarschema")).unwrap();
+    let folder = lacking.path().to_str().unwrap();
+    let out = run(&[
+        "--policies",
+        folder,
+        "--format",
+        "sarif",
+        "policy",
+        "validate",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert_eq!(
+        places(&out.stdout),
+        vec![("FR1003".into(), "schema.cedarschema".into(), 1, 1)]
+    );
+    valid(&out.stdout);
+
+    // Columns count characters, as the log declares: three two-byte
+    // letters before the error move it three columns, not six.
+    let wide = policy_folder(false);
+    let file = wide.path().join("retirement.cedar");
+    let policy_text = std::fs::read_to_string(&file).unwrap();
+    let at = "when { resource.pid_probe != \"dead\" };";
+    let column_with = |literal: &str| {
+        let edited =
+            format!("when {{ resource.pid_probe != \"{literal}\" && resource.pid_probe != 5 }};");
+        std::fs::write(&file, policy_text.replace(at, &edited)).unwrap();
+        let folder = wide.path().to_str().unwrap();
+        let out = run(&[
+            "--policies",
+            folder,
+            "--format",
+            "sarif",
+            "policy",
+            "validate",
+        ]);
+        let found = places(&out.stdout);
+        found.iter().find(|f| f.0 == "FR1003").map(|f| f.3).unwrap()
+    };
+    assert_eq!(column_with("ééé"), column_with("") + 3);
 }
 
 /// `policy diff` from the built-in set to one whose pid-alive forbid can
@@ -180,7 +223,7 @@ fn a_widened_grant_is_sarif_at_the_profile() {
         r#"{"profiles": {"ctl": {"role": "controller", "allowed_operations": ["gitea.read"]}}}"#,
     )
     .unwrap();
-    let new = dir.path().join("profiles.json");
+    let new = dir.path().join("prod profiles é.json");
     std::fs::write(
         &new,
         "{\"profiles\": {\n  \"ctl\": {\n    \"role\": \"controller\",\n    \
@@ -202,11 +245,21 @@ fn a_widened_grant_is_sarif_at_the_profile() {
     let ctl = line_of(&new, "\"ctl\"");
     let rec = line_of(&new, "\"rec\"");
     assert!(
-        found.contains(&("FR1006".into(), "profiles.json".into(), ctl, 1)),
+        found.contains(&(
+            "FR1006".into(),
+            "prod%20profiles%20%C3%A9.json".into(),
+            ctl,
+            1
+        )),
         "{found:?}"
     );
     assert!(
-        found.contains(&("FR1007".into(), "profiles.json".into(), rec, 1)),
+        found.contains(&(
+            "FR1007".into(),
+            "prod%20profiles%20%C3%A9.json".into(),
+            rec,
+            1
+        )),
         "{found:?}"
     );
     let log: Value = serde_json::from_slice(&out.stdout).unwrap();

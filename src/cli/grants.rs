@@ -133,13 +133,39 @@ fn profile_findings(
     widened.chain(warned).collect()
 }
 
-/// The line of `text` (JSON) where `key` is first written as an object's
-/// key; 1 when it is not found as written.
-fn key_line(text: &str, key: &str) -> usize {
-    let quoted = serde_json::to_string(key).unwrap_or_default();
-    text.match_indices(&quoted)
-        .find(|(at, _)| text[at + quoted.len()..].trim_start().starts_with(':'))
-        .map_or(1, |(at, _)| text[..at].matches('\n').count() + 1)
+/// The line of `text` (profiles.json) where the profile `name` is
+/// written as a key of the top-level `"profiles"` object (escapes decoded);
+/// 1 when it is not found there.
+fn key_line(text: &str, name: &str) -> usize {
+    let bytes = text.as_bytes();
+    let (mut depth, mut line, mut i) = (0usize, 1usize, 0usize);
+    let mut top_key = String::new();
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\n' => line += 1,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                let end = (i + 1).min(bytes.len());
+                let key = serde_json::from_str::<String>(&text[start..end]).unwrap_or_default();
+                if text[end..].trim_start().starts_with(':') {
+                    if depth == 1 {
+                        top_key = key;
+                    } else if depth == 2 && top_key == "profiles" && key == name {
+                        return line;
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    1
 }
 
 /// Prove the properties about capabilities.cedar (with `--against`).
@@ -260,4 +286,16 @@ fn print_proofs(proofs: &[crate::verify::Proof], policies: &Policies) -> Result<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_profile_is_found_where_it_is_a_key_of_profiles() {
+        let text = "{\"profiles\": {\n  \"ctl\": {\"role\": \"controller\"},\n  \"role\": {\"role\": \"x\"},\n  \"\\u00fcber\": {}\n}}";
+        assert_eq!(super::key_line(text, "ctl"), 2);
+        assert_eq!(super::key_line(text, "role"), 3);
+        assert_eq!(super::key_line(text, "über"), 4);
+        assert_eq!(super::key_line(text, "absent"), 1);
+    }
 }

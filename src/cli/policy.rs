@@ -123,6 +123,46 @@ fn sources(cli: &Cli) -> Result<Vec<(String, String, Option<std::path::PathBuf>)
 }
 
 fn validate(cli: &Cli, fix: bool) -> Result<ExitCode> {
+    match validate_files(cli, fix) {
+        // A file that cannot be read, or a property file that does not
+        // parse, is a finding too: a code-scanning upload gets a log.
+        Err(e @ Error::Policy { .. }) if cli.format == Format::Sarif => {
+            crate::cli::print_sarif(&VALIDATE_RULES, &[unreadable_finding(cli, &e)])?;
+            Ok(ExitCode::InvalidPolicy)
+        }
+        other => other,
+    }
+}
+
+/// A policy error that is not a located problem of the set (a file that
+/// cannot be read, a property file that does not parse), as a SARIF
+/// finding at the first line of the file it is about (the folder itself
+/// when it names none); the message says where in the file.
+fn unreadable_finding(cli: &Cli, e: &Error) -> crate::sarif::Finding {
+    let file = match e.about() {
+        Some(About::File(path)) => cli
+            .policies
+            .as_ref()
+            .and_then(|d| path.strip_prefix(d).ok())
+            .unwrap_or(path)
+            .display()
+            .to_string(),
+        Some(About::Policy(name)) => crate::sarif::in_folder(name),
+        _ => ".".to_string(),
+    };
+    crate::sarif::Finding {
+        rule: crate::sarif::POLICY_REJECTED,
+        message: e.to_string(),
+        file,
+        base: crate::sarif::POLICY_ROOT,
+        line: 1,
+        column: 1,
+        end: None,
+        properties: json!({}),
+    }
+}
+
+fn validate_files(cli: &Cli, fix: bool) -> Result<ExitCode> {
     let files = sources(cli)?;
     let set: Vec<(String, String)> = files
         .iter()

@@ -44,14 +44,26 @@ pub struct ReportArgs {
 
 /// Run `policy report`.
 pub fn run(cli: &Cli, args: &ReportArgs) -> Result<ExitCode> {
+    // The folder first: a page that cannot be written is said before the
+    // minutes the proofs and mutants may take.
+    std::fs::create_dir_all(&args.out).map_err(Error::io(&args.out, "cannot create the folder"))?;
     let policies = cli.load_policies()?;
     let dir = cli.policies.as_deref();
     let own_properties = dir.is_some_and(|d| d.join("properties").is_dir());
-    let properties = crate::verify::load_properties(dir, &policies, !own_properties)?;
-    let property_texts = crate::verify::property_files(if own_properties { dir } else { None })?
+    // Proved as `policy verify` proves: the built-in properties always, a
+    // folder's own beside them.
+    let properties = crate::verify::load_properties(dir, &policies, true)?;
+    let mut property_texts: Vec<(String, String)> = crate::verify::property_files(None)?
         .into_iter()
-        .map(|(name, text, _)| (name, text))
+        .map(|(name, text, _)| (format!("built-in {name}"), text))
         .collect();
+    if own_properties {
+        property_texts.extend(
+            crate::verify::property_files(dir)?
+                .into_iter()
+                .map(|(name, text, _)| (name, text)),
+        );
+    }
     let verification = crate::verify::verify(&policies, &properties)?;
     let fixtures = if args.fixtures.is_empty() {
         Vec::new()
@@ -70,7 +82,10 @@ pub fn run(cli: &Cli, args: &ReportArgs) -> Result<ExitCode> {
         }
     };
     let failed = verification.proofs.iter().filter(|p| !p.holds).count();
-    let mutants = mutants(args, &policies, &properties, failed)?;
+    // Judged as `policy mutate` judges: a folder with properties of its own
+    // by those alone.
+    let judges = crate::verify::load_properties(dir, &policies, !own_properties)?;
+    let mutants = mutants(args, &policies, &judges, failed)?;
     let (grants, pinned_by) = grants(args, &policies)?;
     let base = match &args.base {
         Some(rev) => {
@@ -81,6 +96,7 @@ pub fn run(cli: &Cli, args: &ReportArgs) -> Result<ExitCode> {
     };
     let evidence = Evidence {
         policies: &policies,
+        folder: dir.map(|d| d.display().to_string()),
         pinned_by,
         properties: &properties,
         property_texts,
@@ -95,26 +111,50 @@ pub fn run(cli: &Cli, args: &ReportArgs) -> Result<ExitCode> {
         source: Box::new(e),
     })?;
     let written = write(&args.out, &page)?;
-    if cli.format == crate::cli::Format::Json {
-        crate::outln!(
-            "{}",
-            serde_json::json!({
-                "page": written,
-                "policies": policies.rules.len(),
-                "proofs": verification.proofs.len(),
-                "failed": failed,
-            })
-        )?;
-    } else {
-        crate::outln!(
-            "wrote {} ({} policies, {} proofs, {failed} failed); open it in a browser: file://{}",
-            crate::text::esc(&written.display().to_string()),
-            policies.rules.len(),
-            verification.proofs.len(),
-            crate::text::esc(&written.display().to_string())
-        )?;
-    }
+    say_written(
+        cli,
+        &written,
+        policies.rules.len(),
+        verification.proofs.len(),
+        failed,
+    )?;
     Ok(ExitCode::Ok)
+}
+
+/// Where the page is, for a person or as JSON.
+fn say_written(
+    cli: &Cli,
+    page: &Path,
+    policies: usize,
+    proofs: usize,
+    failed: usize,
+) -> Result<()> {
+    if cli.format == crate::cli::Format::Json {
+        return crate::outln!(
+            "{}",
+            serde_json::json!({"page": page, "policies": policies, "proofs": proofs, "failed": failed})
+        );
+    }
+    let shown = crate::text::esc(&page.display().to_string()).into_owned();
+    crate::outln!(
+        "wrote {shown} ({policies} policies, {proofs} proofs, {failed} failed); open it in a \
+         browser: {}",
+        file_url(page)
+    )
+}
+
+/// A `file://` URL for a path, every byte that is not unreserved encoded.
+fn file_url(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::from("file://");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The mutants: judged now (`--mutate`), read from a run kept earlier
@@ -125,8 +165,10 @@ fn mutants(
     properties: &[crate::verify::Property],
     failed: usize,
 ) -> Result<std::result::Result<Vec<Judged>, String>> {
+    let cases = crate::mutate::load_cases(&args.fixtures)?;
     if let Some(file) = &args.mutants {
-        return read_mutants(file, &policies.fingerprint).map(Ok);
+        let judged_by = crate::mutate::judged_by(properties, &cases);
+        return read_mutants(file, &policies.fingerprint, &judged_by).map(Ok);
     }
     if !args.mutate {
         return Ok(Err(
@@ -140,7 +182,6 @@ fn mutants(
             "{failed} proof(s) fail, and mutants are judged only against properties that hold"
         )));
     }
-    let cases = crate::mutate::load_cases(&args.fixtures)?;
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     let run = crate::mutate::run(policies, properties, &cases, &args.only, jobs, &())?;
     let outcomes = serde_json::to_value(&run.outcomes).expect("outcomes serialise");
@@ -149,24 +190,52 @@ fn mutants(
     ))
 }
 
-/// The outcomes of a `policy mutate --format json` run of this very set.
-fn read_mutants(file: &Path, fingerprint: &str) -> Result<Vec<Judged>> {
-    let bad = |message: String| Error::input(About::File(file.to_path_buf()), message);
+/// The outcomes of a `policy mutate --format json` run of this very set,
+/// judged by the same properties and fixture cases, by a fleet-retire
+/// that placed each mutant.
+fn read_mutants(file: &Path, fingerprint: &str, judged_by: &str) -> Result<Vec<Judged>> {
+    let shown = crate::text::esc(&file.display().to_string()).into_owned();
+    let bad = |message: String| {
+        Error::input(
+            About::File(file.to_path_buf()),
+            format!("--mutants {shown}: {message}"),
+        )
+    };
     let (doc, _) = crate::jsonfile::read_json(file).map_err(|e| bad(e.to_string()))?;
-    let made_for = doc["report"]["fingerprint"].as_str().unwrap_or("");
+    let report = &doc["report"];
+    if !report["outcomes"].is_array() {
+        return Err(bad(
+            "not the output of `fleet-retire policy mutate --format json`".into(),
+        ));
+    }
+    let made_for = report["fingerprint"].as_str().unwrap_or("");
     if made_for != fingerprint {
         return Err(bad(format!(
-            "{}: the mutants were judged for policy set {made_for:?}, not this one ({fingerprint}); \
-             run `fleet-retire policy mutate --format json` on this set again",
-            file.display()
+            "the mutants were judged for policy set {made_for:?}, not this one ({fingerprint}); \
+             run `fleet-retire policy mutate --format json` on this set again"
         )));
     }
-    serde_json::from_value(doc["report"]["outcomes"].clone()).map_err(|e| {
+    if report["judged_by"].as_str() != Some(judged_by) {
+        return Err(bad(
+            "the mutants were judged by other properties or fixture cases than this page's \
+             (the folder's properties/, --fixtures); run `policy mutate --format json` with the \
+             same --fixtures again"
+                .into(),
+        ));
+    }
+    let judged: Vec<Judged> = serde_json::from_value(report["outcomes"].clone()).map_err(|e| {
         bad(format!(
-            "{}: not the output of `policy mutate --format json` ({e})",
-            file.display()
+            "not the output of `policy mutate --format json` ({e})"
         ))
-    })
+    })?;
+    if judged.iter().any(|m| m.location.is_none()) {
+        return Err(bad(
+            "its mutants carry no place in the policy text (an older fleet-retire wrote it); \
+             run `policy mutate --format json` again"
+                .into(),
+        ));
+    }
+    Ok(judged)
 }
 
 /// The grants matrix (with `--profiles`), and who pins the set.
@@ -180,16 +249,14 @@ fn grants(
     let profiles = crate::capability::Profiles::load(path)?;
     let now = crate::capability::grants(policies, &profiles)?;
     let against = match &args.against {
-        Some(old) => {
-            let before =
-                crate::capability::grants(policies, &crate::capability::Profiles::load(old)?)?;
-            Some((
-                old.display().to_string(),
-                crate::capability::changes(&before, &now),
-            ))
-        }
+        Some(old) => Some((
+            old.display().to_string(),
+            crate::capability::grants(policies, &crate::capability::Profiles::load(old)?)?,
+        )),
         None => None,
     };
+    let known = crate::capability::known::Known::of(policies, crate::launcher::NAMESPACES);
+    let warnings = crate::capability::warnings_by_profile(&profiles, &known);
     let pinned = profiles
         .policy_pins
         .contains(&policies.fingerprint)
@@ -198,6 +265,7 @@ fn grants(
         file: path.display().to_string(),
         now,
         against,
+        warnings,
     };
     Ok((Some(seen), pinned))
 }

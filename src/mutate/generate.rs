@@ -30,6 +30,9 @@ pub struct Mutant {
     /// The same, whole: what [`super::locate`] looks for in the policy's
     /// text (empty for a deleted forbid, which is the whole policy).
     pub place: String,
+    /// Which of the policy's sub-expressions that read as `place` it is
+    /// (0 for the first in the text): the same text may stand twice.
+    pub occurrence: usize,
     /// Where the place stands in its file, once [`super::mutants`] has
     /// found it.
     pub at: Option<super::locate::Span>,
@@ -45,6 +48,8 @@ struct Edit {
     operator: &'static str,
     before: String,
     place: String,
+    /// The edited node's JSON pointer below the expression edited.
+    path: String,
     after: String,
 }
 
@@ -133,9 +138,22 @@ pub fn mutants_of(id: &str, policy: &Json, vocab: &Vocabulary) -> Vec<Mutant> {
     let mut out = scope_mutants(id, policy);
     let types = var_types(policy, vocab);
     let conditions = policy["conditions"].as_array().cloned().unwrap_or_default();
+    // Nodes in the order their text starts (pre-order, operands left to
+    // right), each with its place: the k-th node reading as a text is the
+    // k-th place that text stands.
+    let mut nodes: Vec<(String, String)> = Vec::new();
     for (i, cond) in conditions.iter().enumerate() {
         out.extend(condition_mutants(id, policy, i, cond));
         for edit in expr_edits(&cond["body"], vocab, &types) {
+            let node = (edit.place.clone(), format!("{i}{}", edit.path));
+            if !nodes.contains(&node) {
+                nodes.push(node.clone());
+            }
+            let occurrence = nodes
+                .iter()
+                .filter(|(place, _)| *place == node.0)
+                .position(|n| *n == node)
+                .unwrap_or(0);
             let mut p = policy.clone();
             p["conditions"][i]["body"] = edit.expr;
             out.push(Mutant {
@@ -143,6 +161,7 @@ pub fn mutants_of(id: &str, policy: &Json, vocab: &Vocabulary) -> Vec<Mutant> {
                 operator: edit.operator,
                 before: edit.before,
                 place: edit.place,
+                occurrence,
                 at: None,
                 after: edit.after,
                 replacement: Some(p),
@@ -168,6 +187,7 @@ fn scope_mutants(id: &str, policy: &Json) -> Vec<Mutant> {
         } else {
             before.clone()
         },
+        occurrence: 0,
         at: None,
         before: cut(&before),
         after,
@@ -254,6 +274,7 @@ fn condition_mutants(id: &str, policy: &Json, i: usize, cond: &Json) -> Vec<Muta
             operator: "negate-condition",
             before: before.clone(),
             place: place.clone(),
+            occurrence: 0,
             at: None,
             after: cut(&format!("{flipped} {{ {} }}", render(&cond["body"]))),
             replacement: Some(negated),
@@ -263,6 +284,7 @@ fn condition_mutants(id: &str, policy: &Json, i: usize, cond: &Json) -> Vec<Muta
             operator: "delete-condition",
             before,
             place,
+            occurrence: 0,
             at: None,
             after: "(no condition)".into(),
             replacement: Some(deleted),
@@ -299,6 +321,7 @@ fn expr_edits(e: &Json, vocab: &Vocabulary, types: &(String, String)) -> Vec<Edi
             }
             out.push(Edit {
                 expr: whole,
+                path: format!("{pointer}{}", edit.path),
                 ..edit
             });
         }
@@ -314,6 +337,7 @@ fn local_edits(e: &Json, vocab: &Vocabulary, types: &(String, String)) -> Vec<Ed
     let edit = |operator, expr: Json| Edit {
         before: cut(&render(e)),
         place: render(e),
+        path: String::new(),
         after: cut(&render(&expr)),
         expr,
         operator,

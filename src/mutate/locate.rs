@@ -97,9 +97,32 @@ fn lines_range(text: &str, first: usize, last: usize) -> (usize, usize) {
     (start.min(end), end)
 }
 
-/// Where `place` (Cedar text, as the mutant renders it) first stands in
-/// lines `first..=last` of `text`, if it does.
-pub fn locate(text: &str, first: usize, last: usize, place: &str) -> Option<Span> {
+/// The first line of a policy spanning `first..=last` past its
+/// annotations (and any comment or blank line among them): where its
+/// effect, scope and conditions are, so an annotation's text is never
+/// taken for the expression it repeats.
+pub fn after_annotations(text: &str, first: usize, last: usize) -> usize {
+    text.lines()
+        .enumerate()
+        .skip(first.saturating_sub(1))
+        .take(last.saturating_sub(first) + 1)
+        .find(|(_, l)| {
+            let t = l.trim_start();
+            !(t.is_empty() || t.starts_with('@') || t.starts_with("//"))
+        })
+        .map_or(first, |(i, _)| i + 1)
+}
+
+/// Where `place` (Cedar text, as the mutant renders it) stands for the
+/// `occurrence`-th time (from 0) in lines `first..=last` of `text`, if it
+/// does.
+pub fn locate(
+    text: &str,
+    first: usize,
+    last: usize,
+    place: &str,
+    occurrence: usize,
+) -> Option<Span> {
     let wanted: Vec<&str> = tokens(place).iter().map(|t| t.text).collect();
     if wanted.is_empty() {
         return None;
@@ -108,7 +131,8 @@ pub fn locate(text: &str, first: usize, last: usize, place: &str) -> Option<Span
     let have = tokens(&text[from..to]);
     let at = have
         .windows(wanted.len())
-        .find(|w| w.iter().map(|t| t.text).eq(wanted.iter().copied()))?;
+        .filter(|w| w.iter().map(|t| t.text).eq(wanted.iter().copied()))
+        .nth(occurrence)?;
     let (start, end) = (from + at[0].start, from + at[at.len() - 1].end);
     Some(Span {
         start: line_column(text, start),
@@ -142,26 +166,38 @@ mod tests {
             1,
             7,
             "(resource.status == \"active\") && (resource.age < 5)",
+            0,
         )
         .unwrap();
         assert_eq!(at.start, (5, 3));
         assert_eq!(at.end, (6, 20));
-        let at = locate(TEXT, 1, 7, "resource.age < 5").unwrap();
+        let at = locate(TEXT, 1, 7, "resource.age < 5", 0).unwrap();
         assert_eq!((at.start, at.end), ((6, 4), (6, 20)));
     }
 
     #[test]
     fn the_search_stays_inside_the_lines_given() {
-        assert!(locate(TEXT, 6, 7, "resource.status == \"active\"").is_none());
-        assert!(locate(TEXT, 1, 7, "resource.status == \"gone\"").is_none());
-        assert!(locate(TEXT, 1, 7, "").is_none());
+        assert!(locate(TEXT, 6, 7, "resource.status == \"active\"", 0).is_none());
+        assert!(locate(TEXT, 1, 7, "resource.status == \"gone\"", 0).is_none());
+        assert!(locate(TEXT, 1, 7, "", 0).is_none());
     }
 
     #[test]
     fn strings_keep_their_escapes_and_columns_count_characters() {
         let text = "when { \"é\" == \"a\\\"b\" }";
-        let at = locate(text, 1, 1, "\"a\\\"b\"").unwrap();
+        let at = locate(text, 1, 1, "\"a\\\"b\"", 0).unwrap();
         assert_eq!((at.start, at.end), ((1, 15), (1, 21)));
+    }
+
+    #[test]
+    fn the_same_text_twice_is_told_apart_and_annotations_are_skipped() {
+        let text = "@id(\"a\")\n@note(\"x > 0\")\npermit (principal, action, resource)\nwhen { x > 0 &&\n  y > 0 && z > 0 };\n";
+        let body = after_annotations(text, 1, 5);
+        assert_eq!(body, 3);
+        assert_eq!(locate(text, body, 5, "0", 0).unwrap().start, (4, 12));
+        assert_eq!(locate(text, body, 5, "0", 1).unwrap().start, (5, 7));
+        assert_eq!(locate(text, body, 5, "0", 2).unwrap().start, (5, 16));
+        assert!(locate(text, body, 5, "0", 3).is_none());
     }
 
     #[test]

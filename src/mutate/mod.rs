@@ -64,6 +64,9 @@ pub struct Report {
     pub policies: String,
     /// Their fingerprint.
     pub fingerprint: String,
+    /// What judged the mutants ([`judged_by`]): a run is read back
+    /// (`policy report --mutants`) only by the same properties and cases.
+    pub judged_by: String,
     /// How many properties and fixture cases could kill a mutant.
     pub properties: usize,
     /// Fixture cases run under every non-equivalent mutant.
@@ -86,6 +89,29 @@ pub struct Report {
     pub score: f64,
     /// Every mutant, in policy file order.
     pub outcomes: Vec<Outcome>,
+}
+
+/// `sha256:` over the properties (id and text) and the fixture cases
+/// (file and case) that judge mutants, in a fixed order: which mutants die
+/// depends on them as much as on the policies.
+pub fn judged_by(properties: &[Property], cases: &[(PathBuf, Case)]) -> String {
+    use sha2::Digest;
+    let mut parts: Vec<String> = properties
+        .iter()
+        .map(|p| format!("property\u{0}{}\u{0}{}", p.id, p.policy))
+        .chain(
+            cases
+                .iter()
+                .map(|(path, case)| format!("case\u{0}{}\u{0}{case:?}", path.display())),
+        )
+        .collect();
+    parts.sort();
+    let mut digest = sha2::Sha256::new();
+    for part in &parts {
+        digest.update(part.as_bytes());
+        digest.update([0xff]);
+    }
+    format!("sha256:{}", crate::fingerprint::hex(&digest.finalize()))
 }
 
 /// Every mutant of the set, in policy file order.
@@ -124,7 +150,8 @@ fn place_of(policies: &Policies, m: &Mutant) -> Option<locate::Span> {
         .rules
         .get(&cedar_policy::PolicyId::new(&m.policy))?;
     let text = policies.texts.get(&rule.file)?;
-    locate::locate(text, rule.line, rule.end_line, &m.place)
+    let body = locate::after_annotations(text, rule.line, rule.end_line);
+    locate::locate(text, body, rule.end_line, &m.place, m.occurrence)
         .or_else(|| Some(locate::lines(text, rule.line, rule.end_line)))
 }
 
@@ -214,7 +241,9 @@ pub fn run(
         out.sort_by_key(|(i, _)| *i);
         Ok::<_, Error>(out.into_iter().map(|(_, o)| o).collect::<Vec<_>>())
     })?;
-    Ok(report(policies, properties.len(), cases.len(), outcomes))
+    let mut report = report(policies, properties.len(), cases.len(), outcomes);
+    report.judged_by = judged_by(properties, cases);
+    Ok(report)
 }
 
 /// A property the policies themselves break would "kill" every mutant:
@@ -244,6 +273,7 @@ fn report(policies: &Policies, properties: usize, cases: usize, outcomes: Vec<Ou
     Report {
         policies: policies.source_label(),
         fingerprint: policies.fingerprint.clone(),
+        judged_by: String::new(),
         properties,
         fixture_cases: cases,
         mutants: outcomes.len(),

@@ -143,10 +143,11 @@ impl Problem {
 
 fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, file: &str, text: &str) -> Problem {
     let shown = source.name();
-    let place_of = diag
+    let offset = diag
         .labels()
         .and_then(|mut l| l.next())
-        .map(|span| place(text, span.offset()));
+        .map(|span| span.offset().min(text.len()));
+    let place_of = offset.map(|o| place(text, o));
     let at = match place_of {
         Some((line, col)) => format!("{shown}:{line}:{col}"),
         None => shown.to_string(),
@@ -185,7 +186,12 @@ fn one(diag: &dyn Diagnostic, source: &NamedSource<String>, file: &str, text: &s
             );
         }
     }
-    let (line, column) = place_of.unwrap_or((1, 1));
+    // miette counts columns in bytes; a SARIF log counts characters.
+    let column = offset.filter(|o| text.is_char_boundary(*o)).map_or(1, |o| {
+        let line_start = text[..o].rfind('\n').map_or(0, |i| i + 1);
+        text[line_start..o].chars().count() + 1
+    });
+    let line = place_of.map_or(1, |p| p.0);
     Problem {
         file: file.to_string(),
         line,

@@ -9,9 +9,11 @@
 //! value; it holds no script and its content security policy forbids
 //! fetching anything, so it works from a `file://` URL with no network.
 
+mod grants;
+mod lines;
 mod view;
 
-use crate::capability::{Grants as Matrix, Operation};
+use crate::capability::Grants as Matrix;
 use crate::coverage::Coverage;
 use crate::diff::PolicyDiff;
 use crate::mutate::locate::Span;
@@ -20,7 +22,7 @@ use crate::verify::{Property, Verification};
 use askama::Template;
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
-use view::{Attention, File, GrantCell, GrantRow, Line, Note, Page, PolicyRow, ProofMark};
+use view::{Attention, Page, PolicyRow, ProofMark};
 
 /// One judged mutant, as `policy mutate --format json` writes it (so a
 /// run kept from CI and one made now read alike).
@@ -46,24 +48,24 @@ pub struct Judged {
     pub witness: Option<Json>,
 }
 
-/// What an edit of profiles.json changed: (profile, operation, now
-/// allowed).
-pub type GrantChanges = Vec<(String, String, bool)>;
-
 /// The capability grants and what changed.
 pub struct GrantsSeen {
     /// The profiles file, as named.
     pub file: String,
     /// profile → operation → allowed.
     pub now: Matrix,
-    /// With `--against`: the file, and (profile, operation, now allowed).
-    pub against: Option<(String, GrantChanges)>,
+    /// With `--against`: the earlier file and its grants.
+    pub against: Option<(String, Matrix)>,
+    /// What `grants` warns of in the file (profile, warning).
+    pub warnings: Vec<(String, String)>,
 }
 
 /// Everything the page reports.
 pub struct Evidence<'a> {
     /// The set.
     pub policies: &'a Policies,
+    /// The folder it was read from (`--policies`), if not built in.
+    pub folder: Option<String>,
     /// Who pinned it, when a profiles file does.
     pub pinned_by: Option<String>,
     /// The properties proved.
@@ -105,25 +107,62 @@ fn page(e: &Evidence) -> Page {
     Page {
         version: env!("CARGO_PKG_VERSION"),
         fingerprint: e.policies.fingerprint.clone(),
-        source: match (&e.pinned_by, e.policies.is_builtin()) {
-            (_, true) => "the set built into fleet-retire".to_string(),
-            (Some(by), false) => format!("the folder {}, pinned by {by}", e.policies.origin),
-            (None, false) => format!(
-                "the folder {} (not the built-in set; no profiles.json given here pins it)",
-                e.policies.origin
-            ),
-        },
+        source: visible(&source(e)),
         summary: summary(e, mutants),
         notes,
         attention: attention(e, mutants),
         base: e.base.as_ref().map(|(name, d)| base(name, d)),
-        files: files(e, mutants),
+        files: lines::files(e, mutants),
         policies: rows,
         grants: e
             .grants
             .as_ref()
-            .map(|g| grants(g, e.properties, e.verification)),
+            .map(|g| grants::matrix(g, e.properties, e.verification)),
     }
+}
+
+/// Where the set comes from, and who pins it.
+fn source(e: &Evidence) -> String {
+    let Some(folder) = &e.folder else {
+        return "the set built into fleet-retire".into();
+    };
+    if e.policies.is_builtin() {
+        return format!(
+            "the folder {folder}, whose policy files are the built-in set's (its properties/ \
+             are its own)"
+        );
+    }
+    match &e.pinned_by {
+        Some(by) => format!("the folder {folder}, pinned by {by}"),
+        None => format!(
+            "the folder {folder} (not the built-in set; no profiles.json given here pins it)"
+        ),
+    }
+}
+
+/// A text as the page shows it: characters that would hide or reorder
+/// what a reviewer reads (controls, bidirectional overrides and isolates,
+/// zero-width marks) written as `\u{…}`, as every terminal output of
+/// fleet-retire writes them; everything else as it is (askama escapes the
+/// markup).
+pub fn visible(s: &str) -> String {
+    let hidden = |c: char| {
+        (c.is_control() && c != '\t')
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    };
+    if !s.chars().any(hidden) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if hidden(c) {
+                format!("\\u{{{:x}}}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// The headline figures.
@@ -202,7 +241,7 @@ fn proofs_of(e: &Evidence, id: &str, file: &str) -> Vec<ProofMark> {
     marks
         .into_iter()
         .map(|(id, holds)| ProofMark {
-            id: id.to_string(),
+            id: visible(id),
             holds,
         })
         .collect()
@@ -221,15 +260,15 @@ fn policy_rows(e: &Evidence, mutants: &[Judged]) -> Vec<PolicyRow> {
             let own: Vec<&Judged> = mutants.iter().filter(|m| m.policy == r.id).collect();
             let count = |s: &str| own.iter().filter(|m| m.status == s).count();
             PolicyRow {
-                anchor: line_anchor(&r.file, r.line),
-                file: r.file.clone(),
+                anchor: lines::anchor(e, &r.file, r.line),
+                file: visible(&r.file),
                 line: r.line,
                 effect: match (r.effect, r.reason) {
                     (cedar_policy::Effect::Permit, _) => "permit".into(),
                     (_, Some(reason)) => format!("forbid ({})", reason.code()),
                     (_, None) => "forbid".into(),
                 },
-                description: r.description.clone(),
+                description: visible(&r.description),
                 proved: proofs.iter().filter(|p| p.holds).count(),
                 failed: proofs.iter().filter(|p| !p.holds).count(),
                 proofs,
@@ -239,128 +278,10 @@ fn policy_rows(e: &Evidence, mutants: &[Judged]) -> Vec<PolicyRow> {
                 killed: count("killed"),
                 equivalent: count("equivalent"),
                 survived: count("survived"),
-                id: r.id.clone(),
+                id: visible(&r.id),
             }
         })
         .collect()
-}
-
-/// A note for each mutant that survived or was proved equivalent, at the
-/// first line of its mutated text.
-fn mutant_notes(mutants: &[Judged], e: &Evidence, file: &str) -> BTreeMap<usize, Vec<Note>> {
-    let mut out: BTreeMap<usize, Vec<Note>> = BTreeMap::new();
-    for m in mutants {
-        let in_file = e
-            .policies
-            .rules
-            .get(&cedar_policy::PolicyId::new(&m.policy))
-            .is_some_and(|r| r.file == file);
-        let kind = match m.status.as_str() {
-            "survived" => "survivor",
-            "equivalent" => "equivalent",
-            _ => continue,
-        };
-        let Some(at) = m.location.filter(|_| in_file) else {
-            continue;
-        };
-        out.entry(at.start.0).or_default().push(Note {
-            kind,
-            text: format!(
-                "{} mutant of {} ({}: {} → {})",
-                if kind == "survivor" {
-                    "SURVIVING"
-                } else {
-                    "equivalent"
-                },
-                m.policy,
-                m.operator,
-                m.before,
-                m.after
-            ),
-            detail: m
-                .witness
-                .as_ref()
-                .map(|w| serde_json::to_string_pretty(w).unwrap_or_default())
-                .unwrap_or_default(),
-        });
-    }
-    out
-}
-
-/// A note for each property proof at its property's line.
-fn proof_notes(e: &Evidence, file: &str) -> BTreeMap<usize, Vec<Note>> {
-    let mut out: BTreeMap<usize, Vec<Note>> = BTreeMap::new();
-    for p in &e.verification.proofs {
-        if crate::sarif::in_folder(&p.file) != file {
-            continue;
-        }
-        out.entry(p.line).or_default().push(Note {
-            kind: if p.holds { "proved" } else { "failing" },
-            text: format!(
-                "{} {} [{}]",
-                if p.holds { "proved" } else { "FAILED" },
-                p.id,
-                p.request_env
-            ),
-            detail: p.counterexample.clone().unwrap_or_default(),
-        });
-    }
-    out
-}
-
-fn files(e: &Evidence, mutants: &[Judged]) -> Vec<File> {
-    let mut texts: Vec<(String, String)> = e
-        .policies
-        .texts
-        .iter()
-        .map(|(n, t)| (n.clone(), t.clone()))
-        .collect();
-    texts.sort();
-    texts.extend(e.property_texts.iter().cloned());
-    texts
-        .into_iter()
-        .map(|(name, text)| {
-            let mut notes = mutant_notes(mutants, e, &name);
-            for (line, more) in proof_notes(e, &name) {
-                notes.entry(line).or_default().extend(more);
-            }
-            let spans: Vec<(usize, usize, &str)> = e
-                .policies
-                .rules
-                .values()
-                .filter(|r| r.file == name)
-                .map(|r| (r.line, r.end_line, r.id.as_str()))
-                .collect();
-            let lines = text
-                .lines()
-                .enumerate()
-                .map(|(i, t)| {
-                    let number = i + 1;
-                    let within = spans.iter().find(|s| s.0 <= number && number <= s.1);
-                    let notes = notes.remove(&number).unwrap_or_default();
-                    Line {
-                        number,
-                        text: t.to_string(),
-                        anchor: line_anchor(&name, number),
-                        head: within.is_some_and(|s| s.0 == number),
-                        policy: within.map_or(String::new(), |s| s.2.to_string()),
-                        mark: line_mark(&notes),
-                        notes,
-                    }
-                })
-                .collect();
-            File { name, lines }
-        })
-        .collect()
-}
-
-/// The anchor of line `line` of `file`: `L-retirement-cedar-232`.
-pub fn line_anchor(file: &str, line: usize) -> String {
-    let slug: String = file
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
-    format!("L-{slug}-{line}")
 }
 
 /// At most this many entries under "Needs attention".
@@ -372,7 +293,7 @@ fn attention(e: &Evidence, mutants: &[Judged]) -> Vec<Attention> {
     let mut out: Vec<(String, usize, String)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for p in e.verification.proofs.iter().filter(|p| !p.holds) {
-        let file = crate::sarif::in_folder(&p.file);
+        let file = p.file.clone();
         if seen.insert((file.clone(), p.id.clone())) {
             let text = format!("{file}:{}: proof {} fails: {}", p.line, p.id, p.description);
             out.push((file, p.line, text));
@@ -398,8 +319,8 @@ fn attention(e: &Evidence, mutants: &[Judged]) -> Vec<Attention> {
         .into_iter()
         .take(ATTENTION_SHOWN)
         .map(|(file, line, text)| Attention {
-            text,
-            anchor: line_anchor(&file, line),
+            text: visible(&text),
+            anchor: lines::anchor(e, &file, line),
         })
         .collect();
     if more > 0 {
@@ -411,78 +332,21 @@ fn attention(e: &Evidence, mutants: &[Judged]) -> Vec<Attention> {
     shown
 }
 
-/// How a line is marked: a survivor outranks a failing proof.
-fn line_mark(notes: &[Note]) -> &'static str {
-    if notes.iter().any(|n| n.kind == "survivor") {
-        "survivor"
-    } else if notes.iter().any(|n| n.kind == "failing") {
-        "failing"
-    } else {
-        ""
-    }
-}
-
-fn grants(g: &GrantsSeen, properties: &[Property], v: &Verification) -> view::Grants {
-    let operations: Vec<String> = Operation::ALL.iter().map(|o| o.code().into()).collect();
-    let proofs_about = |op: &str| -> String {
-        let about: Vec<String> = properties
-            .iter()
-            .filter(|p| p.subject == "capabilities.cedar")
-            .filter(|p| crate::diff::names_action(&p.policy, op))
-            .map(|p| {
-                let holds = v.proofs.iter().filter(|x| x.id == p.id).all(|x| x.holds);
-                format!("{} {}", p.id, if holds { "proved" } else { "FAILED" })
-            })
-            .collect();
-        about.join("; ")
-    };
-    let changes = g
-        .against
-        .as_ref()
-        .map(|(_, c)| c.as_slice())
-        .unwrap_or_default();
-    let rows = g
-        .now
-        .iter()
-        .map(|(profile, ops)| GrantRow {
-            profile: profile.clone(),
-            cells: operations
-                .iter()
-                .map(|op| GrantCell {
-                    operation: op.clone(),
-                    allowed: ops.get(op).copied().unwrap_or(false),
-                    change: changes
-                        .iter()
-                        .find(|(p, o, _)| p == profile && o == op)
-                        .map_or("", |(_, _, now)| if *now { "granted" } else { "revoked" }),
-                    proofs: proofs_about(op),
-                })
-                .collect(),
-        })
-        .collect();
-    view::Grants {
-        file: g.file.clone(),
-        against: g.against.as_ref().map(|(f, _)| f.clone()),
-        operations,
-        rows,
-    }
-}
-
 fn base(name: &str, d: &PolicyDiff) -> view::Base {
     view::Base {
-        name: name.to_string(),
+        name: visible(name),
         overall: d.overall().word().to_string(),
         loosened: d.overall().loosens(),
         actions: d
             .actions
             .iter()
-            .map(|a| (a.action.clone(), a.change.word().to_string()))
+            .map(|a| (visible(&a.action), a.change.word().to_string()))
             .collect(),
         changed: d
             .policies
             .iter()
             .filter(|p| p.status != "unchanged")
-            .map(|p| format!("{} ({})", p.id, p.status))
+            .map(|p| visible(&format!("{} ({})", p.id, p.status)))
             .collect(),
     }
 }

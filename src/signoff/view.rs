@@ -129,6 +129,9 @@ pub struct Grants {
     pub operations: Vec<String>,
     /// One row per profile.
     pub rows: Vec<GrantRow>,
+    /// What `grants` warns of in the file (a misspelt role, a malformed
+    /// entry, names that look alike).
+    pub warnings: Vec<String>,
 }
 
 /// One profile's row.
@@ -137,6 +140,8 @@ pub struct GrantRow {
     pub profile: String,
     /// One cell per operation.
     pub cells: Vec<GrantCell>,
+    /// Whether the edit removed the profile (it is only in `--against`).
+    pub removed: bool,
 }
 
 /// One cell of the matrix.
