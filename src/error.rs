@@ -17,6 +17,9 @@ pub enum ExitCode {
     /// The policies are valid but a property does not hold of them
     /// (`policy verify`, `grants --against`): a proof failed.
     ProofFailed = 4,
+    /// The connection was lost after an apply's COMMIT was sent and before
+    /// its reply: it may or may not have committed (`apply-status` says).
+    OutcomeUnknown = 5,
 }
 
 impl From<ExitCode> for std::process::ExitCode {
@@ -78,6 +81,16 @@ pub enum Error {
         /// PostgreSQL's (or the connection's) error.
         #[source]
         source: postgres::Error,
+    },
+    /// The connection to a PostgreSQL registry was lost after COMMIT was
+    /// sent and before its reply came: the transaction may or may not have
+    /// committed, and only the registry itself can say which.
+    #[error("registry {shown}: the connection was lost after COMMIT was sent and before its reply ({message})")]
+    OutcomeUnknown {
+        /// The registry as messages name it.
+        shown: String,
+        /// What the connection said.
+        message: String,
     },
     /// A file or folder could not be read or written.
     #[error("{}: {doing}: {source}", path.display())]
@@ -168,7 +181,8 @@ pub enum About {
 
 impl Error {
     /// A stable name for what failed, for the JSON error envelope
-    /// (`--format json`): `registry`, `leases`, `sqlite`, `postgres`, `io`,
+    /// (`--format json`): `registry`, `leases`, `sqlite`, `postgres`,
+    /// `outcome_unknown`, `io`,
     /// `policy`, `fixture`, `profiles`, `refused`, `input`, `internal` or
     /// `output`.
     pub fn kind(&self) -> &'static str {
@@ -177,6 +191,7 @@ impl Error {
             Error::Leases { .. } => "leases",
             Error::Sqlite { .. } => "sqlite",
             Error::Postgres { .. } => "postgres",
+            Error::OutcomeUnknown { .. } => "outcome_unknown",
             Error::Io { .. } => "io",
             Error::Policy { .. } => "policy",
             Error::Fixture { .. } => "fixture",
@@ -383,6 +398,7 @@ impl Error {
             Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::Ok,
             Error::Policy { .. } => ExitCode::InvalidPolicy,
             Error::Refused(_) => ExitCode::Refused,
+            Error::OutcomeUnknown { .. } => ExitCode::OutcomeUnknown,
             _ => ExitCode::Error,
         }
     }

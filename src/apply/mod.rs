@@ -411,6 +411,9 @@ fn conclude(
     match result {
         Ok(()) => {
             if let Err(e) = tx.commit() {
+                if let Error::OutcomeUnknown { .. } = e {
+                    return outcome_unknown(req, &e, report, lock_ms());
+                }
                 let (outcome, detail) = match Abort::from(e) {
                     Abort::Refuse(o, d) => (o, d),
                     Abort::Fail(d) => (
@@ -482,6 +485,26 @@ fn conclude(
     }
 }
 
+/// The report of an apply whose COMMIT went out and whose reply never
+/// came: it names the apply's id and the command that finds out.
+fn outcome_unknown(req: &Request, e: &Error, mut report: Report, lock_ms: u64) -> Report {
+    let id = report.apply_id.clone().unwrap_or_default();
+    let mut unknown = Report::new(
+        req,
+        Outcome::OutcomeUnknown,
+        format!(
+            "{e}. The retirements of apply {id} may or may not have been committed. Run \
+             `fleet-retire apply-status {id} --registry REGISTRY` (the same registry) before \
+             anything else: it answers committed, with the rows, or not committed"
+        ),
+    );
+    unknown.success = false;
+    unknown.apply_id = report.apply_id.take();
+    unknown.external_state_fingerprint = report.external_state_fingerprint.take();
+    unknown.lock_held_ms = lock_ms;
+    unknown
+}
+
 fn fence_moved(was: &leases::Fence, now: &leases::Fence) -> Abort {
     Abort::Fail(format!(
         "the active leases changed inside the transaction ({} {} -> {} {}); every decision \
@@ -550,6 +573,7 @@ fn inside(
         lease_store: t.leases.label(),
         retired_at: crate::time::format_ts(crate::time::now()),
     };
+    report.apply_id = Some(audit.apply_id.clone());
     let mut w = Writes {
         fence,
         fence_checked: false,

@@ -36,11 +36,15 @@ pub enum Outcome {
     RegistryUnavailable,
     /// Something failed inside the transaction; it was rolled back.
     TransactionFailed,
+    /// The connection was lost after COMMIT was sent and before its reply:
+    /// the retirements may or may not have been committed
+    /// (`fleet-retire apply-status APPLY_ID` says which).
+    OutcomeUnknown,
 }
 
 impl Outcome {
     /// Every outcome.
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 14] = [
         Outcome::Applied,
         Outcome::RegistryRevisionMoved,
         Outcome::CandidateSetMoved,
@@ -54,6 +58,7 @@ impl Outcome {
         Outcome::LeaseStoreUnavailable,
         Outcome::RegistryUnavailable,
         Outcome::TransactionFailed,
+        Outcome::OutcomeUnknown,
     ];
 
     /// The outcome's code, as the report's `outcome` field spells it.
@@ -72,6 +77,7 @@ impl Outcome {
             Outcome::LeaseStoreUnavailable => "lease_store_unavailable",
             Outcome::RegistryUnavailable => "registry_unavailable",
             Outcome::TransactionFailed => "transaction_failed",
+            Outcome::OutcomeUnknown => "outcome_unknown",
         }
     }
 
@@ -80,6 +86,7 @@ impl Outcome {
         use crate::error::ExitCode;
         match self {
             Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => ExitCode::Ok,
+            Outcome::OutcomeUnknown => ExitCode::OutcomeUnknown,
             Outcome::RegistryUnavailable
             | Outcome::TransactionFailed
             | Outcome::LeaseStoreUnavailable => ExitCode::Error,
@@ -135,6 +142,9 @@ pub struct Report {
     /// candidates of the plan" rather than named workers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first: Option<usize>,
+    /// The id this apply's audit rows carry, once it reached its writes
+    /// (`fleet-retire apply-status APPLY_ID` reads them back).
+    pub apply_id: Option<String>,
     /// The token presented.
     pub registry_fingerprint: String,
     /// The token presented.
@@ -226,6 +236,7 @@ impl Report {
                 None => req.workers.clone(),
             },
             first: req.first,
+            apply_id: None,
             registry_fingerprint: req.registry_fingerprint.clone(),
             candidate_fingerprint: req.candidate_fingerprint.clone(),
             policy_fingerprint: req.policy_fingerprint.clone(),

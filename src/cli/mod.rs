@@ -1,6 +1,7 @@
 //! The command line: one file per subcommand, shared flags flattened in.
 
 pub mod apply;
+pub mod apply_status;
 pub mod demo;
 pub mod diff;
 pub mod explain;
@@ -68,6 +69,10 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Retire exactly what a plan approved, in one guarded transaction.
     Apply(apply::ApplyArgs),
+    /// Whether an apply committed (for one that ended `outcome_unknown`):
+    /// its audit rows on the registry, read once no COMMIT is in flight.
+    /// Exit 0 when it committed, 2 when it did not.
+    ApplyStatus(apply_status::ApplyStatusArgs),
     /// The live fleet: instances, collisions, stale rows, manifest drift.
     Snapshot(snapshot::SnapshotArgs),
     /// A small real fleet, end to end: register, die, snapshot, plan, apply.
@@ -315,6 +320,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
         Command::Plan(args) => plan::run(&cli, args),
         Command::Apply(args) => apply::run(&cli, args),
+        Command::ApplyStatus(args) => apply_status::run(&cli, args),
         Command::Test(args) => test::run(&cli, args),
         Command::Fixture(args) => fixture::run(&cli, args),
         Command::Registry(args) => registry::run(&cli, args),

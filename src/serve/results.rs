@@ -74,6 +74,7 @@ pub(super) fn advice(outcome: Outcome) -> &'static str {
         Outcome::RegistryUntrusted => "the registry holds triggers or views; an operator must inspect and drop them",
         Outcome::RegistryUnavailable | Outcome::LeaseStoreUnavailable => "check the stores this server was started with",
         Outcome::TransactionFailed => "nothing was retired; read the detail, then plan again",
+        Outcome::OutcomeUnknown => "do not plan or apply again yet: ask the operator to run `fleet-retire apply-status APPLY_ID` on the registry, which says whether this apply committed",
         Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => "nothing",
     }
 }

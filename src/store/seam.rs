@@ -52,6 +52,22 @@ pub trait Engine {
     /// The registry opened for a worker's writes to its own row (created or
     /// migrated when needed).
     fn worker_rows(&self) -> Result<Box<dyn WorkerRows>>;
+
+    /// The retirements the audit table records under `apply_id`, read once
+    /// no transaction is still writing that table (waited for at most
+    /// `wait`): empty when that apply did not commit.
+    fn audit_of(&self, apply_id: &str, wait: Duration) -> Result<Vec<Recorded>>;
+}
+
+/// One retirement an apply's audit row records.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Recorded {
+    /// The worker retired.
+    pub worker_identity: String,
+    /// When.
+    pub retired_at: String,
+    /// By which profile.
+    pub retired_by: String,
 }
 
 /// The rows changed since a [`RowVersions`] marker, each with its position

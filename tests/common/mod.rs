@@ -1,6 +1,7 @@
 //! Shared helpers for integration tests: real SQLite files, the real binary.
 #![allow(dead_code)]
 
+pub mod pgproxy;
 pub mod reports;
 
 use rusqlite::{params_from_iter, Connection};

@@ -27,7 +27,7 @@ impl Postgres {
     /// the statement fails and the apply is `transaction_failed`.
     pub fn open(url: &PgUrl, location: &Path, busy_timeout: Duration) -> Result<Postgres> {
         let label = url.to_string();
-        let mut client = super::connect_to(url, Store::Registry)?;
+        let mut client = super::connect_bounded(url, Store::Registry, busy_timeout)?;
         let millis = busy_timeout.as_millis().clamp(1, i32::MAX as u128);
         client
             .batch_execute(&format!("SET lock_timeout = {millis}"))
@@ -176,11 +176,23 @@ impl ApplyTx for Tx<'_> {
         Ok((!found.is_empty()).then(|| found.join("; ")))
     }
 
+    /// A COMMIT the server answered with an error did not commit; one
+    /// whose answer never came (the connection closed, reset or went
+    /// silent past its bound) may have.
     fn commit(self: Box<Self>) -> Result<()> {
         let label = self.label;
-        self.tx
-            .commit()
-            .map_err(Error::postgres(Store::Registry, &label, "commit failed"))
+        self.tx.commit().map_err(|e| {
+            if e.as_db_error().is_some() {
+                Error::postgres(Store::Registry, &label, "commit failed")(e)
+            } else {
+                let cause =
+                    std::error::Error::source(&e).map_or(String::new(), |c| format!(": {c}"));
+                Error::OutcomeUnknown {
+                    shown: label.clone(),
+                    message: format!("{e}{cause}"),
+                }
+            }
+        })
     }
 
     fn rollback(self: Box<Self>) -> Option<String> {

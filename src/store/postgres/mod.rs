@@ -23,11 +23,13 @@ use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient};
 
 pub mod apply;
+pub mod failover;
 pub mod image;
 pub mod leases;
 mod read;
 mod schema;
 pub mod shape;
+pub mod stall;
 pub mod tls;
 pub mod worker;
 mod write;
@@ -101,6 +103,57 @@ impl crate::store::seam::Engine for Postgres {
     fn worker_rows(&self) -> Result<Box<dyn crate::store::seam::WorkerRows>> {
         Ok(Box::new(worker::PgLease::take(&self.url, &self.location)?))
     }
+
+    /// Read on the server the URL reaches (the writable member, with
+    /// `target_session_attrs=read-write`), after taking the audit table in
+    /// SHARE mode: a transaction that wrote audit rows holds it in ROW
+    /// EXCLUSIVE mode until its COMMIT is done or undone, so a COMMIT still
+    /// in flight is waited for, and the answer is final.
+    fn audit_of(
+        &self,
+        apply_id: &str,
+        wait: std::time::Duration,
+    ) -> Result<Vec<crate::store::seam::Recorded>> {
+        let label = self.url.to_string();
+        let mut client = connect_to(&self.url, Store::Registry)?;
+        let err = |doing| Error::postgres(Store::Registry, &label, doing);
+        let mut tx = client.transaction().map_err(err("cannot begin a read"))?;
+        let millis = wait.as_millis().clamp(1, i32::MAX as u128);
+        tx.batch_execute(&format!("SET LOCAL lock_timeout = {millis}"))
+            .map_err(err("cannot set the lock timeout"))?;
+        let table = crate::store::audit::TABLE;
+        let exists: bool = tx
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .and_then(|r| r.try_get(0))
+            .map_err(err("cannot look for the audit table"))?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        tx.batch_execute(&format!("LOCK TABLE {table} IN SHARE MODE"))
+            .map_err(err("cannot wait for transactions writing the audit"))?;
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT worker_identity, retired_at, retired_by FROM {table} \
+                     WHERE apply_id = $1 ORDER BY worker_identity"
+                ),
+                &[&apply_id],
+            )
+            .map_err(err("cannot read the audit"))?;
+        let recorded = rows
+            .iter()
+            .map(|r| {
+                Ok(crate::store::seam::Recorded {
+                    worker_identity: r.try_get(0)?,
+                    retired_at: r.try_get(1)?,
+                    retired_by: r.try_get(2)?,
+                })
+            })
+            .collect::<std::result::Result<Vec<_>, postgres::Error>>()
+            .map_err(err("cannot read the audit"))?;
+        tx.commit().map_err(err("cannot end the read"))?;
+        Ok(recorded)
+    }
 }
 
 /// How long a connection attempt may take before it is an error.
@@ -123,6 +176,22 @@ pub fn connect(url: &str, store: Store) -> Result<Client> {
 
 /// Connect to a parsed URL, with the session's `search_path` pinned.
 pub fn connect_to(url: &PgUrl, store: Store) -> Result<Client> {
+    connect_bounded(url, store, std::time::Duration::ZERO)
+}
+
+/// [`connect_to`], the connection's silences bounded ([`stall`]) by the
+/// default bound plus `may_wait` (a lock wait the server itself bounds).
+pub fn connect_bounded(url: &PgUrl, store: Store, may_wait: std::time::Duration) -> Result<Client> {
+    connect_watched(url, store, may_wait).map(|(client, _)| client)
+}
+
+/// [`connect_bounded`], with the flag that marks the connection idle
+/// while its holder keeps it unused.
+pub fn connect_watched(
+    url: &PgUrl,
+    store: Store,
+    may_wait: std::time::Duration,
+) -> Result<(Client, stall::Idle)> {
     let label = url.to_string();
     let mut config = url.config().clone();
     config.application_name("fleet-retire");
@@ -148,12 +217,16 @@ pub fn connect_to(url: &PgUrl, store: Store) -> Result<Client> {
         }
     })?;
     tls::warn_if_unverified(url);
-    let mut client =
-        config
-            .connect(connector)
-            .map_err(Error::postgres(store, &label, "cannot connect"))?;
+    let before = stall::sockets();
+    let wait = failover::election_wait(&config);
+    let mut client = failover::connect(&config, &connector, wait).map_err(Error::postgres(
+        store,
+        &label,
+        "cannot connect",
+    ))?;
+    let idle = stall::watch_new(&before, stall::reply_bound() + may_wait);
     pin_search_path(&mut client, store, &label)?;
-    Ok(client)
+    Ok((client, idle))
 }
 
 /// Name resolution that the database cannot steer. The schema our tables

@@ -18,9 +18,11 @@ pub struct PgLease {
     url: String,
     label: String,
     client: Option<postgres::Client>,
+    /// Set while the connection waits in the cache ([`super::stall`]).
+    idle: super::stall::Idle,
 }
 
-type PgCache = std::sync::Mutex<HashMap<String, Vec<postgres::Client>>>;
+type PgCache = std::sync::Mutex<HashMap<String, Vec<(postgres::Client, super::stall::Idle)>>>;
 
 fn pg_cache() -> &'static PgCache {
     static CACHE: std::sync::OnceLock<PgCache> = std::sync::OnceLock::new();
@@ -38,11 +40,12 @@ impl PgLease {
             .lock()
             .ok()
             .and_then(|mut c| c.get_mut(&url_key).and_then(Vec::pop))
-            .filter(|c| !c.is_closed());
-        let client = match cached {
-            Some(c) => c,
+            .filter(|(c, _)| !c.is_closed());
+        let (client, idle) = match cached {
+            Some(kept) => kept,
             None => {
-                let mut c = super::connect_to(url, Store::Registry)?;
+                let (mut c, idle) =
+                    super::connect_watched(url, Store::Registry, std::time::Duration::ZERO)?;
                 let complete = super::table_columns(&mut c, TABLE, Store::Registry, &label)?
                     .is_some_and(|cols| {
                         COLUMNS
@@ -52,13 +55,15 @@ impl PgLease {
                 if !complete {
                     super::create_or_migrate_registry(&mut c, &label)?;
                 }
-                c
+                (c, idle)
             }
         };
+        idle.store(false, std::sync::atomic::Ordering::SeqCst);
         Ok(PgLease {
             url: url_key,
             label,
             client: Some(client),
+            idle,
         })
     }
 
@@ -85,10 +90,11 @@ impl PgLease {
 impl Drop for PgLease {
     fn drop(&mut self) {
         if let (Some(client), Ok(mut cache)) = (self.client.take(), pg_cache().lock()) {
+            self.idle.store(true, std::sync::atomic::Ordering::SeqCst);
             cache
                 .entry(std::mem::take(&mut self.url))
                 .or_default()
-                .push(client);
+                .push((client, self.idle.clone()));
         }
     }
 }

@@ -10,7 +10,7 @@ pub mod worker;
 use crate::error::Result;
 use crate::row::Row;
 use crate::store::leases::Lease;
-use crate::store::seam::{ApplyConnection, Engine, FenceSource, RowVersions, WorkerRows};
+use crate::store::seam::{ApplyConnection, Engine, FenceSource, Recorded, RowVersions, WorkerRows};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -53,5 +53,39 @@ impl Engine for Sqlite {
 
     fn worker_rows(&self) -> Result<Box<dyn WorkerRows>> {
         Ok(Box::new(worker::Rows::open(&self.path)?))
+    }
+
+    /// A SQLite COMMIT is the file's own: a reader sees it whole or not at
+    /// all, and a crashed writer's journal is rolled back on the next open.
+    fn audit_of(&self, apply_id: &str, wait: Duration) -> Result<Vec<Recorded>> {
+        use crate::error::{Error, Store};
+        let conn = read::open_read_only(&self.path)?;
+        let err = Error::sqlite(Store::Registry, &self.path, "cannot read the audit");
+        conn.busy_timeout(wait).map_err(err)?;
+        if crate::store::table_columns(&conn, crate::store::audit::TABLE)
+            .map_err(err)?
+            .is_none()
+        {
+            return Ok(Vec::new());
+        }
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT worker_identity, retired_at, retired_by FROM {} WHERE apply_id = ?1 \
+                 ORDER BY worker_identity",
+                crate::store::audit::TABLE
+            ))
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([apply_id], |r| {
+                Ok(Recorded {
+                    worker_identity: r.get(0)?,
+                    retired_at: r.get(1)?,
+                    retired_by: r.get(2)?,
+                })
+            })
+            .map_err(err)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(err)?;
+        Ok(rows)
     }
 }

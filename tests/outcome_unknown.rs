@@ -1,0 +1,145 @@
+//! An apply whose COMMIT went out and whose reply never came says
+//! `outcome_unknown` (exit 5) with its apply id, never "nothing was
+//! retired"; `fleet-retire apply-status APPLY_ID` then answers from the
+//! registry's own audit, and the same plan applied again is refused by its
+//! tokens after a COMMIT that took, and applies after one that did not.
+//! A proxy of ours (`tests/common/pgproxy.rs`) stands between apply and a
+//! real PostgreSQL server and loses the COMMIT, or only its reply.
+
+mod common;
+
+use common::pgproxy::{Lose, PgProxy};
+use common::*;
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// The test database's URL with its port replaced by the proxy's.
+fn via(db: &PgDb, proxy: &PgProxy) -> String {
+    let (head, tail) = db.url.rsplit_once(':').unwrap();
+    let (_, path) = tail.split_once('/').unwrap();
+    format!("{head}:{}/{path}", proxy.port)
+}
+
+fn upstream(db: &PgDb) -> String {
+    let after = db.url.split_once('@').map_or(db.url.as_str(), |(_, h)| h);
+    after.split('/').next().unwrap().to_string()
+}
+
+fn status(db: &PgDb, apply_id: &str) -> (Option<i32>, Value) {
+    let out = bin()
+        .args([
+            "--format",
+            "json",
+            "apply-status",
+            apply_id,
+            "--registry",
+            &db.url,
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out))),
+    )
+}
+
+/// Plan on the database itself, apply through a proxy losing `lose`.
+fn apply_losing(tag: &str, lose: Lose) -> Option<(PgDb, Stores, PathBuf, Value, KillOnDrop)> {
+    let (mut stores, live, db) = pg_fleet(tag)?;
+    let (plan, _) = save_plan(&stores);
+    let proxy = PgProxy::start(upstream(&db), lose);
+    stores.registry = PathBuf::from(via(&db, &proxy));
+    stores.leases = stores.registry.clone();
+    let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert!(
+        proxy.fired.load(std::sync::atomic::Ordering::SeqCst),
+        "{report}"
+    );
+    assert_eq!(code, Some(5), "{report}");
+    assert_eq!(report["outcome"], "outcome_unknown", "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(!detail.contains("nothing was retired"), "{detail}");
+    assert!(detail.contains("apply-status"), "{detail}");
+    stores.registry = PathBuf::from(&db.url);
+    stores.leases = stores.registry.clone();
+    Some((db, stores, plan, report, live))
+}
+
+#[test]
+fn a_commit_whose_reply_is_lost_is_unknown_then_found_committed() {
+    let Some((db, stores, plan, report, live)) = apply_losing("lost_reply", Lose::Reply) else {
+        return;
+    };
+    let id = report["apply_id"].as_str().unwrap();
+    let (code, found) = status(&db, id);
+    assert_eq!(code, Some(0), "{found}");
+    assert_eq!(found["committed"], true);
+    let retired: Vec<&str> = found["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["worker_identity"].as_str().unwrap())
+        .collect();
+    assert_eq!(retired, ["w-dead-1", "w-dead-2", "w-dead-3"]);
+    // The same plan again: its tokens no longer match the registry.
+    let (code, again) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_ne!(again["outcome"], "applied", "{again}");
+    assert_eq!(again["retired_count"], 0, "{again}");
+    assert!(matches!(code, Some(0) | Some(2)), "{again}");
+    drop(live);
+}
+
+#[test]
+fn a_lost_commit_is_unknown_then_found_not_committed_and_applies_again() {
+    let Some((db, stores, plan, report, live)) = apply_losing("lost_commit", Lose::Commit) else {
+        return;
+    };
+    let id = report["apply_id"].as_str().unwrap();
+    let (code, found) = status(&db, id);
+    assert_eq!(code, Some(2), "{found}");
+    assert_eq!(found["committed"], false);
+    let (code, again) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{again}");
+    assert_eq!(again["outcome"], "applied", "{again}");
+    assert_eq!(again["retired_count"], 3, "{again}");
+    drop(live);
+}
+
+/// A connection that goes silent after COMMIT (the server froze, or a
+/// proxy swallows its reply) is given up on after the reply bound, not
+/// waited on for ever: `outcome_unknown` in seconds.
+#[test]
+fn a_commit_whose_reply_never_comes_is_given_up_on() {
+    let Some((mut stores, live, db)) = pg_fleet("silent_reply") else {
+        return;
+    };
+    let (plan, _) = save_plan(&stores);
+    let proxy = PgProxy::start(upstream(&db), Lose::ReplySilently);
+    stores.registry = PathBuf::from(via(&db, &proxy));
+    stores.leases = stores.registry.clone();
+    let started = std::time::Instant::now();
+    let child = KillOnDrop(
+        bin()
+            .args(stores.apply_args("controller-prgs"))
+            .arg(&plan)
+            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "3")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let took = started.elapsed();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(out.status.code(), Some(5), "{report}");
+    assert_eq!(report["outcome"], "outcome_unknown", "{report}");
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+    let (code, found) = status(&db, report["apply_id"].as_str().unwrap());
+    assert_eq!(
+        (code, &found["committed"]),
+        (Some(0), &Value::Bool(true)),
+        "{found}"
+    );
+    drop(live);
+}
