@@ -145,6 +145,10 @@ fn the_built_in_set_renders_with_its_marks() {
     let pid_alive = policy(&seen, "pid-alive");
     assert!(pid_alive["killed"].as_u64().unwrap() > 0, "{pid_alive}");
     assert_eq!(pid_alive["survived"], 0);
+    assert!(
+        pid_alive["shown"].as_str().unwrap().contains("killed by"),
+        "{pid_alive}"
+    );
     assert_eq!(
         policy(&seen, "worker-live")["killed"],
         Value::Null,
@@ -351,6 +355,14 @@ fn grants_as_edited(seen: &Value) {
     );
     let cells = grants["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 9, "the removed profile keeps its row");
+    let proved_by = grants["proved_by"].as_array().unwrap();
+    assert_eq!(proved_by.len(), 3, "one per operation");
+    assert!(
+        proved_by
+            .iter()
+            .all(|p| p.as_str().unwrap().contains("proved")),
+        "{proved_by:?}"
+    );
     let revoked = cells
         .iter()
         .filter(|c| c["profile"] == "gone" && c["change"].as_str().unwrap().contains("revoked"))

@@ -63,6 +63,10 @@ pub fn matrix(g: &GrantsSeen, properties: &[Property], v: &Verification) -> Gran
         })
         .collect();
     Grants {
+        proved_by: operations
+            .iter()
+            .map(|op| proofs_about(op, properties, v))
+            .collect(),
         file: visible(&g.file),
         against: g.against.as_ref().map(|(f, _)| visible(f)),
         operations,

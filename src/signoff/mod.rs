@@ -278,9 +278,29 @@ fn policy_rows(e: &Evidence, mutants: &[Judged]) -> Vec<PolicyRow> {
                 killed: count("killed"),
                 equivalent: count("equivalent"),
                 survived: count("survived"),
+                killers: killers(&own),
                 id: visible(&r.id),
             }
         })
+        .collect()
+}
+
+/// What killed a policy's mutants, each with how many, most first.
+fn killers(own: &[&Judged]) -> Vec<String> {
+    let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+    for m in own.iter().filter(|m| m.status == "killed") {
+        let killer = m
+            .killed_by_property
+            .as_deref()
+            .or(m.killed_by_fixture.as_deref())
+            .unwrap_or("?");
+        *by.entry(killer).or_default() += 1;
+    }
+    let mut listed: Vec<(&str, usize)> = by.into_iter().collect();
+    listed.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    listed
+        .into_iter()
+        .map(|(k, n)| visible(&format!("{k} ({n})")))
         .collect()
 }
 

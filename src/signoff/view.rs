@@ -73,6 +73,8 @@ pub struct PolicyRow {
     pub equivalent: usize,
     /// Its mutants that survived.
     pub survived: usize,
+    /// What killed its mutants: `property-or-case (n)`, most first.
+    pub killers: Vec<String>,
 }
 
 /// One proof obligation.
@@ -127,6 +129,9 @@ pub struct Grants {
     pub against: Option<String>,
     /// The operations, in column order.
     pub operations: Vec<String>,
+    /// Per operation, the capability properties about it and whether each
+    /// was proved.
+    pub proved_by: Vec<String>,
     /// One row per profile.
     pub rows: Vec<GrantRow>,
     /// What `grants` warns of in the file (a misspelt role, a malformed

@@ -58,7 +58,8 @@ try {
       survivors: marked('survivor'),
       failing: marked('failing'),
       grants: {
-        profiles: document.querySelectorAll('#grants tr').length - 1,
+        profiles: document.querySelectorAll('#grants tr:has(td[data-profile])').length,
+        proved_by: [...document.querySelectorAll('#grants tr.proved-by td')].map((td) => td.innerText),
         operations: document.querySelectorAll('#grants tr:first-child th').length - 1,
         cells,
       },
