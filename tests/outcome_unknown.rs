@@ -143,3 +143,129 @@ fn a_commit_whose_reply_never_comes_is_given_up_on() {
     );
     drop(live);
 }
+
+/// `apply-status` while a COMMIT writing that apply's audit rows is in
+/// flight, on a database whose default isolation is REPEATABLE READ: it
+/// waits for the COMMIT and answers committed (a snapshot taken before
+/// its lock would have said "not committed"). A registry without an audit
+/// table is not an answer but an error.
+#[test]
+fn apply_status_waits_for_a_commit_in_flight_and_needs_an_audit_table() {
+    let Some((stores, live, db)) = pg_fleet("status_in_flight") else {
+        return;
+    };
+    let (plan, _) = save_plan(&stores);
+    let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    let name = db.url.rsplit('/').next().unwrap().to_string();
+    let mut admin = db.client();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
+        ))
+        .unwrap();
+    let id = "f".repeat(32);
+    let url = db.url.clone();
+    let writer = std::thread::spawn({
+        let id = id.clone();
+        move || {
+            let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+            let cols: Vec<String> = c
+                .query(
+                    "SELECT column_name::text FROM information_schema.columns \
+                     WHERE table_name = 'retirement_audit' AND column_name NOT IN ('audit_id', 'apply_id')",
+                    &[],
+                )
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let cols = cols.join(", ");
+            c.batch_execute(&format!(
+                "BEGIN; INSERT INTO retirement_audit ({cols}, apply_id) \
+                 SELECT {cols}, '{id}' FROM retirement_audit LIMIT 1; \
+                 SELECT pg_sleep(3); COMMIT"
+            ))
+            .unwrap();
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let (code, found) = status(&db, &id);
+    writer.join().unwrap();
+    assert_eq!(
+        (code, &found["committed"]),
+        (Some(0), &Value::Bool(true)),
+        "{found}"
+    );
+
+    let bare = Stores::new(&[]);
+    let out = bin()
+        .args(["apply-status", &id, "--registry"])
+        .arg(&bare.registry)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("no retirement_audit table"),
+        "{}",
+        text(&out)
+    );
+    drop(live);
+}
+
+/// A lock wait apply allows (`--busy-timeout-ms`) is not a stall, for the
+/// registry's connection nor for the lease store's beside it; a server
+/// that accepts and never completes the connection is given up on.
+#[test]
+fn a_lock_wait_is_not_a_stall_and_a_mute_server_is_given_up_on() {
+    let Some((stores, live, db)) = pg_fleet("lock_not_stall") else {
+        return;
+    };
+    let (plan, _) = save_plan(&stores);
+    let mut holder = db.client();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE worker_registrations IN EXCLUSIVE MODE")
+        .unwrap();
+    let child = KillOnDrop(
+        bin()
+            .args(stores.apply_args("controller-prgs"))
+            .arg(&plan)
+            .args(["--busy-timeout-ms", "60000"])
+            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "2")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    holder.batch_execute("COMMIT").unwrap();
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(report["outcome"], "applied", "{report}");
+
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = mute.local_addr().unwrap().port();
+    let url = format!("postgres://fleet@127.0.0.1:{port}/x");
+    let started = std::time::Instant::now();
+    let child = KillOnDrop(
+        bin()
+            .args(["heartbeat", "--registry", &url])
+            .env("GITEA_MCP_WORKER_IDENTITY", "w-mute")
+            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "2")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("did not complete it"), "{}", text(&out));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(mute);
+    drop(live);
+}

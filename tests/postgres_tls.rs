@@ -367,15 +367,7 @@ fn every_command_speaks_verified_tls() {
             .unwrap();
         assert!(out.status.success(), "{command}: {}", text(&out));
     }
-    let mut server = KillOnDrop(
-        serve_command(&stores, "w-tls-serve", "sess-tls")
-            .env("FLEET_RETIRE_HEARTBEAT_INTERVAL", "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut server = serve_heartbeating(&stores, "w-tls-serve", "sess-tls");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while cluster.psql_in(
         "fleetdb",

@@ -183,6 +183,19 @@ pub fn count_for(conn: &Connection, apply_id: &str) -> rusqlite::Result<usize> {
     .map(|n| n as usize)
 }
 
+/// The answer for a registry with no audit table, asked about an apply:
+/// no apply ever committed there, so it is not the registry that apply
+/// wrote to (an empty answer would read as "not committed").
+pub fn absent(shown: &str) -> crate::error::Error {
+    crate::error::Error::Registry {
+        shown: shown.to_string(),
+        message: format!(
+            "has no {TABLE} table, so no apply ever committed here: this is not the registry \
+             the apply wrote to; pass the same --registry the apply had"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

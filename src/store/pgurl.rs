@@ -126,7 +126,14 @@ impl PgUrl {
                 .map(|(_, v)| v.clone())
                 .or_else(|| env(var).filter(|v| !v.is_empty()))
         };
-        let local = config.get_hosts().iter().all(is_local);
+        // The driver connects to `hostaddr` when one is given, whatever
+        // `host` says: each must be this machine for the URL to be local.
+        let local = !config.get_hosts().is_empty()
+            && config.get_hosts().iter().all(is_local)
+            && config
+                .get_hostaddrs()
+                .iter()
+                .all(std::net::IpAddr::is_loopback);
         let named = get(TLS_KEYS[0]);
         let mut mode = match &named {
             Some(name) => SslMode::from_name(name).ok_or_else(|| {
@@ -193,13 +200,22 @@ fn is_local(host: &postgres::config::Host) -> bool {
 fn take_tls_parameters(url: &str) -> Result<(String, Vec<(String, String)>), String> {
     let after_at = url.rfind('@').map_or(0, |i| i + 1);
     let Some(q) = url[after_at..].find('?').map(|i| after_at + i) else {
+        refuse_hidden_tls_keys(url)?;
         return Ok((url.to_string(), Vec::new()));
     };
     let mut kept = Vec::new();
-    let mut tls = Vec::new();
+    let mut tls: Vec<(String, String)> = Vec::new();
     for pair in url[q + 1..].split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         if TLS_KEYS.iter().any(|(k, _)| *k == key) {
+            // libpq lets the last of two win, a reader the first: neither
+            // is taken.
+            if tls.iter().any(|(k, _)| k == key) {
+                return Err(format!(
+                    "the URL gives {key} twice; give it once (a URL made stricter by appending \
+                     &{key}=… must replace the earlier value instead)"
+                ));
+            }
             let value = percent_decode(value)
                 .ok_or_else(|| format!("the URL's {key} is not valid percent-encoded UTF-8"))?;
             tls.push((key.to_string(), value));
@@ -212,7 +228,26 @@ fn take_tls_parameters(url: &str) -> Result<(String, Vec<(String, String)>), Str
         rest.push('?');
         rest.push_str(&kept.join("&"));
     }
+    refuse_hidden_tls_keys(&rest)?;
     Ok((rest, tls))
+}
+
+/// A TLS parameter left in what goes to the driver was not read where the
+/// URL's query was taken to start: an `@` or `?` that is not
+/// percent-encoded (in a password or a value) moved it. Rather than guess
+/// which reading the driver takes, the URL is refused.
+fn refuse_hidden_tls_keys(rest: &str) -> Result<(), String> {
+    let after_scheme = rest.split_once("://").map_or(rest, |(_, r)| r);
+    match TLS_KEYS
+        .iter()
+        .find(|(k, _)| after_scheme.contains(&format!("{k}=")))
+    {
+        Some((key, _)) => Err(format!(
+            "the URL holds {key}= where it cannot be read as a parameter: an `@` or `?` in the \
+             password or in a value moved it; percent-encode them (%40, %3F)"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `%XX` sequences decoded (and `+` left as it is, as libpq does).
@@ -417,6 +452,25 @@ mod tests {
         let t = tls_of("postgres://u@h/db?sslmode=require&sslrootcert=/ca.pem", &[]).unwrap();
         assert_eq!(t.mode, SslMode::VerifyCa);
         assert!(PgUrl::parse("postgres://u@h/db?bogus=1").is_err());
+    }
+
+    #[test]
+    fn urls_that_could_be_read_two_ways_are_refused() {
+        // hostaddr is where the driver connects: a remote one is remote.
+        let t = tls_of("postgres://u@localhost:6543/db?hostaddr=192.0.2.2", &[]).unwrap();
+        assert_eq!((t.mode, t.local), (SslMode::VerifyFull, false));
+        let t = tls_of("postgres://u@localhost:6543/db?hostaddr=127.0.0.1", &[]).unwrap();
+        assert_eq!(t.mode, SslMode::Prefer);
+        // An `@` in a value hides the query from a reader looking after the
+        // last `@`; the TLS parameter is not silently dropped.
+        let e = tls_of(
+            "postgres://u@127.0.0.1:6545/db?sslmode=require&application_name=ops@bastion",
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("percent-encode"), "{e}");
+        let e = tls_of("postgres://u@h/db?sslmode=disable&sslmode=verify-full", &[]).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
     }
 
     #[test]

@@ -663,6 +663,20 @@ pub fn serve_command(stores: &Stores, identity: &str, session: &str) -> Command 
     command
 }
 
+/// A `serve` on `stores` heartbeating every second, its standard input
+/// held open (it stops when that closes), killed on drop.
+pub fn serve_heartbeating(stores: &Stores, identity: &str, session: &str) -> KillOnDrop {
+    KillOnDrop(
+        serve_command(stores, identity, session)
+            .env("FLEET_RETIRE_HEARTBEAT_INTERVAL", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// The fleet of [`fleet`] copied into a fresh PostgreSQL database, registry
 /// and leases both there; `None` when no cluster is configured.
 pub fn pg_fleet(tag: &str) -> Option<(Stores, KillOnDrop, PgDb)> {

@@ -47,23 +47,59 @@ fn may_pass(e: &postgres::Error) -> bool {
     }
 }
 
-/// Connect, retrying for at most `wait` while no writable member answers.
+/// One connection attempt, bounded as a whole: the driver's
+/// `connect_timeout` covers the TCP connect only, and a server that accepts
+/// and then says nothing (frozen, or its backlog taken by the kernel) would
+/// hold the TLS request, the handshake and the startup for ever. The
+/// attempt runs on a thread of its own; past `limit` it is abandoned (its
+/// thread ends when the socket fails or the process does) and `None` says
+/// so.
+fn attempt(
+    config: &postgres::Config,
+    connector: &MakeTlsConnector,
+    limit: Duration,
+) -> Option<Result<postgres::Client, postgres::Error>> {
+    let (config, connector) = (config.clone(), connector.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("pg-connect".into())
+        .spawn(move || {
+            let _ = tx.send(config.connect(connector));
+        })
+        .ok()?;
+    rx.recv_timeout(limit).ok()
+}
+
+/// Why connecting failed.
+pub enum Failed {
+    /// The driver's error.
+    Postgres(postgres::Error),
+    /// An attempt did not finish within this bound.
+    Unfinished(Duration),
+}
+
+/// Connect, retrying for at most `wait` while no writable member answers;
+/// each attempt is given up after `limit`.
 pub fn connect(
     config: &postgres::Config,
     connector: &MakeTlsConnector,
     wait: Duration,
-) -> Result<postgres::Client, postgres::Error> {
+    limit: Duration,
+) -> Result<postgres::Client, Failed> {
     let deadline = Instant::now() + wait;
     let mut pause = Duration::from_millis(250);
     loop {
-        match config.connect(connector.clone()) {
+        let Some(result) = attempt(config, connector, limit) else {
+            return Err(Failed::Unfinished(limit));
+        };
+        match result {
             Ok(client) => return Ok(client),
             Err(e) if may_pass(&e) && Instant::now() + pause < deadline => {
                 tracing::info!(error = %e, "no writable PostgreSQL member yet; waiting");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(Failed::Postgres(e)),
         }
     }
 }

@@ -115,9 +115,16 @@ impl crate::store::seam::Engine for Postgres {
         wait: std::time::Duration,
     ) -> Result<Vec<crate::store::seam::Recorded>> {
         let label = self.url.to_string();
-        let mut client = connect_to(&self.url, Store::Registry)?;
+        let mut client = connect_bounded(&self.url, Store::Registry, wait)?;
         let err = |doing| Error::postgres(Store::Registry, &label, doing);
-        let mut tx = client.transaction().map_err(err("cannot begin a read"))?;
+        // READ COMMITTED whatever the database's default: the read after
+        // the lock must see what a COMMIT in flight committed, not a
+        // snapshot taken before it.
+        let mut tx = client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::ReadCommitted)
+            .start()
+            .map_err(err("cannot begin a read"))?;
         let millis = wait.as_millis().clamp(1, i32::MAX as u128);
         tx.batch_execute(&format!("SET LOCAL lock_timeout = {millis}"))
             .map_err(err("cannot set the lock timeout"))?;
@@ -127,7 +134,7 @@ impl crate::store::seam::Engine for Postgres {
             .and_then(|r| r.try_get(0))
             .map_err(err("cannot look for the audit table"))?;
         if !exists {
-            return Ok(Vec::new());
+            return Err(crate::store::audit::absent(&label));
         }
         tx.batch_execute(&format!("LOCK TABLE {table} IN SHARE MODE"))
             .map_err(err("cannot wait for transactions writing the audit"))?;
@@ -153,6 +160,15 @@ impl crate::store::seam::Engine for Postgres {
             .map_err(err("cannot read the audit"))?;
         tx.commit().map_err(err("cannot end the read"))?;
         Ok(recorded)
+    }
+}
+
+/// A failure of `store` named `label` that the driver did not report.
+fn store_error(store: Store, label: &str, message: String) -> Error {
+    let shown = label.to_string();
+    match store {
+        Store::Registry => Error::Registry { shown, message },
+        Store::Leases => Error::Leases { shown, message },
     }
 }
 
@@ -203,28 +219,27 @@ pub fn connect_watched(
             config.password(password.as_encoded_bytes());
         }
     }
-    let connector = tls::connector(url.tls()).map_err(|message| {
-        let message = format!("cannot set up TLS: {message}");
-        match store {
-            Store::Registry => Error::Registry {
-                shown: label.clone(),
-                message,
-            },
-            Store::Leases => Error::Leases {
-                shown: label.clone(),
-                message,
-            },
-        }
-    })?;
+    let connector = tls::connector(url.tls())
+        .map_err(|message| store_error(store, &label, format!("cannot set up TLS: {message}")))?;
     tls::warn_if_unverified(url);
     let before = stall::sockets();
     let wait = failover::election_wait(&config);
-    let mut client = failover::connect(&config, &connector, wait).map_err(Error::postgres(
-        store,
-        &label,
-        "cannot connect",
-    ))?;
-    let idle = stall::watch_new(&before, stall::reply_bound() + may_wait);
+    let limit = CONNECT_TIMEOUT + stall::reply_bound();
+    let mut client = match failover::connect(&config, &connector, wait, limit) {
+        Ok(client) => client,
+        Err(failover::Failed::Postgres(e)) => {
+            return Err(Error::postgres(store, &label, "cannot connect")(e))
+        }
+        Err(failover::Failed::Unfinished(limit)) => {
+            let message = format!(
+                "cannot connect: the server accepted the connection and did not complete it \
+                 within {} s (TLS, startup or authentication); is it frozen or overloaded?",
+                limit.as_secs()
+            );
+            return Err(store_error(store, &label, message));
+        }
+    };
+    let idle = stall::watch_new(&before, stall::bound_for(may_wait));
     pin_search_path(&mut client, store, &label)?;
     Ok((client, idle))
 }

@@ -33,6 +33,25 @@ pub fn reply_bound() -> Duration {
         .map_or(Duration::from_secs(30), Duration::from_secs)
 }
 
+/// The longest lock wait this process's commands allow (apply's
+/// `--busy-timeout-ms`), in milliseconds: every connection opened after it
+/// is set may be silent that long on top of the reply bound, since one
+/// connection's lock wait leaves the others of the same command silent too
+/// (apply's lease store while its registry waits for the lock).
+static ALLOWED_WAIT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Allow connections opened from now on to wait `wait` for a lock.
+pub fn allow_waits(wait: Duration) {
+    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    ALLOWED_WAIT_MS.fetch_max(ms, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The bound of a connection opened now that may itself wait `may_wait`.
+pub fn bound_for(may_wait: Duration) -> Duration {
+    let allowed = Duration::from_millis(ALLOWED_WAIT_MS.load(std::sync::atomic::Ordering::SeqCst));
+    reply_bound() + may_wait.max(allowed)
+}
+
 /// One watched socket: its descriptor and the addresses that make it
 /// this socket (a descriptor reused for another is never touched).
 struct Watched {

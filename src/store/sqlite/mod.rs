@@ -66,7 +66,9 @@ impl Engine for Sqlite {
             .map_err(err)?
             .is_none()
         {
-            return Ok(Vec::new());
+            return Err(crate::store::audit::absent(
+                &self.path.display().to_string(),
+            ));
         }
         let mut stmt = conn
             .prepare(&format!(
