@@ -11,29 +11,11 @@ use common::pgproxy::{Lose, PgProxy};
 use common::*;
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn plan_at(stores: &Stores, url: &str, wait: &str) -> KillOnDrop {
-    let mut args = stores.plan_args("controller-prgs");
-    for (i, a) in args.clone().iter().enumerate() {
-        if a == "--registry" || a == "--leases" {
-            args[i + 1] = url.to_string();
-        }
-    }
-    KillOnDrop(
+    spawn_piped(
         bin()
-            .args(&args)
-            .env("FLEET_RETIRE_PG_FAILOVER_WAIT", wait)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .args(stores_at(stores.plan_args("controller-prgs"), url))
+            .env("FLEET_RETIRE_PG_FAILOVER_WAIT", wait),
     )
 }
 
@@ -42,12 +24,8 @@ fn a_command_waits_for_a_writable_member_for_a_bounded_time() {
     let Some((stores, live, db)) = pg_fleet("election") else {
         return;
     };
-    let after = db.url.split_once('@').map_or(db.url.as_str(), |(_, h)| h);
-    let upstream = after.split('/').next().unwrap().to_string();
-    let (user, rest) = db.url.split_once('@').unwrap();
-    let name = rest.rsplit('/').next().unwrap();
     let port = free_port();
-    let url = format!("{user}@127.0.0.1:{port}/{name}?target_session_attrs=read-write");
+    let url = db.at_port(port, "?target_session_attrs=read-write");
 
     // Nothing there, and the wait is bounded: an error after it.
     let started = Instant::now();
@@ -64,23 +42,17 @@ fn a_command_waits_for_a_writable_member_for_a_bounded_time() {
     let started = Instant::now();
     let child = plan_at(&stores, &url, "20");
     std::thread::sleep(Duration::from_secs(2));
-    let proxy = PgProxy::start_on(port, upstream, Lose::Reply);
+    let proxy = PgProxy::start_on(port, db.host_port(), Lose::Reply);
     let out = wait_with_deadline(child, Duration::from_secs(40));
     assert!(out.status.success(), "{}", text(&out));
     assert!(started.elapsed() >= Duration::from_secs(2));
     drop(proxy);
 
     // One server, no writable member asked for: no wait by default.
-    let single = format!("{user}@127.0.0.1:{}/{name}", free_port());
+    let single = db.at_port(free_port(), "");
     let started = Instant::now();
-    let mut args = stores.plan_args("controller-prgs");
-    for (i, a) in args.clone().iter().enumerate() {
-        if a == "--registry" || a == "--leases" {
-            args[i + 1] = single.clone();
-        }
-    }
     let out = bin()
-        .args(&args)
+        .args(stores_at(stores.plan_args("controller-prgs"), &single))
         .env_remove("FLEET_RETIRE_PG_FAILOVER_WAIT")
         .output()
         .unwrap();

@@ -13,18 +13,6 @@ use common::*;
 use serde_json::Value;
 use std::path::PathBuf;
 
-/// The test database's URL with its port replaced by the proxy's.
-fn via(db: &PgDb, proxy: &PgProxy) -> String {
-    let (head, tail) = db.url.rsplit_once(':').unwrap();
-    let (_, path) = tail.split_once('/').unwrap();
-    format!("{head}:{}/{path}", proxy.port)
-}
-
-fn upstream(db: &PgDb) -> String {
-    let after = db.url.split_once('@').map_or(db.url.as_str(), |(_, h)| h);
-    after.split('/').next().unwrap().to_string()
-}
-
 fn status(db: &PgDb, apply_id: &str) -> (Option<i32>, Value) {
     let out = bin()
         .args([
@@ -47,8 +35,8 @@ fn status(db: &PgDb, apply_id: &str) -> (Option<i32>, Value) {
 fn apply_losing(tag: &str, lose: Lose) -> Option<(PgDb, Stores, PathBuf, Value, KillOnDrop)> {
     let (mut stores, live, db) = pg_fleet(tag)?;
     let (plan, _) = save_plan(&stores);
-    let proxy = PgProxy::start(upstream(&db), lose);
-    stores.registry = PathBuf::from(via(&db, &proxy));
+    let proxy = PgProxy::start(db.host_port(), lose);
+    stores.registry = PathBuf::from(db.at_port(proxy.port, ""));
     stores.leases = stores.registry.clone();
     let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
     assert!(
@@ -114,19 +102,15 @@ fn a_commit_whose_reply_never_comes_is_given_up_on() {
         return;
     };
     let (plan, _) = save_plan(&stores);
-    let proxy = PgProxy::start(upstream(&db), Lose::ReplySilently);
-    stores.registry = PathBuf::from(via(&db, &proxy));
+    let proxy = PgProxy::start(db.host_port(), Lose::ReplySilently);
+    stores.registry = PathBuf::from(db.at_port(proxy.port, ""));
     stores.leases = stores.registry.clone();
     let started = std::time::Instant::now();
-    let child = KillOnDrop(
+    let child = spawn_piped(
         bin()
             .args(stores.apply_args("controller-prgs"))
             .arg(&plan)
-            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "3")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "3"),
     );
     let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
     let took = started.elapsed();
@@ -226,16 +210,12 @@ fn a_lock_wait_is_not_a_stall_and_a_mute_server_is_given_up_on() {
     holder
         .batch_execute("BEGIN; LOCK TABLE worker_registrations IN EXCLUSIVE MODE")
         .unwrap();
-    let child = KillOnDrop(
+    let child = spawn_piped(
         bin()
             .args(stores.apply_args("controller-prgs"))
             .arg(&plan)
             .args(["--busy-timeout-ms", "60000"])
-            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "2")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "2"),
     );
     std::thread::sleep(std::time::Duration::from_secs(6));
     holder.batch_execute("COMMIT").unwrap();
@@ -248,15 +228,11 @@ fn a_lock_wait_is_not_a_stall_and_a_mute_server_is_given_up_on() {
     let port = mute.local_addr().unwrap().port();
     let url = format!("postgres://fleet@127.0.0.1:{port}/x");
     let started = std::time::Instant::now();
-    let child = KillOnDrop(
+    let child = spawn_piped(
         bin()
             .args(["heartbeat", "--registry", &url])
             .env("GITEA_MCP_WORKER_IDENTITY", "w-mute")
-            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "2")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .env("FLEET_RETIRE_PG_REPLY_TIMEOUT", "2"),
     );
     let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

@@ -298,15 +298,7 @@ fn the_leader_killed_during_an_apply_leaves_all_or_nothing_and_the_truth_is_told
             holder = Some(client);
         }
         let old = cluster.leader().expect("a leader");
-        let child = KillOnDrop(
-            bin()
-                .args(stores.apply_args("controller-prgs"))
-                .arg(&plan)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
+        let child = spawn_piped(bin().args(stores.apply_args("controller-prgs")).arg(&plan));
         std::thread::sleep(Duration::from_millis(delay_ms));
         cluster.kill(old);
         let out = wait_with_deadline(child, Duration::from_secs(120));

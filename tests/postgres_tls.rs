@@ -276,14 +276,6 @@ impl Drop for TlsCluster {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The CA, a good server certificate, the cluster, and this machine's
 /// other address; `None` (a skip) when PostgreSQL's server is missing.
 fn setup() -> Option<(tempfile::TempDir, Issued, TlsCluster, String)> {

@@ -41,6 +41,17 @@ fn line_of(file: &Path, needle: &str) -> usize {
         + 1
 }
 
+/// `policy validate --format sarif` of the folder `folder` (the built-in
+/// set when `None`).
+fn validate(folder: Option<&Path>) -> std::process::Output {
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(f) = folder {
+        args.extend(["--policies", f.to_str().unwrap()]);
+    }
+    args.extend(["--format", "sarif", "policy", "validate"]);
+    run(&args)
+}
+
 fn valid(stdout: &[u8]) {
     if let Some(problems) = sarif_problems(stdout) {
         assert!(problems.is_empty(), "{problems:?}");
@@ -64,15 +75,7 @@ fn a_rejected_policy_is_sarif_at_its_place() {
         ),
     )
     .unwrap();
-    let folder = broken.path().to_str().unwrap();
-    let out = run(&[
-        "--policies",
-        folder,
-        "--format",
-        "sarif",
-        "policy",
-        "validate",
-    ]);
+    let out = validate(Some(broken.path()));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let found = places(&out.stdout);
     let line = line_of(&file, "resource.pid_probe != 5");
@@ -95,15 +98,7 @@ fn a_rejected_policy_is_sarif_at_its_place() {
     let mut lines: Vec<String> = policy_text.lines().map(str::to_string).collect();
     lines[first] = format!("permit   {}", &lines[first]["permit".len()..].trim_start());
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let folder = untidy.path().to_str().unwrap();
-    let out = run(&[
-        "--policies",
-        folder,
-        "--format",
-        "sarif",
-        "policy",
-        "validate",
-    ]);
+    let out = validate(Some(untidy.path()));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert_eq!(
         places(&out.stdout),
@@ -111,7 +106,7 @@ fn a_rejected_policy_is_sarif_at_its_place() {
     );
     valid(&out.stdout);
 
-    let out = run(&["--format", "sarif", "policy", "validate"]);
+    let out = validate(None);
     assert!(out.status.success(), "{}", text(&out));
     assert!(places(&out.stdout).is_empty());
     valid(&out.stdout);
@@ -119,15 +114,7 @@ fn a_rejected_policy_is_sarif_at_its_place() {
     // A folder that lacks its schema still gets a log, naming the file.
     let lacking = policy_folder(false);
     std::fs::remove_file(lacking.path().join("schema.cedarschema")).unwrap();
-    let folder = lacking.path().to_str().unwrap();
-    let out = run(&[
-        "--policies",
-        folder,
-        "--format",
-        "sarif",
-        "policy",
-        "validate",
-    ]);
+    let out = validate(Some(lacking.path()));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert_eq!(
         places(&out.stdout),
@@ -145,15 +132,7 @@ fn a_rejected_policy_is_sarif_at_its_place() {
         let edited =
             format!("when {{ resource.pid_probe != \"{literal}\" && resource.pid_probe != 5 }};");
         std::fs::write(&file, policy_text.replace(at, &edited)).unwrap();
-        let folder = wide.path().to_str().unwrap();
-        let out = run(&[
-            "--policies",
-            folder,
-            "--format",
-            "sarif",
-            "policy",
-            "validate",
-        ]);
+        let out = validate(Some(wide.path()));
         let found = places(&out.stdout);
         found.iter().find(|f| f.0 == "FR1003").map(|f| f.3).unwrap()
     };

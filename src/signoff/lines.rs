@@ -21,9 +21,17 @@ pub fn order(e: &Evidence) -> Vec<(String, String)> {
     texts
 }
 
-/// The anchor of line `line` of the `file`-th file listed: `L2-232`.
+/// The anchor of line `line` of the `file`-th file listed: `L2-232`
+/// (the policy files in name order, then the property files, as
+/// [`order`] lists them).
 pub fn anchor(e: &Evidence, file: &str, line: usize) -> String {
-    let index = order(e).iter().position(|(n, _)| n == file).unwrap_or(0);
+    let mut names: Vec<&String> = e.policies.texts.keys().collect();
+    names.sort();
+    let index = names
+        .into_iter()
+        .chain(e.property_texts.iter().map(|(n, _)| n))
+        .position(|n| n == file)
+        .unwrap_or(0);
     format!("L{index}-{line}")
 }
 

@@ -605,6 +605,22 @@ pub fn postgres(tag: &str) -> Option<PgDb> {
 }
 
 impl PgDb {
+    /// Where its server listens, `HOST:PORT`.
+    pub fn host_port(&self) -> String {
+        let after = self
+            .url
+            .split_once('@')
+            .map_or(self.url.as_str(), |(_, h)| h);
+        after.split('/').next().unwrap().to_string()
+    }
+
+    /// Its URL with the server's port replaced by `port` (a proxy's),
+    /// followed by `query`.
+    pub fn at_port(&self, port: u16, query: &str) -> String {
+        let (user, _) = self.url.split_once('@').unwrap();
+        format!("{user}@127.0.0.1:{port}/{}{query}", self.name)
+    }
+
     /// A connection to this database.
     pub fn client(&self) -> ::postgres::Client {
         ::postgres::Client::connect(&self.url, ::postgres::NoTls).unwrap()
@@ -661,6 +677,38 @@ pub fn serve_command(stores: &Stores, identity: &str, session: &str) -> Command 
         .env("GITEA_MCP_CLIENT_SESSION", session)
         .env("FLEET_RETIRE_PLAN_DIR", stores.dir.path().join("plans"));
     command
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Start `command` with its output piped, killed on drop (for
+/// [`wait_with_deadline`]).
+pub fn spawn_piped(command: &mut Command) -> KillOnDrop {
+    KillOnDrop(
+        command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// `args` with the values of `--registry` and `--leases` replaced by
+/// `location`.
+pub fn stores_at(mut args: Vec<String>, location: &str) -> Vec<String> {
+    for i in 0..args.len().saturating_sub(1) {
+        if args[i] == "--registry" || args[i] == "--leases" {
+            args[i + 1] = location.to_string();
+        }
+    }
+    args
 }
 
 /// A `serve` on `stores` heartbeating every second, its standard input
