@@ -7,8 +7,8 @@
 //! confirmed; a plain SQL writer that knows nothing of versions (the seed's
 //! Python, a hand edit) is stamped by the triggers and caught; a writer
 //! that drops the triggers to write unseen is caught by the schema version.
-//! SQLite only: PostgreSQL keeps no row versions (its apply holds row
-//! locks, not the registry's write lock).
+//! SQLite here; tests/postgres_versions.rs shows the same on PostgreSQL,
+//! whose change record is kept otherwise.
 
 mod common;
 

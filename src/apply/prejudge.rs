@@ -114,8 +114,8 @@ pub fn prejudge(
     let (rows, versions) = engine
         .read_registry_versioned()
         .ok_or(
-            "the registry keeps no row versions (a SQLite registry gains them at its first \
-             apply; PostgreSQL keeps none)",
+            "the registry keeps no row versions (a registry gains them at its first apply; \
+             PostgreSQL before 13 and a role that may not create triggers keep none)",
         )?
         .map_err(|e| e.to_string())?;
     let mut report = Report::new(req, Outcome::Applied, "");

@@ -94,6 +94,23 @@ pub struct RowVersions {
     /// that read it), so its inode cannot be freed and given to another
     /// file (a journal, say) before apply compares it.
     pub pin: Option<Pin>,
+    /// Where a database server's registry stood (PostgreSQL,
+    /// `store::postgres::versions`); `None` for a file.
+    pub server: Option<ServerMark>,
+}
+
+/// Where a PostgreSQL registry stood when it was read outside apply's
+/// transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerMark {
+    /// The read's snapshot (`pg_current_snapshot()`).
+    pub snapshot: String,
+    /// Which server and database (its start time: a failover moves it).
+    pub server: String,
+    /// The catalog rows that shape our tables, with their writers.
+    pub catalog: String,
+    /// Each worker identity read, with its positions in the rows read.
+    pub positions: std::collections::HashMap<String, Vec<usize>>,
 }
 
 /// Something an engine keeps alive beside a marker; compared as equal
@@ -150,10 +167,11 @@ pub trait ApplyConnection {
     fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String>;
 
     /// Whether the registry lacks the row-version bookkeeping it could keep
-    /// (SQLite: a registry the seed made, before its first apply). Apply
+    /// (SQLite: a registry the seed made, before its first apply;
+    /// PostgreSQL 13 or later: the change record not yet installed). Apply
     /// then installs it in a short transaction of its own before it judges
     /// ([`ApplyTx::install_versions`]), so its judgement can be made outside
-    /// the lock. Read without a lock; PostgreSQL keeps none.
+    /// the lock. Read without a lock.
     fn lacks_versions(&mut self) -> Result<bool> {
         Ok(false)
     }

@@ -5,10 +5,12 @@
 
 use super::PgUrl;
 use crate::error::{Error, Result, Store};
+use crate::row::Col;
 use crate::row::Row;
 use crate::store::audit::AuditRow;
 use crate::store::leases::Lease;
-use crate::store::seam::{ApplyConnection, ApplyTx, Written};
+use crate::store::seam::{ApplyConnection, ApplyTx, Changes, RowVersions, ServerMark, Written};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -46,6 +48,15 @@ impl Postgres {
 }
 
 impl ApplyConnection for Postgres {
+    /// On PostgreSQL 13 or later, when our triggers are not all there.
+    fn lacks_versions(&mut self) -> Result<bool> {
+        let label = self.label.clone();
+        if !super::versions::supported(&mut self.client, &label)? {
+            return Ok(false);
+        }
+        Ok(!super::versions::triggers(&mut self.client, &label)?.1)
+    }
+
     fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String> {
         let label = self.label.clone();
         let tx = self
@@ -67,6 +78,39 @@ impl ApplyConnection for Postgres {
     }
 }
 
+/// Each changed identity's row now, at its position in the rows read
+/// with `mark` (`None`: deleted since). `Err` when a change cannot be put
+/// in place: an identity on several rows, or a row added since.
+fn pair_changes(mark: &ServerMark, identities: &[String], rows: Vec<Row>) -> Changes {
+    let mut now: HashMap<String, Vec<Row>> = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let id = row.get(Col::WorkerIdentity).canon_cow().into_owned();
+        now.entry(id).or_default().push(row);
+    }
+    let mut out = Vec::with_capacity(identities.len());
+    for id in identities {
+        let show = crate::text::esc(id);
+        let was = mark
+            .positions
+            .get(id)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let mut is = now.remove(id).unwrap_or_default();
+        match (was, is.len()) {
+            ([], 0) => {}
+            ([], _) => return Err(format!("{show:?} was added since the registry was read")),
+            ([at], 0) => out.push((*at, None)),
+            ([at], 1) => out.push((*at, is.pop())),
+            _ => {
+                return Err(format!(
+                    "{show:?} is on several rows, which its change record cannot tell apart"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Apply's transaction on a PostgreSQL registry.
 struct Tx<'c> {
     tx: postgres::Transaction<'c>,
@@ -75,6 +119,30 @@ struct Tx<'c> {
     label: String,
     /// The image before the first write.
     image: Option<super::image::PreImage>,
+}
+
+impl Tx<'_> {
+    /// Why the change record cannot vouch for the rows read with `mark`,
+    /// if it cannot: another server, DDL on our tables or functions since,
+    /// or our triggers not all there.
+    fn moved_since(&mut self, mark: &ServerMark) -> Result<Option<String>> {
+        if super::versions::server(&mut self.tx, &self.label)? != mark.server {
+            return Ok(Some(
+                "the server is not the one the registry was read from (a failover or a restart)"
+                    .into(),
+            ));
+        }
+        if super::versions::catalog_stamp(&mut self.tx, &self.label)? != mark.catalog {
+            return Ok(Some(
+                "the registry's tables or the change record's triggers changed since the \
+                 registry was read (DDL)"
+                    .into(),
+            ));
+        }
+        let (foreign, whole) = super::versions::triggers(&mut self.tx, &self.label)?;
+        Ok((!foreign.is_empty() || !whole)
+            .then(|| "the change record's triggers are not all there as installed".into()))
+    }
 }
 
 impl ApplyTx for Tx<'_> {
@@ -90,8 +158,49 @@ impl ApplyTx for Tx<'_> {
         super::migrate_audit_in(&mut self.tx, &self.label)
     }
 
+    /// The change record, its functions and triggers; the audit table
+    /// first when there is none yet (the triggers stamp it too).
+    fn install_versions(&mut self) -> Result<()> {
+        super::migrate_audit_in(&mut self.tx, &self.label)?;
+        super::versions::install(&mut self.tx, &self.label)
+    }
+
     fn read_rows(&mut self) -> Result<Vec<Row>> {
         super::read_registry(&mut self.tx, &self.label)
+    }
+
+    fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {
+        let Some(mark) = since.server.as_ref() else {
+            return Ok(Err(
+                "the rows were not read with a snapshot of this server".into()
+            ));
+        };
+        if let Some(why) = self.moved_since(mark)? {
+            return Ok(Err(why));
+        }
+        let keys = super::versions::changed_keys(&mut self.tx, &mark.snapshot, &self.label)?;
+        let mut identities = Vec::with_capacity(keys.len());
+        for key in keys {
+            if key.starts_with("a:") {
+                continue;
+            }
+            let Some(id) = key.strip_prefix("i:") else {
+                return Ok(Err(format!(
+                    "the change record holds {:?} (a truncation, or a row without an identity)",
+                    crate::text::esc(&key)
+                )));
+            };
+            identities.push(id.to_string());
+        }
+        let rows = super::read_identities(&mut self.tx, &self.label, &identities)?;
+        Ok(pair_changes(mark, &identities, rows))
+    }
+
+    fn same_file(&mut self, since: &RowVersions) -> bool {
+        match since.server.as_ref() {
+            Some(mark) => matches!(self.moved_since(mark), Ok(None)),
+            None => false,
+        }
     }
 
     /// When the leases live in this same database, read them inside this
@@ -120,10 +229,12 @@ impl ApplyTx for Tx<'_> {
         apply_id: &str,
         meanwhile: &mut dyn FnMut(),
     ) -> Result<()> {
+        let (foreign, whole) = super::versions::triggers(&mut self.tx, &self.label)?;
+        let stamped = foreign.is_empty() && whole;
         let label = self.label.as_str();
         let read = |tx: &mut postgres::Transaction<'_>| {
             let started = std::time::Instant::now();
-            let image = super::image::pre_image(tx, targets, apply_id, label);
+            let image = super::image::pre_image(tx, targets, apply_id, stamped, label);
             tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before the first write");
             image
         };

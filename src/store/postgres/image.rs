@@ -52,9 +52,13 @@ struct Target {
 #[derive(Debug)]
 pub struct PreImage {
     targets_requested: Vec<String>,
-    others: Digest,
+    /// The rows not targeted and the other applies' audit rows as digests;
+    /// `None` when the change record vouches for them instead.
+    others: Option<Digest>,
     targets: BTreeMap<String, Vec<Target>>,
-    audit: Digest,
+    audit: Option<Digest>,
+    /// The catalog's stamp, when the change record vouches.
+    catalog: Option<String>,
 }
 
 pub use crate::store::seam::Written;
@@ -142,25 +146,41 @@ fn read_targets(
 }
 
 /// Read the image before the first write: `targets` are the identities
-/// apply may write, `apply_id` the id its audit rows will carry.
+/// apply may write, `apply_id` the id its audit rows will carry. With
+/// `stamped` (the change record installed whole, `super::versions`) the
+/// rows not targeted need no digest: every write this transaction makes
+/// to either table, whoever issues it, is stamped with its own id, and
+/// [`differences`] reads those stamps.
 pub fn pre_image(
     tx: &mut impl GenericClient,
     targets: &[String],
     apply_id: &str,
+    stamped: bool,
     label: &str,
 ) -> Result<PreImage> {
     let requested = targets.to_vec();
     let started = std::time::Instant::now();
-    let others = digest(tx, &others_sql(), &requested, label)?;
+    let catalog = match stamped {
+        true => Some(super::versions::catalog_stamp(tx, label)?),
+        false => None,
+    };
+    let others = match stamped {
+        true => None,
+        false => Some(digest(tx, &others_sql(), &requested, label)?),
+    };
     tracing::debug!(elapsed = ?started.elapsed(), "image: rows not targeted");
     let targets = read_targets(tx, &requested, label)?;
     tracing::debug!(elapsed = ?started.elapsed(), "image: targets");
-    let audit = digest(tx, &audit_sql(), &apply_id, label)?;
+    let audit = match stamped {
+        true => None,
+        false => Some(digest(tx, &audit_sql(), &apply_id, label)?),
+    };
     tracing::debug!(elapsed = ?started.elapsed(), "image: audit rows");
     Ok(PreImage {
         others,
         targets,
         audit,
+        catalog,
         targets_requested: requested,
     })
 }
@@ -175,17 +195,78 @@ pub fn differences(
     label: &str,
 ) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    if digest(tx, &others_sql(), &pre.targets_requested, label)? != pre.others {
-        out.push(
-            "registry rows that apply did not target changed (or appeared, or vanished)".into(),
-        );
+    if let Some(others) = &pre.others {
+        if &digest(tx, &others_sql(), &pre.targets_requested, label)? != others {
+            out.push(
+                "registry rows that apply did not target changed (or appeared, or vanished)".into(),
+            );
+        }
     }
     let now = read_targets(tx, &pre.targets_requested, label)?;
     out.extend(target_differences(pre, &now, written));
-    if digest(tx, &audit_sql(), &apply_id, label)? != pre.audit {
-        out.push("audit rows of other applies changed (or appeared, or vanished)".into());
+    if let Some(audit) = &pre.audit {
+        if &digest(tx, &audit_sql(), &apply_id, label)? != audit {
+            out.push("audit rows of other applies changed (or appeared, or vanished)".into());
+        }
+    }
+    if let Some(catalog) = &pre.catalog {
+        out.extend(stamp_differences(tx, catalog, apply_id, written, label)?);
     }
     out.extend(audit_differences(tx, apply_id, written, label)?);
+    Ok(out)
+}
+
+/// With the change record: no DDL on our tables or functions since the
+/// first image, and this transaction's stamps exactly the targets retired
+/// and this apply's own audit rows.
+fn stamp_differences(
+    tx: &mut impl GenericClient,
+    catalog: &str,
+    apply_id: &str,
+    written: &[Written<'_>],
+    label: &str,
+) -> Result<Vec<String>> {
+    if super::versions::catalog_stamp(tx, label)? != catalog {
+        return Ok(vec![
+            "the registry's tables, triggers or functions changed inside this transaction (DDL)"
+                .into(),
+        ]);
+    }
+    let mut expected: std::collections::BTreeSet<String> = written
+        .iter()
+        .map(|w| format!("i:{}", w.worker_identity))
+        .collect();
+    let mut out = Vec::new();
+    let mut audit_rows = 0;
+    for (key, owner) in super::versions::own_keys(tx, label)? {
+        if key.starts_with("a:") {
+            if owner.as_deref() == Some(apply_id) {
+                audit_rows += 1;
+                continue;
+            }
+            out.push(format!(
+                "an audit row that is not this apply's was written ({})",
+                crate::text::esc(&key)
+            ));
+        } else if !expected.remove(&key) {
+            out.push(format!(
+                "a registry row apply did not retire was written ({})",
+                crate::text::esc(&key)
+            ));
+        }
+    }
+    if !expected.is_empty() {
+        out.push(format!(
+            "{} retired row(s) left no change stamp",
+            expected.len()
+        ));
+    }
+    if audit_rows != written.len() {
+        out.push(format!(
+            "{audit_rows} audit row(s) were stamped where {} worker(s) were retired",
+            written.len()
+        ));
+    }
     Ok(out)
 }
 

@@ -31,6 +31,7 @@ mod schema;
 pub mod shape;
 pub mod stall;
 pub mod tls;
+pub mod versions;
 pub mod worker;
 mod write;
 
@@ -78,6 +79,60 @@ impl crate::store::seam::Engine for Postgres {
         let rows = read_registry(&mut tx, &label)?;
         tx.commit().map_err(err("cannot end the read"))?;
         Ok(rows)
+    }
+
+    /// In one read-only snapshot: the rows, the snapshot, the server and
+    /// the catalog's stamp, when the change record is installed and whole
+    /// (`versions`).
+    fn read_registry_versioned(
+        &self,
+    ) -> Option<Result<(Vec<Row>, crate::store::seam::RowVersions)>> {
+        let label = self.url.to_string();
+        let read = || -> Result<Option<(Vec<Row>, crate::store::seam::RowVersions)>> {
+            let mut client = connect_to(&self.url, Store::Registry)?;
+            let err = |doing| Error::postgres(Store::Registry, &label, doing);
+            let mut tx = client
+                .build_transaction()
+                .read_only(true)
+                .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                .start()
+                .map_err(err("cannot begin a read"))?;
+            // The first statement takes the snapshot every later one reads.
+            let snapshot = versions::snapshot(&mut tx, &label)?;
+            let (foreign, whole) = versions::triggers(&mut tx, &label)?;
+            if !foreign.is_empty() || !whole {
+                return Ok(None);
+            }
+            let server = versions::server(&mut tx, &label)?;
+            let catalog = versions::catalog_stamp(&mut tx, &label)?;
+            let rows = read_registry(&mut tx, &label)?;
+            tx.commit().map_err(err("cannot end the read"))?;
+            let mut positions: std::collections::HashMap<String, Vec<usize>> =
+                std::collections::HashMap::with_capacity(rows.len());
+            for (at, row) in rows.iter().enumerate() {
+                if let Some(id) = row.get(Col::WorkerIdentity).as_text() {
+                    positions.entry(id.to_string()).or_default().push(at);
+                }
+            }
+            let mark = crate::store::seam::ServerMark {
+                snapshot,
+                server,
+                catalog,
+                positions,
+            };
+            Ok(Some((
+                rows,
+                crate::store::seam::RowVersions {
+                    schema_version: 0,
+                    clock: 0,
+                    rowids: Vec::new(),
+                    file: None,
+                    pin: None,
+                    server: Some(mark),
+                },
+            )))
+        };
+        read().transpose()
     }
 
     fn read_leases(&self) -> Result<Vec<super::leases::Lease>> {

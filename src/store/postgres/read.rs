@@ -34,6 +34,24 @@ pub(super) fn value_at(
 /// never a verdict or a token. The rows stream in batches, their texts in
 /// one buffer per batch.
 pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec<Row>> {
+    read_rows(client, label, None)
+}
+
+/// The registry's rows that carry one of `identities`, read and sorted as
+/// [`read_registry`] reads all of them.
+pub fn read_identities(
+    client: &mut impl GenericClient,
+    label: &str,
+    identities: &[String],
+) -> Result<Vec<Row>> {
+    read_rows(client, label, Some(identities))
+}
+
+fn read_rows(
+    client: &mut impl GenericClient,
+    label: &str,
+    identities: Option<&[String]>,
+) -> Result<Vec<Row>> {
     let table = crate::store::registry::TABLE;
     let existing = table_columns(client, table, Store::Registry, label)?.ok_or_else(|| {
         registry_error(
@@ -64,11 +82,18 @@ pub fn read_registry(client: &mut impl GenericClient, label: &str) -> Result<Vec
         .join(", ");
     // Sorted here, bytewise, rather than by the server: whatever the
     // database's collation, and without the server's sort in the way.
-    let sql = format!("SELECT {list} FROM {table}");
     let err = Error::postgres(Store::Registry, label, "cannot read the registry");
-    let mut stream = client
-        .query_raw(&sql, std::iter::empty::<&(dyn ToSql + Sync)>())
-        .map_err(err)?;
+    let mut stream = match identities {
+        None => client.query_raw(
+            &format!("SELECT {list} FROM {table}"),
+            std::iter::empty::<&(dyn ToSql + Sync)>(),
+        ),
+        Some(ids) => client.query_raw(
+            &format!("SELECT {list} FROM {table} WHERE worker_identity::text = ANY($1)"),
+            [&ids as &(dyn ToSql + Sync)],
+        ),
+    }
+    .map_err(err)?;
     let mut rows = Vec::new();
     let mut batch = crate::store::batch::RowBatch::new(present.len());
     while let Some(r) = fallible_iterator::FallibleIterator::next(&mut stream).map_err(err)? {

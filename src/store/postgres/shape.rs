@@ -14,30 +14,24 @@ use postgres::GenericClient;
 /// being something other than a plain table.
 pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
     let err = Error::postgres(Store::Registry, label, "cannot inspect the schema");
-    let tables = [crate::store::registry::TABLE, crate::store::audit::TABLE];
-    let mut problems = Vec::new();
+    // The change record (`super::versions`) is checked as our tables are.
+    let tables = super::versions::TABLES;
     // Triggers and rules: either could turn apply's writes into others.
-    for (kind, sql) in [
-        (
-            "trigger",
-            "SELECT t.tgname::text, c.relname::text FROM pg_trigger t \
-             JOIN pg_class c ON c.oid = t.tgrelid \
-             WHERE NOT t.tgisinternal AND c.relnamespace = pg_catalog.current_schema()::regnamespace \
-             AND c.relname = ANY($1) ORDER BY 1",
-        ),
-        (
-            "rule",
+    // The change record's own triggers are allowed exactly as installed.
+    let mut problems = super::versions::triggers(client, label)?.0;
+    for r in client
+        .query(
             "SELECT rulename::text, tablename::text FROM pg_rules \
              WHERE schemaname = pg_catalog.current_schema() AND tablename = ANY($1) ORDER BY 1",
-        ),
-    ] {
-        for r in client.query(sql, &[&&tables[..]]).map_err(err)? {
-            problems.push(format!(
-                "{kind} {:?} on {:?}",
-                r.get::<_, String>(0),
-                r.get::<_, String>(1)
-            ));
-        }
+            &[&&tables[..]],
+        )
+        .map_err(err)?
+    {
+        problems.push(format!(
+            "rule {:?} on {:?}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1)
+        ));
     }
     for r in client
         .query(

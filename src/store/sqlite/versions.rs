@@ -325,6 +325,7 @@ pub fn marker(conn: &Connection) -> rusqlite::Result<Option<Marker>> {
         rowids,
         file: None,
         pin: None,
+        server: None,
     }))
 }
 

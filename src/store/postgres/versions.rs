@@ -1,0 +1,356 @@
+//! Row versions of a PostgreSQL registry: which rows changed since a
+//! snapshot, without reading the registry (docs/apply.md, "A million rows
+//! on PostgreSQL").
+//!
+//! A row's `xmin` names the subtransaction that wrote it, and a snapshot
+//! lists only top-level transactions, so `xmin` cannot say whether a
+//! snapshot saw a row. The registry therefore keeps a change record,
+//! `fleet_retire_changes`: a key per registry row (`i:` and its worker
+//! identity) and per audit row (`a:` and its id), with the top-level id
+//! (`xid8`) of the last transaction that inserted, updated or deleted it.
+//! Row triggers whose text is ours keep it, enabled `ALWAYS` (they fire
+//! under `session_replication_role = replica` too), from a `SECURITY
+//! DEFINER` function with a pinned `search_path`, so every writer stamps
+//! whatever program it is and whatever it may write itself; a `TRUNCATE`
+//! stamps `t:` and the table. Guard triggers on the record refuse deleting
+//! or renaming a key and stamp every write with its writer's own id.
+//!
+//! The rows changed since a snapshot are then those whose stamp that
+//! snapshot does not see (`pg_visible_in_snapshot`). What the triggers
+//! cannot see is DDL (a trigger disabled, a table rewritten): every catalog
+//! row that shapes our tables and functions is stamped by PostgreSQL itself
+//! with the transaction that last wrote it, so those `xmin`s, taken
+//! together ([`catalog_stamp`]), move with any DDL, and apply compares them
+//! before it trusts the record. A different server (a failover, a restart)
+//! is told by its start time: snapshots of one server mean nothing on
+//! another, and apply then reads the whole registry.
+
+use super::quote_ident;
+use crate::error::{Error, Result, Store};
+use crate::store::audit;
+use crate::store::registry::TABLE;
+use postgres::GenericClient;
+
+/// The change record.
+pub const CHANGES: &str = "fleet_retire_changes";
+const STAMP_FN: &str = "fleet_retire_stamp";
+const GUARD_FN: &str = "fleet_retire_changes_guard";
+
+/// The lowest server (`server_version_num`) with `xid8` snapshots.
+const SINCE: i32 = 130_000;
+
+/// A trigger of ours: name, table, `tgtype` bits, function, arguments.
+struct Trigger {
+    name: &'static str,
+    table: &'static str,
+    tgtype: i16,
+    function: &'static str,
+    args: [&'static str; 2],
+}
+
+// pg_trigger.tgtype: ROW 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16, TRUNCATE 32.
+const TRIGGERS: [Trigger; 6] = [
+    Trigger {
+        name: "fleet_retire_stamp",
+        table: TABLE,
+        tgtype: 1 | 4 | 8 | 16,
+        function: STAMP_FN,
+        args: ["i", "worker_identity"],
+    },
+    Trigger {
+        name: "fleet_retire_stamp_truncate",
+        table: TABLE,
+        tgtype: 32,
+        function: STAMP_FN,
+        args: ["i", ""],
+    },
+    Trigger {
+        name: "fleet_retire_stamp",
+        table: audit::TABLE,
+        tgtype: 1 | 4 | 8 | 16,
+        function: STAMP_FN,
+        args: ["a", audit::KEY],
+    },
+    Trigger {
+        name: "fleet_retire_stamp_truncate",
+        table: audit::TABLE,
+        tgtype: 32,
+        function: STAMP_FN,
+        args: ["a", ""],
+    },
+    Trigger {
+        name: "fleet_retire_guard",
+        table: CHANGES,
+        tgtype: 1 | 2 | 4 | 8 | 16,
+        function: GUARD_FN,
+        args: ["", ""],
+    },
+    Trigger {
+        name: "fleet_retire_guard_truncate",
+        table: CHANGES,
+        tgtype: 2 | 32,
+        function: GUARD_FN,
+        args: ["", ""],
+    },
+];
+
+/// The tables whose shape the catalog stamp covers.
+pub const TABLES: [&str; 3] = [TABLE, audit::TABLE, CHANGES];
+
+/// The setting both functions run with.
+const CONFIG: &str = "search_path=pg_catalog, pg_temp";
+
+/// The body of the stamping function, with our schema named.
+fn stamp_body(schema: &str) -> String {
+    let upsert = |key: &str| {
+        format!(
+            "INSERT INTO {schema}.{CHANGES} (key, xid) VALUES ({key}, pg_current_xact_id()) \
+             ON CONFLICT (key) DO UPDATE SET xid = excluded.xid;"
+        )
+    };
+    let key =
+        |row: &str| format!("TG_ARGV[0] || coalesce(':' || (to_jsonb({row}) ->> TG_ARGV[1]), '')");
+    format!(
+        "\nBEGIN\n\
+         IF TG_LEVEL = 'STATEMENT' THEN\n{}\nRETURN NULL;\nEND IF;\n\
+         IF TG_OP IN ('UPDATE', 'DELETE') THEN\n{}\nEND IF;\n\
+         IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND \
+         (to_jsonb(OLD) ->> TG_ARGV[1]) IS DISTINCT FROM (to_jsonb(NEW) ->> TG_ARGV[1])) THEN\n{}\nEND IF;\n\
+         RETURN NULL;\nEND\n",
+        upsert("'t:' || TG_ARGV[0]"),
+        upsert(&key("OLD")),
+        upsert(&key("NEW")),
+    )
+}
+
+/// The body of the guard on the change record.
+fn guard_body() -> String {
+    "\nBEGIN\n\
+     IF TG_OP IN ('DELETE', 'TRUNCATE') OR (TG_OP = 'UPDATE' AND NEW.key IS DISTINCT FROM OLD.key) THEN\n\
+     RAISE EXCEPTION 'fleet-retire: the change record keeps every key; it is never deleted, truncated or renamed';\n\
+     END IF;\n\
+     NEW.xid := pg_current_xact_id();\nRETURN NEW;\nEND\n"
+        .to_string()
+}
+
+fn err<'a>(label: &'a str, doing: &'static str) -> impl Fn(postgres::Error) -> Error + 'a {
+    Error::postgres(Store::Registry, label, doing)
+}
+
+/// The schema our tables live in (the session's, pinned at connect).
+fn schema(client: &mut impl GenericClient, label: &str) -> Result<String> {
+    let row = client
+        .query_one("SELECT pg_catalog.current_schema()::text", &[])
+        .map_err(err(label, "cannot read the current schema"))?;
+    Ok(quote_ident(&row.get::<_, String>(0)))
+}
+
+/// Whether this server can keep versions (PostgreSQL 13 or later).
+pub fn supported(client: &mut impl GenericClient, label: &str) -> Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.current_setting('server_version_num')::int",
+            &[],
+        )
+        .map_err(err(label, "cannot read the server's version"))?;
+    Ok(row.get::<_, i32>(0) >= SINCE)
+}
+
+/// Install the change record, its functions and the triggers (apply's own
+/// short transaction, `ApplyTx::install_versions`).
+pub fn install(tx: &mut impl GenericClient, label: &str) -> Result<()> {
+    let s = schema(tx, label)?;
+    let function = |name: &str, body: &str, definer: bool| {
+        format!(
+            "CREATE OR REPLACE FUNCTION {s}.{name}() RETURNS trigger LANGUAGE plpgsql{} \
+             SET search_path = pg_catalog, pg_temp AS $fleet_retire${body}$fleet_retire$",
+            if definer { " SECURITY DEFINER" } else { "" }
+        )
+    };
+    let mut sql = vec![
+        format!("CREATE TABLE IF NOT EXISTS {s}.{CHANGES} (key text PRIMARY KEY, xid pg_catalog.xid8 NOT NULL)"),
+        format!("CREATE INDEX IF NOT EXISTS fleet_retire_changes_by_xid ON {s}.{CHANGES} (xid)"),
+        format!("REVOKE ALL ON {s}.{CHANGES} FROM PUBLIC"),
+        function(STAMP_FN, &stamp_body(&s), true),
+        function(GUARD_FN, &guard_body(), false),
+        format!("REVOKE ALL ON FUNCTION {s}.{STAMP_FN}() FROM PUBLIC"),
+    ];
+    for t in &TRIGGERS {
+        let events = match t.tgtype {
+            29 => "AFTER INSERT OR UPDATE OR DELETE",
+            31 => "BEFORE INSERT OR UPDATE OR DELETE",
+            32 => "AFTER TRUNCATE",
+            _ => "BEFORE TRUNCATE",
+        };
+        let each = if t.tgtype & 1 == 1 {
+            "ROW"
+        } else {
+            "STATEMENT"
+        };
+        let args = if t.function == GUARD_FN {
+            String::new()
+        } else {
+            format!("'{}', '{}'", t.args[0], t.args[1])
+        };
+        sql.push(format!(
+            "DROP TRIGGER IF EXISTS {} ON {s}.{}",
+            t.name, t.table
+        ));
+        sql.push(format!(
+            "CREATE TRIGGER {} {events} ON {s}.{} FOR EACH {each} EXECUTE FUNCTION {s}.{}({args})",
+            t.name, t.table, t.function
+        ));
+        sql.push(format!(
+            "ALTER TABLE {s}.{} ENABLE ALWAYS TRIGGER {}",
+            t.table, t.name
+        ));
+    }
+    tx.batch_execute(&sql.join(";\n"))
+        .map_err(err(label, "cannot install the row-version bookkeeping"))
+}
+
+/// Every trigger on our three tables that is not exactly one of ours
+/// (name, events, function and its text, arguments, enabled `ALWAYS`), as
+/// `trigger "name" on "table"`; and whether all of ours are there.
+pub fn triggers(client: &mut impl GenericClient, label: &str) -> Result<(Vec<String>, bool)> {
+    let s = schema(client, label)?;
+    let rows = client
+        .query(
+            "SELECT t.tgname::text, c.relname::text, t.tgtype, t.tgargs, t.tgenabled::text, \
+             t.tgqual IS NULL AND t.tgconstraint = 0 AND t.tgattr::text = '', \
+             p.proname::text, p.pronamespace = c.relnamespace, l.lanname::text, p.prosrc, \
+             p.prosecdef, pg_catalog.array_to_string(p.proconfig, '|'), p.pronargs = 0 \
+             FROM pg_catalog.pg_trigger t \
+             JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
+             JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid \
+             JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
+             WHERE NOT t.tgisinternal \
+             AND c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace \
+             AND c.relname = ANY($1) ORDER BY 2, 1",
+            &[&&TABLES[..]],
+        )
+        .map_err(err(label, "cannot inspect the triggers"))?;
+    let mut foreign = Vec::new();
+    let mut found = 0;
+    for r in rows {
+        let (name, table): (String, String) = (r.get(0), r.get(1));
+        let ours = TRIGGERS.iter().find(|t| t.name == name && t.table == table);
+        let matches = ours.is_some_and(|t| {
+            let args: Vec<u8> = r.get(3);
+            let want = if t.function == GUARD_FN {
+                Vec::new()
+            } else {
+                format!("{}\0{}\0", t.args[0], t.args[1]).into_bytes()
+            };
+            let body = if t.function == GUARD_FN {
+                guard_body()
+            } else {
+                stamp_body(&s)
+            };
+            r.get::<_, i16>(2) == t.tgtype
+                && args == want
+                && r.get::<_, String>(4) == "A"
+                && r.get::<_, bool>(5)
+                && r.get::<_, String>(6) == t.function
+                && r.get::<_, bool>(7)
+                && r.get::<_, String>(8) == "plpgsql"
+                && r.get::<_, String>(9) == body
+                && r.get::<_, bool>(10) == (t.function == STAMP_FN)
+                && r.get::<_, Option<String>>(11).as_deref() == Some(CONFIG)
+                && r.get::<_, bool>(12)
+        });
+        if matches {
+            found += 1;
+        } else {
+            foreign.push(format!("trigger {name:?} on {table:?}"));
+        }
+    }
+    Ok((foreign, found == TRIGGERS.len()))
+}
+
+/// Every catalog row that shapes our tables and functions, with the
+/// transaction that last wrote it: any DDL on them moves it.
+pub fn catalog_stamp(client: &mut impl GenericClient, label: &str) -> Result<String> {
+    let row = client
+        .query_one(
+            "WITH rel AS (SELECT c.oid FROM pg_catalog.pg_class c \
+             WHERE c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace \
+             AND c.relname = ANY($1)) \
+             SELECT coalesce(pg_catalog.string_agg(s, ',' ORDER BY s), '') FROM ( \
+             SELECT 'c' || c.oid || '@' || c.xmin FROM pg_catalog.pg_class c JOIN rel USING (oid) \
+             UNION ALL SELECT 'a' || a.attrelid || '.' || a.attnum || '@' || a.xmin \
+             FROM pg_catalog.pg_attribute a JOIN rel ON a.attrelid = rel.oid \
+             UNION ALL SELECT 'd' || d.oid || '@' || d.xmin FROM pg_catalog.pg_attrdef d JOIN rel ON d.adrelid = rel.oid \
+             UNION ALL SELECT 't' || t.oid || '@' || t.xmin FROM pg_catalog.pg_trigger t JOIN rel ON t.tgrelid = rel.oid \
+             UNION ALL SELECT 'r' || w.oid || '@' || w.xmin FROM pg_catalog.pg_rewrite w JOIN rel ON w.ev_class = rel.oid \
+             UNION ALL SELECT 'o' || o.oid || '@' || o.xmin FROM pg_catalog.pg_policy o JOIN rel ON o.polrelid = rel.oid \
+             UNION ALL SELECT 'k' || k.oid || '@' || k.xmin FROM pg_catalog.pg_constraint k JOIN rel ON k.conrelid = rel.oid \
+             UNION ALL SELECT 'i' || i.indexrelid || '@' || i.xmin FROM pg_catalog.pg_index i JOIN rel ON i.indrelid = rel.oid \
+             UNION ALL SELECT 'p' || p.oid || '@' || p.xmin FROM pg_catalog.pg_proc p \
+             WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace AND p.proname = ANY($2) \
+             ) x(s)",
+            &[&&TABLES[..], &&[STAMP_FN, GUARD_FN][..]],
+        )
+        .map_err(err(label, "cannot read the catalog's stamp"))?;
+    Ok(row.get(0))
+}
+
+/// The server this session is on: its start time and this database's oid
+/// (a failover or restart moves it).
+pub fn server(client: &mut impl GenericClient, label: &str) -> Result<String> {
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.pg_postmaster_start_time()::text || ' db ' || d.oid::text \
+             FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()",
+            &[],
+        )
+        .map_err(err(label, "cannot tell which server this is"))?;
+    Ok(row.get(0))
+}
+
+/// This transaction's snapshot, as text.
+pub fn snapshot(client: &mut impl GenericClient, label: &str) -> Result<String> {
+    let row = client
+        .query_one("SELECT pg_catalog.pg_current_snapshot()::text", &[])
+        .map_err(err(label, "cannot read the snapshot"))?;
+    Ok(row.get(0))
+}
+
+/// The keys stamped by transactions `snapshot` does not see.
+pub fn changed_keys(
+    client: &mut impl GenericClient,
+    snapshot: &str,
+    label: &str,
+) -> Result<Vec<String>> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT key FROM {CHANGES} WHERE xid >= pg_catalog.pg_snapshot_xmin($1::text::pg_catalog.pg_snapshot) \
+                 AND NOT pg_catalog.pg_visible_in_snapshot(xid, $1::text::pg_catalog.pg_snapshot) ORDER BY key"
+            ),
+            &[&snapshot],
+        )
+        .map_err(err(label, "cannot read the change record"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The keys this transaction stamped, each audit key with its row's apply
+/// id (`None` for a registry key or an audit row no longer there).
+pub fn own_keys(
+    client: &mut impl GenericClient,
+    label: &str,
+) -> Result<Vec<(String, Option<String>)>> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT c.key, (SELECT a.apply_id::text FROM {table} a WHERE a.{key} = \
+                 CASE WHEN c.key ~ '^a:[0-9]{{1,18}}$' THEN pg_catalog.substr(c.key, 3)::bigint END) \
+                 FROM {CHANGES} c WHERE c.xid = pg_catalog.pg_current_xact_id()",
+                table = audit::TABLE,
+                key = audit::KEY
+            ),
+            &[],
+        )
+        .map_err(err(label, "cannot read this transaction's change record"))?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
