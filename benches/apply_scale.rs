@@ -26,6 +26,14 @@
 //! `pid_reuse_detected` between the plan and the apply. Every apply must
 //! still be `applied`; the rows that moved are counted (`verdicts_moved`).
 //!
+//! PostgreSQL runs as a registry copied in with `registry copy`, which
+//! installs the change record (`store::postgres::versions`), so apply
+//! judges outside its transaction from the first.
+//!
+//! APPLY_SCALE_ENGINES picks the engines (default `sqlite,postgres`),
+//! APPLY_SCALE_RUNS how many plans and applies of `--first 2000` follow
+//! one another on each registry (default 1; each retires the next 2,000).
+//!
 //! Run with `cargo bench --bench apply_scale`.
 
 use common::{percentile, Db};
@@ -68,7 +76,14 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
-    let admin = std::env::var("FLEET_RETIRE_TEST_POSTGRES").ok();
+    let engines = std::env::var("APPLY_SCALE_ENGINES").unwrap_or_else(|_| "sqlite,postgres".into());
+    let runs: usize = std::env::var("APPLY_SCALE_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let admin = std::env::var("FLEET_RETIRE_TEST_POSTGRES")
+        .ok()
+        .filter(|_| engines.contains("postgres"));
     if admin.is_none() {
         println!("apply_scale: PostgreSQL skipped, FLEET_RETIRE_TEST_POSTGRES is not set");
     }
@@ -76,16 +91,26 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         generate(generator, rows, dir.path());
         let writers = add_writers(&dir.path().join("registry.sqlite"));
-        let mut locations = vec![
-            seed_made_copy(dir.path(), "delete"),
-            seed_made_copy(dir.path(), "wal"),
-            sqlite_copy(dir.path()),
-        ];
+        let mut locations = Vec::new();
+        if engines.contains("sqlite") {
+            locations.push(seed_made_copy(dir.path(), "delete"));
+            locations.push(seed_made_copy(dir.path(), "wal"));
+            locations.push(sqlite_copy(dir.path()));
+        }
         if let Some(admin) = &admin {
             locations.push(postgres_copy(admin, dir.path(), rows));
         }
         for at in &locations {
-            run(at, rows, targets, &writers, dir.path());
+            for i in 0..runs {
+                run(
+                    at,
+                    i == 0 && at.first_apply,
+                    rows,
+                    targets,
+                    &writers,
+                    dir.path(),
+                );
+            }
         }
     }
 }
@@ -217,7 +242,14 @@ fn postgres_copy(admin: &str, dir: &Path, rows: usize) -> Location {
 /// Heartbeat latencies before (0) and during (1) the apply, and failures.
 type Beats = ([Vec<Duration>; 2], usize);
 
-fn run(at: &Location, rows: usize, targets: usize, writers: &[String], dir: &Path) {
+fn run(
+    at: &Location,
+    first_apply: bool,
+    rows: usize,
+    targets: usize,
+    writers: &[String],
+    dir: &Path,
+) {
     let policies = Policies::load(&PolicySource::Embedded).unwrap();
     let probe = SystemProbe::new("/proc");
     let phase = Arc::new(AtomicUsize::new(0));
@@ -239,7 +271,7 @@ fn run(at: &Location, rows: usize, targets: usize, writers: &[String], dir: &Pat
     let ctx = common::apply_context(&at.registry, &at.leases, &profiles, &policies, &probe);
     std::thread::sleep(Duration::from_millis(500));
     phase.store(1, Ordering::SeqCst);
-    if at.first_apply {
+    if first_apply {
         req.first = Some(1);
         let started = Instant::now();
         let report = apply(&req, &ctx, Hooks::default()).unwrap();

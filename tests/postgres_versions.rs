@@ -276,6 +276,15 @@ fn a_stamp_function_with_other_text_is_refused() {
     drop(live);
 }
 
+/// Drop the change record, as on a registry an older version copied.
+fn without_record(db: &PgDb) {
+    sql(
+        db,
+        "DROP TABLE fleet_retire_changes CASCADE; \
+         DROP FUNCTION fleet_retire_stamp(), fleet_retire_changes_guard() CASCADE",
+    );
+}
+
 /// The first apply on a registry without the record installs it in a
 /// transaction of its own and then judges outside its transaction.
 #[test]
@@ -283,6 +292,7 @@ fn the_first_apply_installs_the_change_record_and_the_next_reads_only_changes() 
     let Some((stores, live, db)) = pg_fleet("ver_first") else {
         return;
     };
+    without_record(&db);
     let lib = Lib::new(stores);
     let req = lib.request();
     let report = lib.run(&req, Default::default());
@@ -359,5 +369,51 @@ fn the_effect_check_finds_writes_apply_did_not_make_without_reading_the_registry
         }
         tx.rollback().unwrap();
     }
+    drop(live);
+}
+
+/// `registry copy` installs the record; `registry versions` installs it in
+/// a registry made otherwise, as the owner, says when it was whole, and
+/// tells a role that may not create triggers whom to connect as.
+#[test]
+fn registry_versions_installs_the_record_as_the_owner() {
+    let Some((_stores, live, db)) = pg_fleet("ver_cli") else {
+        return;
+    };
+    let whole =
+        || fleet_retire::store::postgres::versions::triggers(&mut db.client(), "t").unwrap();
+    assert!(whole().1, "registry copy installs the record");
+    without_record(&db);
+    let run = |url: &str| {
+        bin()
+            .args(["registry", "versions", "--registry", url])
+            .output()
+            .unwrap()
+    };
+    sql(
+        &db,
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'fr_applier') \
+           THEN CREATE ROLE fr_applier LOGIN; END IF; END $$; \
+         GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO fr_applier; \
+         GRANT CREATE ON SCHEMA public TO fr_applier",
+    );
+    let out = run(&db.url.replacen("://fleet@", "://fr_applier@", 1));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("connect as the role that owns"),
+        "{}",
+        text(&out)
+    );
+    assert!(!whole().1);
+    let out = run(&db.url);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("installed the change record"),
+        "{}",
+        text(&out)
+    );
+    assert!(whole().0.is_empty() && whole().1);
+    let out = run(&db.url);
+    assert!(text(&out).contains("already whole"), "{}", text(&out));
     drop(live);
 }

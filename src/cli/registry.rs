@@ -25,6 +25,35 @@ pub enum RegistryCommand {
     /// Copy a SQLite registry (rows and audit; optionally a lease store) into
     /// empty PostgreSQL tables, in one transaction, and prove the tokens equal.
     Copy(CopyArgs),
+    /// Install the change record in an existing PostgreSQL registry, as the
+    /// tables' owner, so that apply judges outside its transaction (`registry
+    /// copy` installs it; apply installs it when its role may).
+    Versions(VersionsArgs),
+}
+
+/// Arguments of `registry versions`.
+#[derive(Debug, Args)]
+pub struct VersionsArgs {
+    /// The PostgreSQL registry: postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE.
+    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "URL")]
+    pub registry: String,
+}
+
+/// Run `registry versions`: the shape checks apply makes, then the install,
+/// in one transaction.
+fn versions(args: &VersionsArgs) -> Result<ExitCode> {
+    let at = std::path::Path::new(&args.registry);
+    let installed = crate::store::open::install_versions(at)?;
+    outln!(
+        "{} {}",
+        if installed {
+            "installed the change record in"
+        } else {
+            "the change record was already whole in"
+        },
+        crate::store::location::label(at)
+    )?;
+    Ok(ExitCode::Ok)
 }
 
 /// Arguments of `registry copy`.
@@ -74,6 +103,7 @@ fn create(args: &CreateArgs) -> Result<ExitCode> {
 pub fn run(cli: &Cli, args: &RegistryArgs) -> Result<ExitCode> {
     match &args.command {
         RegistryCommand::Create(c) => create(c),
+        RegistryCommand::Versions(v) => versions(v),
         RegistryCommand::Copy(c) => {
             let spinner = crate::cli::progress::Spinner::start(&format!(
                 "copying the registry into {}",

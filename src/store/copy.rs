@@ -357,6 +357,11 @@ pub fn copy(
         None => None,
         Some(source) => Some(prove_leases(&mut tx, source, &label, tokens)?),
     };
+    // The change record last, so the copied rows are not stamped one by
+    // one (docs/apply.md, "A million rows on PostgreSQL").
+    if pg::versions::supported(&mut tx, &label)? {
+        pg::versions::install(&mut tx, &label)?;
+    }
     tx.commit().map_err(err("cannot commit the copy"))?;
     Ok(CopyReport {
         from: from.display().to_string(),

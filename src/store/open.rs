@@ -30,3 +30,18 @@ pub fn create_registry(location: &Path) -> Result<bool> {
         )),
     }
 }
+
+/// `registry versions`: the change record installed in an existing
+/// PostgreSQL registry (`store::postgres::versions`); `Ok(false)` when it
+/// was whole already. A SQLite registry gains its row versions from
+/// `registry create` or its first apply.
+pub fn install_versions(location: &Path) -> Result<bool> {
+    match Location::parse(location)? {
+        Location::Postgres(url) => super::postgres::versions::install_checked(&url),
+        Location::Sqlite(_) => Err(Error::input(
+            About::Option("--registry"),
+            "`registry versions` is for a PostgreSQL registry (a postgres:// URL); a SQLite \
+             registry gains its row versions from `registry create` or its first apply",
+        )),
+    }
+}

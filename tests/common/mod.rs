@@ -1,6 +1,7 @@
 //! Shared helpers for integration tests: real SQLite files, the real binary.
 #![allow(dead_code)]
 
+pub mod interleave;
 pub mod pgproxy;
 pub mod reports;
 

@@ -354,3 +354,37 @@ pub fn own_keys(
         .map_err(err(label, "cannot read this transaction's change record"))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
+
+/// `registry versions`: in one transaction, the registry's shape checked
+/// as apply checks it, then the record installed; `false` when it was
+/// whole already.
+pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
+    let label = url.to_string();
+    let mut client = super::connect_to(url, Store::Registry)?;
+    if !supported(&mut client, &label)? {
+        return Err(super::registry_error(
+            &label,
+            "keeps no change record before PostgreSQL 13 (`pg_current_snapshot`, `xid8`); \
+             apply reads the whole registry inside its transaction there",
+        ));
+    }
+    let mut tx = client
+        .transaction()
+        .map_err(err(&label, "cannot begin the install"))?;
+    if triggers(&mut tx, &label)?.1 {
+        return Ok(false);
+    }
+    if let Some(why) = super::untrusted_objects(&mut tx, &label)? {
+        return Err(super::registry_error(&label, why));
+    }
+    super::migrate_audit_in(&mut tx, &label)?;
+    install(&mut tx, &label).map_err(|e| {
+        super::registry_error(
+            &label,
+            format!("{e}; connect as the role that owns worker_registrations and retirement_audit"),
+        )
+    })?;
+    tx.commit()
+        .map_err(err(&label, "cannot commit the install"))?;
+    Ok(true)
+}

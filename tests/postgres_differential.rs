@@ -1,0 +1,268 @@
+//! The fast path inside apply's PostgreSQL transaction against the whole
+//! read, on random concurrent writes (docs/apply.md, "A million rows on
+//! PostgreSQL"), as `tests/fast_path_differential.rs` does for SQLite.
+//!
+//! Each interleaving builds a small real fleet (`common::interleave`),
+//! copies it into two PostgreSQL databases with the change record
+//! installed, and applies the same plan on both with the same random
+//! writes committed by an ordinary client in the window between the
+//! judgement outside the transaction and the transaction itself (any
+//! column, an unknown column, a row deleted and written again, upserts,
+//! inserts, deletes, lease writes). On the second database the window also
+//! runs harmless DDL on the registry, which sends apply to read and judge
+//! the whole registry. The two must end alike: the same outcome and the
+//! same rows retired.
+//!
+//! `FLEET_RETIRE_PG_DIFF_RUNS=N` runs N interleavings (default 150);
+//! `FLEET_RETIRE_DIFF_SEED=S` replays one. Needs a PostgreSQL cluster
+//! (FLEET_RETIRE_TEST_POSTGRES), as tests/postgres.rs.
+
+mod common;
+
+use common::interleave::*;
+use common::*;
+use fleet_retire::apply::{Hooks, Outcome, Request};
+use rusqlite::types::Value as Sql;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+/// A SQLite write in PostgreSQL's dialect, its parameters written in as
+/// literals (a value the column's type refuses is a write refused, on both
+/// routes alike).
+fn in_postgres(w: &Write) -> String {
+    let literal = |v: &Sql| match v {
+        Sql::Null => "NULL".to_string(),
+        Sql::Integer(i) => i.to_string(),
+        Sql::Real(r) => format!("'{r:?}'::float8"),
+        Sql::Text(t) => format!("'{}'", t.replace('\'', "''")),
+        Sql::Blob(_) => unreachable!("no write here uses a blob"),
+    };
+    let mut sql = w
+        .sql
+        .replace(
+            "INSERT OR REPLACE INTO worker_registrations SELECT * FROM worker_registrations \
+             WHERE worker_identity = ?1",
+            "WITH gone AS (DELETE FROM worker_registrations WHERE worker_identity = ?1 \
+             RETURNING *) INSERT INTO worker_registrations SELECT * FROM gone",
+        )
+        .replace(
+            "INSERT OR REPLACE INTO workflow_leases (lease_id, status, owner_worker_identity) \
+             VALUES ('l-' || ?1, 'active', ?1)",
+            "INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) \
+             VALUES ('l-' || ?1, 'active', ?1) ON CONFLICT (lease_id) DO UPDATE \
+             SET status = excluded.status, owner_worker_identity = excluded.owner_worker_identity",
+        );
+    for (i, v) in w.params.iter().enumerate().rev() {
+        sql = sql.replace(&format!("?{}", i + 1), &literal(v));
+    }
+    assert!(!sql.contains("OR REPLACE"), "untranslated: {sql}");
+    sql
+}
+
+/// One database of the test, emptied for each interleaving.
+struct Side {
+    db: PgDb,
+    profiles: PathBuf,
+}
+
+impl Side {
+    /// Copy the fleet at `base` in, add a column the program does not
+    /// know, and install the change record.
+    fn load(&self, base: &Path) {
+        self.db
+            .client()
+            .batch_execute(
+                "DROP TABLE IF EXISTS worker_registrations, retirement_audit, workflow_leases, \
+                 fleet_retire_changes CASCADE; \
+                 DROP FUNCTION IF EXISTS fleet_retire_stamp(), fleet_retire_changes_guard()",
+            )
+            .unwrap();
+        fleet_retire::copy::copy(
+            &base.join("registry.sqlite"),
+            Some(&base.join("leases.sqlite")),
+            &self.db.url,
+        )
+        .unwrap();
+        let mut c = self.db.client();
+        c.batch_execute("ALTER TABLE worker_registrations ADD COLUMN note TEXT")
+            .unwrap();
+        let mut tx = c.transaction().unwrap();
+        fleet_retire::store::postgres::versions::install(&mut tx, "test").unwrap();
+        tx.commit().unwrap();
+    }
+
+    fn statuses(&self) -> Vec<(String, Option<String>)> {
+        self.db
+            .client()
+            .query(
+                "SELECT worker_identity, status FROM worker_registrations ORDER BY 1, 2",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+
+    /// Apply with `writes` in the window; `whole` also runs DDL there.
+    fn route(
+        &self,
+        world: &World,
+        req: &Request,
+        writes: &[String],
+        whole: bool,
+    ) -> (Outcome, String) {
+        let mut hook = || {
+            let mut c = self.db.client();
+            for w in writes {
+                // A write PostgreSQL refuses did not happen, on both sides.
+                let _ = c.batch_execute(w);
+            }
+            if whole {
+                c.batch_execute(
+                    "ALTER TABLE worker_registrations ALTER COLUMN note SET STATISTICS 50",
+                )
+                .unwrap();
+            }
+        };
+        let url = PathBuf::from(&self.db.url);
+        let ctx = fleet_retire::apply::Context {
+            registry: &url,
+            leases: &url,
+            profiles: &self.profiles,
+            profile: "controller-prgs",
+            proc_root: Path::new("/proc"),
+            policies: &world.policies,
+            probe: &world.probe,
+            busy_timeout: std::time::Duration::from_secs(5),
+        };
+        let hooks = Hooks {
+            after_prejudge: Some(&mut hook),
+            ..Default::default()
+        };
+        let report = fleet_retire::apply::apply(req, &ctx, hooks).unwrap();
+        let scope = serde_json::to_value(&report.read_under_lock).unwrap();
+        (report.outcome, format!("{scope} {}", report.detail))
+    }
+}
+
+/// Plan the SQLite base (the copies carry the same tokens, as `registry
+/// copy` proves) and request its candidates, all or the first.
+fn request(base: &Path, world: &World, rng: &mut Rng) -> Option<Request> {
+    let plan = fleet_retire::plan::plan_from_files(
+        &base.join("registry.sqlite"),
+        &base.join("leases.sqlite"),
+        Path::new("/proc"),
+        "prgs/gitea-tools".into(),
+        &world.policies,
+    )
+    .unwrap();
+    let mut saved = Vec::new();
+    plan.write_saved(&mut saved).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&saved).unwrap();
+    let workers: Vec<String> =
+        serde_json::from_value(doc["candidate_worker_identities"].clone()).unwrap();
+    if workers.is_empty() {
+        return None;
+    }
+    let req = Request {
+        registry_fingerprint: doc["registry_fingerprint"].as_str().unwrap().into(),
+        candidate_fingerprint: doc["candidate_fingerprint"].as_str().unwrap().into(),
+        policy_fingerprint: doc["policy_fingerprint"].as_str().unwrap().into(),
+        workers,
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        max_retire: 100,
+        planned: None,
+        first: rng.chance(30).then_some(1),
+    };
+    let planned = serde_json::from_value(doc["planned_rows"].clone()).unwrap();
+    Some(
+        req.with_planned(Some(std::sync::Arc::new(planned)))
+            .unwrap(),
+    )
+}
+
+/// One interleaving; whether the fast path decided it, or `None` when the
+/// plan had no candidate.
+fn interleaving(seed: u64, world: &World, sides: &[Side; 2]) -> Option<bool> {
+    let mut rng = Rng(seed);
+    let rows = rows(&mut rng, world);
+    let base = tempfile::tempdir().unwrap();
+    registry(&base.path().join("registry.sqlite"), &rows);
+    let leased = if rng.chance(20) {
+        vec![json!({"lease_id": "l-0", "status": "active", "owner_worker_identity": "w-dead-0"})]
+    } else {
+        vec![]
+    };
+    leases(&base.path().join("leases.sqlite"), &leased);
+    let req = request(base.path(), world, &mut rng)?;
+    let writes: Vec<String> = (0..rng.below(4))
+        .map(|_| in_postgres(&one_write(&mut rng, &rows, world)))
+        .collect();
+    let mut ends = Vec::new();
+    for (side, whole) in sides.iter().zip([false, true]) {
+        side.load(base.path());
+        let (outcome, how) = side.route(world, &req, &writes, whole);
+        ends.push(((outcome, side.statuses()), how));
+    }
+    let (fast, whole) = (&ends[0], &ends[1]);
+    assert!(
+        whole.1.contains("whole_registry"),
+        "seed {seed}: the DDL did not force the whole read: {}",
+        whole.1
+    );
+    assert_eq!(
+        fast.0, whole.0,
+        "seed {seed} (replay with FLEET_RETIRE_DIFF_SEED={seed}): the fast path ({}) ended \
+         otherwise than the whole read ({}); writes in the window: {writes:#?}",
+        fast.1, whole.1
+    );
+    Some(fast.1.contains("changed_rows"))
+}
+
+#[test]
+fn the_fast_path_on_postgres_retires_exactly_what_the_whole_read_does() {
+    let (Some(a), Some(b)) = (postgres("diff_fast"), postgres("diff_whole")) else {
+        return;
+    };
+    let world = World::new();
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles.json");
+    std::fs::write(
+        &profiles,
+        json!({"profiles": {"controller-prgs": {"role": "controller",
+            "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}})
+        .to_string(),
+    )
+    .unwrap();
+    let sides = [
+        Side {
+            db: a,
+            profiles: profiles.clone(),
+        },
+        Side { db: b, profiles },
+    ];
+    let env = |name: &str| std::env::var(name).ok().map(|v| v.parse::<u64>().unwrap());
+    if let Some(seed) = env("FLEET_RETIRE_DIFF_SEED") {
+        interleaving(seed, &world, &sides);
+        return;
+    }
+    let runs = env("FLEET_RETIRE_PG_DIFF_RUNS").unwrap_or(150);
+    let first = env("FLEET_RETIRE_DIFF_FIRST").unwrap_or(20_261_205);
+    let (mut planned, mut fast) = (0u64, 0u64);
+    for seed in first..first + runs {
+        match interleaving(seed, &world, &sides) {
+            Some(true) => (planned, fast) = (planned + 1, fast + 1),
+            Some(false) => planned += 1,
+            None => {}
+        }
+    }
+    eprintln!(
+        "{runs} interleavings on PostgreSQL from seed {first}: {planned} with candidates, \
+         {fast} decided by the fast path inside the transaction"
+    );
+    assert!(
+        fast * 3 >= planned,
+        "the fast path decided only {fast} of {planned} interleavings"
+    );
+}
