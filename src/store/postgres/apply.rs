@@ -20,6 +20,9 @@ pub struct Postgres {
     /// The location as given, to tell whether the leases live here.
     location: PathBuf,
     label: String,
+    /// Set until the transaction begins: apply judges outside it for
+    /// seconds first ([`super::stall`]).
+    idle: super::stall::Idle,
 }
 
 impl Postgres {
@@ -30,7 +33,7 @@ impl Postgres {
     pub fn open(url: &PgUrl, location: &Path, busy_timeout: Duration) -> Result<Postgres> {
         let label = url.to_string();
         super::stall::allow_waits(busy_timeout);
-        let mut client = super::connect_bounded(url, Store::Registry, busy_timeout)?;
+        let (mut client, idle) = super::connect_watched(url, Store::Registry, busy_timeout)?;
         let millis = busy_timeout.as_millis().clamp(1, i32::MAX as u128);
         client
             .batch_execute(&format!("SET lock_timeout = {millis}"))
@@ -39,10 +42,12 @@ impl Postgres {
                 &label,
                 "cannot set the lock timeout",
             ))?;
+        idle.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(Postgres {
             client,
             location: location.to_path_buf(),
             label,
+            idle,
         })
     }
 }
@@ -50,15 +55,19 @@ impl Postgres {
 impl ApplyConnection for Postgres {
     /// On PostgreSQL 13 or later, when our triggers are not all there.
     fn lacks_versions(&mut self) -> Result<bool> {
+        use std::sync::atomic::Ordering::SeqCst;
         let label = self.label.clone();
-        if !super::versions::supported(&mut self.client, &label)? {
-            return Ok(false);
-        }
-        Ok(!super::versions::triggers(&mut self.client, &label)?.1)
+        self.idle.store(false, SeqCst);
+        let lacks = super::versions::supported(&mut self.client, &label)
+            .and_then(|ok| Ok(ok && !super::versions::triggers(&mut self.client, &label)?.1));
+        self.idle.store(true, SeqCst);
+        lacks
     }
 
     fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String> {
         let label = self.label.clone();
+        // In use from here until the connection is dropped.
+        self.idle.store(false, std::sync::atomic::Ordering::SeqCst);
         let tx = self
             .client
             .build_transaction()

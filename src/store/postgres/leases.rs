@@ -13,6 +13,9 @@ pub struct Fence {
     client: postgres::Client,
     /// The URL, password masked.
     label: String,
+    /// Set between reads: apply judges for seconds between two fences,
+    /// and a connection idle by right is not given up on ([`super::stall`]).
+    idle: super::stall::Idle,
 }
 
 impl Fence {
@@ -20,9 +23,24 @@ impl Fence {
     /// fails now, not at the first fence.
     pub fn open(url: &PgUrl) -> Result<Fence> {
         let label = url.to_string();
-        let mut client = super::connect_to(url, Store::Leases)?;
+        let (mut client, idle) =
+            super::connect_watched(url, Store::Leases, std::time::Duration::ZERO)?;
         super::read_leases(&mut client, &label, true)?;
-        Ok(Fence { client, label })
+        idle.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(Fence {
+            client,
+            label,
+            idle,
+        })
+    }
+
+    /// `read` with the connection marked in use while it runs.
+    fn in_use<T>(&mut self, read: impl FnOnce(&mut postgres::Client, &str) -> T) -> T {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.idle.store(false, SeqCst);
+        let out = read(&mut self.client, &self.label);
+        self.idle.store(true, SeqCst);
+        out
     }
 }
 
@@ -33,11 +51,11 @@ impl FenceSource for Fence {
 
     /// The server's digest of every active lease row.
     fn version(&mut self) -> Result<String> {
-        super::active_lease_version(&mut self.client, &self.label)
+        self.in_use(super::active_lease_version)
     }
 
     fn read_active(&mut self) -> Result<Vec<Lease>> {
-        let mut leases = super::read_leases(&mut self.client, &self.label, true)?;
+        let mut leases = self.in_use(|c, label| super::read_leases(c, label, true))?;
         leases.retain(Lease::is_active);
         Ok(leases)
     }

@@ -277,6 +277,13 @@ pub fn connect_watched(
     let connector = tls::connector(url.tls())
         .map_err(|message| store_error(store, &label, format!("cannot set up TLS: {message}")))?;
     tls::warn_if_unverified(url);
+    // One connect at a time in this process: the watch takes the sockets
+    // that appeared during the connect for this connection's, and another
+    // thread's connect meanwhile would give its socket this one's idle
+    // flag (a pooled worker connection, idle by its own flag, was cut as
+    // this one's "in use").
+    static CONNECTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CONNECTING.lock().unwrap_or_else(|p| p.into_inner());
     let before = stall::sockets();
     let wait = failover::election_wait(&config);
     let limit = CONNECT_TIMEOUT + stall::reply_bound();
