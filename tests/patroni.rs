@@ -11,124 +11,10 @@
 
 mod common;
 
+use common::patroni::*;
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-/// One cluster at a time: two at once on a two-core machine make
-/// elections slow enough to miss their bounds.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// A running Patroni cluster; stopped on drop.
-struct Cluster {
-    dir: tempfile::TempDir,
-    base: u16,
-    url: String,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/patroni-cluster")
-}
-
-impl Cluster {
-    fn start() -> Option<Cluster> {
-        let present = ["patroni", "etcd", "curl"].iter().all(|tool| {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-        if skip_unless(
-            present,
-            "Debian's patroni and etcd-server (.ci/run installs them)",
-        ) {
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let base = 20_000 + (std::process::id() % 400) as u16 * 30;
-        let out = Command::new(script())
-            .arg("start")
-            .arg(dir.path())
-            .arg(base.to_string())
-            .output()
-            .unwrap();
-        let cluster = Cluster {
-            url: String::from_utf8_lossy(&out.stdout).trim().to_string(),
-            dir,
-            base,
-        };
-        assert!(out.status.success(), "{}", text(&out));
-        Some(cluster)
-    }
-
-    /// The member (1..3) that is the leader now, if one is.
-    fn leader(&self) -> Option<u16> {
-        (1..=3).find(|n| {
-            Command::new("curl")
-                .args(["-fs", "-o", "/dev/null", "--max-time", "2"])
-                .arg(format!("http://127.0.0.1:{}/primary", self.base + 20 + n))
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-    }
-
-    /// SIGKILL member `n`'s patroni and its PostgreSQL server.
-    fn kill(&self, n: u16) {
-        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
-        let patroni = read(self.dir.path().join(format!("patroni{n}.pid")));
-        let postmaster = read(self.dir.path().join(format!("pg{n}/postmaster.pid")));
-        for pid in [patroni.trim(), postmaster.lines().next().unwrap_or("")] {
-            if let Ok(pid) = pid.parse::<i32>() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
-
-    /// Wait (at most `limit`) for a leader other than `old`.
-    fn new_leader(&self, old: u16, limit: Duration) -> Option<u16> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(n) = self.leader().filter(|n| *n != old) {
-                return Some(n);
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        None
-    }
-
-    fn client(&self) -> ::postgres::Client {
-        connect(&self.url)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(script())
-            .arg("stop")
-            .arg(self.dir.path())
-            .output();
-    }
-}
-
-/// A connection to the writable member, waited for (at most 30 s) while
-/// Patroni restarts or elects one.
-fn connect(url: &str) -> ::postgres::Client {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match ::postgres::Client::connect(url, ::postgres::NoTls) {
-            Ok(client) => return client,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("waiting for a writable member: {e}");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            Err(e) => panic!("no writable member of {url}: {e}"),
-        }
-    }
-}
 
 /// The serve row's heartbeat stamp, read on the leader.
 fn heartbeat_of(cluster: &Cluster, worker: &str) -> Option<String> {
@@ -209,34 +95,6 @@ fn an_acknowledged_apply_survives_a_failover_and_serve_follows_the_new_leader() 
         killed.elapsed().as_secs_f64()
     );
     drop(live);
-}
-
-impl Cluster {
-    /// Wait (at most `limit`) until some member is the synchronous
-    /// standby: only it may be promoted in synchronous mode, so a leader
-    /// killed before one is named leaves the cluster without a leader, by
-    /// design.
-    fn wait_sync(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while !(1..=3).any(|n| {
-            Command::new("curl")
-                .args(["-fs", "-o", "/dev/null", "--max-time", "2"])
-                .arg(format!("http://127.0.0.1:{}/sync", self.base + 20 + n))
-                .status()
-                .is_ok_and(|s| s.success())
-        }) {
-            assert!(
-                Instant::now() < deadline,
-                "no synchronous standby within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    }
-
-    /// The cluster's URL for database `db`.
-    fn url_of(&self, db: &str) -> String {
-        self.url.replacen("/postgres?", &format!("/{db}?"), 1)
-    }
 }
 
 /// The statuses of the fleet's three dead workers, and the audit rows of

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod interleave;
+pub mod patroni;
 pub mod pgproxy;
 pub mod reports;
 

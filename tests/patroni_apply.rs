@@ -1,0 +1,183 @@
+//! Apply under Patroni where the failure lands inside it: the COMMIT's
+//! reply lost between apply and the leader (a proxy of ours,
+//! `common::pgproxy`), and the leader SIGKILLed just before the write of
+//! a 200-target apply and between its write and its COMMIT (the effect
+//! check). Each trial ends all-or-nothing on the new leader, as the apply
+//! says; `outcome_unknown` is settled by `apply-status` there. After each
+//! kill the old leader is started again and rejoins, so every trial has
+//! three members.
+
+mod common;
+
+use common::patroni::*;
+use common::pgproxy::{Lose, PgProxy};
+use common::*;
+use fleet_retire::apply::{Hooks, Outcome};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A database `db` on the cluster holding `targets` dead workers and one
+/// live one; the stores (registry and leases there) and the live guard.
+fn fleet_on(cluster: &Cluster, db: &str, targets: usize) -> (Stores, KillOnDrop, String) {
+    cluster
+        .client()
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .unwrap();
+    let url = cluster.url_of(db);
+    let live = KillOnDrop(spawn_sleeper());
+    let mut rows: Vec<serde_json::Value> = (0..targets)
+        .map(|i| {
+            let (pid, start) = dead_process();
+            stale_row(&format!("w-dead-{i:03}"), pid, &start)
+        })
+        .collect();
+    rows.push(stale_row(
+        "w-running",
+        live.id() as i64,
+        &start_time(live.id()),
+    ));
+    let mut stores = Stores::new(&rows);
+    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &url).unwrap();
+    stores.registry = PathBuf::from(&url);
+    stores.leases = stores.registry.clone();
+    (stores, live, url)
+}
+
+/// Retired rows and this apply's audit rows, on the leader.
+fn counted(url: &str, apply_id: &str) -> (i64, i64) {
+    let mut c = connect(url);
+    let retired: i64 = c
+        .query_one(
+            "SELECT count(*) FROM worker_registrations WHERE status = 'retired'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let audited: i64 = c
+        .query_one(
+            "SELECT count(*) FROM retirement_audit WHERE apply_id = $1",
+            &[&apply_id],
+        )
+        .unwrap()
+        .get(0);
+    (retired, audited)
+}
+
+/// `apply-status` on the cluster: whether it says committed.
+fn status_says_committed(url: &str, apply_id: &str) -> bool {
+    let out = bin()
+        .args(["apply-status", apply_id, "--registry", url])
+        .output()
+        .unwrap();
+    assert!(matches!(out.status.code(), Some(0 | 2)), "{}", text(&out));
+    out.status.code() == Some(0)
+}
+
+#[test]
+fn a_lost_commit_reply_and_kills_inside_an_apply_leave_all_or_nothing_as_told() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    lost_commit_reply(&cluster);
+    for (trial, at) in ["before the write", "before COMMIT"]
+        .into_iter()
+        .enumerate()
+    {
+        killed_inside(&cluster, trial, at);
+    }
+}
+
+/// The COMMIT reaches the leader through the proxy, whose reply never
+/// reaches apply; then the leader dies. apply says `outcome_unknown` (exit
+/// 5) and `apply-status` on the new leader tells what the cluster holds.
+fn lost_commit_reply(cluster: &Cluster) {
+    let (mut stores, live, url) = fleet_on(cluster, "lostreply", 3);
+    let (plan, _) = save_plan(&stores);
+    let old = cluster.leader().expect("a leader");
+    let proxy = PgProxy::start(format!("127.0.0.1:{}", cluster.port_of(old)), Lose::Reply);
+    let through = url
+        .replacen(&cluster.hosts(), &format!("127.0.0.1:{}", proxy.port), 1)
+        .replacen("?target_session_attrs=read-write", "", 1);
+    stores.registry = PathBuf::from(&through);
+    stores.leases = stores.registry.clone();
+    let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_eq!(
+        (code, report["outcome"].as_str()),
+        (Some(5), Some("outcome_unknown")),
+        "{report}"
+    );
+    let id = report["apply_id"].as_str().unwrap().to_string();
+    cluster.kill(old);
+    cluster
+        .new_leader(old, Duration::from_secs(60))
+        .expect("a new leader");
+    let committed = status_says_committed(&url, &id);
+    let (retired, audited) = counted(&url, &id);
+    assert_eq!((retired, audited), if committed { (3, 3) } else { (0, 0) });
+    eprintln!("lost reply: outcome_unknown; apply-status on the new leader: committed {committed}");
+    cluster.restart(old, Duration::from_secs(90));
+    drop(live);
+}
+
+/// A 200-target apply through the library, the leader killed from a hook
+/// at `at`: nothing commits, and apply says so.
+fn killed_inside(cluster: &Cluster, trial: usize, at: &str) {
+    let (stores, live, url) = fleet_on(cluster, &format!("killed{trial}"), 200);
+    let lib = Lib::new(stores);
+    let mut req = lib.request();
+    req.max_retire = 500;
+    assert_eq!(req.workers.len(), 200);
+    let old = cluster.leader().expect("a leader");
+    let killed = std::cell::Cell::new(false);
+    let mut kill = || {
+        cluster.kill(old);
+        killed.set(true);
+    };
+    let hooks = if trial == 0 {
+        Hooks {
+            before_first_write: Some(&mut kill),
+            ..Default::default()
+        }
+    } else {
+        Hooks {
+            before_commit: Some(&mut kill),
+            ..Default::default()
+        }
+    };
+    let report = lib.run(&req, hooks);
+    assert!(
+        killed.get(),
+        "apply ended before the kill: {:?}: {}",
+        report.outcome,
+        report.detail
+    );
+    cluster
+        .new_leader(old, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("no new leader after a kill {at}: {}", cluster.logs()));
+    let id = report.apply_id.clone().unwrap_or_default();
+    let (retired, audited) = counted(&url, &id);
+    match report.outcome {
+        Outcome::OutcomeUnknown => {
+            let committed = status_says_committed(&url, &id);
+            assert_eq!(
+                (retired, audited),
+                if committed { (200, 200) } else { (0, 0) }
+            );
+        }
+        Outcome::Applied => panic!("applied after its leader died {at}: {}", report.detail),
+        _ => assert_eq!(
+            (retired, audited),
+            (0, 0),
+            "{:?}: {}",
+            report.outcome,
+            report.detail
+        ),
+    }
+    eprintln!(
+        "leader killed {at}: {:?} ({retired} retired)",
+        report.outcome
+    );
+    cluster.restart(old, Duration::from_secs(90));
+    drop(live);
+}
