@@ -601,3 +601,54 @@ fn a_client_that_starts_a_server_per_call_pages_by_offset() {
     assert_eq!(both["reason_code"], "cursor_and_offset", "{both:.500}");
     second.finish();
 }
+
+/// While no member takes writes (a Patroni election: the leader gone,
+/// none elected yet), a tool call is answered `registry_unavailable` once
+/// the bounded wait for a writable member is over, and the server goes on;
+/// the first call after a member answers again succeeds. The "cluster" is
+/// a proxy of ours in front of the test server: dropped, and the server's
+/// connections ended, nothing takes a connection at its port.
+#[test]
+fn a_call_while_no_member_takes_writes_is_answered_and_the_next_succeeds() {
+    use common::pgproxy::{Lose, PgProxy};
+    let Some((stores, live, db)) = pg_fleet("serve_election") else {
+        return;
+    };
+    let proxy = PgProxy::start(db.host_port(), Lose::Commit);
+    let port = proxy.port;
+    let url = db.at_port(port, "?target_session_attrs=read-write");
+    let mut wire = Wire::start(
+        stores.dir.path(),
+        &[
+            ("FLEET_RETIRE_REGISTRY", url.as_str()),
+            ("FLEET_RETIRE_LEASES", url.as_str()),
+            ("FLEET_RETIRE_PG_FAILOVER_WAIT", "3"),
+        ],
+    );
+    let code = |answer: &Value| answer["result"]["structuredContent"]["reason_code"].clone();
+    wire.plan(1, None);
+    let first = wire.next(Duration::from_secs(60)).expect("an answer");
+    assert_ne!(first["result"]["isError"], true, "{first}");
+    drop(proxy);
+    db.client()
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'fleet-retire'",
+            &[],
+        )
+        .unwrap();
+    let started = Instant::now();
+    wire.plan(2, None);
+    let during = wire.next(Duration::from_secs(60)).expect("an answer");
+    let took = started.elapsed();
+    assert_eq!(code(&during), "registry_unavailable", "{during}");
+    assert_eq!(during["result"]["isError"], true);
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+    let _proxy = PgProxy::start_on(port, db.host_port(), Lose::Commit);
+    wire.plan(3, None);
+    let after = wire.next(Duration::from_secs(60)).expect("an answer");
+    assert_ne!(after["result"]["isError"], true, "{after}");
+    eprintln!("no writable member: answered registry_unavailable after {took:?}");
+    wire.finish();
+    drop(live);
+}

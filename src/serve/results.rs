@@ -39,12 +39,20 @@ pub(super) fn error_result(e: &Error) -> CallToolResult {
         | Error::Sqlite {
             store: crate::error::Store::Registry,
             ..
+        }
+        | Error::Postgres {
+            store: crate::error::Store::Registry,
+            ..
         } => (
             "registry_unavailable",
             "check the registry this server was started with (FLEET_RETIRE_REGISTRY)",
         ),
         Error::Leases { .. }
         | Error::Sqlite {
+            store: crate::error::Store::Leases,
+            ..
+        }
+        | Error::Postgres {
             store: crate::error::Store::Leases,
             ..
         } => (
