@@ -76,44 +76,7 @@ fn build(dir: &Path, rng: &mut Rng, rows: &[Value]) -> Stores3 {
 /// Plan the stores as `plan --out` would and request its candidates: all
 /// of them, the first one, or by tokens alone (no planned rows).
 fn request(s: &Stores3, world: &World, rng: &mut Rng) -> Option<Request> {
-    let plan = fleet_retire::plan::plan_from_files(
-        &s.registry,
-        &s.leases,
-        Path::new("/proc"),
-        "prgs/gitea-tools".into(),
-        &world.policies,
-    )
-    .unwrap();
-    let mut saved = Vec::new();
-    plan.write_saved(&mut saved).unwrap();
-    let doc: Value = serde_json::from_slice(&saved).unwrap();
-    let workers: Vec<String> = doc["candidate_worker_identities"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_string())
-        .collect();
-    if workers.is_empty() {
-        return None;
-    }
-    let req = Request {
-        registry_fingerprint: doc["registry_fingerprint"].as_str().unwrap().into(),
-        candidate_fingerprint: doc["candidate_fingerprint"].as_str().unwrap().into(),
-        policy_fingerprint: doc["policy_fingerprint"].as_str().unwrap().into(),
-        workers,
-        canonical_repository: Some("prgs/gitea-tools".into()),
-        max_retire: 100,
-        planned: None,
-        first: rng.chance(30).then_some(1),
-    };
-    if rng.chance(10) {
-        return Some(req);
-    }
-    let planned = serde_json::from_value(doc["planned_rows"].clone()).unwrap();
-    Some(
-        req.with_planned(Some(std::sync::Arc::new(planned)))
-            .unwrap(),
-    )
+    planned_request(&s.registry, &s.leases, world, rng, 10)
 }
 
 /// How one route ended: the outcome, the scope of its read under the lock,

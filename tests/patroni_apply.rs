@@ -181,3 +181,200 @@ fn killed_inside(cluster: &Cluster, trial: usize, at: &str) {
     cluster.restart(old, Duration::from_secs(90));
     drop(live);
 }
+
+/// What one apply of the history said.
+#[derive(Debug)]
+struct Told {
+    outcome: String,
+    apply_id: Option<String>,
+    retired: i64,
+}
+
+/// Plan and apply `--first 4` through the binary, on the cluster URL,
+/// until `until`; every report kept.
+fn applier(stores: &Stores, until: std::time::Instant, who: usize) -> Vec<Told> {
+    let mut told = Vec::new();
+    let plan = stores.dir.path().join(format!("plan-{who}.json"));
+    while std::time::Instant::now() < until {
+        let mut args = stores.plan_args("controller-prgs");
+        args.extend(["--out".into(), plan.display().to_string()]);
+        let planned = wait_with_deadline(spawn_piped(bin().args(&args)), Duration::from_secs(120));
+        if !planned.status.success() {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let child = spawn_piped(
+            bin()
+                .args(stores.apply_args("controller-prgs"))
+                .arg(&plan)
+                .args(["--first", "4"]),
+        );
+        let out = wait_with_deadline(child, Duration::from_secs(120));
+        let Ok(report) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+            continue; // refused before a report (a usage error would fail below)
+        };
+        told.push(Told {
+            outcome: report["outcome"].as_str().unwrap_or("").to_string(),
+            apply_id: report["apply_id"].as_str().map(String::from),
+            retired: report["retired_count"].as_i64().unwrap_or(0),
+        });
+    }
+    told
+}
+
+/// The history check: two appliers and twenty heartbeating workers while
+/// the leader is killed (and started again) three times; then, on the
+/// leader, every retired row has exactly one audit row, every apply
+/// reported `applied` is there whole, every apply reported otherwise left
+/// nothing, every `outcome_unknown` is what `apply-status` says, and no
+/// live worker was retired.
+#[test]
+fn concurrent_appliers_and_workers_through_repeated_failovers_keep_the_history_true() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let (mut stores, live, url) = fleet_on(&cluster, "history", 48);
+    let workers = add_live_workers(&url, 20);
+    stores.registry = PathBuf::from(&url);
+    let until = std::time::Instant::now() + Duration::from_secs(75);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (told, failovers) = std::thread::scope(|s| {
+        let beats: Vec<_> = workers
+            .iter()
+            .map(|w| s.spawn(|| beat(&url, w, &stop)))
+            .collect();
+        let appliers: Vec<_> = (0..2)
+            .map(|who| {
+                s.spawn({
+                    let stores = &stores;
+                    move || applier(stores, until, who)
+                })
+            })
+            .collect();
+        let mut failovers = 0;
+        while std::time::Instant::now() + Duration::from_secs(25) < until {
+            std::thread::sleep(Duration::from_secs(6));
+            let old = cluster.leader().expect("a leader");
+            cluster.kill(old);
+            cluster
+                .new_leader(old, Duration::from_secs(60))
+                .expect("a new leader");
+            cluster.restart(old, Duration::from_secs(90));
+            failovers += 1;
+        }
+        let told: Vec<Told> = appliers
+            .into_iter()
+            .flat_map(|a| a.join().unwrap())
+            .collect();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for b in beats {
+            b.join().unwrap();
+        }
+        (told, failovers)
+    });
+    check_history(&url, &told, &workers);
+    eprintln!(
+        "history: {failovers} failovers, {} applies: {:?}",
+        told.len(),
+        told.iter()
+            .map(|t| (t.outcome.as_str(), t.retired))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        failovers >= 2 && told.iter().any(|t| t.outcome == "applied"),
+        "{told:?}"
+    );
+    drop(live);
+}
+
+/// `n` live workers of this process (its pid), each in an instance slot of
+/// its own, heartbeating.
+fn add_live_workers(url: &str, n: usize) -> Vec<String> {
+    let me = std::process::id();
+    let start = start_time(me);
+    let mut c = connect(url);
+    (0..n)
+        .map(|i| {
+            let id = format!("w-live-{i:02}");
+            let row = stale_row(&id, i64::from(me), &start);
+            c.execute(
+                "INSERT INTO worker_registrations SELECT * FROM \
+                 jsonb_populate_record(NULL::worker_registrations, $1::text::jsonb)",
+                &[&row.to_string()],
+            )
+            .unwrap();
+            c.execute(
+                "UPDATE worker_registrations SET last_heartbeat_at = $2, \
+                 client_instance_id = $3 WHERE worker_identity = $1",
+                &[
+                    &id,
+                    &fleet_retire::time::format_ts(fleet_retire::time::now()),
+                    &format!("inst-codex-20261205T000000Z-{i:012x}"),
+                ],
+            )
+            .unwrap();
+            id
+        })
+        .collect()
+}
+
+/// Heartbeat `worker` every 300 ms until `stop`; failures while no member
+/// takes writes are expected and retried.
+fn beat(url: &str, worker: &str, stop: &std::sync::atomic::AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let _ = fleet_retire::worker::heartbeat(
+            std::path::Path::new(url),
+            worker,
+            fleet_retire::worker::Writer::Owner,
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The history's invariants, read on the leader.
+fn check_history(url: &str, told: &[Told], workers: &[String]) {
+    let mut c = connect(url);
+    let twice: i64 = c
+        .query_one(
+            "SELECT count(*) FROM (SELECT worker_identity FROM retirement_audit \
+             GROUP BY worker_identity HAVING count(*) <> 1) d",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(twice, 0, "a worker audited more than once");
+    let unaudited: i64 = c
+        .query_one(
+            "SELECT count(*) FROM worker_registrations r WHERE r.status = 'retired' AND NOT EXISTS \
+             (SELECT 1 FROM retirement_audit a WHERE a.worker_identity = r.worker_identity)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(unaudited, 0, "a retired row without its audit row");
+    for t in told {
+        let Some(id) = t.apply_id.as_deref() else {
+            continue;
+        };
+        let (_, audited) = counted(url, id);
+        match t.outcome.as_str() {
+            "applied" => assert_eq!(audited, t.retired, "{t:?}"),
+            "outcome_unknown" => {
+                let committed = status_says_committed(url, id);
+                assert_eq!(committed, audited > 0, "{t:?}");
+            }
+            _ => assert_eq!(audited, 0, "{t:?}"),
+        }
+    }
+    for w in workers {
+        let status: String = c
+            .query_one(
+                "SELECT status FROM worker_registrations WHERE worker_identity = $1",
+                &[w],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(status, "active", "live worker {w} was retired");
+    }
+}

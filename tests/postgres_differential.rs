@@ -146,42 +146,6 @@ impl Side {
     }
 }
 
-/// Plan the SQLite base (the copies carry the same tokens, as `registry
-/// copy` proves) and request its candidates, all or the first.
-fn request(base: &Path, world: &World, rng: &mut Rng) -> Option<Request> {
-    let plan = fleet_retire::plan::plan_from_files(
-        &base.join("registry.sqlite"),
-        &base.join("leases.sqlite"),
-        Path::new("/proc"),
-        "prgs/gitea-tools".into(),
-        &world.policies,
-    )
-    .unwrap();
-    let mut saved = Vec::new();
-    plan.write_saved(&mut saved).unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&saved).unwrap();
-    let workers: Vec<String> =
-        serde_json::from_value(doc["candidate_worker_identities"].clone()).unwrap();
-    if workers.is_empty() {
-        return None;
-    }
-    let req = Request {
-        registry_fingerprint: doc["registry_fingerprint"].as_str().unwrap().into(),
-        candidate_fingerprint: doc["candidate_fingerprint"].as_str().unwrap().into(),
-        policy_fingerprint: doc["policy_fingerprint"].as_str().unwrap().into(),
-        workers,
-        canonical_repository: Some("prgs/gitea-tools".into()),
-        max_retire: 100,
-        planned: None,
-        first: rng.chance(30).then_some(1),
-    };
-    let planned = serde_json::from_value(doc["planned_rows"].clone()).unwrap();
-    Some(
-        req.with_planned(Some(std::sync::Arc::new(planned)))
-            .unwrap(),
-    )
-}
-
 /// One interleaving; whether the fast path decided it, or `None` when the
 /// plan had no candidate.
 fn interleaving(seed: u64, world: &World, sides: &[Side; 2]) -> Option<bool> {
@@ -195,7 +159,13 @@ fn interleaving(seed: u64, world: &World, sides: &[Side; 2]) -> Option<bool> {
         vec![]
     };
     leases(&base.path().join("leases.sqlite"), &leased);
-    let req = request(base.path(), world, &mut rng)?;
+    // Planned on the SQLite base: the copies carry the same tokens, as
+    // `registry copy` proves.
+    let (registry, leases) = (
+        base.path().join("registry.sqlite"),
+        base.path().join("leases.sqlite"),
+    );
+    let req = planned_request(&registry, &leases, world, &mut rng, 0)?;
     let writes: Vec<String> = (0..rng.below(4))
         .map(|_| in_postgres(&one_write(&mut rng, &rows, world)))
         .collect();

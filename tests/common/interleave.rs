@@ -242,3 +242,53 @@ pub fn one_write(rng: &mut Rng, rows: &[Value], world: &World) -> Write {
         },
     }
 }
+
+/// Plan the stores as `plan --out` would and request its candidates: all
+/// of them or the first one; by the tokens alone (no planned rows) in
+/// `tokens_only` percent of the draws. `None` when there is no candidate.
+pub fn planned_request(
+    registry: &std::path::Path,
+    leases: &std::path::Path,
+    world: &World,
+    rng: &mut Rng,
+    tokens_only: u64,
+) -> Option<fleet_retire::apply::Request> {
+    let plan = fleet_retire::plan::plan_from_files(
+        registry,
+        leases,
+        std::path::Path::new("/proc"),
+        "prgs/gitea-tools".into(),
+        &world.policies,
+    )
+    .unwrap();
+    let mut saved = Vec::new();
+    plan.write_saved(&mut saved).unwrap();
+    let doc: Value = serde_json::from_slice(&saved).unwrap();
+    let workers: Vec<String> = doc["candidate_worker_identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    if workers.is_empty() {
+        return None;
+    }
+    let req = fleet_retire::apply::Request {
+        registry_fingerprint: doc["registry_fingerprint"].as_str().unwrap().into(),
+        candidate_fingerprint: doc["candidate_fingerprint"].as_str().unwrap().into(),
+        policy_fingerprint: doc["policy_fingerprint"].as_str().unwrap().into(),
+        workers,
+        canonical_repository: Some("prgs/gitea-tools".into()),
+        max_retire: 100,
+        planned: None,
+        first: rng.chance(30).then_some(1),
+    };
+    if rng.chance(tokens_only) {
+        return Some(req);
+    }
+    let planned = serde_json::from_value(doc["planned_rows"].clone()).unwrap();
+    Some(
+        req.with_planned(Some(std::sync::Arc::new(planned)))
+            .unwrap(),
+    )
+}

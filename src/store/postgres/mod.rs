@@ -60,13 +60,12 @@ impl Postgres {
     }
 }
 
-impl crate::store::seam::Engine for Postgres {
-    fn label(&self) -> String {
-        self.url.to_string()
-    }
-
-    /// In one read-only transaction: one snapshot of the table.
-    fn read_registry(&self) -> Result<Vec<Row>> {
+impl Postgres {
+    /// `read` in one read-only `REPEATABLE READ` transaction: one snapshot.
+    fn in_one_snapshot<T>(
+        &self,
+        read: impl FnOnce(&mut postgres::Transaction<'_>, &str) -> Result<T>,
+    ) -> Result<T> {
         let label = self.url.to_string();
         let mut client = connect_to(&self.url, Store::Registry)?;
         let err = |doing| Error::postgres(Store::Registry, &label, doing);
@@ -76,9 +75,20 @@ impl crate::store::seam::Engine for Postgres {
             .isolation_level(postgres::IsolationLevel::RepeatableRead)
             .start()
             .map_err(err("cannot begin a read"))?;
-        let rows = read_registry(&mut tx, &label)?;
+        let out = read(&mut tx, &label)?;
         tx.commit().map_err(err("cannot end the read"))?;
-        Ok(rows)
+        Ok(out)
+    }
+}
+
+impl crate::store::seam::Engine for Postgres {
+    fn label(&self) -> String {
+        self.url.to_string()
+    }
+
+    /// In one read-only transaction: one snapshot of the table.
+    fn read_registry(&self) -> Result<Vec<Row>> {
+        self.in_one_snapshot(|tx, label| read_registry(tx, label))
     }
 
     /// In one read-only snapshot: the rows, the snapshot, the server and
@@ -87,52 +97,47 @@ impl crate::store::seam::Engine for Postgres {
     fn read_registry_versioned(
         &self,
     ) -> Option<Result<(Vec<Row>, crate::store::seam::RowVersions)>> {
-        let label = self.url.to_string();
-        let read = || -> Result<Option<(Vec<Row>, crate::store::seam::RowVersions)>> {
-            let mut client = connect_to(&self.url, Store::Registry)?;
-            let err = |doing| Error::postgres(Store::Registry, &label, doing);
-            let mut tx = client
-                .build_transaction()
-                .read_only(true)
-                .isolation_level(postgres::IsolationLevel::RepeatableRead)
-                .start()
-                .map_err(err("cannot begin a read"))?;
+        let read = |tx: &mut postgres::Transaction<'_>, label: &str| {
             // The first statement takes the snapshot every later one reads.
-            let snapshot = versions::snapshot(&mut tx, &label)?;
-            let (foreign, whole) = versions::triggers(&mut tx, &label)?;
+            let snapshot = versions::snapshot(tx, label)?;
+            let (foreign, whole) = versions::triggers(tx, label)?;
             if !foreign.is_empty() || !whole {
                 return Ok(None);
             }
-            let server = versions::server(&mut tx, &label)?;
-            let catalog = versions::catalog_stamp(&mut tx, &label)?;
-            let rows = read_registry(&mut tx, &label)?;
-            tx.commit().map_err(err("cannot end the read"))?;
-            let mut positions: std::collections::HashMap<String, Vec<usize>> =
-                std::collections::HashMap::with_capacity(rows.len());
-            for (at, row) in rows.iter().enumerate() {
-                if let Some(id) = row.get(Col::WorkerIdentity).as_text() {
-                    positions.entry(id.to_string()).or_default().push(at);
-                }
-            }
-            let mark = crate::store::seam::ServerMark {
-                snapshot,
-                server,
-                catalog,
-                positions,
-            };
-            Ok(Some((
-                rows,
-                crate::store::seam::RowVersions {
-                    schema_version: 0,
-                    clock: 0,
-                    rowids: Vec::new(),
-                    file: None,
-                    pin: None,
-                    server: Some(mark),
-                },
-            )))
+            let server = versions::server(tx, label)?;
+            let catalog = versions::catalog_stamp(tx, label)?;
+            let rows = read_registry(tx, label)?;
+            Ok(Some((rows, snapshot, server, catalog)))
         };
-        read().transpose()
+        let (rows, snapshot, server, catalog) = match self.in_one_snapshot(read) {
+            Ok(Some(read)) => read,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut positions: std::collections::HashMap<String, Vec<usize>> =
+            std::collections::HashMap::with_capacity(rows.len());
+        for (at, row) in rows.iter().enumerate() {
+            if let Some(id) = row.get(Col::WorkerIdentity).as_text() {
+                positions.entry(id.to_string()).or_default().push(at);
+            }
+        }
+        let mark = crate::store::seam::ServerMark {
+            snapshot,
+            server,
+            catalog,
+            positions,
+        };
+        Some(Ok((
+            rows,
+            crate::store::seam::RowVersions {
+                schema_version: 0,
+                clock: 0,
+                rowids: Vec::new(),
+                file: None,
+                pin: None,
+                server: Some(mark),
+            },
+        )))
     }
 
     fn read_leases(&self) -> Result<Vec<super::leases::Lease>> {
