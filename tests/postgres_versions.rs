@@ -417,3 +417,125 @@ fn registry_versions_installs_the_record_as_the_owner() {
     assert!(text(&out).contains("already whole"), "{}", text(&out));
     drop(live);
 }
+
+/// Found by the independent review: PostgreSQL runs the trigger functions
+/// committed last, not the ones apply's snapshot shows, and replacing a
+/// function takes no lock on the table. A stamp function replaced by
+/// another session after apply began (here with the very same text, which
+/// no check of this snapshot can tell) is caught before COMMIT by the
+/// catalog as committed, read on a connection of its own.
+#[test]
+fn a_stamp_function_replaced_by_another_session_during_apply_is_refused() {
+    let Some((lib, live, db, req)) = versioned("ver_replaced") else {
+        return;
+    };
+    let body: String = db
+        .client()
+        .query_one(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'fleet_retire_stamp'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let mut replace = || {
+        sql(
+            &db,
+            &format!(
+                "CREATE OR REPLACE FUNCTION fleet_retire_stamp() RETURNS trigger LANGUAGE plpgsql \
+                 SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fr${body}$fr$"
+            ),
+        )
+    };
+    let report = lib.run(
+        &req,
+        fleet_retire::apply::Hooks {
+            before_first_write: Some(&mut replace),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::RegistryUntrusted,
+        "{}",
+        report.detail
+    );
+    assert!(
+        report.detail.contains("another session"),
+        "{}",
+        report.detail
+    );
+    assert!(pg_statuses(&db).iter().all(|(_, s)| s == "active"));
+    drop(live);
+}
+
+/// Found by the independent review: a right on the change record granted
+/// to another role (default privileges, a `GRANT … ON ALL TABLES`) lets
+/// that role put a trigger on it, which the stamp would run as the
+/// record's owner. The install revokes such grants; one made later refuses
+/// the registry.
+#[test]
+fn a_right_on_the_change_record_granted_to_another_role_is_refused() {
+    let Some((lib, live, db, req)) = versioned("ver_grant") else {
+        return;
+    };
+    sql(
+        &db,
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'fr_worker') \
+           THEN CREATE ROLE fr_worker LOGIN; END IF; END $$; \
+         GRANT TRIGGER ON fleet_retire_changes TO fr_worker",
+    );
+    let report = lib.run(&req, Default::default());
+    assert_eq!(
+        report.outcome,
+        Outcome::RegistryUntrusted,
+        "{}",
+        report.detail
+    );
+    assert!(
+        report.detail.contains("grants rights to fr_worker"),
+        "{}",
+        report.detail
+    );
+    let mut tx_client = db.client();
+    let mut tx = tx_client.transaction().unwrap();
+    fleet_retire::store::postgres::versions::install(&mut tx, "test").unwrap();
+    tx.commit().unwrap();
+    let report = lib.run(&req, Default::default());
+    assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+    drop(live);
+}
+
+/// Found by the independent review: renaming the schema sends the stamps
+/// elsewhere while every catalog row of the tables stays as it was; the
+/// schema's own row is in the catalog's stamp, so the transaction reads
+/// the whole registry. And a change record of another shape (a key of
+/// type `name`, which cuts long identities short) vouches for nothing.
+#[test]
+fn a_renamed_schema_or_a_reshaped_record_vouches_for_nothing() {
+    let Some((lib, live, db, req)) = versioned("ver_schema") else {
+        return;
+    };
+    let report = lib.run_with_writer(&req, || {
+        sql(&db, "ALTER SCHEMA public RENAME TO fr_elsewhere; ALTER SCHEMA fr_elsewhere RENAME TO public");
+    });
+    let read = scope(&report);
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    assert!(read["why"].as_str().unwrap().contains("(DDL)"), "{read}");
+    drop(live);
+    let Some((lib, live, db, req)) = versioned("ver_shape") else {
+        return;
+    };
+    sql(
+        &db,
+        "ALTER TABLE fleet_retire_changes ALTER COLUMN key TYPE name",
+    );
+    let report = lib.run(&req, Default::default());
+    assert_eq!(report.outcome, Outcome::Applied, "{}", report.detail);
+    assert_eq!(
+        scope(&report)["scope"],
+        "whole_registry",
+        "{:?}",
+        report.read_under_lock
+    );
+    drop(live);
+}

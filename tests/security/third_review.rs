@@ -335,7 +335,8 @@ fn row_level_security_hiding_leases_from_the_controller_is_refused() {
         "lease_rls",
         &format!(
             "CREATE ROLE {role} LOGIN; \
-             GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}; \
+             GRANT SELECT, INSERT, UPDATE ON worker_registrations, retirement_audit, \
+               workflow_leases TO {role}; \
              GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}; \
              GRANT CREATE ON SCHEMA public TO {role}; \
              ALTER TABLE workflow_leases ENABLE ROW LEVEL SECURITY; \

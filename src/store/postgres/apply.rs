@@ -23,6 +23,8 @@ pub struct Postgres {
     /// Set until the transaction begins: apply judges outside it for
     /// seconds first ([`super::stall`]).
     idle: super::stall::Idle,
+    /// The URL, for the check on a connection of its own before COMMIT.
+    url: PgUrl,
 }
 
 impl Postgres {
@@ -48,6 +50,7 @@ impl Postgres {
             location: location.to_path_buf(),
             label,
             idle,
+            url: url.clone(),
         })
     }
 }
@@ -68,21 +71,46 @@ impl ApplyConnection for Postgres {
         let label = self.label.clone();
         // In use from here until the connection is dropped.
         self.idle.store(false, std::sync::atomic::Ordering::SeqCst);
-        let tx = self
+        let failed = |doing| {
+            let label = label.clone();
+            move |e| Error::postgres(Store::Registry, &label, doing)(e).to_string()
+        };
+        // Before the transaction, as committed now: what the check before
+        // COMMIT compares the latest committed catalog with.
+        let catalog_before =
+            super::versions::catalog_stamp(&mut self.client, &label).map_err(|e| e.to_string())?;
+        let ours = self
+            .client
+            .query_one(
+                "SELECT coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(relname), ', '), '') \
+                 FROM pg_catalog.pg_class WHERE relkind = 'r' AND relname = ANY($1) \
+                 AND relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace",
+                &[&&super::versions::TABLES[..]],
+            )
+            .map_err(failed("cannot list the tables to lock"))?
+            .get::<_, String>(0);
+        let mut tx = self
             .client
             .build_transaction()
             .isolation_level(postgres::IsolationLevel::Serializable)
             .start()
-            .map_err(|e| {
-                Error::postgres(Store::Registry, &label, "could not begin the transaction")(e)
-                    .to_string()
-            })?;
+            .map_err(failed("could not begin the transaction"))?;
+        // Before the snapshot: no other session may create, alter or
+        // switch a trigger on our tables until COMMIT (PostgreSQL runs the
+        // latest committed triggers, not the ones this snapshot shows).
+        // Writers of rows are not held up.
+        if !ours.is_empty() {
+            tx.batch_execute(&format!("LOCK TABLE {ours} IN ROW EXCLUSIVE MODE"))
+                .map_err(failed("cannot lock the registry's tables against DDL"))?;
+        }
         Ok(Box::new(Tx {
             tx,
             prepared: super::Prepared::default(),
             location: &self.location,
             label,
             image: None,
+            url: &self.url,
+            catalog_before,
         }))
     }
 }
@@ -128,9 +156,27 @@ struct Tx<'c> {
     label: String,
     /// The image before the first write.
     image: Option<super::image::PreImage>,
+    url: &'c PgUrl,
+    /// The catalog's stamp as committed just before BEGIN.
+    catalog_before: String,
 }
 
 impl Tx<'_> {
+    /// The catalog as committed now, read on a connection of its own (this
+    /// transaction's snapshot shows the catalog as it began, while
+    /// PostgreSQL runs the functions committed since): a stamp that moved
+    /// since BEGIN means code other than the one checked may have run in
+    /// the writes (a function of ours replaced meanwhile takes no lock).
+    fn catalog_moved(&mut self) -> Result<Option<String>> {
+        let mut fresh = super::connect_to(self.url, Store::Registry)?;
+        let now = super::versions::catalog_stamp(&mut fresh, &self.label)?;
+        Ok((now != self.catalog_before).then(|| {
+            "the registry's tables, triggers or functions were changed by another session while \
+             apply wrote (DDL committed since BEGIN)"
+                .to_string()
+        }))
+    }
+
     /// Why the change record cannot vouch for the rows read with `mark`,
     /// if it cannot: another server, DDL on our tables or functions since,
     /// or our triggers not all there.
@@ -148,9 +194,7 @@ impl Tx<'_> {
                     .into(),
             ));
         }
-        let (foreign, whole) = super::versions::triggers(&mut self.tx, &self.label)?;
-        Ok((!foreign.is_empty() || !whole)
-            .then(|| "the change record's triggers are not all there as installed".into()))
+        super::versions::vouches(&mut self.tx, &self.label)
     }
 }
 
@@ -238,8 +282,7 @@ impl ApplyTx for Tx<'_> {
         apply_id: &str,
         meanwhile: &mut dyn FnMut(),
     ) -> Result<()> {
-        let (foreign, whole) = super::versions::triggers(&mut self.tx, &self.label)?;
-        let stamped = foreign.is_empty() && whole;
+        let stamped = super::versions::vouches(&mut self.tx, &self.label)?.is_none();
         let label = self.label.as_str();
         let read = |tx: &mut postgres::Transaction<'_>| {
             let started = std::time::Instant::now();
@@ -292,7 +335,11 @@ impl ApplyTx for Tx<'_> {
             return Ok(Some("no image was taken before the first write".into()));
         };
         let started = std::time::Instant::now();
-        let found = super::image::differences(&mut self.tx, pre, apply_id, written, &self.label)?;
+        let mut found =
+            super::image::differences(&mut self.tx, pre, apply_id, written, &self.label)?;
+        if pre.stamped() {
+            found.extend(self.catalog_moved()?);
+        }
         tracing::debug!(elapsed = ?started.elapsed(), "effect check: image before COMMIT");
         Ok((!found.is_empty()).then(|| found.join("; ")))
     }

@@ -185,6 +185,13 @@ pub fn pre_image(
     })
 }
 
+impl PreImage {
+    /// Whether the change record vouches for the rows not targeted.
+    pub fn stamped(&self) -> bool {
+        self.catalog.is_some()
+    }
+}
+
 /// Before COMMIT: every way the transaction's effect differs from the
 /// planned one (empty when it is exactly as planned).
 pub fn differences(

@@ -100,8 +100,7 @@ impl crate::store::seam::Engine for Postgres {
         let read = |tx: &mut postgres::Transaction<'_>, label: &str| {
             // The first statement takes the snapshot every later one reads.
             let snapshot = versions::snapshot(tx, label)?;
-            let (foreign, whole) = versions::triggers(tx, label)?;
-            if !foreign.is_empty() || !whole {
+            if versions::vouches(tx, label)?.is_some() {
                 return Ok(None);
             }
             let server = versions::server(tx, label)?;

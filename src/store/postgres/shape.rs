@@ -19,6 +19,7 @@ pub fn untrusted_objects(client: &mut impl GenericClient, label: &str) -> Result
     // Triggers and rules: either could turn apply's writes into others.
     // The change record's own triggers are allowed exactly as installed.
     let mut problems = super::versions::triggers(client, label)?.0;
+    problems.extend(super::versions::grants_problem(client, label)?);
     for r in client
         .query(
             "SELECT rulename::text, tablename::text FROM pg_rules \

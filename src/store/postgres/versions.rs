@@ -171,6 +171,15 @@ pub fn install(tx: &mut impl GenericClient, label: &str) -> Result<()> {
         format!("CREATE TABLE IF NOT EXISTS {s}.{CHANGES} (key text PRIMARY KEY, xid pg_catalog.xid8 NOT NULL)"),
         format!("CREATE INDEX IF NOT EXISTS fleet_retire_changes_by_xid ON {s}.{CHANGES} (xid)"),
         format!("REVOKE ALL ON {s}.{CHANGES} FROM PUBLIC"),
+        // Default privileges may have granted it to others: a role that may
+        // put a trigger on it runs code as its owner through the stamp.
+        format!(
+            "DO $fleet_retire$ DECLARE g text; BEGIN FOR g IN SELECT DISTINCT a.grantee::regrole::text \
+             FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a \
+             WHERE c.oid = '{s}.{CHANGES}'::regclass AND a.grantee <> c.relowner AND a.grantee <> 0 \
+             LOOP EXECUTE pg_catalog.format('REVOKE ALL ON {s}.{CHANGES} FROM %s', g); END LOOP; END \
+             $fleet_retire$"
+        ),
         function(STAMP_FN, &stamp_body(&s), true),
         function(GUARD_FN, &guard_body(), false),
         format!("REVOKE ALL ON FUNCTION {s}.{STAMP_FN}() FROM PUBLIC"),
@@ -286,6 +295,8 @@ pub fn catalog_stamp(client: &mut impl GenericClient, label: &str) -> Result<Str
              UNION ALL SELECT 'o' || o.oid || '@' || o.xmin FROM pg_catalog.pg_policy o JOIN rel ON o.polrelid = rel.oid \
              UNION ALL SELECT 'k' || k.oid || '@' || k.xmin FROM pg_catalog.pg_constraint k JOIN rel ON k.conrelid = rel.oid \
              UNION ALL SELECT 'i' || i.indexrelid || '@' || i.xmin FROM pg_catalog.pg_index i JOIN rel ON i.indrelid = rel.oid \
+             UNION ALL SELECT 'n' || n.oid || '@' || n.xmin FROM pg_catalog.pg_namespace n \
+             WHERE n.oid = pg_catalog.current_schema()::pg_catalog.regnamespace \
              UNION ALL SELECT 'p' || p.oid || '@' || p.xmin FROM pg_catalog.pg_proc p \
              WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace AND p.proname = ANY($2) \
              ) x(s)",
@@ -301,6 +312,7 @@ pub fn server(client: &mut impl GenericClient, label: &str) -> Result<String> {
     let row = client
         .query_one(
             "SELECT pg_catalog.pg_postmaster_start_time()::text || ' db ' || d.oid::text \
+             || CASE WHEN pg_catalog.pg_is_in_recovery() THEN ' standby' ELSE '' END \
              FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()",
             &[],
         )
@@ -371,7 +383,7 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
     let mut tx = client
         .transaction()
         .map_err(err(&label, "cannot begin the install"))?;
-    if triggers(&mut tx, &label)?.1 {
+    if vouches(&mut tx, &label)?.is_none() {
         return Ok(false);
     }
     if let Some(why) = super::untrusted_objects(&mut tx, &label)? {
@@ -384,7 +396,119 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
             format!("{e}; connect as the role that owns worker_registrations and retirement_audit"),
         )
     })?;
+    if let Some(why) = vouches(&mut tx, &label)? {
+        return Err(super::registry_error(
+            &label,
+            format!("the change record cannot vouch for the rows after its install: {why}"),
+        ));
+    }
     tx.commit()
         .map_err(err(&label, "cannot commit the install"))?;
     Ok(true)
+}
+
+/// Why the change record, though its triggers are ours, cannot vouch for
+/// the rows: the record's table not of our shape (`key text` in the
+/// default collation, `xid xid8 NOT NULL`, its only unique index the key,
+/// logged), a right on it granted to a role other than its owner (a
+/// trigger put on it would run as the owner, through the stamp), a
+/// function of ours owned by another role, a worker identity that is not
+/// `text` (its stamp's key would not read back as the row's), or a server
+/// in recovery (a standby's snapshot lists no transaction in progress).
+pub fn shape_problem(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
+    let row = client
+        .query_one(
+            &format!(
+                "WITH t AS (SELECT c.oid, c.relowner, c.relpersistence, c.relacl \
+                 FROM pg_catalog.pg_class c WHERE c.relname = '{CHANGES}' \
+                 AND c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace) \
+                 SELECT pg_catalog.pg_is_in_recovery(), \
+                 (SELECT pg_catalog.string_agg(a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod) \
+                    || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END \
+                    || CASE WHEN a.attcollation NOT IN (0, 100, 950) THEN ' collate ' || a.attcollation ELSE '' END, \
+                    ', ' ORDER BY a.attnum) \
+                  FROM pg_catalog.pg_attribute a, t WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped), \
+                 (SELECT t.relpersistence::text FROM t), \
+                 (SELECT pg_catalog.string_agg(pg_catalog.pg_get_indexdef(i.indexrelid), '; ' ORDER BY 1) \
+                  FROM pg_catalog.pg_index i, t WHERE i.indrelid = t.oid AND i.indisunique), \
+                 (SELECT count(*) FROM t, pg_catalog.aclexplode(t.relacl) a WHERE a.grantee <> t.relowner), \
+                 (SELECT count(*) FROM pg_catalog.pg_proc p, t WHERE p.proname IN ('{STAMP_FN}', '{GUARD_FN}') \
+                  AND p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace AND p.proowner <> t.relowner), \
+                 (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a \
+                  WHERE a.attrelid = (SELECT c.oid FROM pg_catalog.pg_class c WHERE c.relname = '{TABLE}' \
+                  AND c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace) \
+                  AND a.attname = 'worker_identity' AND NOT a.attisdropped)"
+            ),
+            &[],
+        )
+        .map_err(err(label, "cannot inspect the change record"))?;
+    let in_recovery: bool = row.get(0);
+    let columns: Option<String> = row.get(1);
+    let persistence: Option<String> = row.get(2);
+    let unique: Option<String> = row.get(3);
+    let (granted, foreign_owner): (i64, i64) = (row.get(4), row.get(5));
+    let identity: Option<String> = row.get(6);
+    let unique_ok = unique.as_deref().is_some_and(|u| {
+        !u.contains(';')
+            && u.starts_with("CREATE UNIQUE INDEX")
+            && u.ends_with(" USING btree (key)")
+    });
+    Ok(if in_recovery {
+        Some("the server is a standby in recovery".into())
+    } else if columns.as_deref() != Some("key text not null, xid xid8 not null") {
+        Some(format!(
+            "the change record's columns are {:?}, not ours",
+            columns.unwrap_or_default()
+        ))
+    } else if persistence.as_deref() != Some("p") || !unique_ok {
+        Some("the change record is unlogged, or keyed otherwise than by `key` alone".into())
+    } else if granted > 0 {
+        Some(format!(
+            "the change record grants rights to roles other than its owner: revoke them \
+             (REVOKE ALL ON {CHANGES} FROM …) or run `fleet-retire registry versions` as its owner"
+        ))
+    } else if foreign_owner > 0 {
+        Some("a function of the change record is owned by another role than its table".into())
+    } else if identity.as_deref() != Some("text") {
+        Some("worker_identity is not of type text".into())
+    } else {
+        None
+    })
+}
+
+/// Whether the record vouches here: our triggers all there and nothing
+/// else, and no [`shape_problem`]; the reason when it does not.
+pub fn vouches(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
+    let (foreign, whole) = triggers(client, label)?;
+    if !foreign.is_empty() || !whole {
+        return Ok(Some(
+            "the change record's triggers are not all there as installed".into(),
+        ));
+    }
+    shape_problem(client, label)
+}
+
+/// A right on the change record granted to a role other than its owner
+/// (a role that may put a trigger on it runs code as the owner through the
+/// stamp, whenever any worker writes): refused like a foreign trigger.
+pub fn grants_problem(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT pg_catalog.string_agg(DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' \
+                 ELSE a.grantee::pg_catalog.regrole::text END, ', ') \
+                 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a \
+                 WHERE c.relname = '{CHANGES}' \
+                 AND c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace \
+                 AND a.grantee <> c.relowner"
+            ),
+            &[],
+        )
+        .map_err(err(label, "cannot inspect the change record's grants"))?;
+    Ok(row.get::<_, Option<String>>(0).map(|roles| {
+        format!(
+            "table {CHANGES:?} grants rights to {roles} (only its owner may write it; revoke \
+             them, or run `fleet-retire registry versions` as its owner)"
+        )
+    }))
 }
