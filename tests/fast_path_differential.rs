@@ -21,7 +21,7 @@ mod common;
 
 use common::interleave::*;
 use common::*;
-use fleet_retire::apply::{Hooks, Outcome, Request};
+use fleet_retire::apply::{Outcome, Request};
 use rusqlite::Connection;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -127,28 +127,18 @@ fn route(
                 .unwrap();
         }
     };
-    let ctx = fleet_retire::apply::Context {
-        registry: &s.registry,
-        leases: &s.leases,
-        profiles: &s.profiles,
-        profile: "controller-prgs",
-        proc_root: Path::new("/proc"),
-        policies: &world.policies,
-        probe: &world.probe,
-        busy_timeout: std::time::Duration::from_secs(5),
-    };
-    let hooks = Hooks {
-        after_prejudge: Some(&mut hook),
-        ..Default::default()
-    };
-    let report = fleet_retire::apply::apply(req, &ctx, hooks).unwrap();
-    let scope = serde_json::to_value(&report.read_under_lock).unwrap();
+    let stores = (
+        s.registry.as_path(),
+        s.leases.as_path(),
+        s.profiles.as_path(),
+    );
+    let (outcome, how) = apply_with_window(stores, world, req, &mut hook);
     (
         Ending {
-            outcome: report.outcome,
+            outcome,
             statuses: statuses(&s.registry),
         },
-        format!("{scope} {}", report.detail),
+        how,
     )
 }
 

@@ -21,7 +21,7 @@ mod common;
 
 use common::interleave::*;
 use common::*;
-use fleet_retire::apply::{Hooks, Outcome, Request};
+use fleet_retire::apply::{Outcome, Request};
 use rusqlite::types::Value as Sql;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -126,23 +126,7 @@ impl Side {
             }
         };
         let url = PathBuf::from(&self.db.url);
-        let ctx = fleet_retire::apply::Context {
-            registry: &url,
-            leases: &url,
-            profiles: &self.profiles,
-            profile: "controller-prgs",
-            proc_root: Path::new("/proc"),
-            policies: &world.policies,
-            probe: &world.probe,
-            busy_timeout: std::time::Duration::from_secs(5),
-        };
-        let hooks = Hooks {
-            after_prejudge: Some(&mut hook),
-            ..Default::default()
-        };
-        let report = fleet_retire::apply::apply(req, &ctx, hooks).unwrap();
-        let scope = serde_json::to_value(&report.read_under_lock).unwrap();
-        (report.outcome, format!("{scope} {}", report.detail))
+        apply_with_window((&url, &url, &self.profiles), world, req, &mut hook)
     }
 }
 

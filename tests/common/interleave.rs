@@ -292,3 +292,32 @@ pub fn planned_request(
             .unwrap(),
     )
 }
+
+/// Apply `req` on the stores at `registry` and `leases` as the controller
+/// of `profiles`, with `window` run between the judgement outside the lock
+/// (or transaction) and the lock itself; the outcome, and how the lock
+/// read the registry with the report's detail.
+pub fn apply_with_window(
+    (registry, leases, profiles): (&std::path::Path, &std::path::Path, &std::path::Path),
+    world: &World,
+    req: &fleet_retire::apply::Request,
+    window: &mut dyn FnMut(),
+) -> (fleet_retire::apply::Outcome, String) {
+    let ctx = fleet_retire::apply::Context {
+        registry,
+        leases,
+        profiles,
+        profile: "controller-prgs",
+        proc_root: std::path::Path::new("/proc"),
+        policies: &world.policies,
+        probe: &world.probe,
+        busy_timeout: std::time::Duration::from_secs(5),
+    };
+    let hooks = fleet_retire::apply::Hooks {
+        after_prejudge: Some(window),
+        ..Default::default()
+    };
+    let report = fleet_retire::apply::apply(req, &ctx, hooks).unwrap();
+    let scope = serde_json::to_value(&report.read_under_lock).unwrap();
+    (report.outcome, format!("{scope} {}", report.detail))
+}

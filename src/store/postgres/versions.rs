@@ -399,7 +399,11 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
     if let Some(why) = vouches(&mut tx, &label)? {
         return Err(super::registry_error(
             &label,
-            format!("the change record cannot vouch for the rows after its install: {why}"),
+            format!(
+                "the change record cannot vouch for the rows after its install: {why}. Nothing \
+                 was installed; drop the table {CHANGES} (it holds only stamps) and run \
+                 `fleet-retire registry versions` again as the tables' owner"
+            ),
         ));
     }
     tx.commit()
