@@ -230,8 +230,15 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    fleet_retire::store::postgres::create_or_migrate_registry(&mut db.client(), "test").unwrap();
-    fleet_retire::store::postgres::create_leases(&mut db.client(), "test").unwrap();
+    // As docs/multi-host.md sets it up: the owner makes the tables and the
+    // change record, the workers and the controllers own nothing.
+    let roles = db.documented_roles();
+    let mut owner = ::postgres::Client::connect(&roles.owner, ::postgres::NoTls).unwrap();
+    fleet_retire::store::postgres::create_or_migrate_registry(&mut owner, "test").unwrap();
+    fleet_retire::store::postgres::create_leases(&mut owner, "test").unwrap();
+    assert!(fleet_retire::store::open::install_versions(Path::new(&roles.owner)).unwrap());
+    db.grant_documented(&roles);
+    let db = AsRoles { db, roles };
     let profiles = profiles(dir.path());
     let hosts = start_hosts(&db, dir.path());
 
@@ -252,6 +259,20 @@ fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
     drop(hosts);
 }
 
+/// The test's database and the documented roles' URLs of it: workers
+/// connect as `fleet_workers`, the controllers as `fleet_apply`.
+struct AsRoles {
+    db: PgDb,
+    roles: common::roles::Roles,
+}
+
+impl std::ops::Deref for AsRoles {
+    type Target = PgDb;
+    fn deref(&self) -> &PgDb {
+        &self.db
+    }
+}
+
 /// Whether this machine can simulate hosts (root, and `unshare`); when it
 /// cannot, say so (a failure under `CI=true`).
 fn can_make_hosts() -> bool {
@@ -270,12 +291,12 @@ fn can_make_hosts() -> bool {
 
 /// Start hosts A, B and C (three, two and one launches) and wait until
 /// every worker has registered as its host and is heartbeating.
-fn start_hosts(db: &PgDb, dir: &Path) -> Vec<Host> {
+fn start_hosts(db: &AsRoles, dir: &Path) -> Vec<Host> {
     let hosts: Vec<Host> = [("host-a", 3), ("host-b", 2), ("host-c", 1)]
         .iter()
         .map(|(name, launches)| {
             let d = dir.join(name);
-            Host::start(name, *launches, &db.url, &d)
+            Host::start(name, *launches, &db.roles.workers, &d)
         })
         .collect();
     let all = 2 * (3 + 2 + 1);
@@ -313,8 +334,8 @@ fn kill_launch(host: &Host, launch: usize) {
 /// Host A plans and applies: it retires exactly its own two dead workers,
 /// audits them as itself, and the other hosts' heartbeats between plan
 /// and apply do not stop it.
-fn host_retires_only_its_own_dead(host: &Host, db: &PgDb, profiles: &Path, dir: &Path) {
-    let report = plan_and_apply(host, &db.url, profiles, dir);
+fn host_retires_only_its_own_dead(host: &Host, db: &AsRoles, profiles: &Path, dir: &Path) {
+    let report = plan_and_apply(host, &db.roles.apply, profiles, dir);
     assert_eq!(report["outcome"], "applied", "{report}");
     let retired: Vec<String> = report["retired"]
         .as_array()
@@ -356,13 +377,13 @@ fn host_retires_only_its_own_dead(host: &Host, db: &PgDb, profiles: &Path, dir: 
 /// A fleet-wide snapshot from host C: every host's live workers are live
 /// (by their heartbeats), and pids alike across namespaces collide with
 /// nothing.
-fn snapshot_sees_every_host(host: &Host, db: &PgDb, profiles: &Path) {
+fn snapshot_sees_every_host(host: &Host, db: &AsRoles, profiles: &Path) {
     let out = host.controller(&[
         "--format",
         "json",
         "snapshot",
         "--registry",
-        &db.url,
+        &db.roles.apply,
         "--profiles",
         profiles.to_str().unwrap(),
         "--profile",
@@ -380,12 +401,12 @@ fn snapshot_sees_every_host(host: &Host, db: &PgDb, profiles: &Path) {
 /// Hosts A and B plan and apply at the same moment, each retrying up to
 /// three times: each ends applied (a refusal only for a moved registry),
 /// and between them the dead of both are retired and nothing of host C.
-fn two_hosts_apply_at_once(hosts: &[Host], db: &PgDb, profiles: &Path, dir: &Path) {
+fn two_hosts_apply_at_once(hosts: &[Host], db: &AsRoles, profiles: &Path, dir: &Path) {
     let outcomes: Vec<(String, serde_json::Value)> = std::thread::scope(|s| {
         let runs: Vec<_> = hosts
             .iter()
             .map(|h| {
-                let url = &db.url;
+                let url = &db.roles.apply;
                 s.spawn(move || {
                     let mut tries = Vec::new();
                     for _ in 0..3 {

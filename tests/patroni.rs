@@ -35,8 +35,9 @@ fn an_acknowledged_apply_survives_a_failover_and_serve_follows_the_new_leader() 
         return;
     };
     let (mut stores, live) = fleet();
-    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &cluster.url).unwrap();
-    stores.registry = PathBuf::from(&cluster.url);
+    // As docs/multi-host.md sets it up: the owner copies, apply applies.
+    let apply = common::roles::copied_as_documented(&stores, &cluster.url).apply;
+    stores.registry = PathBuf::from(&apply);
     stores.leases = stores.registry.clone();
     let _serve = serve_heartbeating(&stores, "w-serve-failover", "sess-failover");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -142,7 +143,7 @@ fn the_leader_killed_during_an_apply_leaves_all_or_nothing_and_the_truth_is_told
             .unwrap();
         let url = cluster.url_of(&db);
         let (mut stores, live) = fleet();
-        fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &url).unwrap();
+        let url = common::roles::copied_as_documented(&stores, &url).apply;
         stores.registry = PathBuf::from(&url);
         stores.leases = stores.registry.clone();
         let (plan, _) = save_plan(&stores);

@@ -37,7 +37,8 @@ fn fleet_on(cluster: &Cluster, db: &str, targets: usize) -> (Stores, KillOnDrop,
         &start_time(live.id()),
     ));
     let mut stores = Stores::new(&rows);
-    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &url).unwrap();
+    // As docs/multi-host.md sets it up: the owner copies, apply applies.
+    let url = common::roles::copied_as_documented(&stores, &url).apply;
     stores.registry = PathBuf::from(&url);
     stores.leases = stores.registry.clone();
     (stores, live, url)
@@ -237,14 +238,15 @@ fn concurrent_appliers_and_workers_through_repeated_failovers_keep_the_history_t
     // Enough dead workers that the appliers, four at a time, are still at
     // work through the last failover.
     let (mut stores, live, url) = fleet_on(&cluster, "history", 900);
-    let workers = add_live_workers(&url, 20);
+    let as_workers = common::roles::url_as(&url, "fleet_workers");
+    let workers = add_live_workers(&as_workers, 20);
     stores.registry = PathBuf::from(&url);
     let until = std::time::Instant::now() + Duration::from_secs(75);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (told, failovers) = std::thread::scope(|s| {
         let beats: Vec<_> = workers
             .iter()
-            .map(|w| s.spawn(|| beat(&url, w, &stop)))
+            .map(|w| s.spawn(|| beat(&as_workers, w, &stop)))
             .collect();
         let appliers: Vec<_> = (0..2)
             .map(|who| {

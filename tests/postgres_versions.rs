@@ -400,12 +400,20 @@ fn registry_versions_installs_the_record_as_the_owner() {
     let out = run(&db.url.replacen("://fleet@", "://fr_applier@", 1));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
-        text(&out).contains("connect as the role that owns"),
+        text(&out).contains("is owned by fleet_owner, not by fr_applier"),
         "{}",
         text(&out)
     );
     assert!(!whole().1);
     let out = run(&db.url);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a superuser adopts nothing: {}",
+        text(&out)
+    );
+    let owner = db.url_as("fleet_owner");
+    let out = run(&owner);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("installed the change record"),
@@ -413,7 +421,7 @@ fn registry_versions_installs_the_record_as_the_owner() {
         text(&out)
     );
     assert!(whole().0.is_empty() && whole().1);
-    let out = run(&db.url);
+    let out = run(&owner);
     assert!(text(&out).contains("already whole"), "{}", text(&out));
     drop(live);
 }
@@ -492,7 +500,7 @@ fn a_right_on_the_change_record_granted_to_another_role_is_refused() {
         report.detail
     );
     assert!(
-        report.detail.contains("grants rights to fr_worker"),
+        report.detail.contains("grants fr_worker (TRIGGER)"),
         "{}",
         report.detail
     );

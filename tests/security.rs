@@ -3,6 +3,8 @@
 //! `docs/security.md` maps each finding to its test here.
 
 mod common;
+#[path = "security/fourth_review.rs"]
+mod fourth_review;
 #[path = "security/third_review.rs"]
 mod third_review;
 

@@ -260,7 +260,7 @@ pub(super) fn verify_before_commit(
                 "the transaction's effect is not what apply wrote: {why}. Something in the \
                  registry database ran code inside apply's writes; nothing was retired. \
                  Inspect the tables' constraints, defaults, indexes, column types and \
-                 triggers (docs/multi-host.md, \"The role apply connects as\")"
+                 triggers (docs/multi-host.md, \"The roles, and exactly their grants\")"
             ),
         )),
         None => Ok(()),

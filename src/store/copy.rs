@@ -330,6 +330,12 @@ pub fn copy(
         .isolation_level(postgres::IsolationLevel::Serializable)
         .start()
         .map_err(err("cannot begin the copy"))?;
+    if let Some(why) = pg::versions::not_ours(&mut tx, lease_rows.is_some(), &label)? {
+        return Err(Error::Registry {
+            shown: label,
+            message: why,
+        });
+    }
     pg::migrate_registry_in(&mut tx, &label)?;
     pg::migrate_audit_in(&mut tx, &label)?;
     refuse_filled_registry(&mut tx, &label)?;

@@ -5,6 +5,7 @@ pub mod interleave;
 pub mod patroni;
 pub mod pgproxy;
 pub mod reports;
+pub mod roles;
 
 use rusqlite::{params_from_iter, Connection};
 use serde_json::{json, Value};
@@ -732,9 +733,11 @@ pub fn serve_heartbeating(stores: &Stores, identity: &str, session: &str) -> Kil
 pub fn pg_fleet(tag: &str) -> Option<(Stores, KillOnDrop, PgDb)> {
     let db = postgres(tag)?;
     let (mut stores, live) = fleet();
-    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &db.url).unwrap();
-    stores.registry = PathBuf::from(&db.url);
-    stores.leases = PathBuf::from(&db.url);
+    let roles = db.documented_roles();
+    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &roles.owner).unwrap();
+    db.grant_documented(&roles);
+    stores.registry = PathBuf::from(&roles.apply);
+    stores.leases = PathBuf::from(&roles.apply);
     Some((stores, live, db))
 }
 
@@ -853,16 +856,23 @@ pub fn onto(engine: Engine, tag: &str, mut stores: Stores) -> Option<(Stores, St
         return Some((stores, access));
     }
     let db = postgres(tag)?;
-    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &db.url).unwrap();
-    drop_columns_sqlite_lacks(&db, &stores.registry);
-    stores.registry = PathBuf::from(&db.url);
-    stores.leases = PathBuf::from(&db.url);
+    let roles = db.documented_roles();
+    fleet_retire::copy::copy(&stores.registry, Some(&stores.leases), &roles.owner).unwrap();
+    db.grant_documented(&roles);
+    // A registry of an older shape is migrated by its owner (docs/multi-host.md).
+    let url = match drop_columns_sqlite_lacks(&db, &stores.registry) {
+        0 => roles.apply,
+        _ => roles.owner,
+    };
+    stores.registry = PathBuf::from(&url);
+    stores.leases = PathBuf::from(&url);
     Some((stores, StoreAccess::Postgres(db)))
 }
 
 /// Drop the registry columns `copy` created in `db` that the SQLite file
 /// at `sqlite` does not have, so both hold a registry of the same shape.
-fn drop_columns_sqlite_lacks(db: &PgDb, sqlite: &Path) {
+/// How many it dropped.
+fn drop_columns_sqlite_lacks(db: &PgDb, sqlite: &Path) -> usize {
     let conn = Connection::open(sqlite).unwrap();
     let present: Vec<String> = conn
         .prepare("SELECT name FROM pragma_table_info('worker_registrations')")
@@ -872,16 +882,19 @@ fn drop_columns_sqlite_lacks(db: &PgDb, sqlite: &Path) {
         .map(Result::unwrap)
         .collect();
     let mut client = db.client();
-    for (name, _) in COLUMNS
+    let lacking: Vec<&str> = COLUMNS
         .iter()
-        .filter(|(n, _)| !present.iter().any(|p| p == n))
-    {
+        .map(|(n, _)| *n)
+        .filter(|n| !present.iter().any(|p| p == n))
+        .collect();
+    for name in &lacking {
         client
             .batch_execute(&format!(
                 "ALTER TABLE worker_registrations DROP COLUMN {name}"
             ))
             .unwrap();
     }
+    lacking.len()
 }
 
 /// The fleet of [`fleet`] (three dead workers, one running) on `engine`;

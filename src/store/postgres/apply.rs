@@ -214,6 +214,9 @@ impl ApplyTx for Tx<'_> {
     /// The change record, its functions and triggers; the audit table
     /// first when there is none yet (the triggers stamp it too).
     fn install_versions(&mut self) -> Result<()> {
+        if let Some(why) = super::versions::not_ours(&mut self.tx, false, &self.label)? {
+            return Err(super::registry_error(&self.label, why));
+        }
         super::migrate_audit_in(&mut self.tx, &self.label)?;
         super::versions::install(&mut self.tx, &self.label)
     }

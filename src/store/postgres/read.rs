@@ -155,6 +155,7 @@ pub fn read_leases(
     active_only: bool,
 ) -> Result<Vec<crate::store::leases::Lease>> {
     let table = crate::store::leases::TABLE;
+    primary_only(client, label)?;
     let existing = table_columns(client, table, Store::Leases, label)?.ok_or_else(|| {
         lease_error(
             label,
@@ -214,19 +215,50 @@ pub fn read_leases(
 /// round trip: it changes whenever the active leases do (the fence's cheap
 /// check; a change is confirmed by a full read).
 pub fn active_lease_version(client: &mut impl GenericClient, label: &str) -> Result<String> {
-    client
+    let row = client
         .query_one(
             &format!(
-                "SELECT count(*)::text || ':' || md5(coalesce(string_agg(t::text, E'\\x1e' \
+                "SELECT pg_catalog.pg_is_in_recovery(), count(*)::text || ':' || md5(coalesce(string_agg(t::text, E'\\x1e' \
                  ORDER BY t::text), '')) FROM {} t WHERE status OPERATOR(pg_catalog.=) 'active'",
                 crate::store::leases::TABLE
             ),
             &[],
         )
-        .map(|r| r.get(0))
         .map_err(Error::postgres(
             Store::Leases,
             label,
             "cannot read the active leases' version",
-        ))
+        ))?;
+    if row.get::<_, bool>(0) {
+        return Err(standby(label));
+    }
+    Ok(row.get(1))
+}
+
+/// Refuse a lease store on a server in recovery: a standby replays the
+/// primary's writes late, so a lease taken on the primary a moment ago is
+/// not there yet, and the worker it protects would look unleased.
+fn primary_only(client: &mut impl GenericClient, label: &str) -> Result<()> {
+    let in_recovery: bool = client
+        .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+        .map_err(Error::postgres(
+            Store::Leases,
+            label,
+            "cannot tell whether the server is a standby",
+        ))?
+        .get(0);
+    if in_recovery {
+        return Err(standby(label));
+    }
+    Ok(())
+}
+
+fn standby(label: &str) -> Error {
+    lease_error(
+        label,
+        "is a standby in recovery: leases are read where they are written, because a \
+         standby's replay lags and a lease taken on the primary may not be there yet. Point \
+         the lease store at the writable member (add `target_session_attrs=read-write` to the \
+         URL and name every member)",
+    )
 }
