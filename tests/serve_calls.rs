@@ -652,3 +652,250 @@ fn a_call_while_no_member_takes_writes_is_answered_and_the_next_succeeds() {
     wire.finish();
     drop(live);
 }
+
+/// The profiles of the kept-plan tests: a controller that may retire, and
+/// a planner that may only read (plan, never apply).
+fn controller_and_planner(profiles: &Path) {
+    std::fs::write(
+        profiles,
+        json!({"profiles": {
+            "controller-prgs": {"role": "controller",
+                "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]},
+            "planner-prgs": {"role": "controller", "allowed_operations": ["gitea.read"]}}})
+        .to_string(),
+    )
+    .unwrap();
+}
+
+/// A policy set other than the built-in one: the same policies with a line
+/// of its own, so the same verdicts under another fingerprint.
+fn another_policy_set(at: &Path) -> String {
+    std::fs::create_dir_all(at).unwrap();
+    for f in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ] {
+        let mut t = std::fs::read_to_string(Path::new("policies").join(f)).unwrap();
+        if f == "retirement.cedar" {
+            t.push_str("\n// a set the controller was never launched with\n");
+        }
+        std::fs::write(at.join(f), t).unwrap();
+    }
+    at.display().to_string()
+}
+
+/// Plan once on a server started with `env` (sharing the plan folder) and
+/// stop it, as a client that starts a server per call does: its tokens.
+fn plan_on_a_server_of_its_own(dir: &Path, env: &[(&str, &str)]) -> Value {
+    let mut wire = Wire::start(dir, env);
+    let plan = wire.call(1, "plan_stale_worker_retirement", json!({}));
+    assert_ne!(plan["isError"], true, "{plan}");
+    wire.finish();
+    plan["structuredContent"].clone()
+}
+
+/// Every audit row's three tokens, in order.
+fn audited_tokens(registry: &Path) -> Vec<[String; 3]> {
+    let conn = rusqlite::Connection::open(registry).unwrap();
+    let Ok(mut stmt) = conn.prepare(
+        "SELECT registry_fingerprint, candidate_fingerprint, policy_fingerprint \
+         FROM retirement_audit ORDER BY audit_id",
+    ) else {
+        return Vec::new();
+    };
+    stmt.query_map([], |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?]))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// An apply refused for pairing the tokens of a plan `made` under another
+/// binding (`what` differs) with the controller's, saying what differs.
+fn refused_as_made_elsewhere(refused: &Value, what: &str, made: &Value) {
+    let body = &refused["structuredContent"];
+    assert_eq!(refused["isError"], true, "{what}: {refused}");
+    assert_eq!(
+        body["reason_code"], "plan_made_elsewhere",
+        "{what}: {refused}"
+    );
+    assert!(
+        body["what_to_do"].as_str().unwrap().contains("plan"),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap();
+    if what.contains("profile") {
+        assert!(detail.contains("planner-prgs"), "{detail}");
+    }
+    if what.contains("policy set") {
+        let theirs = made["policy_fingerprint"].as_str().unwrap();
+        assert!(detail.contains(theirs), "{detail}");
+    }
+}
+
+/// Finding 50.7: a kept plan was matched by its registry token, candidate
+/// token and repository only. An agent paired a controller server's policy
+/// token with the tokens of a plan made under another policy set by a
+/// server with no retire right (both sharing one plan folder): the
+/// controller retired, and the audit row recorded a pairing of tokens no
+/// plan produced. A kept plan now vouches only for the policy set,
+/// registry, repository and profile that made it; any other pairing is
+/// refused (`plan_made_elsewhere`), and a controller's own plan still
+/// applies from the next server.
+#[test]
+fn a_kept_plan_vouches_only_for_the_policy_set_registry_and_profile_that_made_it() {
+    let (stores, live) = fleet();
+    let dir = stores.dir.path();
+    controller_and_planner(&stores.profiles);
+    let built_in = stores.plan_json()["policy_fingerprint"].clone();
+    let other = another_policy_set(&dir.join("other-policies"));
+    let attacks = [
+        (
+            "another policy set and profile",
+            vec![
+                ("GITEA_MCP_PROFILE", "planner-prgs"),
+                ("FLEET_RETIRE_POLICIES", other.as_str()),
+            ],
+        ),
+        (
+            "another profile",
+            vec![("GITEA_MCP_PROFILE", "planner-prgs")],
+        ),
+        (
+            "another policy set",
+            vec![("FLEET_RETIRE_POLICIES", other.as_str())],
+        ),
+    ];
+    for (what, env) in attacks {
+        let made = plan_on_a_server_of_its_own(dir, &env);
+        assert_eq!(
+            made["candidate_worker_identities"]
+                .as_array()
+                .unwrap()
+                .len(),
+            3,
+            "{made}"
+        );
+        for pick in [
+            json!({"worker_identities": ["w-dead-1"]}),
+            json!({"first": 1}),
+        ] {
+            let mut args = pick.clone();
+            args["registry_fingerprint"] = made["registry_fingerprint"].clone();
+            args["candidate_fingerprint"] = made["candidate_fingerprint"].clone();
+            args["policy_fingerprint"] = built_in.clone();
+            let mut controller = Wire::start(dir, &[]);
+            let refused = controller.call(1, "apply_stale_worker_retirement", args);
+            controller.finish();
+            refused_as_made_elsewhere(&refused, what, &made);
+            assert_eq!(
+                status_of(&stores.registry, "w-dead-1"),
+                "active",
+                "{what} {pick}"
+            );
+        }
+    }
+    assert!(audited_tokens(&stores.registry).is_empty());
+    // The controller's own plan, applied by the next server of its own.
+    let mine = plan_on_a_server_of_its_own(dir, &[]);
+    let mut controller = Wire::start(dir, &[]);
+    let applied = controller.call(
+        1,
+        "apply_stale_worker_retirement",
+        json!({
+            "registry_fingerprint": mine["registry_fingerprint"],
+            "candidate_fingerprint": mine["candidate_fingerprint"],
+            "policy_fingerprint": mine["policy_fingerprint"],
+            "first": 3,
+        }),
+    );
+    controller.finish();
+    assert_eq!(
+        applied["structuredContent"]["retired_count"], 3,
+        "{applied}"
+    );
+    let triple = [
+        "registry_fingerprint",
+        "candidate_fingerprint",
+        "policy_fingerprint",
+    ]
+    .map(|t| mine[t].as_str().unwrap().to_string());
+    let audited = audited_tokens(&stores.registry);
+    assert_eq!(audited.len(), 3);
+    assert!(
+        audited.iter().all(|a| *a == triple),
+        "{audited:?} {triple:?}"
+    );
+    drop(live);
+}
+
+/// A temporary file as a server killed while writing a kept plan leaves
+/// it: part of a plan, unlocked (the kernel drops a dead writer's lock),
+/// unchanged for an hour.
+fn left_by_a_crash(folder: &Path, name: &str) -> std::path::PathBuf {
+    let file = folder.join(name);
+    std::fs::write(&file, "{\"registry_fingerprint\": \"registryfp-").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
+    file
+}
+
+/// Finding 50.8: a running server held its kept-plans folder open and
+/// wrote through it, but pruned through the path, so once the folder was
+/// renamed away it never pruned (40 plans left 40 files, against a bound
+/// of 32); and a server killed while writing left its temporary file for
+/// ever. The folder is now pruned through the descriptor held, and a
+/// temporary file no live writer holds is removed once it is stale, while
+/// a live writer's (locked) stays.
+#[test]
+fn a_renamed_kept_plans_folder_stays_bounded_and_loses_what_crashes_left() {
+    let dir = fleet_of(50);
+    let mut wire = Wire::start(dir.path(), &[]);
+    let moved = dir.path().join("plans-moved");
+    std::fs::rename(dir.path().join("plans"), &moved).unwrap();
+    let crashed = [
+        left_by_a_crash(&moved, ".registryfp-0a.candidatefp-0b.json.4242.tmp"),
+        left_by_a_crash(
+            &moved,
+            ".registryfp-0a.candidatefp-0b.0c.json.4243.00ff.tmp",
+        ),
+    ];
+    // Another server, alive, writing a plan: it holds its file's lock.
+    let writing = left_by_a_crash(&moved, ".registryfp-0a.candidatefp-0c.0d.json.77.ee.tmp");
+    let held = nix::fcntl::Flock::lock(
+        std::fs::File::open(&writing).unwrap(),
+        nix::fcntl::FlockArg::LockExclusiveNonblock,
+    )
+    .unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("registry.sqlite")).unwrap();
+    let mut tokens = std::collections::BTreeSet::new();
+    for id in 1..=40u64 {
+        // Each plan of its own registry token: a row's heartbeat moved.
+        conn.execute(
+            "UPDATE worker_registrations SET last_heartbeat_at = ?1 \
+             WHERE worker_identity = (SELECT MIN(worker_identity) FROM worker_registrations)",
+            [format!("2026-01-01T01:{id:02}:00Z")],
+        )
+        .unwrap();
+        let plan = wire.call(id, "plan_stale_worker_retirement", json!({}));
+        tokens.insert(plan["structuredContent"]["registry_fingerprint"].to_string());
+    }
+    assert_eq!(tokens.len(), 40);
+    let left: Vec<String> = std::fs::read_dir(&moved)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let plans = left.iter().filter(|n| n.starts_with("registryfp-")).count();
+    assert_eq!(plans, 32, "{left:?}");
+    for file in crashed {
+        assert!(!file.exists(), "{} was left: {left:?}", file.display());
+    }
+    assert!(writing.exists(), "a live writer's file was removed");
+    assert_eq!(left.len(), 33, "{left:?}");
+    drop(held);
+    wire.finish();
+}

@@ -65,17 +65,28 @@ pub struct ServeArgs {
 /// used), else the default (a warning when it cannot, and plans are kept in
 /// memory only); none without a canonical repository, since plan and apply
 /// then refuse to run.
-fn plan_dir(args: &ServeArgs) -> Result<Option<crate::serve::plan_dir::PlanDir>> {
-    use crate::serve::plan_dir::{default_path, PlanDir};
+fn plan_dir(
+    args: &ServeArgs,
+    policies: &crate::policy::Policies,
+) -> Result<Option<crate::serve::plan_dir::PlanDir>> {
+    use crate::serve::plan_dir::{default_path, registry_identity, MadeBy, PlanDir};
     let Some(canonical) = &args.canonical_repository else {
         return Ok(None);
     };
+    // What every plan this server makes is made by, and all a kept plan
+    // vouches for (finding 50.7).
+    let made_by = MadeBy {
+        policy_fingerprint: policies.fingerprint.clone(),
+        registry: registry_identity(&args.registry),
+        canonical_repository: canonical.clone(),
+        profile: args.profile.clone(),
+    };
     match &args.plan_dir {
-        Some(path) => PlanDir::open(path, canonical)
+        Some(path) => PlanDir::open(path, made_by)
             .map(Some)
             .map_err(|why| Error::input(About::Option("serve"), format!("--plan-dir: {why}"))),
         None => Ok(default_path().and_then(|path| {
-            PlanDir::open(&path, canonical)
+            PlanDir::open(&path, made_by)
                 .map_err(|why| {
                     tracing::warn!(
                         "plans are kept in memory only, so a client that starts a server per \
@@ -119,17 +130,19 @@ pub fn run(cli: &Cli, args: &ServeArgs) -> Result<ExitCode> {
             ),
         ));
     }
+    let policies = cli.load_policies()?;
+    let plan_dir = plan_dir(args, &policies)?;
     let binding = Binding {
         registry: args.registry.clone(),
         leases: args.leases.clone(),
         profiles: args.profiles.clone(),
         profile: args.profile.clone(),
-        policies: cli.load_policies()?,
+        policies,
         canonical_repository: args.canonical_repository.clone(),
         proc_root: args.proc_root.clone(),
         busy_timeout: Duration::from_millis(args.busy_timeout_ms),
         max_retire: args.max_retire,
-        plan_dir: plan_dir(args)?,
+        plan_dir,
     };
     serve(
         binding,

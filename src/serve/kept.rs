@@ -12,6 +12,7 @@
 //! [`super::KEEP_PLANS`] are kept for the apply that follows a plan.
 
 use super::pages::KeptPlan;
+use super::plan_dir::Found;
 use super::KEEP_PLANS;
 use crate::error::Result;
 use crate::plan::planned::PlannedRows;
@@ -125,13 +126,10 @@ impl Kept {
     }
 
     /// The rows' digests of a plan issued under these tokens: by this
-    /// server (kept in memory), or by another that wrote them to the
-    /// folder.
-    pub(super) fn rows(
-        &self,
-        registry_fingerprint: &str,
-        candidate_fingerprint: &str,
-    ) -> Option<Arc<PlannedRows>> {
+    /// server (kept in memory), or by another of the same binding that
+    /// wrote them to the folder; or, when only a server bound otherwise
+    /// kept a plan of these tokens, how it differs ([`Found::Elsewhere`]).
+    pub(super) fn rows(&self, registry_fingerprint: &str, candidate_fingerprint: &str) -> Found {
         let mine = lock(&self.rows)
             .iter()
             .rev()
@@ -139,10 +137,10 @@ impl Kept {
                 r.registry_fingerprint == registry_fingerprint && c == candidate_fingerprint
             })
             .map(|(_, r)| r.clone());
-        mine.or_else(|| {
-            let dir = self.dir.as_ref()?;
-            dir.load(registry_fingerprint, candidate_fingerprint)
-                .map(Arc::new)
-        })
+        match (mine, &self.dir) {
+            (Some(rows), _) => Found::Ours(rows),
+            (None, Some(dir)) => dir.load(registry_fingerprint, candidate_fingerprint),
+            (None, None) => Found::Nothing,
+        }
     }
 }

@@ -482,7 +482,7 @@ impl FleetServer {
 
 /// A caller's text quoted in an error, at most 200 characters of it (a
 /// URI can be megabytes long, and every answer stays under 1 MiB).
-fn clipped(text: &str) -> String {
+pub(in crate::serve) fn clipped(text: &str) -> String {
     const SHOWN: usize = 200;
     match text.char_indices().nth(SHOWN) {
         None => format!("{text:?}"),

@@ -5,6 +5,7 @@
 use super::args::{audit_context, nonblank, parse, ApplyArgs, ExplainArgs, PlanArgs, SnapshotArgs};
 use super::cursor::Sealer;
 use super::kept::Kept;
+use super::plan_dir::Found;
 use super::results::{advice, error_result, stopping_result, success, tool_error};
 use super::schemas::ToolKind;
 use super::Binding;
@@ -12,6 +13,7 @@ use crate::apply::{apply, Context, Hooks, Request, Tokens, Workers};
 use crate::capability::{check, Operation as Op, Profiles};
 use crate::error::{About, Error, ExitCode};
 use crate::evidence::probe::SystemProbe;
+use crate::plan::planned::PlannedRows;
 use crate::text::Restated;
 use rmcp::model::{CallToolResult, JsonObject};
 use rmcp::ErrorData as McpError;
@@ -263,9 +265,7 @@ impl FleetServer {
         let refuse = |code: &str, why: String, advice: &str| {
             Box::new(tool_error(code, why, advice, json!({})))
         };
-        let recalled = self
-            .kept
-            .rows(&tokens.registry_fingerprint, &tokens.candidate_fingerprint);
+        let recalled = self.recall(&tokens)?;
         let workers =
             match (workers, first, &recalled) {
                 (Some(w), None, _) => w.into_list().map_err(|e| {
@@ -299,6 +299,58 @@ impl FleetServer {
         req.first = first;
         Ok(req)
     }
+}
+
+impl FleetServer {
+    /// The rows of the plan made under an apply's tokens, if one is kept
+    /// (in memory, or in the folder by a server of this one's binding).
+    /// A kept plan vouches only for what made it (finding 50.7): tokens of
+    /// a plan another binding made (another policy set, registry,
+    /// repository or profile) are refused, never paired with this
+    /// server's (once the profile is known to be allowed to apply), and one
+    /// of this binding's is taken only while this server's profile may
+    /// still plan.
+    fn recall(
+        &self,
+        tokens: &Tokens,
+    ) -> std::result::Result<Option<Arc<PlannedRows>>, Box<CallToolResult>> {
+        let found = self
+            .kept
+            .rows(&tokens.registry_fingerprint, &tokens.candidate_fingerprint);
+        match found {
+            Found::Nothing => Ok(None),
+            Found::Ours(rows) => {
+                self.capability(Op::Plan)?;
+                Ok(Some(rows))
+            }
+            Found::Elsewhere(differs) => {
+                // A profile that may not apply is told that first, as
+                // apply would tell it.
+                self.capability(Op::Apply)?;
+                Err(Box::new(made_elsewhere(tokens, &differs)))
+            }
+        }
+    }
+}
+
+/// The refusal of tokens of a plan made under another binding (`differs`
+/// says how).
+fn made_elsewhere(tokens: &Tokens, differs: &str) -> CallToolResult {
+    let clipped = super::plan_tool::clipped;
+    tool_error(
+        "plan_made_elsewhere",
+        format!(
+            "registry_fingerprint {} and candidate_fingerprint {} are the tokens of a plan made \
+             by a server bound otherwise ({differs}); a plan vouches only for the policy set, \
+             registry, canonical repository and profile that made it, so its tokens are never \
+             applied by this server",
+            clipped(&tokens.registry_fingerprint),
+            clipped(&tokens.candidate_fingerprint),
+        ),
+        "plan with this server (plan_stale_worker_retirement) and apply the three tokens that \
+         plan returns, together",
+        json!({}),
+    )
 }
 
 /// The lists of an apply's report that grow with the fleet rather than
