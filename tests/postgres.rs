@@ -237,7 +237,7 @@ fn apply_on_postgres_retires_exactly_the_approved_rows_with_audit_then_replays()
             r.get::<_, String>(1),
             plan["registry_fingerprint"].as_str().unwrap()
         );
-        assert_eq!(r.get::<_, String>(2), db.url);
+        assert_eq!(r.get::<_, String>(2), db.url_as("fleet_apply"));
         assert_eq!(
             r.get::<_, Option<String>>(3).as_deref(),
             Some(host.as_str())

@@ -368,7 +368,8 @@ fn a_postgres_lease_view_that_drops_a_lease_is_refused() {
         "lease_view",
         "ALTER TABLE workflow_leases RENAME TO leases_real; \
          CREATE VIEW workflow_leases AS SELECT * FROM leases_real \
-           WHERE owner_worker_identity IS DISTINCT FROM 'w-dead-1';",
+           WHERE owner_worker_identity IS DISTINCT FROM 'w-dead-1'; \
+         GRANT SELECT ON workflow_leases TO fleet_apply;",
         "leases_real",
     ) else {
         return;
