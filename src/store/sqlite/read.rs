@@ -479,9 +479,10 @@ fn load_marked(path: &Path, with_marker: bool) -> Result<Option<(Vec<Row>, Optio
 /// SQLite then reads those pages where they lie in the kernel's page
 /// cache, instead of copying each into its own cache with a `pread`: a
 /// 100,000-row plan spent about a tenth of its CPU in those calls and
-/// copies (docs/performance.md, eighth round). The bound keeps the mapped
-/// pages, which count as the process's memory while mapped, small beside
-/// the rows read from them; a larger registry reads the rest as before.
+/// copies (docs/performance.md, "Design choices behind the figures"). The
+/// bound keeps the mapped pages, which count as the process's memory while
+/// mapped, small beside the rows read from them; a larger registry reads
+/// the rest as before.
 ///
 /// A mapped page that cannot be read (a disk error, or the file cut short
 /// by a process that ignores SQLite's locks) raises SIGBUS instead of
