@@ -164,23 +164,26 @@ fn registry_copy_never_adopts_a_table_a_worker_made() {
         .unwrap();
     let (stores, live) = fleet();
     let before = tables_owned_by(&db);
-    let out = registry(&[
-        "copy",
-        "--from",
-        stores.registry.to_str().unwrap(),
-        "--leases",
-        stores.leases.to_str().unwrap(),
-        "--to",
-        &roles.owner,
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let said = text(&out);
-    assert!(
-        said.contains("table worker_registrations is owned by fleet_workers")
-            && said.contains("never adopts"),
-        "{said}"
-    );
-    assert_eq!(tables_owned_by(&db), before, "the refused copy wrote");
+    // As the owner, and as a superuser (who could alter the worker's table).
+    for to in [&roles.owner, &db.url] {
+        let out = registry(&[
+            "copy",
+            "--from",
+            stores.registry.to_str().unwrap(),
+            "--leases",
+            stores.leases.to_str().unwrap(),
+            "--to",
+            to,
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let said = text(&out);
+        assert!(
+            said.contains("table worker_registrations is owned by fleet_workers")
+                && said.contains("never adopts"),
+            "{said}"
+        );
+        assert_eq!(tables_owned_by(&db), before, "the refused copy wrote");
+    }
     drop(live);
 }
 
