@@ -131,8 +131,51 @@ fn script_safe_name(n: usize, file: &Path) -> String {
     format!("{n:03}-{}.tests.json", stem.trim_start_matches(['-', '.']))
 }
 
+/// The Cedar CLI release that matches the Cedar engine built into this
+/// program (`cedar-policy` in Cargo.toml; a unit test holds them equal).
+pub const CEDAR_CLI_VERSION: &str = "4.14.1";
+
+/// `run.sh`: check that the `cedar` CLI is there (and say how to install
+/// it when it is not), run `cedar run-tests` on every exported file even
+/// when one fails, and end with a summary; exit 1 when any file failed,
+/// 127 without the CLI. `names` are made of `[A-Za-z0-9._-]` only
+/// ([`script_safe_name`]); they are quoted all the same.
+fn run_script(names: &[String]) -> String {
+    let list: Vec<String> = names.iter().map(|n| format!("  '{n}'\n")).collect();
+    format!(
+        r#"#!/usr/bin/env bash
+# Check fleet-retire's fixture decisions with Cedar's own CLI, independently
+# of fleet-retire: every file below is run, and the run ends with a summary.
+cd "$(dirname "$0")" || exit 2
+if ! command -v cedar >/dev/null 2>&1; then
+  echo "run.sh: the Cedar CLI (cedar) is not on PATH. Install the version fleet-retire uses:" >&2
+  echo "  cargo install --locked cedar-policy-cli --version {CEDAR_CLI_VERSION}" >&2
+  echo "then run $0 again." >&2
+  exit 127
+fi
+case "$(cedar --version 2>/dev/null)" in
+  *"{CEDAR_CLI_VERSION}"*) ;;
+  *) echo "run.sh: note: fleet-retire uses Cedar {CEDAR_CLI_VERSION}; this cedar is $(cedar --version 2>&1)" >&2 ;;
+esac
+files=(
+{list})
+failed=()
+for tests in "${{files[@]}}"; do
+  echo "== $tests"
+  cedar run-tests --policies policies.cedar --schema {SCHEMA_FILE} --tests "$tests" || failed+=("$tests")
+done
+echo
+echo "run.sh: $(( ${{#files[@]}} - ${{#failed[@]}} )) of ${{#files[@]}} file(s) passed, ${{#failed[@]}} failed"
+for f in "${{failed[@]}}"; do echo "  failed: $f"; done
+[ "${{#failed[@]}}" -eq 0 ]
+"#,
+        list = list.concat()
+    )
+}
+
 /// Write `DIR/<n>-<fixture>.tests.json` for every fixture, plus the policies,
-/// schema and a `run.sh` that runs them all with `cedar run-tests`.
+/// schema and an executable `run.sh` that runs them all with `cedar
+/// run-tests` ([`run_script`]).
 pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> Result<usize> {
     let io = |e: std::io::Error| {
         Error::input(
@@ -146,11 +189,8 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
     let write = |name: &str, text: &str| crate::outfile::replace(&dir.join(name), text.as_bytes());
     write("policies.cedar", &policy_text.join("\n")).map_err(io)?;
     write(SCHEMA_FILE, embedded(SCHEMA_FILE)).map_err(io)?;
-    let mut script = String::from(
-        "#!/usr/bin/env bash\n# Check fleet-retire's fixture decisions with Cedar's own CLI.\nset -e\ncd \"$(dirname \"$0\")\"\n",
-    );
     let mut count = 0;
-    let mut files_written = 0;
+    let mut names = Vec::new();
     for file in files {
         let tests = match crate::fixture::load(file)? {
             Case::Plan(c) => plan_tests(&c, policies)?,
@@ -165,18 +205,31 @@ pub fn export(files: &[std::path::PathBuf], dir: &Path, policies: &Policies) -> 
             continue;
         }
         count += tests.len();
-        let name = script_safe_name(files_written, file);
-        files_written += 1;
+        let name = script_safe_name(names.len(), file);
         write(
             &name,
             &serde_json::to_string_pretty(&tests).expect("tests serialise"),
         )
         .map_err(io)?;
-        // The name is made of [A-Za-z0-9._-] only; quoted all the same.
-        script.push_str(&format!(
-            "cedar run-tests --policies policies.cedar --schema {SCHEMA_FILE} --tests '{name}'\n"
-        ));
+        names.push(name);
     }
-    write("run.sh", &script).map_err(io)?;
+    crate::outfile::replace_executable(&dir.join("run.sh"), run_script(&names).as_bytes())
+        .map_err(io)?;
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cedar_cli_named_is_the_engine_we_build_with() {
+        let lock = include_str!("../Cargo.lock");
+        let version = lock
+            .split("[[package]]")
+            .find(|p| p.contains("name = \"cedar-policy\"\n"))
+            .and_then(|p| p.split("version = \"").nth(1))
+            .and_then(|v| v.split('"').next());
+        assert_eq!(version, Some(CEDAR_CLI_VERSION));
+    }
 }

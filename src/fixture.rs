@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 pub use crate::difference::Difference;
+pub use decided::{decided, Decided};
+
+mod decided;
+mod defaults;
 
 /// What a plan case expects; absent members are not checked.
 #[derive(Debug, Clone, Default)]
@@ -193,6 +197,10 @@ struct UncheckedCase {
     context: Option<UncheckedContext>,
     processes: Option<BTreeMap<String, UncheckedProcess>>,
     rows: Option<Vec<Map<String, Json>>>,
+    /// Registry columns every row shares, its own keys winning
+    /// (`defaults.rs`); an explicit null is kept apart to be refused.
+    #[serde(default, deserialize_with = "present")]
+    defaults: Option<Option<Json>>,
     leases: Option<Vec<Map<String, Json>>>,
     expect: Option<UncheckedExpect>,
     snapshot: Option<UncheckedSnapshot>,
@@ -512,6 +520,12 @@ pub fn parse(path: &Path, doc: Json) -> Result<Case> {
             ))
         }
     };
+    if case.defaults.is_some() && (case.requests.is_some() || case.request.is_some()) {
+        return Err(ctx.err(
+            "defaults",
+            "gives the columns shared by `rows`; a capability or Cedar-level case has none",
+        ));
+    }
     if let Some(requests) = case.requests {
         return crate::capability::parse_case(path, name, case.profiles.as_ref(), requests)
             .map(Case::Capability);
@@ -519,21 +533,7 @@ pub fn parse(path: &Path, doc: Json) -> Result<Case> {
     if let Some(request) = case.request {
         return entity_case(&ctx, name, request, case.entities, case.expect).map(Case::Entity);
     }
-    let now_text = match &case.now {
-        Some(Json::String(s)) => s.clone(),
-        _ => {
-            return Err(ctx.err(
-                "now",
-                "missing or not a string; give the planning clock as YYYY-MM-DDTHH:MM:SSZ",
-            ))
-        }
-    };
-    let now = parse_ts(&now_text).ok_or_else(|| {
-        ctx.err(
-            "now",
-            format!("{now_text:?} is not a strict UTC stamp (YYYY-MM-DDTHH:MM:SSZ)"),
-        )
-    })?;
+    let now = planning_clock(&ctx, case.now.as_ref())?;
     let (host, canonical_repository) = run_context(
         case.context
             .ok_or_else(|| ctx.err("context", "missing; add it (see docs/fixtures.md)"))?,
@@ -543,7 +543,8 @@ pub fn parse(path: &Path, doc: Json) -> Result<Case> {
         case.processes
             .ok_or_else(|| ctx.err("processes", "missing; add it (see docs/fixtures.md)"))?,
     )?;
-    let rows = each(&ctx, case.rows, "rows", Row::from_json)?;
+    let rows = defaults::apply(&ctx, case.defaults, case.rows)?;
+    let rows = each(&ctx, rows, "rows", Row::from_json)?;
     if let Some(spec) = case.snapshot {
         let (manifest, expected_revision, expect) = spec.checked(&ctx)?;
         return Ok(Case::Snapshot(Box::new(SnapshotCase {
@@ -558,9 +559,38 @@ pub fn parse(path: &Path, doc: Json) -> Result<Case> {
         })));
     }
     let leases = each(&ctx, case.leases, "leases", Lease::from_json)?;
-    let exp = case
-        .expect
-        .ok_or_else(|| ctx.err("expect", "missing; add it (see docs/fixtures.md)"))?;
+    Ok(Case::Plan(Box::new(PlanCase {
+        name,
+        now,
+        host,
+        canonical_repository,
+        probe,
+        rows,
+        leases,
+        expect: plan_expect(&ctx, case.expect)?,
+    })))
+}
+
+/// `now`: a strict UTC stamp.
+fn planning_clock(ctx: &Ctx, now: Option<&Json>) -> Result<Micros> {
+    let Some(Json::String(text)) = now else {
+        return Err(ctx.err(
+            "now",
+            "missing or not a string; give the planning clock as YYYY-MM-DDTHH:MM:SSZ",
+        ));
+    };
+    parse_ts(text).ok_or_else(|| {
+        ctx.err(
+            "now",
+            format!("{text:?} is not a strict UTC stamp (YYYY-MM-DDTHH:MM:SSZ)"),
+        )
+    })
+}
+
+/// A plan case's `expect`: required, without a Cedar-level case's members,
+/// every expected reason a known code.
+fn plan_expect(ctx: &Ctx, expect: Option<UncheckedExpect>) -> Result<Expect> {
+    let exp = expect.ok_or_else(|| ctx.err("expect", "missing; add it (see docs/fixtures.md)"))?;
     if exp.decision.is_some() || exp.reasons.is_some() {
         return Err(ctx.err(
             "expect.decision",
@@ -576,21 +606,12 @@ pub fn parse(path: &Path, doc: Json) -> Result<Case> {
             ));
         }
     }
-    Ok(Case::Plan(Box::new(PlanCase {
-        name,
-        now,
-        host,
-        canonical_repository,
-        probe,
-        rows,
-        leases,
-        expect: Expect {
-            registry_fingerprint: exp.registry_fingerprint,
-            candidate_fingerprint: exp.candidate_fingerprint,
-            candidates: exp.candidates,
-            preserved: exp.preserved,
-        },
-    })))
+    Ok(Expect {
+        registry_fingerprint: exp.registry_fingerprint,
+        candidate_fingerprint: exp.candidate_fingerprint,
+        candidates: exp.candidates,
+        preserved: exp.preserved,
+    })
 }
 
 fn entity_case(
@@ -848,7 +869,7 @@ impl PlanCase {
                     None => diffs.push(Difference::new(
                         format!("preserved {worker:?}"),
                         code,
-                        "(not preserved)",
+                        not_preserved(plan, worker),
                     )),
                 }
             }
@@ -856,13 +877,22 @@ impl PlanCase {
                 if !want.contains_key(worker) {
                     diffs.push(Difference::new(
                         format!("preserved {worker:?}"),
-                        "(not expected)",
+                        "not preserved",
                         code,
                     ));
                 }
             }
         }
         diffs
+    }
+}
+
+/// What became of an expected-preserved worker that was not preserved.
+fn not_preserved(plan: &Plan, worker: &str) -> &'static str {
+    if plan.entries.iter().any(|e| plan.identity(e) == worker) {
+        "a candidate (not preserved)"
+    } else {
+        "no row has this worker_identity"
     }
 }
 

@@ -114,14 +114,33 @@ pub fn parse_strict(text: &str) -> Result<Json, String> {
     let value = Strict { path: "$" }
         .deserialize(&mut de)
         .and_then(|v| de.end().map(|()| v))
-        .map_err(|e| {
-            format!(
-                "not valid JSON at line {}, column {}: {e}",
-                e.line(),
-                e.column()
-            )
-        })?;
+        .map_err(|e| describe(&e))?;
     Ok(value)
+}
+
+/// The start of the message for a key given twice (`duplicate key "a" at
+/// $.profiles.a`), which [`describe`] completes with the position and what
+/// to do.
+const DUPLICATE_KEY: &str = "duplicate key ";
+
+/// A parse error as a person reads it: where it is, said once (serde_json's
+/// own text ends with "at line L column C", which is cut off here), and
+/// what to do. A key given twice is valid JSON syntax, so it is not called
+/// "not valid JSON"; it names the key's path and asks to keep one of them.
+fn describe(e: &serde_json::Error) -> String {
+    let (line, column) = (e.line(), e.column());
+    let full = e.to_string();
+    let said = full
+        .strip_suffix(&format!(" at line {line} column {column}"))
+        .unwrap_or(&full);
+    if said.starts_with(DUPLICATE_KEY) {
+        format!(
+            "{said} (line {line}, column {column}): a key may appear only once in an object; \
+             keep the one you mean and delete the other"
+        )
+    } else {
+        format!("not valid JSON at line {line}, column {column}: {said}")
+    }
 }
 
 /// Read a regular file of at most [`MAX_INPUT_BYTES`] and parse it strictly.
@@ -203,11 +222,7 @@ pub fn read_selected<T: de::DeserializeOwned>(
         if e.is_io() {
             format!("cannot read ({e})")
         } else {
-            format!(
-                "not valid JSON at line {}, column {}: {e}",
-                e.line(),
-                e.column()
-            )
+            describe(&e)
         }
     })?;
     Ok(parts)
@@ -239,7 +254,7 @@ impl<'de, T: de::DeserializeOwned> Visitor<'de> for Selected<'_, T> {
         while let Some(key) = map.next_key::<String>()? {
             if !seen.insert(key.clone()) {
                 return Err(de::Error::custom(format!(
-                    "duplicate key {key:?} at $.{key}; a key may appear once per object (remove the extra one)"
+                    "{DUPLICATE_KEY}{key:?} at $.{key}"
                 )));
             }
             if key == self.typed {
@@ -316,7 +331,7 @@ impl<'de> Visitor<'de> for Strict<'_> {
             let path = format!("{}.{}", self.path, key);
             if out.contains_key(&key) {
                 return Err(de::Error::custom(format!(
-                    "duplicate key {key:?} at {path}; a key may appear once per object (remove the extra one)"
+                    "{DUPLICATE_KEY}{key:?} at {path}"
                 )));
             }
             let value = map.next_value_seed(Strict { path: &path })?;
@@ -334,7 +349,13 @@ mod tests {
     fn duplicates_bom_and_trailing_text_are_refused() {
         let e =
             parse_strict(r#"{"profiles": {"a": {"role": "x"}, "a": {"role": "y"}}}"#).unwrap_err();
-        assert!(e.contains("duplicate key \"a\" at $.profiles.a"), "{e}");
+        assert_eq!(
+            e,
+            "duplicate key \"a\" at $.profiles.a (line 1, column 37): a key may appear only \
+             once in an object; keep the one you mean and delete the other"
+        );
+        let e = parse_strict("{\"a\": }").unwrap_err();
+        assert_eq!(e, "not valid JSON at line 1, column 7: expected value");
         let e = parse_strict("\u{feff}{}").unwrap_err();
         assert!(e.contains("byte-order mark"), "{e}");
         assert!(parse_strict("{} x").is_err());

@@ -21,7 +21,17 @@ pub fn replace_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    let (temporary, file) = temporary_beside(path)?;
+    replace_with_mode(path, 0o666, fill)
+}
+
+/// [`replace_with`], the new file created with `mode` (less the umask's
+/// bits, as for any new file).
+fn replace_with_mode(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let (temporary, file) = temporary_beside(path, mode)?;
     let written = (|| {
         let mut w = std::io::BufWriter::new(file);
         fill(&mut w)?;
@@ -40,8 +50,16 @@ pub fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     replace_with(path, |w| w.write_all(bytes))
 }
 
-/// A new file in `path`'s folder, named after it, that did not exist.
-fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
+/// [`replace`] for a script its reader runs by its path (`out/run.sh`):
+/// created executable (`rwxr-xr-x`, less the umask's bits).
+pub fn replace_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace_with_mode(path, 0o755, |w| w.write_all(bytes))
+}
+
+/// A new file in `path`'s folder, named after it, that did not exist,
+/// created with `mode` (less the umask's bits).
+fn temporary_beside(path: &Path, mode: u32) -> std::io::Result<(PathBuf, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt;
     let name = path.file_name().ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -64,6 +82,7 @@ fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(mode)
             .open(&temporary)
         {
             Ok(file) => return Ok((temporary, file)),
@@ -107,6 +126,20 @@ mod tests {
         assert_eq!(safe_name("-rf"), "rf");
         assert_eq!(safe_name("ok-name_1.json"), "ok-name_1.json");
         assert_eq!(safe_name("é\n"), "__");
+    }
+
+    #[test]
+    fn an_executable_is_created_executable_and_a_plain_file_is_not() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode();
+        let script = dir.path().join("run.sh");
+        replace_executable(&script, b"#!/bin/sh\n").unwrap();
+        assert_eq!(mode(&script) & 0o111, 0o111, "{:o}", mode(&script));
+        assert_eq!(mode(&script) & 0o022, 0, "never writable by others");
+        let plain = dir.path().join("plain");
+        replace(&plain, b"x").unwrap();
+        assert_eq!(mode(&plain) & 0o111, 0);
     }
 
     #[test]

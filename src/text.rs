@@ -54,6 +54,19 @@ pub fn esc(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `s` as one word for a POSIX shell, so a printed command can be pasted
+/// and run: as it is when made only of characters no shell treats
+/// specially, otherwise in single quotes (a `'` inside written `'"'"'`,
+/// without a backslash, which [`esc`] would double when printing it).
+pub fn shell_word(s: &str) -> Cow<'_, str> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(format!("'{}'", s.replace('\'', r#"'"'"'"#)))
+    }
+}
+
 /// A canonical repository must name something: an empty or blank one would
 /// switch the repository check off.
 pub fn nonblank_repository(text: &str) -> std::result::Result<String, String> {
@@ -155,5 +168,23 @@ mod tests {
                 given: "O/r".into()
             }
         );
+    }
+
+    #[test]
+    fn shell_words_survive_a_shell() {
+        assert_eq!(
+            shell_word("fixtures/plan/pid-reuse.json"),
+            "fixtures/plan/pid-reuse.json"
+        );
+        assert_eq!(shell_word("w 1"), "'w 1'");
+        assert_eq!(shell_word(""), "''");
+        for tricky in ["it's", "$(touch x)", "a\\b", "`x`;y", "'", "~"] {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_word(tricky)))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), tricky);
+        }
     }
 }

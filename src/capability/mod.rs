@@ -124,12 +124,16 @@ impl Profiles {
             message,
         };
         // Read without blocking and bounded, so a FIFO or /dev/zero named as
-        // profiles.json can neither hang nor exhaust an apply.
-        let (doc, bytes) = crate::jsonfile::read_json(path).map_err(|e| {
-            err(format!(
-                "{e}; pass profiles.json with --profiles or GITEA_MCP_CONFIG"
-            ))
-        })?;
+        // profiles.json can neither hang nor exhaust an apply. Where the
+        // file comes from is worth saying only when it could not be read;
+        // a parse error says where in it and what to do.
+        let bytes =
+            crate::jsonfile::read_regular(path, crate::jsonfile::MAX_INPUT_BYTES).map_err(|e| {
+                err(format!(
+                    "{e}; pass profiles.json with --profiles or GITEA_MCP_CONFIG"
+                ))
+            })?;
+        let doc = crate::jsonfile::parse_strict(&bytes.text).map_err(err)?;
         let mut profiles = Profiles::from_json(&doc).map_err(err)?;
         profiles.sha256 = bytes.sha256;
         Ok(profiles)

@@ -12,8 +12,11 @@ pub struct ExplainArgs {
     /// The worker identity to explain.
     #[arg(long)]
     pub worker: String,
-    /// Explain a row of a fixture instead of the live registry.
-    #[arg(long, value_name = "FIXTURE.json", conflicts_with_all = ["registry", "leases"])]
+    /// Explain a row of a fixture instead of the live registry (the
+    /// registry and lease store, and their environment variables, are then
+    /// not read: an operator's FLEET_RETIRE_REGISTRY does not stand in the
+    /// way of the command `fleet-retire test` prints for a failing case).
+    #[arg(long, value_name = "FIXTURE.json")]
     pub fixture: Option<PathBuf>,
     /// The worker registry (SQLite).
     #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]

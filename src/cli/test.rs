@@ -43,41 +43,93 @@ struct CaseResult {
     /// For a failure, the same as fields: what, expected, actual.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     differences: Vec<crate::fixture::Difference>,
+    /// For a failing plan case, each worker it got wrong: how its rows
+    /// were decided, and the `explain` command that shows why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    decided: Vec<WorkerDecided>,
     /// How long it took, in seconds (for JUnit).
     #[serde(skip)]
     seconds: f64,
 }
 
-/// Load and judge one fixture file: its case's name and what differs.
-fn judge(
-    policies: &crate::policy::Policies,
-    file: &std::path::Path,
-) -> Result<(String, Vec<crate::fixture::Difference>)> {
+/// A worker a failing plan case got wrong: how each of its rows was
+/// decided, and the command that explains it.
+#[derive(Debug, serde::Serialize)]
+struct WorkerDecided {
+    /// Its worker identity.
+    worker: String,
+    /// Each of its rows: the deciding policy and reason.
+    rows: Vec<crate::fixture::Decided>,
+    /// `fleet-retire explain --fixture FILE --worker W`, ready to paste.
+    explain: String,
+}
+
+/// A judged fixture file: its case's name, what differs, and for a plan
+/// case that fails, who decided what it got wrong.
+type Judged = (String, Vec<crate::fixture::Difference>, Vec<WorkerDecided>);
+
+/// Load and judge one fixture file.
+fn judge(cli: &Cli, policies: &crate::policy::Policies, file: &std::path::Path) -> Result<Judged> {
     Ok(match &load(file)? {
-        Case::Plan(c) => (c.name.clone(), c.differences(&c.plan(policies)?)),
-        Case::Capability(c) => (c.name.clone(), c.differences(policies)?),
-        Case::Snapshot(c) => (c.name.clone(), c.differences()),
-        Case::Entity(c) => (c.name.clone(), c.differences(policies, file)?),
+        Case::Plan(c) => {
+            let plan = c.plan(policies)?;
+            let decided = c
+                .workers_differing(&plan)
+                .into_iter()
+                .map(|worker| WorkerDecided {
+                    rows: crate::fixture::decided(&plan, policies, &worker),
+                    explain: explain_command(cli, file, &worker),
+                    worker,
+                })
+                .collect();
+            (c.name.clone(), c.differences(&plan), decided)
+        }
+        Case::Capability(c) => (c.name.clone(), c.differences(policies)?, Vec::new()),
+        Case::Snapshot(c) => (c.name.clone(), c.differences(), Vec::new()),
+        Case::Entity(c) => (c.name.clone(), c.differences(policies, file)?, Vec::new()),
     })
+}
+
+/// The command that explains `worker`'s rows in `file` under the policies
+/// this run used, each word quoted for a shell as needed.
+fn explain_command(cli: &Cli, file: &std::path::Path, worker: &str) -> String {
+    use crate::text::shell_word;
+    // A value that starts with `-` would read as an option: join it to its flag.
+    let option = |flag: &str, value: &str| {
+        if value.starts_with('-') {
+            shell_word(&format!("{flag}={value}")).into_owned()
+        } else {
+            format!("{flag} {}", shell_word(value))
+        }
+    };
+    let mut words = vec!["fleet-retire".to_string()];
+    if let Some(dir) = &cli.policies {
+        words.push(option("--policies", &dir.display().to_string()));
+    }
+    words.push("explain".into());
+    words.push(option("--fixture", &file.display().to_string()));
+    words.push(option("--worker", worker));
+    words.join(" ")
 }
 
 /// Every file's result, in order: a malformed file is an error of its own,
 /// and the run goes on to the next.
-fn run_all(policies: &crate::policy::Policies, files: &[PathBuf]) -> Vec<CaseResult> {
+fn run_all(cli: &Cli, policies: &crate::policy::Policies, files: &[PathBuf]) -> Vec<CaseResult> {
     files
         .iter()
         .map(|file| {
             let shown = file.display().to_string();
             let started = std::time::Instant::now();
-            let judged = judge(policies, file);
+            let judged = judge(cli, policies, file);
             let seconds = started.elapsed().as_secs_f64();
             match judged {
-                Ok((name, diffs)) => CaseResult {
+                Ok((name, diffs, decided)) => CaseResult {
                     file: shown,
                     case: Some(name),
                     status: if diffs.is_empty() { "pass" } else { "fail" },
                     details: diffs.iter().map(ToString::to_string).collect(),
                     differences: diffs,
+                    decided,
                     seconds,
                 },
                 Err(e) => CaseResult {
@@ -86,11 +138,23 @@ fn run_all(policies: &crate::policy::Policies, files: &[PathBuf]) -> Vec<CaseRes
                     status: "error",
                     details: vec![e.to_string()],
                     differences: Vec::new(),
+                    decided: Vec::new(),
                     seconds,
                 },
             }
         })
         .collect()
+}
+
+/// The lines that say who decided what a failing case got wrong: a row's
+/// deciding policy, then the command that explains the worker.
+fn decided_lines(r: &CaseResult) -> Vec<String> {
+    let mut lines = Vec::new();
+    for w in &r.decided {
+        lines.extend(w.rows.iter().map(ToString::to_string));
+        lines.push(format!("  to see why: {}", w.explain));
+    }
+    lines
 }
 
 /// The results as JUnit suites: one per fixture file, with its case; a
@@ -107,7 +171,7 @@ fn case_suites(results: &[CaseResult]) -> Vec<crate::junit::Suite> {
                 || "fixtures".to_string(),
                 |f| f.to_string_lossy().into_owned(),
             );
-            let text = r.details.join("\n");
+            let text = [r.details.clone(), decided_lines(r)].concat().join("\n");
             let first = r.details.first().cloned().unwrap_or_default();
             Suite {
                 name: r.file.clone(),
@@ -136,7 +200,7 @@ fn print_results(results: &[CaseResult]) -> Result<()> {
             ("fail", Some(name)) => crate::outln!("FAIL {} ({})", esc(name), esc(&r.file))?,
             _ => crate::outln!("ERROR {}", esc(&r.file))?,
         }
-        for d in &r.details {
+        for d in r.details.iter().chain(&decided_lines(r)) {
             crate::outln!("    {}", esc(d))?;
         }
     }
@@ -156,7 +220,7 @@ pub fn run(cli: &Cli, args: &TestArgs) -> Result<ExitCode> {
     }
     let policies = cli.load_policies()?;
     let files = collect(&args.paths)?;
-    let results = run_all(&policies, &files);
+    let results = run_all(cli, &policies, &files);
     let count = |status: &str| results.iter().filter(|r| r.status == status).count();
     let (passed, failed, errors) = (count("pass"), count("fail"), count("error"));
     // Export and coverage read the files that are cases.
