@@ -97,3 +97,13 @@ pub(super) fn stopping_result(why: String) -> CallToolResult {
         json!({}),
     )
 }
+
+/// A caller's text quoted in an error, at most 200 characters of it (a
+/// URI can be megabytes long, and every answer stays under 1 MiB).
+pub(in crate::serve) fn clipped(text: &str) -> String {
+    const SHOWN: usize = 200;
+    match text.char_indices().nth(SHOWN) {
+        None => format!("{text:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes in all)", &text[..end], text.len()),
+    }
+}

@@ -45,3 +45,24 @@ impl fmt::Display for Location {
         }
     }
 }
+
+/// The identity of a registry location: a PostgreSQL database by its URL
+/// as shown (user, hosts, ports, database; never a password), a SQLite
+/// file by its resolved path and its device and inode, so two spellings of
+/// one file are one registry and a file put in its place is another.
+pub fn identity(location: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    if is_postgres(location) {
+        return format!("postgresql {}", label(location));
+    }
+    let path = std::fs::canonicalize(location).unwrap_or_else(|_| location.to_path_buf());
+    match std::fs::metadata(&path) {
+        Ok(meta) => format!(
+            "sqlite {} (device {}, inode {})",
+            path.display(),
+            meta.dev(),
+            meta.ino()
+        ),
+        Err(_) => format!("sqlite {}", path.display()),
+    }
+}
