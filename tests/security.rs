@@ -3,6 +3,8 @@
 //! `docs/security.md` maps each finding to its test here.
 
 mod common;
+#[path = "security/secret_sweep.rs"]
+mod secret_sweep;
 #[path = "security/third_review.rs"]
 mod third_review;
 
