@@ -52,7 +52,7 @@ pub enum Error {
     },
     /// SQLite failed while reading or writing a store: the cause is kept
     /// (`source`), so a caller can tell a busy database from a corrupt one.
-    #[error("{store} {}: {doing}: {source}{}", path.display(), sqlite_hint(source))]
+    #[error("{store} {}: {doing}: {source}{}", shown(path), sqlite_hint(source))]
     Sqlite {
         /// Which store.
         store: Store,
@@ -93,7 +93,7 @@ pub enum Error {
         message: String,
     },
     /// A file or folder could not be read or written.
-    #[error("{}: {doing}: {source}", path.display())]
+    #[error("{}: {doing}: {source}", shown(path))]
     Io {
         /// The file or folder.
         path: PathBuf,
@@ -113,7 +113,7 @@ pub enum Error {
         message: String,
     },
     /// A fixture file is malformed.
-    #[error("fixture {}: {message}", path.display())]
+    #[error("fixture {}: {message}", shown(path))]
     Fixture {
         /// The fixture file.
         path: PathBuf,
@@ -121,7 +121,7 @@ pub enum Error {
         message: String,
     },
     /// `profiles.json` is malformed or unreadable.
-    #[error("profiles {}: {message}", path.display())]
+    #[error("profiles {}: {message}", shown(path))]
     Profiles {
         /// The profiles file.
         path: PathBuf,
@@ -237,6 +237,13 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// A path as an error names it: a file as it is, and a PostgreSQL URL given
+/// where a file was meant (`apply postgres://…`) as `store::location::label`
+/// shows it, without its password.
+fn shown(path: &std::path::Path) -> String {
+    crate::store::location::label(path)
 }
 
 /// The stores an [`Error::Sqlite`] names.

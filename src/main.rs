@@ -28,7 +28,17 @@ fn main() -> std::process::ExitCode {
     let cli = match fleet_retire::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
+            // clap quotes an argument as it was typed (`unexpected argument
+            // 'postgres://u:pw@…'`): every URL given is masked first.
+            let rendered = e.render().to_string();
+            let masked = fleet_retire::store::location::mask_given(&rendered);
+            if masked == rendered {
+                let _ = e.print();
+            } else if e.use_stderr() {
+                eprint!("{masked}");
+            } else {
+                print!("{masked}");
+            }
             if let Some(hint) = fleet_retire::cli::missing_env_hint(&e) {
                 eprintln!("{hint}");
             }
@@ -40,7 +50,7 @@ fn main() -> std::process::ExitCode {
                     "kind": "usage",
                     "exit_code": 1,
                     "message": e.kind().to_string(),
-                    "detail": e.render().to_string().trim_end(),
+                    "detail": masked.trim_end(),
                 }});
                 let _ = writeln!(std::io::stdout(), "{envelope}");
             }
@@ -56,11 +66,16 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // Each failure's message carries its cause (SQLite's or the
             // operating system's words) and what to do; under --format
-            // json it is also a JSON document on stdout.
-            eprintln!("fleet-retire: {e}");
+            // json it is also a JSON document on stdout. Stores are named
+            // masked where the message is made; a URL given where a store
+            // was not meant is masked here.
+            let message = fleet_retire::store::location::mask_given(&e.to_string());
+            eprintln!("fleet-retire: {message}");
             if json {
                 use std::io::Write as _;
-                let _ = writeln!(std::io::stdout(), "{}", e.envelope());
+                let mut envelope = e.envelope();
+                envelope["error"]["message"] = serde_json::Value::String(message);
+                let _ = writeln!(std::io::stdout(), "{envelope}");
             }
             e.exit_code()
         }

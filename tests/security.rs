@@ -5,6 +5,8 @@
 mod common;
 #[path = "security/fourth_review.rs"]
 mod fourth_review;
+#[path = "security/secret_sweep.rs"]
+mod secret_sweep;
 #[path = "security/third_review.rs"]
 mod third_review;
 

@@ -16,7 +16,12 @@ pub struct ApplyStatusArgs {
     pub apply_id: String,
     /// The registry the apply wrote to (for PostgreSQL behind failover, a
     /// URL naming every member with `target_session_attrs=read-write`).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH|URL")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH|URL"
+    )]
     pub registry: PathBuf,
     /// How long to wait for a transaction still writing the audit (its
     /// COMMIT in flight) to end, in milliseconds.

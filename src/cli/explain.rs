@@ -19,10 +19,20 @@ pub struct ExplainArgs {
     #[arg(long, value_name = "FIXTURE.json")]
     pub fixture: Option<PathBuf>,
     /// The worker registry (SQLite).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub registry: Option<PathBuf>,
     /// The lease store (SQLite).
-    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_LEASES",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub leases: Option<PathBuf>,
     /// The expected repository binding.
     #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO",

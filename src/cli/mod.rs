@@ -121,11 +121,21 @@ pub struct StoreArgs {
     /// The worker registry: a SQLite file, or a PostgreSQL database as
     /// postgres://USER@HOST:PORT/DATABASE (password in PGPASSWORD;
     /// docs/multi-host.md).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH|URL")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH|URL"
+    )]
     pub registry: PathBuf,
     /// The control-plane lease store (a SQLite file, or a postgres:// URL);
     /// required, never assumed empty.
-    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH|URL")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_LEASES",
+        hide_env_values = true,
+        value_name = "PATH|URL"
+    )]
     pub leases: PathBuf,
     /// The expected repository binding, e.g. prgs/gitea-tools (required by
     /// plan; apply takes it from the saved plan when not given).
@@ -349,5 +359,38 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             crate::out!("{}", String::from_utf8_lossy(&out))?;
             Ok(ExitCode::Ok)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap shows a variable's value beside its flag in `--help` unless
+    /// told not to, and a store's variable may hold a URL with its password
+    /// (docs/security.md, row 50.6): every flag a store variable fills
+    /// hides its value.
+    #[test]
+    fn help_never_shows_a_store_variables_value() {
+        fn walk(command: &clap::Command, found: &mut usize) {
+            for arg in command.get_arguments() {
+                let store = arg
+                    .get_env()
+                    .is_some_and(|e| e == "FLEET_RETIRE_REGISTRY" || e == "FLEET_RETIRE_LEASES");
+                if store {
+                    assert!(
+                        arg.is_hide_env_values_set(),
+                        "{} --{} shows its variable's value in --help",
+                        command.get_name(),
+                        arg.get_id()
+                    );
+                    *found += 1;
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, found);
+            }
+        }
+        let mut found = 0;
+        walk(&<super::Cli as clap::CommandFactory>::command(), &mut found);
+        assert!(found >= 15, "only {found} store flags found");
     }
 }

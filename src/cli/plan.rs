@@ -109,13 +109,18 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
 /// operator (on stderr: stdout is the plan itself).
 fn saved_note(out: &std::path::Path, plan: &Plan, args: &PlanArgs) -> String {
     let esc = |p: &std::path::Path| crate::text::esc(&p.display().to_string()).into_owned();
+    // Each store as every message names it: a PostgreSQL URL without its
+    // password (the lease store's was once printed as given; row 50.6 of
+    // docs/security.md).
+    let store =
+        |p: &std::path::Path| crate::text::esc(&crate::store::location::label(p)).into_owned();
     let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     let candidates = plan.candidates().count();
     let mut command = format!(
         "fleet-retire apply {} --registry {} --leases {}",
         esc(out),
-        crate::store::location::label(&args.store.registry),
-        esc(&args.store.leases)
+        store(&args.store.registry),
+        store(&args.store.leases)
     );
     if let Some(p) = &args.operator.profiles_path {
         command.push_str(&format!(" --profiles {}", esc(p)));
@@ -129,6 +134,9 @@ fn saved_note(out: &std::path::Path, plan: &Plan, args: &PlanArgs) -> String {
     } else {
         format!("{:.1} kB", size as f64 / 1_000.0)
     };
+    if command.contains(":***@") {
+        command.push_str("\n  (a password is shown as ***: put it back, or give it in PGPASSWORD)");
+    }
     format!(
         "wrote the plan to {} ({size}, {candidates} candidate(s)); apply it (a profile \
          holding gitea.worker_registry.retire) with:\n  {command}",

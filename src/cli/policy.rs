@@ -85,10 +85,15 @@ pub enum PolicyCommand {
         save_counterexamples: Option<std::path::PathBuf>,
         /// Also plan this worker registry under both sets (one reading,
         /// one set of probe answers) and list every verdict that moves.
-        #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH", requires_all = ["leases", "canonical_repository"])]
+        #[arg(long, env = "FLEET_RETIRE_REGISTRY", hide_env_values = true, value_name = "PATH", requires_all = ["leases", "canonical_repository"])]
         registry: Option<std::path::PathBuf>,
         /// The lease store, with --registry.
-        #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+        #[arg(
+            long,
+            env = "FLEET_RETIRE_LEASES",
+            hide_env_values = true,
+            value_name = "PATH"
+        )]
         leases: Option<std::path::PathBuf>,
         /// The expected repository binding, with --registry.
         #[arg(long, value_name = "REPO", value_parser = crate::text::nonblank_repository)]

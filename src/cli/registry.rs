@@ -35,7 +35,12 @@ pub enum RegistryCommand {
 #[derive(Debug, Args)]
 pub struct VersionsArgs {
     /// The PostgreSQL registry: postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE.
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "URL")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     pub registry: String,
 }
 
@@ -74,7 +79,12 @@ pub struct CopyArgs {
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// Where to create the registry (a SQLite file that does not exist yet).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub registry: PathBuf,
 }
 

@@ -13,10 +13,20 @@ use std::time::Duration;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// The worker registry (an existing one: create it with `fleet-retire registry create`).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub registry: PathBuf,
     /// The control-plane lease store (SQLite).
-    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_LEASES",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub leases: PathBuf,
     /// profiles.json (read afresh at every call).
     #[arg(long = "profiles", env = env::CONFIG, value_name = "PATH")]

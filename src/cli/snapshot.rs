@@ -13,12 +13,22 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
     /// The worker registry: a SQLite file, or a postgres:// URL.
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH|URL")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH|URL"
+    )]
     pub registry: PathBuf,
     /// The lease store. Accepted (and its variable FLEET_RETIRE_LEASES
     /// read) so one set of store flags serves every command; a snapshot
     /// reads the registry alone, so it is not opened.
-    #[arg(long, env = "FLEET_RETIRE_LEASES", value_name = "PATH|URL")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_LEASES",
+        hide_env_values = true,
+        value_name = "PATH|URL"
+    )]
     pub leases: Option<PathBuf>,
     /// Expected repository binding; workers bound elsewhere are findings.
     #[arg(long, env = "FLEET_RETIRE_CANONICAL_REPOSITORY", value_name = "REPO")]

@@ -19,7 +19,12 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub struct RegisterArgs {
     /// The worker registry (an existing one: create it with `fleet-retire registry create`).
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub registry: PathBuf,
     /// The worker's namespace.
     #[arg(long)]
@@ -45,7 +50,12 @@ pub struct RegisterArgs {
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// The worker registry.
-    #[arg(long, env = "FLEET_RETIRE_REGISTRY", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "FLEET_RETIRE_REGISTRY",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub registry: PathBuf,
     /// (release) the historical status to set: released or superseded.
     #[arg(long, default_value = "released")]

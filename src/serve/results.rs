@@ -69,7 +69,10 @@ pub(super) fn error_result(e: &Error) -> CallToolResult {
         ),
         _ => ("error", "read the detail; the server keeps serving"),
     };
-    tool_error(code, e.to_string(), todo, json!({}))
+    // Stores are named masked where the message is made; the net under
+    // that, as for the command line's errors (docs/security.md, row 50.6).
+    let message = crate::store::location::mask_given(&e.to_string());
+    tool_error(code, message, todo, json!({}))
 }
 
 /// What an operator does about an apply outcome that is not a success.

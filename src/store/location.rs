@@ -1,7 +1,7 @@
 //! Where a store is, parsed once: a SQLite file or a PostgreSQL database
 //! (its URL a [`PgUrl`], which shows only masked; `store::pgurl` says why).
 
-pub use super::pgurl::{is_postgres, label, PgUrl};
+pub use super::pgurl::{is_postgres, label, mask_given, PgUrl};
 use crate::error::About;
 use std::fmt;
 use std::path::Path;

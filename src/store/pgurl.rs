@@ -3,12 +3,22 @@
 //!
 //! A PostgreSQL URL may carry a password, and a password may hold any
 //! character (`postgres://u:SE/CR?ET@host/db` authenticates: the driver
-//! takes the userinfo up to the last `@`). Scanning the text for where the
+//! takes the userinfo up to the first `@`). Scanning the text for where the
 //! password ends is how one leaked; so the URL is parsed by the driver's own
 //! parser ([`postgres::Config`]) into a [`PgUrl`], whose `Display` is built
 //! from the parsed parts and has no way to print the password or any
 //! option. Every message, report, audit row and written file names a store
 //! through [`label`] or a `PgUrl`, never through the text it was given.
+//!
+//! A URL that parses is not yet one that reads as meant: an `@` left raw in
+//! the password ends the user part early, and the rest of the password
+//! becomes the host, which the masked URL shows; a `&` left raw in
+//! `?password=` makes the rest an option, which the driver's error names.
+//! So a URL holding more than one `@` is refused, and the driver's errors
+//! never quote a name from the URL: a URL that does not parse is never
+//! shown, in whole or in part. [`mask_given`] is the net under all of this,
+//! for text we did not write (the command-line parser's errors): every URL
+//! this process was given is replaced by its [`label`].
 
 use std::fmt;
 use std::path::Path;
@@ -114,11 +124,16 @@ impl PgUrl {
 
     /// As [`PgUrl::parse`], the environment read through `env`.
     pub fn parse_with(url: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<PgUrl, String> {
+        if url.matches('@').count() > 1 {
+            return Err(
+                "the URL holds more than one `@`: the driver ends the user and password at the \
+                 first and would read the rest as the host; percent-encode an `@` in the \
+                 password or in a value as %40"
+                    .into(),
+            );
+        }
         let (rest, asked) = take_tls_parameters(url)?;
-        let mut config: postgres::Config = rest.parse().map_err(|e: postgres::Error| {
-            let cause = std::error::Error::source(&e).map_or(String::new(), |c| format!(": {c}"));
-            format!("{e}{cause}")
-        })?;
+        let mut config: postgres::Config = rest.parse().map_err(driver_error)?;
         let get = |(key, var): (&str, &str)| {
             asked
                 .iter()
@@ -176,6 +191,66 @@ impl PgUrl {
     pub fn tls(&self) -> &Tls {
         &self.tls
     }
+}
+
+/// The driver's parse error, without any text of the URL: its "unknown
+/// option `NAME`" names a key of the query, which is a piece of the
+/// password when a `&` in `?password=` was left raw.
+fn driver_error(e: postgres::Error) -> String {
+    let cause = std::error::Error::source(&e).map_or(String::new(), |c| c.to_string());
+    if cause.starts_with("unknown option") {
+        return format!(
+            "{e}: an option the driver does not read (its name is not shown: a `&` or `=` \
+             left raw in a password makes a piece of it one; percent-encode them as %26 and \
+             %3D). The driver reads host, hostaddr, port, dbname, user, password, \
+             application_name, options, connect_timeout, tcp_user_timeout, keepalives, \
+             keepalives_idle, keepalives_interval, keepalives_retries, target_session_attrs, \
+             channel_binding and load_balance_hosts; this program sslmode, sslrootcert, \
+             sslcert and sslkey"
+        );
+    }
+    if cause.is_empty() {
+        e.to_string()
+    } else {
+        format!("{e}: {cause}")
+    }
+}
+
+/// `text` with every PostgreSQL URL this process was given (an argument,
+/// or `FLEET_RETIRE_REGISTRY` / `FLEET_RETIRE_LEASES`) replaced by its
+/// [`label`]: for text this program did not compose, such as the
+/// command-line parser's errors, which quote an argument as it was typed.
+pub fn mask_given(text: &str) -> String {
+    let mut given: Vec<String> = std::env::args_os()
+        .chain(
+            ["FLEET_RETIRE_REGISTRY", "FLEET_RETIRE_LEASES"]
+                .iter()
+                .filter_map(std::env::var_os),
+        )
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    given.sort_by_key(|a| std::cmp::Reverse(a.len()));
+    mask_in(text, &given)
+}
+
+/// `text` with each URL among `given` (an argument may be `--flag=URL`)
+/// replaced by its [`label`].
+fn mask_in(text: &str, given: &[String]) -> String {
+    let mut out = text.to_string();
+    for arg in given {
+        let Some(at) = ["postgres://", "postgresql://"]
+            .iter()
+            .filter_map(|scheme| arg.find(scheme))
+            .min()
+        else {
+            continue;
+        };
+        let url = &arg[at..];
+        if out.contains(url) {
+            out = out.replace(url, &label(Path::new(url)));
+        }
+    }
+    out
 }
 
 /// Whether a host is this machine: a Unix socket, `localhost`, or a
@@ -356,7 +431,6 @@ mod tests {
                 "postgres://pwuser:SE/CR?ET@db.example:5433/fleet",
                 "SE/CR?ET",
             ),
-            ("postgres://u:p@ss@host/db", "p@ss"),
             ("postgresql://u:hunter2@host/db?sslmode=disable", "hunter2"),
             (
                 "postgres://u@host/db?password=s3cret&sslmode=disable",
@@ -374,6 +448,61 @@ mod tests {
                 "postgres://pwuser:SE/CR?ET@db.example:5433/fleet"
             )),
             "postgres://pwuser:***@db.example:5433/fleet"
+        );
+    }
+
+    /// The driver reads a URL up to its first `@` as the user part: with a
+    /// raw `@` in the password the rest was the host, and the masked URL
+    /// showed it. A raw `&` in `?password=` made the rest an option the
+    /// driver's error named. Neither URL is shown, in whole or in part.
+    #[test]
+    fn urls_whose_password_would_show_as_another_part_are_refused_unshown() {
+        for (url, pieces) in [
+            (
+                "postgres://u:Kq7vX@Tp5yW/Hd2jV@db.example/fleet",
+                &["Kq7vX", "Tp5yW", "Hd2jV"][..],
+            ),
+            ("postgres://u:pa@Zq8vW@host/db", &["Zq8vW"]),
+            (
+                "postgres://u:ab@cdefg?application_name=x@host/db",
+                &["cdefg"],
+            ),
+            (
+                "postgres://u@h/db?password=Kq7vX&Gh6tM=Pv3kA",
+                &["Kq7vX", "Gh6tM", "Pv3kA"],
+            ),
+        ] {
+            let e = PgUrl::parse(url).unwrap_err();
+            let shown = label(Path::new(url));
+            for piece in pieces {
+                assert!(!e.contains(piece), "{url}: {e}");
+                assert!(!shown.contains(piece), "{url}: {shown}");
+            }
+            assert!(e.contains("percent-encode"), "{e}");
+        }
+        // An `@` percent-encoded reads as meant.
+        let url = PgUrl::parse("postgres://u:pa%40ss@host/db").unwrap();
+        assert_eq!(url.config().get_password(), Some(&b"pa@ss"[..]));
+        assert_eq!(url.to_string(), "postgres://u:***@host:5432/db");
+    }
+
+    #[test]
+    fn every_url_given_is_masked_in_text_we_did_not_write() {
+        let given = [
+            "--registry=postgres://u:s3cr%2Fet@h/db".to_string(),
+            "postgresql://u:Kq7vX@Tp5yW@h/db".to_string(),
+            "/var/lib/fleet/registry.sqlite".to_string(),
+        ];
+        let text = "error: unexpected argument 'postgresql://u:Kq7vX@Tp5yW@h/db' found; \
+                    '--registry=postgres://u:s3cr%2Fet@h/db' /var/lib/fleet/registry.sqlite";
+        let masked = mask_in(text, &given);
+        for piece in ["s3cr", "Kq7vX", "Tp5yW"] {
+            assert!(!masked.contains(piece), "{masked}");
+        }
+        assert!(masked.contains("postgres://u:***@h:5432/db"), "{masked}");
+        assert!(
+            masked.contains("/var/lib/fleet/registry.sqlite"),
+            "{masked}"
         );
     }
 
