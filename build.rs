@@ -7,14 +7,14 @@
 //!
 //! The checks are cheap and rerun only when what they read changes: the
 //! environment variables below, `PATH`, and the MCP client folder (where
-//! `npm ci` installs the TypeScript SDK). After installing Python's `mcp`
+//! `npm ci` installs the TypeScript SDK) and the validators' folder. After installing Python's `mcp`
 //! package, `touch build.rs` to have it found.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// The cfg names the tests use, and whether each holds here.
-fn checks(ci: bool) -> [(&'static str, bool); 5] {
+fn checks(ci: bool) -> [(&'static str, bool); 6] {
     [
         (
             "fr_postgres",
@@ -30,6 +30,14 @@ fn checks(ci: bool) -> [(&'static str, bool); 5] {
             ci || Path::new("tests/mcp_client/node_modules/@modelcontextprotocol/sdk").is_dir(),
         ),
         ("fr_cvc5", ci || on_path("cvc5")),
+        (
+            "fr_chromium",
+            ci || (Path::new("tests/validators/node_modules/puppeteer-core").is_dir()
+                && std::env::var_os("CHROMIUM")
+                    .map_or(Path::new("/usr/bin/chromium").is_file(), |c| {
+                        Path::new(&c).is_file()
+                    })),
+        ),
     ]
 }
 
@@ -48,12 +56,13 @@ fn python_mcp() -> bool {
 }
 
 fn main() {
-    for var in ["CI", "FLEET_RETIRE_TEST_POSTGRES", "PATH"] {
+    for var in ["CI", "FLEET_RETIRE_TEST_POSTGRES", "PATH", "CHROMIUM"] {
         println!("cargo::rerun-if-env-changed={var}");
     }
     println!("cargo::rerun-if-changed=build.rs");
     // The folder as a whole: `npm ci` adding `node_modules` changes it.
     println!("cargo::rerun-if-changed=tests/mcp_client");
+    println!("cargo::rerun-if-changed=tests/validators");
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
     for (name, present) in checks(ci) {
         println!("cargo::rustc-check-cfg=cfg({name})");

@@ -31,6 +31,7 @@ macro_rules! on_both_engines {
             }
 
             #[test]
+            #[cfg_attr(not(fr_postgres), ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))")]
             $(#[$postgres])*
             fn on_postgres() {
                 super::$body(super::Engine::Postgres)

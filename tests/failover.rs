@@ -20,6 +20,10 @@ fn plan_at(stores: &Stores, url: &str, wait: &str) -> KillOnDrop {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_command_waits_for_a_writable_member_for_a_bounded_time() {
     let Some((stores, live, db)) = pg_fleet("election") else {
         return;

@@ -222,6 +222,10 @@ fn apply(host: &Host, url: &str, profiles: &str, plan: &Path) -> serde_json::Val
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn three_hosts_one_postgres_registry_each_host_retires_only_its_own_dead() {
     if !can_make_hosts() {
         return;

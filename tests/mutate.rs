@@ -72,6 +72,7 @@ fn mutate_in(policies: &Path, args: &[&str]) -> (Option<i32>, Value, String) {
 /// before the properties were completed two passed every proof and every
 /// fixture, three were caught by fixtures only. Each now fails a proof.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn every_hand_made_weakening_fails_a_proof() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -172,6 +173,7 @@ fn edit_nth(path: &Path, from: &str, to: &str, nth: usize) {
 /// The mutants of the built-in set closest to those weakenings are among
 /// the killed, and the score of these policies is 100 %.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn mutants_like_the_weakenings_are_killed() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -245,6 +247,7 @@ fn mutants_like_the_weakenings_are_killed() {
 /// Deleting a property makes mutants survive; each survivor comes with a
 /// case that, saved as a fixture, kills it.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_deleted_property_shows_a_survivor_and_its_case_kills_it() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -291,6 +294,7 @@ fn a_deleted_property_shows_a_survivor_and_its_case_kills_it() {
 /// A property the policies themselves break stops the run: it would kill
 /// every mutant and prove nothing.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_property_the_policies_break_stops_the_run() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -337,6 +341,7 @@ fn validate_checks_the_layout_of_property_files() {
 /// dead row sharing only its session with a live worker is no longer kept
 /// for it, and the fixture that expects it kept fails.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn the_policies_decide_which_evidence_kinds_a_row_holds() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let fixture = root.join("fixtures/plan/shared-session-with-live-worker.json");
@@ -371,6 +376,7 @@ fn the_policies_decide_which_evidence_kinds_a_row_holds() {
 /// pseudo-terminal (`script`) the bar is drawn on stderr; captured, as a
 /// script or CI job captures it, stderr holds none of it.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn mutate_shows_progress_on_a_terminal_only() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;

@@ -54,6 +54,10 @@ fn apply_losing(tag: &str, lose: Lose) -> Option<(PgDb, Stores, PathBuf, Value, 
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_commit_whose_reply_is_lost_is_unknown_then_found_committed() {
     let Some((db, stores, plan, report, live)) = apply_losing("lost_reply", Lose::Reply) else {
         return;
@@ -78,6 +82,10 @@ fn a_commit_whose_reply_is_lost_is_unknown_then_found_committed() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_lost_commit_is_unknown_then_found_not_committed_and_applies_again() {
     let Some((db, stores, plan, report, live)) = apply_losing("lost_commit", Lose::Commit) else {
         return;
@@ -97,6 +105,10 @@ fn a_lost_commit_is_unknown_then_found_not_committed_and_applies_again() {
 /// proxy swallows its reply) is given up on after the reply bound, not
 /// waited on for ever: `outcome_unknown` in seconds.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_commit_whose_reply_never_comes_is_given_up_on() {
     let Some((mut stores, live, db)) = pg_fleet("silent_reply") else {
         return;
@@ -134,6 +146,10 @@ fn a_commit_whose_reply_never_comes_is_given_up_on() {
 /// its lock would have said "not committed"). A registry without an audit
 /// table is not an answer but an error.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn apply_status_waits_for_a_commit_in_flight_and_needs_an_audit_table() {
     let Some((stores, live, db)) = pg_fleet("status_in_flight") else {
         return;
@@ -201,6 +217,10 @@ fn apply_status_waits_for_a_commit_in_flight_and_needs_an_audit_table() {
 /// registry's connection nor for the lease store's beside it; a server
 /// that accepts and never completes the connection is given up on.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_lock_wait_is_not_a_stall_and_a_mute_server_is_given_up_on() {
     let Some((stores, live, db)) = pg_fleet("lock_not_stall") else {
         return;

@@ -29,6 +29,10 @@ fn heartbeat_of(cluster: &Cluster, worker: &str) -> Option<String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_patroni),
+    ignore = "needs Debian's patroni, etcd-server and curl (.ci/run installs them)"
+)]
 fn an_acknowledged_apply_survives_a_failover_and_serve_follows_the_new_leader() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cluster) = Cluster::start() else {
@@ -127,6 +131,10 @@ fn state(url: &str, apply_id: Option<&str>) -> (Vec<String>, i64) {
 /// target retired with its audit row; failed: none; `outcome_unknown`:
 /// whichever `apply-status` finds).
 #[test]
+#[cfg_attr(
+    not(fr_patroni),
+    ignore = "needs Debian's patroni, etcd-server and curl (.ci/run installs them)"
+)]
 fn the_leader_killed_during_an_apply_leaves_all_or_nothing_and_the_truth_is_told() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cluster) = Cluster::start() else {

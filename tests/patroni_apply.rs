@@ -75,6 +75,10 @@ fn status_says_committed(url: &str, apply_id: &str) -> bool {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_patroni),
+    ignore = "needs Debian's patroni, etcd-server and curl (.ci/run installs them)"
+)]
 fn a_lost_commit_reply_and_kills_inside_an_apply_leave_all_or_nothing_as_told() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cluster) = Cluster::start() else {
@@ -230,6 +234,10 @@ fn applier(stores: &Stores, until: std::time::Instant, who: usize) -> Vec<Told> 
 /// nothing, every `outcome_unknown` is what `apply-status` says, and no
 /// live worker was retired.
 #[test]
+#[cfg_attr(
+    not(fr_patroni),
+    ignore = "needs Debian's patroni, etcd-server and curl (.ci/run installs them)"
+)]
 fn concurrent_appliers_and_workers_through_repeated_failovers_keep_the_history_true() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cluster) = Cluster::start() else {

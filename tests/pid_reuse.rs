@@ -99,6 +99,10 @@ fn a_bystanders_pid_reused_between_plan_and_apply_refuses_nothing_on_sqlite() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_bystanders_pid_reused_between_plan_and_apply_refuses_nothing_on_postgres() {
     pid_reused_between_plan_and_apply(Engine::Postgres, Whose::Bystander);
 }
@@ -109,6 +113,10 @@ fn a_targets_pid_reused_between_plan_and_apply_refuses_it_on_sqlite() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_targets_pid_reused_between_plan_and_apply_refuses_it_on_postgres() {
     pid_reused_between_plan_and_apply(Engine::Postgres, Whose::Target);
 }

@@ -474,6 +474,7 @@ fn fleet_retire(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn verify_proves_our_policies_and_catches_a_deleted_forbid() {
     if !proofs_can_run() {
         return;
@@ -635,6 +636,7 @@ fn policy_list_matches_the_reason_codes_the_program_knows() {
 /// once it is gone. One that `policy verify` proves shadowed changes no
 /// decision, so every proof still holds without it.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn deleting_any_forbid_fails_a_proof_or_is_proved_shadowed() {
     if !proofs_can_run() {
         return;

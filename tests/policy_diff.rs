@@ -61,6 +61,7 @@ fn change_of<'a>(report: &'a Value, action: &str) -> &'a Value {
 const DEFAULT_TTL: &str = "       900000000)))";
 
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_loosened_forbid_is_loosened_with_a_counterexample_that_new_retires_and_old_keeps() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -132,6 +133,7 @@ fn a_loosened_forbid_is_loosened_with_a_counterexample_that_new_retires_and_old_
 }
 
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_tightened_forbid_is_tightened_and_exits_zero() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -149,6 +151,7 @@ fn a_tightened_forbid_is_tightened_and_exits_zero() {
 }
 
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_reordering_is_equivalent() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -178,6 +181,7 @@ fn a_reordering_is_equivalent() {
 /// row that no longer counts as holding its identity evidence stops
 /// protecting the rows that share it.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn fewer_rows_holding_identity_evidence_is_a_loosening() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -212,6 +216,7 @@ fn fewer_rows_holding_identity_evidence_is_a_loosening() {
 }
 
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_git_revision_reads_its_policies_folder() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -240,6 +245,7 @@ fn a_git_revision_reads_its_policies_folder() {
 /// The registry flags: one reading of a real registry, real probes, judged
 /// under both sets.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_registry_shows_the_rows_whose_verdict_moves() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -279,6 +285,7 @@ fn a_registry_shows_the_rows_whose_verdict_moves() {
 /// the permission apply. The counterexample is an operator NEW grants and
 /// OLD refuses, and it runs as a fixture case.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_loosened_capability_names_the_operator_new_grants() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;

@@ -106,6 +106,10 @@ fn outcome(plan: &fleet_retire::plan::Plan) -> (String, String, Vec<(String, Vec
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn every_plan_fixture_reads_the_same_from_sqlite_and_postgres() {
     let Some(db) = postgres("fixtures") else {
         return;
@@ -187,6 +191,10 @@ fn every_plan_fixture_reads_the_same_from_sqlite_and_postgres() {
 /// The fleet of `common::fleet` (three dead workers, one running), copied
 /// into PostgreSQL with its lease store; the stores then point there.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn apply_on_postgres_retires_exactly_the_approved_rows_with_audit_then_replays() {
     let Some((stores, live, db)) = pg_fleet("apply") else {
         return;
@@ -252,6 +260,10 @@ fn apply_on_postgres_retires_exactly_the_approved_rows_with_audit_then_replays()
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_lease_taken_inside_the_postgres_transaction_rolls_everything_back() {
     let Some((stores, live, db)) = pg_fleet("lease_inside") else {
         return;
@@ -303,6 +315,10 @@ fn a_lease_taken_inside_the_postgres_transaction_rolls_everything_back() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_failure_at_commit_leaves_the_postgres_registry_as_it_was() {
     let Some((stores, live, db)) = pg_fleet("fail_commit") else {
         return;
@@ -327,6 +343,10 @@ fn a_failure_at_commit_leaves_the_postgres_registry_as_it_was() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_trigger_on_the_postgres_registry_is_refused_before_any_write() {
     let Some((stores, live, db)) = pg_fleet("trigger") else {
         return;
@@ -358,6 +378,10 @@ fn a_trigger_on_the_postgres_registry_is_refused_before_any_write() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn two_applies_that_cannot_both_be_serialized_end_with_one_refused_and_nothing_partial() {
     let Some((stores, live, db)) = pg_fleet("serializable") else {
         return;
@@ -436,6 +460,10 @@ fn two_applies_that_cannot_both_be_serialized_end_with_one_refused_and_nothing_p
 }
 
 #[test]
+#[cfg_attr(
+    not(all(fr_postgres, fr_python_mcp)),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg)); and python3 with the mcp package (pip install mcp==2.3.0; then touch build.rs)"
+)]
 fn serve_on_postgres_registers_itself_and_plans_and_applies_for_an_mcp_client() {
     let python_mcp = std::process::Command::new("python3")
         .args(["-c", "import mcp.client.stdio"])
@@ -485,6 +513,10 @@ fn serve_on_postgres_registers_itself_and_plans_and_applies_for_an_mcp_client() 
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn registry_copy_refuses_what_it_cannot_copy_as_it_is_and_writes_nothing() {
     let Some(db) = postgres("copy_refusals") else {
         return;
@@ -583,6 +615,10 @@ fn registry_copy_refuses_what_it_cannot_copy_as_it_is_and_writes_nothing() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_postgres_registry_of_another_shape_stops_the_plan_with_what_to_do() {
     let Some(db) = postgres("shapes") else {
         return;
@@ -649,6 +685,10 @@ fn a_postgres_registry_of_another_shape_stops_the_plan_with_what_to_do() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_rule_or_row_level_security_on_the_postgres_registry_is_refused_before_any_write() {
     let Some((stores, live, db)) = pg_fleet("rule_rls") else {
         return;
@@ -764,6 +804,10 @@ fn pg_state_after_crash(db: &PgDb, n: usize) -> (usize, usize) {
 /// (every target retired, one audit row each), and a cut-off apply ends
 /// with a report or a message, never a panic.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn apply_on_postgres_killed_or_cut_off_at_random_instants_is_wholly_before_or_after() {
     let (pid, start) = dead_process();
     let n = 300;

@@ -175,6 +175,10 @@ fn interleaving(seed: u64, world: &World, sides: &[Side; 2]) -> Option<bool> {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_fast_path_on_postgres_retires_exactly_what_the_whole_read_does() {
     let (Some(a), Some(b)) = (postgres("diff_fast"), postgres("diff_whole")) else {
         return;

@@ -308,6 +308,10 @@ fn setup() -> Option<(tempfile::TempDir, Issued, TlsCluster, String)> {
 /// against a server that refuses every plain-text connection of its user,
 /// and a running `serve`'s connections show in `pg_stat_ssl` as TLS.
 #[test]
+#[cfg_attr(
+    not(fr_patroni),
+    ignore = "needs Debian's patroni, etcd-server and curl (.ci/run installs them)"
+)]
 fn every_command_speaks_verified_tls() {
     let Some((files, _ca, cluster, _)) = setup() else {
         return;
@@ -420,6 +424,10 @@ fn refused(out: &std::process::Output, says: &str) {
 
 /// What is refused, and how a host that is not this machine is treated.
 #[test]
+#[cfg_attr(
+    not(fr_patroni),
+    ignore = "needs Debian's patroni, etcd-server and curl (.ci/run installs them)"
+)]
 fn certificates_that_do_not_prove_the_server_are_refused() {
     let Some((files, ca, cluster, also)) = setup() else {
         return;
@@ -532,6 +540,10 @@ fn certificates_that_do_not_prove_the_server_are_refused() {
 /// A server that does not speak TLS, asked for it: refused, saying what to
 /// do (the shared test cluster runs without TLS).
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_server_without_tls_is_refused_with_what_to_do() {
     let Some(db) = postgres("no_tls") else {
         return;

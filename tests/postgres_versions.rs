@@ -64,6 +64,10 @@ fn session_of(db: &PgDb, worker: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_live_workers_heartbeat_while_apply_judges_is_confirmed_alone() {
     let Some((lib, live, db, req)) = versioned("ver_beat") else {
         return;
@@ -99,6 +103,10 @@ fn a_live_workers_heartbeat_while_apply_judges_is_confirmed_alone() {
 /// more than a heartbeat; the transaction reads the whole registry and
 /// refuses.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_plain_sql_writer_between_judging_and_the_transaction_is_caught() {
     let Some((lib, live, db, req)) = versioned("ver_plain") else {
         return;
@@ -130,6 +138,10 @@ fn a_plain_sql_writer_between_judging_and_the_transaction_is_caught() {
 /// row: the transaction sees DDL since the judgement and reads the whole
 /// registry.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_writer_that_switches_the_trigger_off_to_write_unseen_is_caught() {
     let Some((lib, live, db, req)) = versioned("ver_ddl") else {
         return;
@@ -159,6 +171,10 @@ fn a_writer_that_switches_the_trigger_off_to_write_unseen_is_caught() {
 /// after it: its stamp is older than the snapshot's clock could show, but
 /// the snapshot lists it as in progress, so the transaction sees it.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_write_in_flight_across_the_judgement_is_seen() {
     let Some((lib, live, db, req)) = versioned("ver_flight") else {
         return;
@@ -182,6 +198,10 @@ fn a_write_in_flight_across_the_judgement_is_seen() {
 /// The record keeps every key: deleting, truncating or renaming one is
 /// refused, and a key written by hand carries its writer's own id.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_change_record_cannot_be_emptied_or_backdated() {
     let Some((_lib, live, db, _req)) = versioned("ver_guard") else {
         return;
@@ -225,6 +245,10 @@ fn the_change_record_cannot_be_emptied_or_backdated() {
 /// A TRUNCATE of the registry fires no row trigger, and yet the
 /// transaction reads the whole registry.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_truncate_between_judging_and_the_transaction_sends_it_to_the_whole_read() {
     let Some((lib, live, db, req)) = versioned("ver_trunc") else {
         return;
@@ -253,6 +277,10 @@ fn a_truncate_between_judging_and_the_transaction_sends_it_to_the_whole_read() {
 /// Our trigger's name on a function with other text is a trigger like any
 /// other: apply refuses the registry before any write.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_stamp_function_with_other_text_is_refused() {
     let Some((lib, live, db, req)) = versioned("ver_forged") else {
         return;
@@ -290,6 +318,10 @@ fn without_record(db: &PgDb) {
 /// its transaction. (The documented apply role owns nothing, so it reads
 /// the whole registry instead: `tests/security/fourth_review.rs`.)
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_first_apply_installs_the_change_record_and_the_next_reads_only_changes() {
     let Some((mut stores, live, db)) = pg_fleet("ver_first") else {
         return;
@@ -321,6 +353,10 @@ fn the_first_apply_installs_the_change_record_and_the_next_reads_only_changes() 
 /// functions, since the shape checks refuse every planted object that
 /// could make such a write inside apply's transaction.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_effect_check_finds_writes_apply_did_not_make_without_reading_the_registry() {
     use fleet_retire::store::postgres::image;
     let Some((_lib, live, db, _req)) = versioned("ver_effect") else {
@@ -380,6 +416,10 @@ fn the_effect_check_finds_writes_apply_did_not_make_without_reading_the_registry
 /// a registry made otherwise, as the owner, says when it was whole, and
 /// tells a role that may not create triggers whom to connect as.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn registry_versions_installs_the_record_as_the_owner() {
     let Some((_stores, live, db)) = pg_fleet("ver_cli") else {
         return;
@@ -437,6 +477,10 @@ fn registry_versions_installs_the_record_as_the_owner() {
 /// no check of this snapshot can tell) is caught before COMMIT by the
 /// catalog as committed, read on a connection of its own.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_stamp_function_replaced_by_another_session_during_apply_is_refused() {
     let Some((lib, live, db, req)) = versioned("ver_replaced") else {
         return;
@@ -486,6 +530,10 @@ fn a_stamp_function_replaced_by_another_session_during_apply_is_refused() {
 /// record's owner. The install revokes such grants; one made later refuses
 /// the registry.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_right_on_the_change_record_granted_to_another_role_is_refused() {
     let Some((lib, live, db, req)) = versioned("ver_grant") else {
         return;
@@ -523,6 +571,10 @@ fn a_right_on_the_change_record_granted_to_another_role_is_refused() {
 /// the whole registry. And a change record of another shape (a key of
 /// type `name`, which cuts long identities short) vouches for nothing.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_renamed_schema_or_a_reshaped_record_vouches_for_nothing() {
     let Some((lib, live, db, req)) = versioned("ver_schema") else {
         return;

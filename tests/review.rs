@@ -122,6 +122,7 @@ fn explain_on_the_command_line() {
 }
 
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn grants_against_reports_an_added_retire_grant() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -187,6 +188,7 @@ fn grants_against_reports_an_added_retire_grant() {
 /// from the policies: grants warns, naming what was probably meant; a
 /// revoked grant alone exits 0 under `--against`.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn grants_catches_a_mistyped_role_and_operation() {
     let dir = tempfile::tempdir().unwrap();
     let profiles = dir.path().join("profiles.json");
@@ -256,6 +258,7 @@ fn grants_catches_a_mistyped_role_and_operation() {
 /// policies in use: a capabilities.cedar that lets any role apply fails
 /// the proof, with the counterexample, whatever profiles.json says.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn grants_against_proves_only_controllers_and_reconcilers_can_apply() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -532,6 +535,7 @@ fn coverage_of_our_fixtures_matches_what_they_expect() {
 /// decide are exactly the ones proved never to, and --min-coverage fails a
 /// run that falls short.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn our_fixtures_reach_full_coverage_and_min_coverage_gates() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;

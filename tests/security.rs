@@ -474,6 +474,7 @@ fn exported_fixture_names_cannot_inject_commands() {
 
 // Finding 6: `policy verify DIR` proved only the folder's own properties.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn verifying_a_folder_proves_the_built_in_properties_too() {
     if skip_unless(cvc5_available(), "cvc5") {
         return;
@@ -920,6 +921,10 @@ fn assert_refused_as(stores: &Stores, db: &PgDb, plan: &Path, outcome: (&str, i3
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_check_constraint_that_retires_a_live_worker_in_a_subtransaction_is_refused() {
     let Some((stores, _live, db, plan)) = pg_attacked(
         "check_fn",
@@ -931,6 +936,10 @@ fn a_check_constraint_that_retires_a_live_worker_in_a_subtransaction_is_refused(
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_same_check_constraint_is_refused_when_apply_is_not_the_tables_owner() {
     let Some((mut stores, _live, db, plan)) = pg_attacked(
         "check_role",
@@ -955,6 +964,10 @@ fn the_same_check_constraint_is_refused_when_apply_is_not_the_tables_owner() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_trigger_on_an_inheritance_child_holding_a_target_is_refused() {
     let Some((stores, _live, db, plan)) = pg_attacked(
         "inherit",
@@ -973,6 +986,10 @@ fn a_trigger_on_an_inheritance_child_holding_a_target_is_refused() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_default_on_the_audit_key_that_retires_a_live_worker_is_refused() {
     let Some((stores, _live, db, plan)) = pg_attacked(
         "audit_default",
@@ -985,6 +1002,10 @@ fn a_default_on_the_audit_key_that_retires_a_live_worker_is_refused() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn an_expression_index_that_retires_a_live_worker_is_refused() {
     let Some((stores, _live, db, plan)) = pg_attacked(
         "index_expr",
@@ -996,6 +1017,10 @@ fn an_expression_index_that_retires_a_live_worker_is_refused() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_generated_column_that_retires_a_live_worker_is_refused() {
     let Some((stores, _live, db, plan)) = pg_attacked(
         "generated",
@@ -1008,6 +1033,10 @@ fn a_generated_column_that_retires_a_live_worker_is_refused() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn an_equality_operator_planted_in_the_search_path_is_never_called() {
     let Some((stores, _live, db, plan)) = pg_attacked(
         "operator",
@@ -1033,6 +1062,10 @@ fn an_equality_operator_planted_in_the_search_path_is_never_called() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_domain_check_that_writes_is_refused_before_any_write() {
     // A domain's CHECK runs when apply sets `status`; no trigger, rule,
     // constraint of the table, default or index names the function. It was
@@ -1053,6 +1086,10 @@ fn a_domain_check_that_writes_is_refused_before_any_write() {
 // ---- hostile stores: SQL from a lease column's name (issue 30.2) ----
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_lease_column_whose_name_carries_sql_cannot_run_it_through_plan() {
     let Some((stores, _live, db)) = pg_fleet("lease_column_sql") else {
         return;
@@ -1122,6 +1159,10 @@ fn assert_no_password(what: &str, text: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_password_in_a_store_url_is_shown_by_no_output_error_audit_row_or_file() {
     let Some((stores, _live, db)) = pg_fleet("password") else {
         return;
@@ -1833,6 +1874,10 @@ fn pg_table_count(db: &PgDb) -> i64 {
 // Finding 30.9: `registry copy` copied through a view hiding a row, and
 // reported every row read back value for value.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn registry_copy_refuses_a_source_read_through_a_view_or_with_triggers() {
     let db = postgres("copy_view");
     // Without a cluster the refusal must still come first, before any
@@ -1927,6 +1972,10 @@ fn registry_copy_refuses_a_source_read_through_a_view_or_with_triggers() {
 // Finding 30.9: a lease column the copy cannot hold was refused with two
 // equal tokens that "read back differently".
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn registry_copy_says_which_lease_column_did_not_read_back() {
     let Some(db) = postgres("copy_lease_column") else {
         return;
@@ -2088,6 +2137,10 @@ fn attack_serve(attack: &str) -> Option<(Stores, String)> {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_python_mcp),
+    ignore = "needs python3 with the mcp package (pip install mcp==2.3.0; then touch build.rs)"
+)]
 fn a_serve_tool_call_cannot_pick_another_canonical_repository() {
     let Some((stores, all)) = attack_serve("repository") else {
         return;
@@ -2101,6 +2154,10 @@ fn a_serve_tool_call_cannot_pick_another_canonical_repository() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_python_mcp),
+    ignore = "needs python3 with the mcp package (pip install mcp==2.3.0; then touch build.rs)"
+)]
 fn a_duplicated_key_in_serve_tool_arguments_is_refused() {
     let Some((stores, all)) = attack_serve("duplicate-key") else {
         return;

@@ -23,6 +23,10 @@ const EXE: &str = env!("CARGO_BIN_EXE_fleet-retire");
 const ROWS: usize = 100_000;
 
 #[test]
+#[cfg_attr(
+    not(fr_python_mcp),
+    ignore = "needs python3 with the mcp package (pip install mcp==2.3.0; then touch build.rs)"
+)]
 fn the_python_sdk_agent_passes_the_script_at_100k_rows() {
     let available = Command::new("python3")
         .args(["-c", "import mcp.client.stdio, jsonschema"])
@@ -38,6 +42,10 @@ fn the_python_sdk_agent_passes_the_script_at_100k_rows() {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_node_sdk),
+    ignore = "needs the TypeScript MCP SDK ((cd tests/mcp_client && npm ci))"
+)]
 fn the_typescript_sdk_agent_passes_the_script_at_100k_rows() {
     let installed = Path::new("tests/mcp_client/node_modules/@modelcontextprotocol/sdk").is_dir();
     let node = Command::new("node")
@@ -59,6 +67,10 @@ fn the_typescript_sdk_agent_passes_the_script_at_100k_rows() {
 /// by offset with one server per page, and applies two batches of that
 /// first plan with two more (`tests/mcp_client/per_call.py`).
 #[test]
+#[cfg_attr(
+    not(fr_python_mcp),
+    ignore = "needs python3 with the mcp package (pip install mcp==2.3.0; then touch build.rs)"
+)]
 fn a_python_sdk_client_with_a_server_per_call_pages_and_applies() {
     let available = Command::new("python3")
         .args(["-c", "import mcp"])
@@ -76,6 +88,10 @@ fn a_python_sdk_client_with_a_server_per_call_pages_and_applies() {
 
 /// The same, through the TypeScript SDK (`tests/mcp_client/per_call.mjs`).
 #[test]
+#[cfg_attr(
+    not(fr_node_sdk),
+    ignore = "needs the TypeScript MCP SDK ((cd tests/mcp_client && npm ci))"
+)]
 fn a_typescript_sdk_client_with_a_server_per_call_pages_and_applies() {
     let installed = Path::new("tests/mcp_client/node_modules/@modelcontextprotocol/sdk").is_dir();
     let node = Command::new("node")

@@ -609,6 +609,10 @@ fn a_client_that_starts_a_server_per_call_pages_by_offset() {
 /// a proxy of ours in front of the test server: dropped, and the server's
 /// connections ended, nothing takes a connection at its port.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_call_while_no_member_takes_writes_is_answered_and_the_next_succeeds() {
     use common::pgproxy::{Lose, PgProxy};
     let Some((stores, live, db)) = pg_fleet("serve_election") else {

@@ -70,6 +70,7 @@ fn test_results_are_junit_a_ci_system_reads() {
 /// forbid deleted: a suite per property file (and one for the never-errors
 /// proofs), the broken property a failure with its counterexample, exit 4.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn proofs_are_junit_a_ci_system_reads() {
     if skip_unless(
         cvc5_available(),
@@ -195,6 +196,7 @@ fn coverage_is_lcov_that_lcov_and_genhtml_read() {
 /// deleted: the broken property a finding at its `@id` line in its
 /// property file, with its counterexample; valid SARIF 2.1.0.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn failed_proofs_are_sarif_located_at_the_property() {
     if skip_unless(
         cvc5_available(),
@@ -245,6 +247,7 @@ fn failed_proofs_are_sarif_located_at_the_property() {
 /// comparison's own line and column, with the case that would kill it;
 /// valid SARIF 2.1.0.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn survivors_are_sarif_located_at_the_mutated_text() {
     if skip_unless(
         cvc5_available(),
@@ -306,6 +309,7 @@ fn survivors_are_sarif_located_at_the_mutated_text() {
 /// comparison's own place. Both reports are valid; one with a status the
 /// schema does not know is not.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn mutants_are_a_mutation_testing_report() {
     if skip_unless(
         cvc5_available(),

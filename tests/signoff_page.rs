@@ -71,6 +71,10 @@ fn policy<'a>(seen: &'a Value, id: &str) -> &'a Value {
 /// reports, pid-alive's mutants all killed, one matrix cell per profile and
 /// operation with the widened one marked, nothing fetched, no script.
 #[test]
+#[cfg_attr(
+    not(all(fr_cvc5, fr_chromium)),
+    ignore = "needs the cvc5 solver (apt-get install cvc5); and Debian's chromium and puppeteer-core ((cd tests/validators && npm ci))"
+)]
 fn the_built_in_set_renders_with_its_marks() {
     if !browser_ready() {
         return;
@@ -163,6 +167,10 @@ fn the_built_in_set_renders_with_its_marks() {
 /// the comparison's line of retirement.cedar; the description is shown as
 /// the text it is.
 #[test]
+#[cfg_attr(
+    not(all(fr_cvc5, fr_chromium)),
+    ignore = "needs the cvc5 solver (apt-get install cvc5); and Debian's chromium and puppeteer-core ((cd tests/validators && npm ci))"
+)]
 fn a_planted_survivor_is_shown_at_its_line() {
     if !browser_ready() {
         return;
@@ -234,6 +242,10 @@ fn a_planted_survivor_is_shown_at_its_line() {
 /// pids fail and are marked at their own lines; mutants are not judged
 /// against failing properties, and the page says so.
 #[test]
+#[cfg_attr(
+    not(all(fr_cvc5, fr_chromium)),
+    ignore = "needs the cvc5 solver (apt-get install cvc5); and Debian's chromium and puppeteer-core ((cd tests/validators && npm ci))"
+)]
 fn a_failing_proof_is_shown_at_its_property() {
     if !browser_ready() {
         return;
@@ -277,6 +289,7 @@ fn a_failing_proof_is_shown_at_its_property() {
 /// properties differ is refused, naming the file, before anything is
 /// written.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn mutants_judged_by_other_properties_are_refused() {
     if skip_unless(
         cvc5_available(),

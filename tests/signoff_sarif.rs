@@ -143,6 +143,7 @@ fn a_rejected_policy_is_sarif_at_its_place() {
 /// no longer match: the retire action loosened, located at that policy's
 /// head in NEW's file, with the counterexample; exit 2 as for a person.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_loosening_is_sarif_at_the_policy_that_changed() {
     if skip_unless(
         cvc5_available(),
@@ -188,6 +189,7 @@ fn a_loosening_is_sarif_at_the_policy_that_changed() {
 /// `grants --against`: a profile that gains apply is a finding at its name
 /// in the new profiles.json, a role misspelt a warning at its own; exit 2.
 #[test]
+#[cfg_attr(not(fr_cvc5), ignore = "needs the cvc5 solver (apt-get install cvc5)")]
 fn a_widened_grant_is_sarif_at_the_profile() {
     if skip_unless(
         cvc5_available(),

@@ -54,6 +54,10 @@ const HOSTILE_CAST: &str = "\
 // writer's rights; the lease stays, the leased worker is kept, and a record
 // whose functions others may execute vouches for nothing.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_worker_cannot_run_its_code_as_the_owner_through_the_stamp() {
     let Some((stores, live, db)) = pg_fleet("r4_stamp") else {
         return;
@@ -99,6 +103,10 @@ fn a_worker_cannot_run_its_code_as_the_owner_through_the_stamp() {
 // Finding 1, the same attack on the guard: it refuses any table but the
 // record.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_record_guard_refuses_any_table_but_the_record() {
     let Some((_stores, live, db)) = pg_fleet("r4_guard") else {
         return;
@@ -151,6 +159,10 @@ fn tables_owned_by(db: &PgDb) -> Vec<(String, String)> {
 // empty `worker_registrations` first; `registry copy` as the owner refuses
 // it, naming the table and its owner, and writes nothing.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn registry_copy_never_adopts_a_table_a_worker_made() {
     let Some(db) = postgres("r4_copy") else {
         return;
@@ -191,6 +203,10 @@ fn registry_copy_never_adopts_a_table_a_worker_made() {
 // owns would put the superuser's functions on them. It refuses, naming
 // the owner; as the owner it installs.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn registry_versions_refuses_tables_the_connected_role_does_not_own() {
     let Some((_stores, live, db)) = pg_fleet("r4_versions") else {
         return;
@@ -229,6 +245,10 @@ fn registry_versions_refuses_tables_the_connected_role_does_not_own() {
 // `apply-status`; without the record (the owner dropped it) it reads the
 // whole registry and applies too.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_documented_apply_role_applies_with_and_without_the_record() {
     for with_record in [true, false] {
         let Some((stores, live, db)) = pg_fleet(&format!("r4_apply_{with_record}")) else {
@@ -265,6 +285,10 @@ fn the_documented_apply_role_applies_with_and_without_the_record() {
 // The workers' role registers and heartbeats through the stamp, with the
 // documented grants only.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn the_documented_workers_role_registers_and_heartbeats() {
     let Some((mut stores, live, db)) = pg_fleet("r4_workers") else {
         return;
@@ -408,6 +432,10 @@ impl Drop for Standby {
 // leased worker and apply retired it. Every read of a PostgreSQL lease
 // store now refuses a server in recovery, naming it.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn leases_are_never_read_on_a_standby() {
     let Some((mut stores, live, db)) = pg_fleet("r4_standby") else {
         return;
@@ -458,6 +486,10 @@ fn leases_are_never_read_on_a_standby() {
 // and table of the owner to the workers leave them no right on the record
 // beyond a writer's, and no `EXECUTE` on its functions.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn default_privileges_give_nobody_the_record_or_its_functions() {
     let Some(db) = postgres("r4_defaults") else {
         return;

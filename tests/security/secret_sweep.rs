@@ -449,6 +449,10 @@ fn stranger_tokens() -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_secret_is_never_printed_by_any_command_output_file_or_audit_row() {
     let Ok(admin) = std::env::var("FLEET_RETIRE_TEST_POSTGRES") else {
         let _ = postgres("secret_sweep");

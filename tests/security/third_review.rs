@@ -329,6 +329,10 @@ fn assert_lease_store_refused(stores: &Stores, db: &PgDb, plan: &Path, names: &s
 // Finding 3 (a): row-level security hid the lease from the controller's
 // role alone; workers, and the table's owner, still saw it.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn row_level_security_hiding_leases_from_the_controller_is_refused() {
     let role = format!("fr_rls_{}", std::process::id());
     let Some((mut stores, _live, db, plan)) = pg_leases_attacked(
@@ -363,6 +367,10 @@ fn row_level_security_hiding_leases_from_the_controller_is_refused() {
 
 // Finding 3 (b): a view that drops some leases.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_postgres_lease_view_that_drops_a_lease_is_refused() {
     let Some((stores, _live, db, plan)) = pg_leases_attacked(
         "lease_view",
@@ -381,6 +389,10 @@ fn a_postgres_lease_view_that_drops_a_lease_is_refused() {
 // (which fires whatever `session_replication_role` says), on the lease
 // table.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn rules_and_always_enabled_triggers_on_the_postgres_lease_table_are_refused() {
     let Some((stores, _live, db, plan)) = pg_leases_attacked(
         "lease_rule",
@@ -414,6 +426,10 @@ fn is_superuser(db: &PgDb) -> bool {
 // row: a candidate of the plan outside the batch, which the re-read then
 // took for one an earlier batch had retired.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn an_event_trigger_cannot_write_inside_applys_migration() {
     let Some((stores, _live, db)) = pg_fleet("event_trigger") else {
         return;
@@ -496,6 +512,10 @@ fn registry_create_never_follows_a_symbolic_link() {
 // to fleet-retire's session alone, so apply retired a leased worker
 // (`information_schema` reports the column as `text`).
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_domain_type_bringing_its_own_equality_hides_no_lease() {
     let plant = "CREATE DOMAIN public.lease_status AS text; \
          CREATE FUNCTION public.lease_status_eq(a public.lease_status, b public.lease_status) \
@@ -933,6 +953,10 @@ fn a_primary_key_on_another_column_sends_apply_to_the_whole_read() {
 // `public`, and apply retired a leased worker. A table of ours in two
 // schemas of the path is now refused, naming both.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_lease_table_shadowed_by_the_roles_own_schema_is_refused() {
     let Some(db) = postgres("lease_decoy") else {
         return;
@@ -1023,6 +1047,10 @@ fn a_registry_reached_through_a_link_applies() {
 // Such functions (and every volatile one) are now refused up front, and
 // `pg_temp` is named last in every session's path.
 #[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
 fn a_check_running_sql_through_a_catalog_function_is_refused() {
     // Once, in apply's session only: retire the live worker, and leave a
     // temporary view showing it as it was where the registry's name is
