@@ -240,10 +240,21 @@ impl Error {
 }
 
 /// A path as an error names it: a file as it is, and a PostgreSQL URL given
-/// where a file was meant (`apply postgres://…`) as `store::location::label`
-/// shows it, without its password.
+/// where a file was meant (`apply postgres://…`) without what may hold a
+/// password: everything up to its last `@` (a raw `/`, `?` or `@` in a
+/// password hides nothing that way) and its query (`?password=`). The
+/// stores' own messages name a URL through `store::location::label`; this
+/// layer sits below the stores and masks on its own.
 fn shown(path: &std::path::Path) -> String {
-    crate::store::location::label(path)
+    let text = path.to_string_lossy();
+    let Some((scheme, rest)) = text.split_once("://").filter(|(s, _)| {
+        s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql")
+    }) else {
+        return text.into_owned();
+    };
+    let after_user = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let place = after_user.split(['?', '#']).next().unwrap_or_default();
+    format!("{scheme}://{place}")
 }
 
 /// The stores an [`Error::Sqlite`] names.
@@ -456,6 +467,24 @@ pub fn on_bus_error() {
     );
     // SAFETY: the handler makes only async-signal-safe calls.
     let _ = unsafe { sigaction(Signal::SIGBUS, &action) };
+}
+
+#[cfg(test)]
+mod shown_tests {
+    #[test]
+    fn a_url_given_as_a_path_shows_no_part_of_its_password() {
+        for (url, want) in [
+            (
+                "postgres://u:se/cr?et@db:5432/fleet?sslmode=verify-full",
+                "postgres://db:5432/fleet",
+            ),
+            ("postgresql://u:a@b@db/fleet", "postgresql://db/fleet"),
+            ("postgres://db/fleet?password=secret", "postgres://db/fleet"),
+            ("plan.json", "plan.json"),
+        ] {
+            assert_eq!(super::shown(std::path::Path::new(url)), want);
+        }
+    }
 }
 
 #[cfg(test)]

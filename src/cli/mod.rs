@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod apply_status;
+pub mod completions;
 pub mod demo;
 pub mod diff;
 pub mod explain;
@@ -103,8 +104,9 @@ pub enum Command {
     /// Print a completion script for a shell (e.g. `fleet-retire completions
     /// bash > /etc/bash_completion.d/fleet-retire`).
     Completions(CompletionsArgs),
-    /// Print the man page (`fleet-retire man > fleet-retire.1`).
-    Man,
+    /// Print the man page (`fleet-retire man > fleet-retire.1`), or write
+    /// every page, one per command, into a folder (`--dir DIR`).
+    Man(completions::ManArgs),
 }
 
 /// Arguments of `completions`.
@@ -345,20 +347,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Heartbeat(args) => worker::run_heartbeat(&cli, args),
         Command::Release(args) => worker::run_release(&cli, args),
         Command::Completions(args) => {
-            let mut command = <Cli as clap::CommandFactory>::command();
-            let mut out = Vec::new();
-            clap_complete::generate(args.shell, &mut command, "fleet-retire", &mut out);
-            crate::out!("{}", String::from_utf8_lossy(&out))?;
+            crate::out!("{}", completions::script(args.shell))?;
             Ok(ExitCode::Ok)
         }
-        Command::Man => {
-            let mut out = Vec::new();
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-                .render(&mut out)
-                .map_err(crate::error::Error::Output)?;
-            crate::out!("{}", String::from_utf8_lossy(&out))?;
-            Ok(ExitCode::Ok)
-        }
+        Command::Man(args) => completions::man(args),
     }
 }
 
