@@ -339,12 +339,14 @@ fn one_request(
 }
 
 /// The coverage as an LCOV tracefile (`genhtml`, coverage services): a
-/// record per policy file (`SF:` its name in the policy folder); per policy
+/// record per policy file (`SF:` its path as given from the working
+/// directory: `folder` joined with its name, as every LCOV producer names
+/// sources, so `genhtml` and coverage services find it); per policy
 /// a function (`FN:` its first line and `@id`, `FNDA:` the cases in which
 /// it fired); per line of each policy a `DA:` count: its first line, the
 /// cases in which it decided; its other lines, the cases in which its
 /// condition held (it fired).
-pub fn lcov(report: &Coverage) -> String {
+pub fn lcov(report: &Coverage, folder: &std::path::Path) -> String {
     use std::fmt::Write;
     let mut by_file: BTreeMap<&str, Vec<&PolicyCoverage>> = BTreeMap::new();
     for p in &report.policies {
@@ -359,7 +361,7 @@ pub fn lcov(report: &Coverage) -> String {
     let mut out = String::from("TN:fleet_retire\n");
     for (file, mut policies) in by_file {
         policies.sort_by_key(|p| p.lines);
-        let _ = writeln!(out, "SF:{}", name(file));
+        let _ = writeln!(out, "SF:{}", name(&folder.join(file).to_string_lossy()));
         for p in &policies {
             let _ = writeln!(out, "FN:{},{}", p.lines.0, name(&p.id));
         }

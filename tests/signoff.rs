@@ -125,7 +125,8 @@ fn proofs_are_junit_a_ci_system_reads() {
 }
 
 /// `test --coverage --format lcov`: a tracefile Debian's `lcov` summarises
-/// and `genhtml` renders from the policy folder; run on the capability
+/// and `genhtml` renders from the working directory it was made in, as
+/// coverage services map it (sources named from there); run on the capability
 /// fixtures alone, each eligibility policy is a function never entered, at
 /// the line of its `@id` in retirement.cedar.
 #[test]
@@ -141,13 +142,29 @@ fn coverage_is_lcov_that_lcov_and_genhtml_read() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("coverage.info");
-    let out = run(&[
-        "--format",
-        "lcov",
-        "test",
-        "--coverage",
-        fixtures.join("capabilities").to_str().unwrap(),
-    ]);
+    // From a folder of the reviewer's own, with a copy of the policies.
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(&policies)
+        .arg(work.join("pol"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let out = bin()
+        .args([
+            "--policies",
+            "pol",
+            "--format",
+            "lcov",
+            "test",
+            "--coverage",
+        ])
+        .arg(fixtures.join("capabilities"))
+        .current_dir(&work)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     std::fs::write(&trace, &out.stdout).unwrap();
     let info = String::from_utf8(out.stdout).unwrap();
@@ -159,7 +176,15 @@ fn coverage_is_lcov_that_lcov_and_genhtml_read() {
         + 1;
     assert!(info.contains(&format!("FN:{line},worker-live\n")), "{info}");
     assert!(info.contains("FNDA:0,worker-live\n"), "{info}");
-    assert!(info.contains("SF:capabilities.cedar\n"), "{info}");
+    assert!(info.contains("SF:pol/capabilities.cedar\n"), "{info}");
+    // The built-in set is named as this repository's `policies/`.
+    let built_in = bin()
+        .args(["--format", "lcov", "test", "--coverage"])
+        .arg(fixtures.join("capabilities"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&built_in.stdout).contains("SF:policies/capabilities.cedar\n"));
 
     let summary = std::process::Command::new("lcov")
         .arg("--summary")
@@ -181,7 +206,7 @@ fn coverage_is_lcov_that_lcov_and_genhtml_read() {
         .arg("-o")
         .arg(&html)
         .arg(&trace)
-        .current_dir(&policies)
+        .current_dir(&work)
         .output()
         .unwrap();
     assert!(

@@ -299,7 +299,12 @@ fn coverage(
         .min_coverage
         .is_some_and(|n| report.forbids_deciding_percent < f64::from(n));
     if cli.format == crate::cli::Format::Lcov {
-        crate::out!("{}", crate::coverage::lcov(&report))?;
+        // The built-in set's files are this repository's `policies/`.
+        let folder = cli
+            .policies
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from("policies"));
+        crate::out!("{}", crate::coverage::lcov(&report, &folder))?;
     } else if cli.format == crate::cli::Format::Json {
         doc["coverage"] = serde_json::to_value(&report).expect("coverage serialises");
         doc["min_coverage"] = serde_json::json!(args.min_coverage);
