@@ -184,6 +184,61 @@ fn grants_against_reports_an_added_retire_grant() {
     );
 }
 
+/// Without the solver `grants --against` still shows the table and what
+/// changed, marks the proofs as not run, keeps the widening's exit code
+/// and ends with a verdict.
+#[test]
+fn grants_against_without_the_solver_shows_the_changes_and_a_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.json");
+    let new = dir.path().join("new.json");
+    let profiles = |ops: &[&str]| {
+        json!({"profiles": {"controller-prgs": {"role": "controller", "allowed_operations": ops}}})
+            .to_string()
+    };
+    std::fs::write(&old, profiles(&["gitea.read"])).unwrap();
+    std::fs::write(
+        &new,
+        profiles(&["gitea.read", "gitea.worker_registry.retire"]),
+    )
+    .unwrap();
+    let grants = |format: &str| {
+        bin()
+            .args(["--format", format, "grants", "--profiles"])
+            .arg(&new)
+            .arg("--against")
+            .arg(&old)
+            .env("PATH", dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = grants("human");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("+ GRANTS apply for controller-prgs"),
+        "{said}"
+    );
+    assert!(
+        said.contains("proofs not run:") && said.contains("cvc5"),
+        "{said}"
+    );
+    let last = said.trim_end().lines().last().unwrap();
+    assert!(
+        last.starts_with("verdict: 1 grant(s) widened") && last.contains("not proved"),
+        "{said}"
+    );
+    let out = grants("json");
+    assert_eq!(out.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["proofs_not_run"].as_str().unwrap().contains("cvc5"),
+        "{v}"
+    );
+    assert!(v["verdict"].as_str().unwrap().contains("widened"), "{v}");
+    assert_eq!(v["changes"][0]["change"], "granted");
+}
+
 /// A role or operation mistyped in profiles.json is denied without a word
 /// from the policies: grants warns, naming what was probably meant; a
 /// revoked grant alone exits 0 under `--against`.

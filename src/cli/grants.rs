@@ -40,13 +40,29 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
         Some(old) => Some(changes(&grants(&policies, &Profiles::load(old)?)?, &now)),
         None => None,
     };
-    let proofs = match &args.against {
-        Some(_) => Some(prove_capabilities(cli, &policies)?),
-        None => None,
+    let (proofs, not_proved) = match &args.against {
+        Some(_) => proofs_or_why_not(cli, &policies)?,
+        None => (None, None),
     };
     let failed = proofs.iter().flatten().filter(|p| !p.holds).count();
+    // As `policy diff` exits 2 when a policy loosens: a grant that widens
+    // is something a CI job stops for.
+    let widened = diff.iter().flatten().filter(|(_, _, now)| *now).count();
     match cli.format {
-        Format::Json => print_json(&warnings, &now, diff.as_deref(), proofs.as_deref())?,
+        Format::Json => {
+            let mut doc = json_doc(&warnings, &now, diff.as_deref(), proofs.as_deref());
+            if let Some(why) = &not_proved {
+                doc["proofs_not_run"] = json!(why);
+            }
+            if args.against.is_some() {
+                doc["verdict"] = json!(verdict(failed, widened, not_proved.as_deref()));
+            }
+            crate::outln!(
+                "{}",
+                serde_json::to_string_pretty(&doc)
+                    .map_err(|e| Error::input(About::Machine, e.to_string()))?
+            )?;
+        }
         Format::Sarif => {
             let mut findings = profile_findings(
                 &args.profiles,
@@ -73,18 +89,51 @@ pub fn run(cli: &Cli, args: &GrantsArgs) -> Result<ExitCode> {
             if let Some(proofs) = &proofs {
                 print_proofs(proofs, &policies)?;
             }
+            if let Some(why) = &not_proved {
+                crate::outln!("\nproofs not run: {}", crate::text::esc(why))?;
+            }
+            if args.against.is_some() {
+                crate::outln!("\n{}", verdict(failed, widened, not_proved.as_deref()))?;
+            }
         }
     }
-    // As `policy diff` exits 2 when a policy loosens: a grant that widens
-    // is something a CI job stops for.
-    let widened = diff.iter().flatten().any(|(_, _, now)| *now);
     Ok(if failed > 0 {
         ExitCode::ProofFailed
-    } else if widened {
+    } else if widened > 0 {
         ExitCode::Refused
     } else {
         ExitCode::Ok
     })
+}
+
+/// The capability proofs, or, when no solver can run here, why not (the
+/// table and what changed are shown all the same, and the exit code is the
+/// widening's).
+fn proofs_or_why_not(
+    cli: &Cli,
+    policies: &Policies,
+) -> Result<(Option<Vec<crate::verify::Proof>>, Option<String>)> {
+    match prove_capabilities(cli, policies) {
+        Ok(proofs) => Ok((Some(proofs), None)),
+        Err(e) if matches!(e.about(), Some(About::Machine)) => Ok((None, Some(e.to_string()))),
+        Err(e) => Err(e),
+    }
+}
+
+/// The one-line verdict `grants --against` ends with, as `policy diff` does.
+fn verdict(failed: usize, widened: usize, not_proved: Option<&str>) -> String {
+    let proofs = match (failed, not_proved) {
+        (0, None) => "every capability property proved".to_string(),
+        (0, Some(_)) => "the capability properties were not proved (no solver here)".to_string(),
+        (n, _) => format!(
+            "{n} capability propert{} FAILED",
+            if n == 1 { "y" } else { "ies" }
+        ),
+    };
+    match widened {
+        0 => format!("verdict: no grant widened; {proofs}"),
+        n => format!("verdict: {n} grant(s) widened: review each before merging; {proofs}"),
+    }
 }
 
 /// The grants an edit widened and the warnings about profiles.json, as
@@ -179,12 +228,12 @@ fn prove_capabilities(cli: &Cli, policies: &Policies) -> Result<Vec<crate::verif
 }
 
 /// Everything as one JSON document (`--format json`).
-fn print_json(
+fn json_doc(
     warnings: &[String],
     now: &Grants,
     diff: Option<&[(String, String, bool)]>,
     proofs: Option<&[crate::verify::Proof]>,
-) -> Result<()> {
+) -> serde_json::Value {
     let mut doc = json!({"warnings": warnings, "grants": now});
     if let Some(p) = proofs {
         doc["proofs"] = json!(p);
@@ -195,11 +244,7 @@ fn print_json(
             .map(|(p, op, allowed)| json!({"profile": p, "operation": op, "change": if *allowed { "granted" } else { "revoked" }}))
             .collect::<Vec<_>>());
     }
-    crate::outln!(
-        "{}",
-        serde_json::to_string_pretty(&doc)
-            .map_err(|e| Error::input(About::Machine, e.to_string()))?
-    )
+    doc
 }
 
 /// The warnings about profiles.json, then one line per profile saying
