@@ -204,14 +204,50 @@ impl Error {
     }
 
     /// The JSON error envelope `--format json` prints on stdout when a
-    /// command fails: what failed, the exit code, and the message (which
-    /// says what to do).
+    /// command fails: what failed, the exit code, the message (which names
+    /// the file or store and the place), a stable `reason_code` a script
+    /// branches on, and `what_to_do` (README, "Output").
     pub fn envelope(&self) -> serde_json::Value {
+        let (reason_code, what_to_do) = self.reason();
         serde_json::json!({"error": {
             "kind": self.kind(),
             "exit_code": self.exit_code() as u8,
             "message": self.to_string(),
+            "reason_code": reason_code,
+            "what_to_do": what_to_do,
         }})
+    }
+
+    /// The reason code of a failure, in the vocabulary apply's outcomes
+    /// use where one fits, and what to do about it in general terms (the
+    /// message says it for the case at hand).
+    fn reason(&self) -> (&'static str, &'static str) {
+        let store = |store: &Store| {
+            match store {
+            Store::Registry => (
+                "registry_unavailable",
+                "check the registry the message names (the path or URL, its permissions, that its server answers), then run the command again",
+            ),
+            Store::Leases => (
+                "lease_store_unavailable",
+                "check the lease store the message names (the path or URL, its permissions, that it is the writable member), then run the command again",
+            ),
+        }
+        };
+        match self {
+            Error::Registry { .. } => store(&Store::Registry),
+            Error::Leases { .. } => store(&Store::Leases),
+            Error::Sqlite { store: s, .. } | Error::Postgres { store: s, .. } => store(s),
+            Error::OutcomeUnknown { .. } => ("outcome_unknown", "do not apply again yet: run `fleet-retire apply-status APPLY_ID` with the same registry, which says whether the apply committed"),
+            Error::Io { .. } => ("file_unreadable", "check the file the message names (its path and permissions), then run the command again"),
+            Error::Policy { .. } => ("invalid_policy", "fix the policy or schema at the place the message names (`fleet-retire policy validate` checks it), then run the command again"),
+            Error::Fixture { .. } => ("invalid_fixture", "fix the fixture file at the place the message names (docs/fixtures.md describes the format)"),
+            Error::Profiles { .. } => ("invalid_profiles", "fix profiles.json at the place the message names (`fleet-retire grants` checks it)"),
+            Error::Refused(_) => ("refused", "read the message: it says why the command refused and what would let it run"),
+            Error::Input { .. } => ("bad_input", "correct the argument, variable or file the message names, then run the command again"),
+            Error::Internal { .. } => ("internal_error", "this is a bug: report it with the message, and check the registry with `fleet-retire snapshot`"),
+            Error::Output(_) => ("output_failed", "check where the output goes (a full disk, a closed pipe), then run the command again"),
+        }
     }
 
     /// An [`Error::Input`].

@@ -51,6 +51,9 @@ fn main() -> std::process::ExitCode {
                     "exit_code": 1,
                     "message": e.kind().to_string(),
                     "detail": masked.trim_end(),
+                    "reason_code": "bad_usage",
+                    "what_to_do": "correct the command line as the detail says; \
+                                   `fleet-retire COMMAND --help` lists what each command takes",
                 }});
                 let _ = writeln!(std::io::stdout(), "{envelope}");
             }

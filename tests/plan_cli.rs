@@ -592,6 +592,10 @@ fn the_cli_keeps_the_conventions_users_expect() {
         serde_json::from_slice(&out.stdout).expect("a JSON error envelope on stdout");
     assert_eq!(envelope["error"]["kind"], "registry", "{envelope}");
     assert_eq!(envelope["error"]["exit_code"], 1);
+    assert_eq!(envelope["error"]["reason_code"], "registry_unavailable");
+    assert!(envelope["error"]["what_to_do"]
+        .as_str()
+        .is_some_and(|w| !w.is_empty()));
     let message = envelope["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("is a folder, not a SQLite file"),
@@ -606,6 +610,7 @@ fn the_cli_keeps_the_conventions_users_expect() {
     let envelope: serde_json::Value =
         serde_json::from_slice(&out.stdout).expect("a JSON usage error on stdout");
     assert_eq!(envelope["error"]["kind"], "usage", "{envelope}");
+    assert_eq!(envelope["error"]["reason_code"], "bad_usage", "{envelope}");
     assert!(envelope["error"]["detail"]
         .as_str()
         .unwrap()
