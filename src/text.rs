@@ -54,6 +54,30 @@ pub fn esc(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A count as a person reads it, its thousands grouped: `15,423`.
+pub fn count(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// A word for a command line a person may paste into a POSIX shell: as it
+/// is when it holds only characters no shell reads specially, otherwise in
+/// single quotes (a quote inside written `'\''`).
+pub fn shell_word(s: &str) -> Cow<'_, str> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(format!("'{}'", s.replace('\'', "'\\''")))
+}
+
 /// A canonical repository must name something: an empty or blank one would
 /// switch the repository check off.
 pub fn nonblank_repository(text: &str) -> std::result::Result<String, String> {
@@ -155,5 +179,15 @@ mod tests {
                 given: "O/r".into()
             }
         );
+    }
+
+    #[test]
+    fn counts_are_grouped_and_shell_words_quoted() {
+        let shown: Vec<String> = [0, 7, 999, 1000, 15_423, 1_234_567].map(count).into();
+        assert_eq!(shown, ["0", "7", "999", "1,000", "15,423", "1,234,567"]);
+        assert_eq!(shell_word("plan.json"), "plan.json");
+        assert_eq!(shell_word("my plan.json"), "'my plan.json'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert_eq!(shell_word(""), "''");
     }
 }
