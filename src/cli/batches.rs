@@ -87,6 +87,16 @@ struct Batches {
     residual: Option<crate::apply::residual::Residual>,
 }
 
+/// What `--all-batches` was asked: the command line, the saved plan at
+/// `plan` and its request, the stores.
+struct Run<'a> {
+    cli: &'a Cli,
+    args: &'a ApplyArgs,
+    req: &'a Request,
+    ctx: &'a Context<'a>,
+    plan: &'a Path,
+}
+
 /// Run every batch of the plan at `plan`, whose request is `req`.
 pub fn run(
     cli: &Cli,
@@ -95,6 +105,13 @@ pub fn run(
     ctx: &Context,
     plan: &Path,
 ) -> Result<ExitCode> {
+    let run = Run {
+        cli,
+        args,
+        req,
+        ctx,
+        plan,
+    };
     catch_signals();
     let size = args
         .first
@@ -117,7 +134,7 @@ pub fn run(
         residual: None,
     };
     let stop = run_batches(cli, req, ctx, size, &mut doc)?;
-    conclude(cli, args, req, ctx, plan, stop, started, &mut doc)?;
+    conclude(&run, stop, started, &mut doc)?;
     print(cli, args, &doc)?;
     Ok(match stop {
         Stop::Refused(outcome) => outcome.exit_code(),
@@ -218,17 +235,7 @@ fn progress(
 
 /// Fill the document's ending: what happened, what is left, the command
 /// that continues, and (when the plan is done or stuck) the fleet now.
-#[allow(clippy::too_many_arguments)]
-fn conclude(
-    cli: &Cli,
-    args: &ApplyArgs,
-    req: &Request,
-    ctx: &Context,
-    plan: &Path,
-    stop: Stop,
-    started: std::time::Instant,
-    doc: &mut Batches,
-) -> Result<()> {
+fn conclude(run: &Run, stop: Stop, started: std::time::Instant, doc: &mut Batches) -> Result<()> {
     let left = doc.left.unwrap_or(0);
     let took = format!("{:.1} s", started.elapsed().as_secs_f64());
     let so_far = format!(
@@ -236,7 +243,7 @@ fn conclude(
         doc.batches_run,
         count(doc.retired_count)
     );
-    let again = next_apply(cli, args, plan, &["--all-batches"]).to_string();
+    let again = next_apply(run.cli, run.args, run.plan, &["--all-batches"]).to_string();
     doc.detail = match stop {
         Stop::Done => format!("{so_far}; none of the plan's candidates left"),
         Stop::NothingRetirable => format!(
@@ -272,23 +279,31 @@ fn conclude(
         }
     };
     if matches!(stop, Stop::Done | Stop::NothingRetirable) && doc.retired_count > 0 {
-        let canonical = req.canonical_repository.clone().unwrap_or_default();
-        let now = crate::plan::plan_from_files(
-            ctx.registry,
-            ctx.leases,
-            ctx.proc_root,
-            canonical,
-            ctx.policies,
-        )?;
-        let (summary, residual) = crate::apply::after_apply(
-            req.canonical_repository.clone(),
-            ctx.proc_root,
-            ctx.probe,
-            &now,
-        );
-        doc.post_apply = Some(summary);
-        doc.residual = Some(residual);
+        fleet_now(run, doc)?;
     }
+    Ok(())
+}
+
+/// The fleet after the last batch, from one fresh plan of the registry
+/// (its rows, and why each stale one is kept): one read at the end rather
+/// than a snapshot after every batch.
+fn fleet_now(run: &Run, doc: &mut Batches) -> Result<()> {
+    let (req, ctx) = (run.req, run.ctx);
+    let now = crate::plan::plan_from_files(
+        ctx.registry,
+        ctx.leases,
+        ctx.proc_root,
+        req.canonical_repository.clone().unwrap_or_default(),
+        ctx.policies,
+    )?;
+    let (summary, residual) = crate::apply::after_apply(
+        req.canonical_repository.clone(),
+        ctx.proc_root,
+        ctx.probe,
+        &now,
+    );
+    doc.post_apply = Some(summary);
+    doc.residual = Some(residual);
     Ok(())
 }
 
