@@ -190,8 +190,14 @@ pub fn apply_summary(report: &crate::apply::Report, cap: Option<usize>) -> Strin
     if let Some(p) = &report.post_apply {
         out.push_str(&after_summary(p, report.residual.as_ref(), cap));
     }
-    if let Some(left) = report.left {
-        let _ = writeln!(out, "{}", left_line(left, report.next_command.as_deref()));
+    match (report.left, report.next_command.as_deref()) {
+        (Some(left), next) => {
+            let _ = writeln!(out, "{}", left_line(left, next));
+        }
+        (None, Some(next)) => {
+            let _ = writeln!(out, "next: {next}");
+        }
+        (None, None) => {}
     }
     out
 }

@@ -182,6 +182,27 @@ fn a_single_batch_says_what_is_left_and_the_next_command_works() {
     assert_eq!(status_of(&stores.registry, "w-0020"), "active");
 }
 
+/// A saved plan asked whole beyond the blast radius is refused, and the
+/// report names the command that retires it batch by batch.
+#[test]
+fn a_plan_beyond_the_blast_radius_names_the_command_for_its_batches() {
+    let stores = stale_fleet(30);
+    let (plan, _) = save_plan(&stores);
+    let out = bin()
+        .args(human_apply(&stores))
+        .arg(&plan)
+        .args(["--max-retire", "10"])
+        .output()
+        .unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    let next = after(&said, "next: ");
+    assert!(next.ends_with("--max-retire 10 --all-batches"), "{next}");
+    let finish = run_printed(next, &[]);
+    assert_eq!(finish.status.code(), Some(0), "{}", text(&finish));
+    assert!(text(&finish).contains("batch 3 of 3: 10 retired, 0 left"));
+}
+
 /// The stores and the operator given in the environment only: the printed
 /// command names none of them, and works in that environment.
 #[test]
