@@ -1,8 +1,6 @@
 //! The `fleet-retire` binary: parse arguments, dispatch, map the outcome to
 //! an exit code. Nothing else lives here.
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
     // An internal invariant failing is a bug: say so plainly, without a
     // backtrace, and exit 1. A transaction that had not committed is rolled
@@ -25,7 +23,7 @@ fn main() -> std::process::ExitCode {
         .init();
     // A command line we cannot read is bad input (exit 1, as documented),
     // not a refusal (2, which clap would use); help and --version are 0.
-    let cli = match fleet_retire::cli::Cli::try_parse() {
+    let cli = match fleet_retire::cli::parse() {
         Ok(cli) => cli,
         Err(e) => {
             // clap quotes an argument as it was typed (`unexpected argument

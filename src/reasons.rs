@@ -85,6 +85,40 @@ reasons! {
         "Apply: the re-probe before the write could not re-establish that this exact process is gone.";
 }
 
+impl Reason {
+    /// What happens next to an active row kept for this reason, as one
+    /// phrase after its count ("7,597 become eligible as …"): what an
+    /// operator reads after an apply, in the plan's own words.
+    pub fn next_step(self) -> &'static str {
+        match self {
+            Reason::Eligible => "may be retired now: a plan in progress retires those it holds in its next batch; plan again for the others, which became candidates after it",
+            Reason::ConflictingIdentity => "share their identity or its evidence with another row: `fleet-retire explain --worker W` names it",
+            Reason::AlreadyTerminal => "are history already: nothing to do",
+            Reason::IncompleteIdentity => "lack a field the rules read (registered by an older version): never retired automatically; `fleet-retire explain --worker W` names it",
+            Reason::UnparsableHeartbeat => "carry a heartbeat that is not a UTC stamp: never retired automatically; `fleet-retire explain --worker W` shows it",
+            Reason::WorkerLive => "are live by the plan's rules: nothing to do",
+            Reason::PidUnknown => "have a pid this host cannot probe: run on the host that registered them",
+            Reason::PidReused => "have their pid taken by a new process: eligible once it ends or the host reboots; plan again then",
+            Reason::PidAlive => "still have a running process: stop it or let it end, then plan again",
+            Reason::HeartbeatFresh => "become eligible as their TTLs lapse",
+            Reason::AmbiguousOwnership => "have an ownership state that is not exactly stale: `fleet-retire explain --worker W` shows it",
+            Reason::ForeignRepository => "are bound to another repository: plan with its --canonical-repository",
+            Reason::ProtectedOwner => "own an active workflow lease: eligible once it is released; plan again then",
+            Reason::InstanceConflict => "share an instance slot with a worker that may be live: eligible once it is not",
+            Reason::UntrustedProvenance => "have untrusted identities: relaunch them through `fleet-retire launch`",
+            Reason::HostUnproven => "belong to other hosts: run there",
+            Reason::PidNamespaceMismatch => "were registered in another pid namespace: run from that namespace",
+            Reason::PidNamespaceUnproven => "record no pid namespace and this run is not in the initial one: run from the host's initial pid namespace",
+            Reason::BootUnknown => "have no boot identity this host can compare: `fleet-retire explain --worker W` shows why",
+            Reason::PolicyEvaluationError => "could not be judged (a policy failed): `fleet-retire explain --worker W`, then fix the policy set",
+            Reason::NotInPlan
+            | Reason::RegistrationMissing
+            | Reason::RowChanged
+            | Reason::LivenessReprobe => "were kept by an apply: plan again",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +131,7 @@ mod tests {
         for r in ALL {
             assert_eq!(Reason::from_code(r.code()), Some(*r));
             assert!(!r.description().is_empty());
+            assert!(!r.next_step().is_empty());
         }
     }
 }

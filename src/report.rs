@@ -188,29 +188,81 @@ pub fn apply_summary(report: &crate::apply::Report, cap: Option<usize>) -> Strin
         );
     });
     if let Some(p) = &report.post_apply {
-        let _ = writeln!(
-            out,
-            "after: {} live, {} stale, {} historical; live fleet {} ({} residual blocker(s))",
-            p["live_worker_count"],
-            p["stale_worker_count"],
-            p["historical_worker_count"],
-            if p["live_fleet_safe"] == true {
-                "SAFE"
-            } else {
-                "NOT SAFE"
-            },
-            p["residual_blocker_count"]
-        );
-        let blockers = p["residual_blockers"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        if !blockers.is_empty() {
-            let _ = writeln!(out, "  by class: {}", blocker_classes(&blockers));
+        out.push_str(&after_summary(p, report.residual.as_ref(), cap));
+    }
+    match (report.left, report.next_command.as_deref()) {
+        (Some(left), next) => {
+            let _ = writeln!(out, "{}", left_line(left, next));
         }
-        listed(&mut out, &blockers, cap, "blockers", blocker_line);
+        (None, Some(next)) => {
+            let _ = writeln!(out, "next: {next}");
+        }
+        (None, None) => {}
     }
     out
+}
+
+/// The fleet after an apply (its `post_apply`): its counts, then what
+/// still blocks it in the plan's words (a line per reason, with what
+/// happens next), each blocker listed only with `--all`.
+pub fn after_summary(
+    p: &serde_json::Value,
+    residual: Option<&crate::apply::residual::Residual>,
+    cap: Option<usize>,
+) -> String {
+    let mut out = String::new();
+    let out = &mut out;
+    let count = |key: &str| crate::text::count(p[key].as_u64().unwrap_or(0) as usize);
+    let _ = writeln!(
+        out,
+        "after: {} live, {} stale, {} historical; live fleet {} ({} residual blocker(s))",
+        count("live_worker_count"),
+        count("stale_worker_count"),
+        count("historical_worker_count"),
+        if p["live_fleet_safe"] == true {
+            "SAFE"
+        } else {
+            "NOT SAFE"
+        },
+        count("residual_blocker_count")
+    );
+    let blockers = p["residual_blockers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    match residual {
+        Some(r) => {
+            for line in r.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+            if cap.is_none() {
+                listed(out, &blockers, None, "blockers", blocker_line);
+            }
+        }
+        None => {
+            if !blockers.is_empty() {
+                let _ = writeln!(out, "  by class: {}", blocker_classes(&blockers));
+            }
+            listed(out, &blockers, cap, "blockers", blocker_line);
+        }
+    }
+    std::mem::take(out)
+}
+
+/// What is left of a saved plan after an apply, and the command for the
+/// next batch.
+pub fn left_line(left: usize, next: Option<&str>) -> String {
+    match (left, next) {
+        (0, _) => "none of the plan's candidates left to retire".into(),
+        (n, Some(next)) => format!(
+            "{} of the plan's candidates left; next: {next}",
+            crate::text::count(n)
+        ),
+        (n, None) => format!(
+            "{} of the plan's candidates left, none of them retirable now (see `kept`): plan again",
+            crate::text::count(n)
+        ),
+    }
 }
 
 /// A snapshot: one line per instance, then the blockers.

@@ -54,6 +54,19 @@ pub fn esc(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A count as a person reads it, its thousands grouped: `15,423`.
+pub fn count(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
 /// `s` as one word for a POSIX shell, so a printed command can be pasted
 /// and run: as it is when made only of characters no shell treats
 /// specially, otherwise in single quotes (a `'` inside written `'"'"'`,
@@ -186,5 +199,15 @@ mod tests {
                 .unwrap();
             assert_eq!(String::from_utf8_lossy(&out.stdout), tricky);
         }
+    }
+
+    #[test]
+    fn counts_are_grouped_and_shell_words_quoted() {
+        let shown: Vec<String> = [0, 7, 999, 1000, 15_423, 1_234_567].map(count).into();
+        assert_eq!(shown, ["0", "7", "999", "1,000", "15,423", "1,234,567"]);
+        assert_eq!(shell_word("plan.json"), "plan.json");
+        assert_eq!(shell_word("my plan.json"), "'my plan.json'");
+        assert_eq!(shell_word("it's"), r#"'it'"'"'s'"#);
+        assert_eq!(shell_word(""), "''");
     }
 }

@@ -626,14 +626,17 @@ fn a_heartbeat_that_expires_between_plan_and_apply_adds_a_candidate_not_retired(
     soon["last_heartbeat_at"] = json!(fleet_retire::time::format_ts(ago));
     access.insert_row(&soon);
     let (plan_path, plan) = save_plan(&stores);
-    let kept = plan["preserved"]
+    // A saved plan lists no preserved rows (issue 52): their reason codes
+    // are in `planned_rows`, as `verdicts` and each row's place in it.
+    let kept = plan["planned_rows"]["rows"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r["worker_identity"] == "w-soon")
         .expect("w-soon is kept at plan time");
+    let at = kept["verdict"].as_u64().unwrap() as usize;
     assert_eq!(
-        kept["reason_codes"],
+        plan["planned_rows"]["verdicts"][at],
         json!(["heartbeat_not_expired"]),
         "{kept}"
     );

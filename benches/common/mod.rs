@@ -128,5 +128,6 @@ pub fn request_for(
         max_retire,
         planned: None,
         first: None,
+        skip_fleet_summary: false,
     }
 }

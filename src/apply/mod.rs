@@ -23,6 +23,7 @@ use standing::Standing;
 mod moved;
 mod prejudge;
 mod report;
+pub mod residual;
 mod standing;
 mod verdicts;
 mod workers;
@@ -63,6 +64,10 @@ pub struct Request {
     /// tolerated (docs/apply.md). Without them the registry token must match
     /// exactly.
     pub planned: Option<std::sync::Arc<crate::plan::planned::PlannedRows>>,
+    /// Leave out the fleet after the apply (`post_apply`, `residual`): a
+    /// snapshot of the whole registry, which `apply --all-batches` takes
+    /// once at the end rather than after every batch.
+    pub skip_fleet_summary: bool,
 }
 
 /// The three tokens of a plan, as an apply presents them.
@@ -181,22 +186,29 @@ impl From<Error> for Abort {
 }
 
 /// The fleet as a snapshot sees it after the transaction: counts and
-/// blockers only. `rows` are the registry as committed: the transaction's
-/// own read (it held the write lock from before that read to COMMIT, and
-/// nothing but its own guarded writes changed them) with those writes
-/// applied, so the summary needs no second read of the whole registry.
-fn post_apply(req: &Request, ctx: &Context, rows: &[Row]) -> serde_json::Value {
+/// blockers (`post_apply`), and what still stands in the way in the plan's
+/// words (`residual`). `committed` is the registry as committed: the
+/// transaction's own read (it held the write lock from before that read to
+/// COMMIT, and nothing but its own guarded writes changed it) with those
+/// writes applied, and its verdicts; so the summary needs no second read of
+/// the whole registry.
+pub fn after_apply(
+    canonical_repository: Option<String>,
+    proc_root: &Path,
+    probe: &dyn ProcessProbe,
+    committed: &crate::plan::Plan,
+) -> (serde_json::Value, residual::Residual) {
     let snap = crate::snapshot::Snapshot::take(
-        rows,
+        &committed.rows,
         &crate::snapshot::Options {
             now: crate::time::now(),
-            canonical_repository: req.canonical_repository.clone(),
-            host_id: crate::evidence::probe::HostFacts::observe(ctx.proc_root).host_id,
+            canonical_repository,
+            host_id: crate::evidence::probe::HostFacts::observe(proc_root).host_id,
             ..Default::default()
         },
-        ctx.probe,
+        probe,
     );
-    fleet_summary(&snap)
+    (fleet_summary(&snap), residual::of(committed, &snap))
 }
 
 /// A snapshot's counts and blockers, as the report's `post_apply` gives them.
@@ -229,14 +241,25 @@ pub fn apply(req: &Request, ctx: &Context, hooks: Hooks) -> Result<Report> {
     let (mut report, committed) = apply_inner(req, ctx, hooks)?;
     // Only a committed retirement changes the fleet: a refusal or a
     // rollback does not pay for a fleet summary.
-    if let Some(rows) = committed.filter(|_| report.mutation_performed) {
-        report.post_apply = Some(post_apply(req, ctx, &rows));
+    if let Some(plan) = committed.filter(|_| report.mutation_performed && !req.skip_fleet_summary) {
+        let (summary, residual) = after_apply(
+            req.canonical_repository.clone(),
+            ctx.proc_root,
+            ctx.probe,
+            &plan,
+        );
+        report.post_apply = Some(summary);
+        report.residual = Some(residual);
     }
     Ok(report)
 }
 
-/// The report, and after a COMMIT the registry's rows as committed.
-fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Option<Vec<Row>>)> {
+/// The report, and after a COMMIT the plan of the registry as committed.
+fn apply_inner(
+    req: &Request,
+    ctx: &Context,
+    hooks: Hooks,
+) -> Result<(Report, Option<crate::plan::Plan>)> {
     // 1. The policy set must be the built-in one or pinned, and the
     //    capability must allow apply: decided from profiles.json read once
     //    here, before any lock.
@@ -306,11 +329,11 @@ fn apply_inner(req: &Request, ctx: &Context, hooks: Hooks) -> Result<(Report, Op
         &mut standing,
         &mut report,
     )
-    .and_then(|rows| {
+    .and_then(|plan| {
         if fail_commit {
             Err(Abort::Fail("injected failure at commit".into()))
         } else {
-            committed = Some(rows);
+            committed = Some(plan);
             Ok(())
         }
     });
@@ -534,15 +557,15 @@ struct Txn<'a, 'c> {
 
 /// Everything apply does under the lock, in the order of docs/semantics.md
 /// §10: check the file, fence and read, re-plan, pick the targets, write
-/// each behind its own checks, and verify before COMMIT. Returns the rows
-/// as they stand once this transaction commits.
+/// each behind its own checks, and verify before COMMIT. Returns the
+/// re-plan with its rows as they stand once this transaction commits.
 fn inside(
     t: &mut Txn,
     prejudged: std::result::Result<Prejudged, NotJudged>,
     mut hooks: Hooks,
     standing: &mut Standing,
     report: &mut Report,
-) -> std::result::Result<Vec<Row>, Abort> {
+) -> std::result::Result<crate::plan::Plan, Abort> {
     let started = std::time::Instant::now();
     let step =
         |what: &str| tracing::debug!(elapsed = ?started.elapsed(), "apply under the lock: {what}");
@@ -600,9 +623,9 @@ fn inside(
     step("verified");
     let written = std::mem::take(&mut w.written);
     drop(w);
-    let mut rows = fresh.rows;
+    let mut fresh = fresh;
     for index in written {
-        let row = &mut rows[index];
+        let row = &mut fresh.rows[index];
         // What the guarded UPDATE set (`store::registry::retire_guarded`).
         row.set(Col::Status, Value::Text("retired".into()));
         row.set(
@@ -615,7 +638,7 @@ fn inside(
             Value::Text(Reason::Eligible.code().into()),
         );
     }
-    Ok(rows)
+    Ok(fresh)
 }
 
 const CANCELLED_BEFORE_LOCK: &str =

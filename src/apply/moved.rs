@@ -103,12 +103,15 @@ fn targets(
             became.insert(at);
         }
     }
-    let mut by_identity: std::collections::HashMap<String, Vec<usize>> = Default::default();
+    // Only the requested identities are looked up: a large plan's later
+    // batches run this over every row of the registry.
+    let wanted: HashSet<&str> = workers.iter().map(String::as_str).collect();
+    let mut by_identity: std::collections::HashMap<&str, Vec<usize>> = Default::default();
     for e in &fresh.entries {
-        by_identity
-            .entry(fresh.identity(e))
-            .or_default()
-            .push(e.index);
+        let named = fresh.rows[e.index].get(Col::WorkerIdentity).canon_cow();
+        if let Some(&w) = wanted.get(named.as_ref()) {
+            by_identity.entry(w).or_default().push(e.index);
+        }
     }
     let mut out = HashSet::new();
     let mut counted = 0;
@@ -122,7 +125,11 @@ fn targets(
         // As `select_targets` writes: an identity on one row only, a
         // candidate now that did not become one since, or (had it not
         // moved) one that was a candidate at the plan.
-        let [at] = by_identity.get(w).map(Vec::as_slice).unwrap_or_default() else {
+        let [at] = by_identity
+            .get(w.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        else {
             continue;
         };
         let at = *at;
@@ -155,7 +162,8 @@ fn peers_moved(
         .collect();
     let mut retired_in: std::collections::HashMap<(Cow<str>, Cow<str>), usize> = Default::default();
     for e in &fresh.entries {
-        if retired.contains(fresh.identity(e).as_str()) {
+        let named = fresh.rows[e.index].get(Col::WorkerIdentity).canon_cow();
+        if retired.contains(named.as_ref()) {
             if let Some(key) = slot_named(&fresh.rows[e.index]) {
                 *retired_in.entry(key).or_default() += 1;
             }
@@ -258,7 +266,7 @@ pub fn plan_token_holds(
         .iter()
         .filter_map(|e| {
             let row = &fresh.rows[e.index];
-            if retired.contains(fresh.identity(e).as_str()) {
+            if retired.contains(row.get(Col::WorkerIdentity).canon_cow().as_ref()) {
                 let mut before = row.clone();
                 before.set(Col::Status, Value::Text("active".into()));
                 return Some(before);

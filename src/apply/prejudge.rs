@@ -17,7 +17,7 @@ use super::{
     refuse_if_all_retired, replan, select_targets, Abort, Context, Outcome, Report, Request, Txn,
 };
 use crate::evidence::leases;
-use crate::plan::planned::{digest_key, live_now, row_digests};
+use crate::plan::planned::{live_now, row_digests};
 use crate::plan::Plan;
 use crate::row::{Col, Row};
 use crate::store::seam::{FenceSource, RowVersions};
@@ -271,7 +271,7 @@ impl Prejudged {
             .live_when_planned
             .as_ref()
             .ok_or("the tokens were given without the plan's rows, so they are compared exactly")?;
-        if digest_key(&new_stable).and_then(|k| planned.get(&k)) != Some(&true) {
+        if planned.get(&new_stable) != Some(&true) {
             return Err(format!(
                 "{identity:?} heartbeated but was not live when planned"
             ));

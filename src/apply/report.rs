@@ -203,6 +203,19 @@ pub struct Report {
     /// The fleet after the transaction: retiring stale rows does not by
     /// itself make an untrusted fleet safe.
     pub post_apply: Option<serde_json::Value>,
+    /// After a COMMIT, what still stands in the way, in the plan's words:
+    /// the stale rows by the reason the re-plan keeps them, with what
+    /// happens next, and the other blockers by class.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub residual: Option<super::residual::Residual>,
+    /// For an apply of a saved plan (set by the command line): how many of
+    /// the plan's candidates are not retired yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left: Option<usize>,
+    /// For an apply of a saved plan (set by the command line): the command
+    /// that retires the next batch, when any is left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_command: Option<String>,
 }
 
 impl Report {
@@ -253,6 +266,9 @@ impl Report {
             read_under_lock: None,
             detail: detail.into(),
             post_apply: None,
+            residual: None,
+            left: None,
+            next_command: None,
         }
     }
 }

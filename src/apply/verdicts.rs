@@ -5,18 +5,22 @@
 
 use super::*;
 
-/// Rows by canonical identity, built once (requests can name thousands);
-/// refused when every requested worker is retired already.
+/// The requested workers' rows by canonical identity, built once
+/// (requests can name thousands); refused when every requested worker is
+/// retired already.
 pub(super) fn refuse_if_all_retired(
     req: &Request,
     rows: &[crate::row::Row],
 ) -> std::result::Result<HashMap<String, Vec<usize>>, Abort> {
-    let mut by_identity: HashMap<String, Vec<usize>> = HashMap::with_capacity(rows.len());
+    // Only the requested identities: a batch of a large plan asks for a
+    // tenth of the registry, and this runs for every batch.
+    let wanted: std::collections::HashSet<&str> = req.workers.iter().map(String::as_str).collect();
+    let mut by_identity: HashMap<String, Vec<usize>> = HashMap::with_capacity(wanted.len());
     for (i, r) in rows.iter().enumerate() {
-        by_identity
-            .entry(r.get(Col::WorkerIdentity).canon())
-            .or_default()
-            .push(i);
+        let named = r.get(Col::WorkerIdentity).canon_cow();
+        if wanted.contains(named.as_ref()) {
+            by_identity.entry(named.into_owned()).or_default().push(i);
+        }
     }
     let all_retired = req.workers.iter().all(|w| {
         by_identity.get(w).is_some_and(|mine| {

@@ -1,6 +1,7 @@
 //! `fleet-retire apply`: retire what a plan approved.
 
-use crate::apply::{apply, Context, Hooks, Request, Tokens, Workers};
+use crate::apply::{apply, Context, Hooks, Outcome, Request, Tokens, Workers};
+use crate::cli::next::NextCommand;
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
 use crate::error::{About, Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
@@ -32,11 +33,20 @@ pub struct ApplyArgs {
     /// (refused if any is not one), for retiring a large plan in batches.
     #[arg(long)]
     pub workers: Option<String>,
-    /// With a saved plan: retire only its first N candidates, in the plan's
-    /// order (a batch under --max-retire; plan again for the next one).
+    /// With a saved plan: retire only the first N of its candidates not
+    /// retired yet, in the plan's order: one batch under --max-retire. Run
+    /// the same command again for the next batch (one saved plan serves
+    /// every batch), or use --all-batches.
     #[arg(long, value_name = "N", requires = "plan", conflicts_with = "workers",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub first: Option<u64>,
+    /// With a saved plan: retire all its candidates, batch after batch
+    /// (each of --first N, else --max-retire, in a transaction of its
+    /// own), one line per batch; stops at the first refusal. Ctrl-C stops
+    /// it between batches (a batch under way is committed whole or rolled
+    /// back whole) and prints the command that continues.
+    #[arg(long, requires = "plan", conflicts_with = "workers")]
+    pub all_batches: bool,
     /// Retire nothing if more than this many workers would be retired.
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_retire: usize,
@@ -111,17 +121,24 @@ fn workers_arg(given: &str) -> Result<Vec<String>> {
 }
 
 /// The request the command line asks for: a saved plan, or the tokens and
-/// workers given as options.
-fn request_of(args: &ApplyArgs) -> Result<Request> {
+/// workers given as options; with a saved plan, how many candidates it has.
+fn request_of(args: &ApplyArgs) -> Result<(Request, Option<usize>)> {
     match (&args.plan, &args.registry_fingerprint) {
-        (Some(path), _) => batch_of(request_from_plan(path)?, args, path),
-        (None, Some(fp)) => Ok(Request::new(
-            Tokens {
-                registry_fingerprint: fp.clone(),
-                candidate_fingerprint: args.candidate_fingerprint.clone().unwrap_or_default(),
-                policy_fingerprint: args.policy_fingerprint.clone().unwrap_or_default(),
-            },
-            workers_arg(args.workers.as_deref().unwrap_or(""))?,
+        (Some(path), _) => {
+            let whole = request_from_plan(path)?;
+            let candidates = whole.workers.len();
+            Ok((batch_of(whole, args, path)?, Some(candidates)))
+        }
+        (None, Some(fp)) => Ok((
+            Request::new(
+                Tokens {
+                    registry_fingerprint: fp.clone(),
+                    candidate_fingerprint: args.candidate_fingerprint.clone().unwrap_or_default(),
+                    policy_fingerprint: args.policy_fingerprint.clone().unwrap_or_default(),
+                },
+                workers_arg(args.workers.as_deref().unwrap_or(""))?,
+            ),
+            None,
         )),
         (None, None) => Err(Error::input(
             About::Option("apply"),
@@ -187,7 +204,7 @@ fn repository_of(req: &Request, given: Option<&str>) -> Result<String> {
 pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     let (profiles, profile) = args.operator.given(crate::capability::Operation::Apply)?;
-    let mut req = request_of(args)?;
+    let (mut req, candidates) = request_of(args)?;
     req.max_retire = args.max_retire;
     req.canonical_repository = Some(repository_of(
         &req,
@@ -204,43 +221,136 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> Result<ExitCode> {
         probe: &probe,
         busy_timeout: Duration::from_millis(args.busy_timeout_ms),
     };
+    if let (true, Some(plan)) = (args.all_batches, &args.plan) {
+        return crate::cli::batches::run(cli, args, &req, &ctx, plan);
+    }
     let spinner = crate::cli::progress::Spinner::start(
         "applying: judging the registry outside its lock, then retiring under it",
     );
     let report = apply(&req, &ctx, Hooks::default());
     drop(spinner);
-    let report = report?;
+    let mut report = report?;
+    if let (Some(plan), Some(candidates)) = (&args.plan, candidates) {
+        what_is_left(&mut report, candidates, cli, args, plan);
+    }
+    print_report(cli, args, &report);
+    Ok(report.outcome.exit_code())
+}
+
+/// Of a saved plan's `candidates`, how many this apply leaves to retire,
+/// when its outcome says (`None` after a refusal).
+pub fn left_after(report: &crate::apply::Report, candidates: usize) -> Option<usize> {
+    match report.outcome {
+        Outcome::Applied => {
+            Some(candidates.saturating_sub(report.retired_since_plan.len() + report.retired_count))
+        }
+        Outcome::AlreadyRetired
+            if report.requested.len() == candidates || report.first.is_some() =>
+        {
+            Some(0)
+        }
+        _ => None,
+    }
+}
+
+/// Say what is left of the plan after this apply, and the command for the
+/// next batch: the same batch size, or every batch when this apply was
+/// refused for asking too many at once.
+fn what_is_left(
+    report: &mut crate::apply::Report,
+    candidates: usize,
+    cli: &Cli,
+    args: &ApplyArgs,
+    plan: &Path,
+) {
+    report.left = left_after(report, candidates);
+    let next = match (report.outcome, report.left) {
+        (Outcome::Applied, Some(left)) if left > 0 && report.retired_count > 0 => {
+            match args.first {
+                Some(n) => Some(next_apply(cli, args, plan, &["--first", &n.to_string()])),
+                None => Some(next_apply(cli, args, plan, &["--all-batches"])),
+            }
+        }
+        (Outcome::BlastRadiusExceeded, _) => Some(next_apply(cli, args, plan, &["--all-batches"])),
+        _ => None,
+    };
+    report.next_command = next.map(|c| c.to_string());
+}
+
+/// `fleet-retire apply PLAN` with the flags of this invocation that the
+/// environment does not give already, then `tail`.
+pub fn next_apply(cli: &Cli, args: &ApplyArgs, plan: &Path, tail: &[&str]) -> NextCommand {
+    let mut c = NextCommand::new(&["apply"]);
+    c.path(plan)
+        .store("--registry", "FLEET_RETIRE_REGISTRY", &args.store.registry)
+        .store("--leases", "FLEET_RETIRE_LEASES", &args.store.leases);
+    let profiles = args
+        .operator
+        .profiles_path
+        .as_ref()
+        .map(|p| p.to_string_lossy());
+    c.flag_opt("--profiles", Some("GITEA_MCP_CONFIG"), profiles.as_deref())
+        .flag_opt(
+            "--profile",
+            Some("GITEA_MCP_PROFILE"),
+            args.operator.profile.as_deref(),
+        )
+        .flag_opt(
+            "--canonical-repository",
+            Some("FLEET_RETIRE_CANONICAL_REPOSITORY"),
+            args.store.canonical_repository.as_deref(),
+        );
+    let policies = cli.policies.as_ref().map(|p| p.to_string_lossy());
+    c.flag_opt(
+        "--policies",
+        Some("FLEET_RETIRE_POLICIES"),
+        policies.as_deref(),
+    );
+    if args.max_retire != 100 {
+        c.word("--max-retire").word(&args.max_retire.to_string());
+    }
+    if args.busy_timeout_ms != 10_000 {
+        c.word("--busy-timeout-ms")
+            .word(&args.busy_timeout_ms.to_string());
+    }
+    for w in tail {
+        c.word(w);
+    }
+    c
+}
+
+/// Print an apply's report in the format asked. The exit code follows what
+/// happened to the registry: a report that cannot be written (a closed
+/// pipe, a full disk) is a warning, not a claim that the apply was rolled
+/// back.
+fn print_report(cli: &Cli, args: &ApplyArgs, report: &crate::apply::Report) {
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
     let written = match cli.format {
-        Format::Json => serde_json::to_writer_pretty(&mut w, &report)
+        Format::Json => serde_json::to_writer_pretty(&mut w, report)
             .map_err(std::io::Error::other)
             .and_then(|_| writeln!(w)),
         Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
             write!(
                 w,
                 "{}",
-                crate::report::apply_summary(&report, args.list.cap())
+                crate::report::apply_summary(report, args.list.cap())
             )
         }
     };
-    // The exit code follows what happened to the registry: a report that
-    // cannot be written (a closed pipe, a full disk) is a warning, not a
-    // claim that the apply was rolled back.
     if let Err(e) = written.and_then(|()| w.flush()) {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             eprintln!(
                 "fleet-retire: warning: the apply report could not be written ({e}); {}",
-                unwritten(&report)
+                unwritten(report)
             );
         }
     }
-    Ok(report.outcome.exit_code())
 }
 
 /// What an apply whose report could not be written did, in one line: only
 /// a committed retirement has audit rows to check.
-fn unwritten(report: &crate::apply::Report) -> String {
+pub fn unwritten(report: &crate::apply::Report) -> String {
     if report.mutation_performed {
         format!(
             "{} worker(s) were retired (outcome {}); the registry's retirement_audit table \

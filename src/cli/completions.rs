@@ -7,9 +7,8 @@
 //! ever completed. The script is generated for a name without a hyphen,
 //! then bound to `fleet-retire`.
 
-use super::Cli;
 use crate::error::{Error, ExitCode, Result};
-use clap::{Args, CommandFactory};
+use clap::Args;
 use std::path::{Path, PathBuf};
 
 /// The program's name.
@@ -28,7 +27,7 @@ pub struct ManArgs {
 
 /// The completion script for `shell`.
 pub fn script(shell: clap_complete::Shell) -> String {
-    let mut command = Cli::command();
+    let mut command = super::command();
     let mut out = Vec::new();
     if shell != clap_complete::Shell::Bash {
         clap_complete::generate(shell, &mut command, NAME, &mut out);
@@ -92,7 +91,7 @@ fn page(command: clap::Command) -> Result<Vec<u8>> {
 
 /// `man`: the main page on standard output, or every page into `--dir`.
 pub fn man(args: &ManArgs) -> Result<ExitCode> {
-    let mut command = Cli::command().disable_help_subcommand(true);
+    let mut command = super::command().disable_help_subcommand(true);
     command.build();
     let Some(dir) = &args.dir else {
         crate::out!("{}", String::from_utf8_lossy(&page(command)?))?;

@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod apply_status;
+pub mod batches;
 pub mod completions;
 pub mod demo;
 pub mod diff;
@@ -10,11 +11,13 @@ pub mod fixture;
 pub mod grants;
 pub mod launch;
 pub mod mutate;
+pub mod next;
 pub mod plan;
 pub mod policy;
 pub mod progress;
 pub mod registry;
 pub mod report_page;
+pub mod sample;
 pub mod serve;
 pub mod snapshot;
 pub mod test;
@@ -107,6 +110,73 @@ pub enum Command {
     /// Print the man page (`fleet-retire man > fleet-retire.1`), or write
     /// every page, one per command, into a folder (`--dir DIR`).
     Man(completions::ManArgs),
+}
+
+/// The command line: the derived one, with each subcommand's `--format`
+/// listing only the formats that subcommand writes (a global flag would
+/// show every subcommand the root's whole list). A format given before the
+/// subcommand (`fleet-retire --format junit plan`) is still read by the
+/// root and refused by [`check_format`] with the commands that write it.
+pub fn command() -> clap::Command {
+    own_formats(<Cli as clap::CommandFactory>::command(), "")
+}
+
+/// Parse the process's arguments with [`command`].
+pub fn parse() -> std::result::Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    let mut command = command();
+    let matches = command.try_get_matches_from_mut(std::env::args_os())?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
+}
+
+/// `cmd`'s subcommands (named by `path`, their names from the root), each
+/// given its own `--format`, recursively.
+fn own_formats(mut cmd: clap::Command, path: &str) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    for name in names {
+        let path = format!("{path} {name}").trim_start().to_string();
+        cmd = cmd.mut_subcommand(&name, |sc| own_formats(sc, &path).arg(format_arg(&path)));
+    }
+    cmd
+}
+
+/// The formats the subcommand at `path` writes, and whether its `--format`
+/// is hidden (it writes for no reader that chooses: a transcript, a
+/// protocol, a script).
+fn formats_of(path: &str) -> (&'static [Format], bool) {
+    use Format::{Human, Json, Junit, Lcov, MutationReport, Sarif};
+    match path {
+        "test" => (&[Human, Json, Junit, Lcov], false),
+        "policy" => (&[Human, Json, Junit, Sarif, MutationReport], false),
+        "policy validate" | "policy diff" | "grants" => (&[Human, Json, Sarif], false),
+        "policy verify" => (&[Human, Json, Junit, Sarif], false),
+        "policy mutate" => (&[Human, Json, Sarif, MutationReport], false),
+        "demo" | "serve" | "completions" | "man" => (&[Human, Json], true),
+        _ => (&[Human, Json], false),
+    }
+}
+
+/// A subcommand's own `--format`: the same argument as the root's (its
+/// value reaches `Cli::format`), with only its formats.
+fn format_arg(path: &str) -> clap::Arg {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    let (formats, hidden) = formats_of(path);
+    let values: Vec<clap::builder::PossibleValue> = formats
+        .iter()
+        .filter_map(ValueEnum::to_possible_value)
+        .collect();
+    clap::Arg::new("format")
+        .long("format")
+        .value_name("FORMAT")
+        .help("Output format")
+        .default_value("human")
+        .hide(hidden)
+        .value_parser(PossibleValuesParser::new(values).map(|name| {
+            <Format as ValueEnum>::from_str(&name, false).expect("a format of the list")
+        }))
 }
 
 /// Arguments of `completions`.

@@ -1,5 +1,6 @@
 //! `fleet-retire plan`: the dry run.
 
+use crate::cli::next::NextCommand;
 use crate::cli::{Cli, Format, OperatorArgs, StoreArgs};
 use crate::error::{About, Error, ExitCode, Result};
 use crate::plan::Plan;
@@ -51,12 +52,15 @@ pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
 /// Run `plan`.
 pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
-    args.operator
+    let profiles = args
+        .operator
         .require(&policies, crate::capability::Operation::Plan)?;
     let spinner = crate::cli::progress::Spinner::start(
         "planning: reading the registry and leases, judging every row",
     );
+    let planning = std::time::Instant::now();
     let plan = plan_from_world(&args.store, &policies)?;
+    let planned_in = planning.elapsed();
     spinner.step(&format!(
         "planning: writing the plan of {} rows",
         plan.rows.len()
@@ -67,10 +71,15 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
         let write = |path: &std::path::Path| -> std::io::Result<()> {
             crate::outfile::replace_with(path, |w| plan.write_saved(w))
         };
+        let writing = std::time::Instant::now();
         write(out).map_err(Error::io(out, "cannot write the plan"))?;
-        spinner
-            .0
-            .suspend(|| eprintln!("{}", saved_note(out, &plan, args)));
+        tracing::debug!(elapsed = ?writing.elapsed(), plan = ?planned_in, "saved plan written");
+        spinner.0.suspend(|| {
+            eprintln!(
+                "{}",
+                saved_note(out, &plan, cli, args, &profiles, &policies)
+            )
+        });
     }
     let started = std::time::Instant::now();
     let stdout = std::io::stdout();
@@ -106,40 +115,82 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
 }
 
 /// What `plan --out` wrote and the command that applies it, for the
-/// operator (on stderr: stdout is the plan itself).
-fn saved_note(out: &std::path::Path, plan: &Plan, args: &PlanArgs) -> String {
-    let esc = |p: &std::path::Path| crate::text::esc(&p.display().to_string()).into_owned();
-    // Each store as every message names it: a PostgreSQL URL without its
-    // password (the lease store's was once printed as given; row 50.6 of
-    // docs/security.md).
-    let store =
-        |p: &std::path::Path| crate::text::esc(&crate::store::location::label(p)).into_owned();
+/// operator (on stderr: stdout is the plan itself). No command when there
+/// is nothing to apply; every batch at once (`--all-batches`) when there
+/// are more candidates than one apply retires by default.
+fn saved_note(
+    out: &std::path::Path,
+    plan: &Plan,
+    cli: &Cli,
+    args: &PlanArgs,
+    profiles: &crate::capability::Profiles,
+    policies: &Policies,
+) -> String {
     let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
-    let candidates = plan.candidates().count();
-    let mut command = format!(
-        "fleet-retire apply {} --registry {} --leases {}",
-        esc(out),
-        store(&args.store.registry),
-        store(&args.store.leases)
-    );
-    if let Some(p) = &args.operator.profiles_path {
-        command.push_str(&format!(" --profiles {}", esc(p)));
-    }
-    command.push_str(" --profile NAME");
-    if candidates > 100 {
-        command.push_str(" --first 100");
-    }
     let size = if size >= 1_000_000 {
         format!("{:.1} MB", size as f64 / 1_000_000.0)
     } else {
         format!("{:.1} kB", size as f64 / 1_000.0)
     };
-    if command.contains(":***@") {
-        command.push_str("\n  (a password is shown as ***: put it back, or give it in PGPASSWORD)");
+    let candidates = plan.candidates().count();
+    let wrote = format!(
+        "wrote the plan to {} ({size}, {} candidate(s))",
+        crate::text::esc(&out.display().to_string()),
+        crate::text::count(candidates)
+    );
+    if candidates == 0 {
+        return format!("{wrote}: nothing to apply");
     }
-    format!(
-        "wrote the plan to {} ({size}, {candidates} candidate(s)); apply it (a profile \
-         holding gitea.worker_registry.retire) with:\n  {command}",
-        esc(out)
+    let (command, who) = apply_command(out, cli, args, profiles, policies, candidates);
+    format!("{wrote}; apply it{who} with:\n  {command}")
+}
+
+/// The command that applies the plan saved at `out`, and who may run it
+/// when that is not this command's profile.
+fn apply_command(
+    out: &std::path::Path,
+    cli: &Cli,
+    args: &PlanArgs,
+    profiles: &crate::capability::Profiles,
+    policies: &Policies,
+    candidates: usize,
+) -> (NextCommand, String) {
+    let mut command = NextCommand::new(&["apply"]);
+    command
+        .path(out)
+        .store("--registry", "FLEET_RETIRE_REGISTRY", &args.store.registry)
+        .store("--leases", "FLEET_RETIRE_LEASES", &args.store.leases);
+    let path = args
+        .operator
+        .profiles_path
+        .as_ref()
+        .map(|p| p.to_string_lossy());
+    command.flag_opt("--profiles", Some("GITEA_MCP_CONFIG"), path.as_deref());
+    let profile = args.operator.profile.as_deref().unwrap_or_default();
+    let may_apply = crate::capability::check(
+        policies,
+        profiles,
+        profile,
+        crate::capability::Operation::Apply,
     )
+    .is_ok_and(|d| d.allowed);
+    let who = if may_apply {
+        command.flag("--profile", Some("GITEA_MCP_PROFILE"), profile, profile);
+        String::new()
+    } else {
+        // This profile may plan but not apply: the operator names one that
+        // may (a placeholder, since no flag could be right here).
+        command.word("--profile").word("NAME");
+        format!(
+            " (NAME: a profile holding gitea.worker_registry.retire; {} may not apply)",
+            crate::text::esc(profile)
+        )
+    };
+    let dir = cli.policies.as_ref().map(|p| p.to_string_lossy());
+    command.flag_opt("--policies", Some("FLEET_RETIRE_POLICIES"), dir.as_deref());
+    if candidates > 100 {
+        // The default blast radius: every batch, one transaction each.
+        command.word("--all-batches");
+    }
+    (command, who)
 }

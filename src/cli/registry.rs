@@ -29,6 +29,10 @@ pub enum RegistryCommand {
     /// tables' owner, so that apply judges outside its transaction (`registry
     /// copy` installs it; apply installs it when its role may).
     Versions(VersionsArgs),
+    /// Write a small sample fleet for this machine into a folder (a
+    /// registry, a lease store and profiles.json) to try `plan` on: two
+    /// candidates, and a row kept for each of several reasons.
+    Sample(crate::cli::sample::SampleArgs),
 }
 
 /// Arguments of `registry versions`.
@@ -114,6 +118,7 @@ pub fn run(cli: &Cli, args: &RegistryArgs) -> Result<ExitCode> {
     match &args.command {
         RegistryCommand::Create(c) => create(c),
         RegistryCommand::Versions(v) => versions(v),
+        RegistryCommand::Sample(s) => crate::cli::sample::run(s),
         RegistryCommand::Copy(c) => {
             let spinner = crate::cli::progress::Spinner::start(&format!(
                 "copying the registry into {}",

@@ -8,6 +8,7 @@ pub mod changed;
 pub mod head;
 pub mod planned;
 pub mod render;
+pub mod saved;
 
 pub use render::Evidence;
 
@@ -665,7 +666,6 @@ impl Plan {
         chunk: &[&Entry],
         first: bool,
         verdicts: &FxHashMap<usize, Vec<u8>>,
-        evidence: bool,
     ) -> Vec<u8> {
         let mut out = Vec::with_capacity(chunk.len() * 1536);
         for (n, entry) in chunk.iter().enumerate() {
@@ -674,24 +674,22 @@ impl Plan {
             render::value(&mut out, self.rows[entry.index].get(Col::WorkerIdentity));
             out.push(b',');
             out.extend_from_slice(&verdicts[&(Arc::as_ptr(&entry.verdict) as usize)]);
-            if evidence {
-                out.extend_from_slice(b",\"evidence\":");
-                render::evidence(&mut out, &self.evidence(entry));
-            }
+            out.extend_from_slice(b",\"evidence\":");
+            render::evidence(&mut out, &self.evidence(entry));
             out.push(b'}');
         }
         out
     }
 
-    /// The document, with `extra` as one more top-level member (a saved
-    /// plan's `planned_rows`, see `planned`). A saved plan keeps its
-    /// candidates whole and its preserved rows' verdicts without their
-    /// evidence: apply reads none of it, and at 200,000 rows the evidence
-    /// was most of 349 MB (issue 45); `plan --format json` prints it all.
+    /// The document; with `saved` (a saved plan, `saved::write_saved`), the
+    /// candidates whole and those rows as `planned_rows` in place of the
+    /// preserved rows: apply reads none of their evidence or words, and at
+    /// 200,000 rows they were most of a 152 MB file (issues 45 and 52);
+    /// `plan --format json` prints it all.
     fn write_json_with(
         &self,
         w: &mut dyn Write,
-        extra: Option<(&str, Json)>,
+        saved: Option<&planned::PlannedRows>,
     ) -> std::io::Result<()> {
         w.write_all(b"{\n")?;
         if let Json::Object(map) = serde_json::to_value(self.head())? {
@@ -700,12 +698,16 @@ impl Plan {
             }
         }
         let verdicts = self.verdict_fragments();
-        for (key, candidates) in [("candidates", true), ("preserved", false)] {
+        let lists: &[(&str, bool)] = match saved {
+            Some(_) => &[("candidates", true)],
+            None => &[("candidates", true), ("preserved", false)],
+        };
+        for (n, (key, candidates)) in lists.iter().enumerate() {
             write!(w, "\"{key}\": [")?;
             let selected: Vec<&Entry> = self
                 .entries
                 .iter()
-                .filter(|e| e.is_candidate() == candidates)
+                .filter(|e| e.is_candidate() == *candidates)
                 .collect();
             // Render chunks on every core and write them in order as they
             // come; only a few chunks of text exist at a time.
@@ -717,9 +719,7 @@ impl Plan {
             let mut written = Ok(());
             crate::pool::par_map_ordered(
                 &chunks,
-                |(first, chunk)| {
-                    self.render_entries(chunk, *first, &verdicts, candidates || extra.is_none())
-                },
+                |(first, chunk)| self.render_entries(chunk, *first, &verdicts),
                 |text| {
                     if written.is_ok() {
                         written = w.write_all(&text);
@@ -727,14 +727,13 @@ impl Plan {
                 },
             );
             written?;
-            w.write_all(if key == "candidates" || extra.is_some() {
-                b"\n],\n"
-            } else {
-                b"\n]\n"
-            })?;
+            let last = n + 1 == lists.len() && saved.is_none();
+            w.write_all(if last { b"\n]\n" } else { b"\n],\n" })?;
         }
-        if let Some((key, value)) = extra {
-            writeln!(w, "{}: {}", Json::String(key.into()), value)?;
+        if let Some(rows) = saved {
+            w.write_all(b"\"planned_rows\": ")?;
+            saved::write_rows(rows, w)?;
+            w.write_all(b"\n")?;
         }
         w.write_all(b"}\n")
     }

@@ -15,34 +15,35 @@
 use crate::fingerprint::{serialize_row_into, serialize_row_masking};
 use crate::plan::Plan;
 use crate::row::Col;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::sync::Arc;
 
-/// One judged row, as digests.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One judged row, as digests. Its on-disk form (a saved plan's
+/// `planned_rows`, a kept plan of `serve`) is `crate::plan::saved`'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedRow {
     /// The row's identity (canonical text), for reports.
     pub worker_identity: String,
-    /// sha256 of the row's canonical fingerprint fields.
-    pub row_digest: String,
+    /// The first 128 bits of the sha256 of the row's canonical fingerprint
+    /// fields.
+    pub row_digest: u128,
     /// The same with `last_heartbeat_at` left out.
-    pub digest_without_heartbeat: String,
+    pub digest_without_heartbeat: u128,
     /// Live (semantics of `live`: active, heartbeat fresh, pid not known
     /// dead) at the plan's clock.
     pub live: bool,
     /// The row's reason codes in the plan, primary first
     /// (`eligible_stale_orphan` alone for a candidate), so an apply can say
     /// which verdicts moved and which moved only because time passed.
-    /// Absent in plans saved before they were recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason_codes: Option<Vec<String>>,
+    /// Absent in plans saved before they were recorded. Rows in one
+    /// situation share one list.
+    pub reason_codes: Option<Arc<[String]>>,
     /// A candidate's peer facts in the plan ([`peer_text`]): what its
     /// verdict read of other rows, so an apply can tell that a row moving
     /// beside it left its verdict's inputs alone (semantics §13). Absent
     /// for rows kept, and in plans saved before it was recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<String>,
 }
 
@@ -77,8 +78,7 @@ pub struct VerdictMoved {
 }
 
 /// Every row a plan judged, with the token they make.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedRows {
     /// The plan's `registry_fingerprint` (these rows are what it covers).
     pub registry_fingerprint: String,
@@ -86,28 +86,24 @@ pub struct PlannedRows {
     pub rows: Vec<PlannedRow>,
 }
 
-fn sha(text: &str) -> String {
-    format!(
-        "sha256:{}",
-        crate::fingerprint::hex(&Sha256::digest(text.as_bytes()))
-    )
+/// The first 128 bits of the sha256 of `text`: a row's digest. A
+/// second preimage of 128 bits is out of reach, and the digest stands only
+/// for rows the registry holds (docs/apply.md, "Heartbeats between plan and
+/// apply").
+pub fn digest128(text: &str) -> u128 {
+    let full = Sha256::digest(text.as_bytes());
+    u128::from_be_bytes(full[..16].try_into().expect("sha256 has 32 bytes"))
 }
 
 /// The two digests of one row: all fingerprint fields, and all but the
 /// heartbeat.
-pub fn row_digests(row: &crate::row::Row) -> (String, String) {
+pub fn row_digests(row: &crate::row::Row) -> (u128, u128) {
     let mut text = String::with_capacity(1024);
     serialize_row_into(row, &mut text);
-    let full = sha(&text);
+    let full = digest128(&text);
     text.clear();
     serialize_row_masking(row, Col::LastHeartbeatAt, &mut text);
-    (full, sha(&text))
-}
-
-/// The first 128 bits of a digest (`sha256:` and hex), as a key.
-pub fn digest_key(digest: &str) -> Option<u128> {
-    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
-    hex.get(..32).and_then(|h| u128::from_str_radix(h, 16).ok())
+    (full, digest128(&text))
 }
 
 /// Live as §13 reads it. A row of another host is live by its heartbeat
@@ -133,21 +129,10 @@ pub fn live_now(
     }
 }
 
-impl Plan {
-    /// The plan as a saved file for `apply`: the same document plus
-    /// `planned_rows`, a digest of every judged row (see [`PlannedRows`]).
-    /// Here rather than beside the plan's other writers, so the plan's own
-    /// file needs nothing from this one (no import circle).
-    pub fn write_saved(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
-        let rows = serde_json::to_value(PlannedRows::of(self)).map_err(std::io::Error::other)?;
-        self.write_json_with(w, Some(("planned_rows", rows)))
-    }
-}
-
 /// A row's reason codes, primary first; a candidate's is its one code.
-fn codes_of(e: &crate::plan::Entry) -> Vec<String> {
+fn codes_of(e: &crate::plan::Entry) -> Arc<[String]> {
     if e.is_candidate() {
-        return vec![e.reason().code().to_string()];
+        return Arc::from(vec![e.reason().code().to_string()]);
     }
     let codes: Vec<String> = e
         .reason_codes()
@@ -155,15 +140,23 @@ fn codes_of(e: &crate::plan::Entry) -> Vec<String> {
         .map(|r| r.code().to_string())
         .collect();
     if codes.is_empty() {
-        vec![e.reason().code().to_string()]
+        Arc::from(vec![e.reason().code().to_string()])
     } else {
-        codes
+        Arc::from(codes)
     }
 }
 
 impl PlannedRows {
-    /// The rows of a plan.
+    /// The rows of a plan. Rows in one situation share their verdict, and
+    /// so one list of reason codes.
     pub fn of(plan: &Plan) -> PlannedRows {
+        // Keyed by the verdict's address (as a number, which threads share).
+        let mut codes: HashMap<usize, Arc<[String]>> = HashMap::new();
+        for e in &plan.entries {
+            codes
+                .entry(Arc::as_ptr(&e.verdict) as usize)
+                .or_insert_with(|| codes_of(e));
+        }
         let rows = crate::pool::par_map(&plan.entries, |e| {
             let (row_digest, digest_without_heartbeat) = row_digests(&plan.rows[e.index]);
             PlannedRow {
@@ -171,7 +164,7 @@ impl PlannedRows {
                 row_digest,
                 digest_without_heartbeat,
                 live: live_here(plan, e),
-                reason_codes: Some(codes_of(e)),
+                reason_codes: Some(codes[&(Arc::as_ptr(&e.verdict) as usize)].clone()),
                 peers: e
                     .is_candidate()
                     .then(|| peer_text(&plan.observation(e).peers)),
@@ -198,23 +191,27 @@ impl PlannedRows {
     /// way round, matched by identity; `None` when this plan was saved
     /// without its verdicts.
     pub fn verdicts_moved(&self, now: &Plan) -> Option<Vec<VerdictMoved>> {
-        let mut then: HashMap<&str, Vec<&[String]>> = HashMap::new();
+        // Most identities are on one row: the list holds more only then.
+        let mut then: rustc_hash::FxHashMap<&str, Vec<&[String]>> = Default::default();
+        then.reserve(self.rows.len());
         for r in &self.rows {
             let codes = r.reason_codes.as_deref().filter(|c| !c.is_empty())?;
             then.entry(r.worker_identity.as_str())
-                .or_default()
+                .or_insert_with(|| Vec::with_capacity(1))
                 .push(codes);
         }
         let eligible = crate::reasons::Reason::Eligible.code();
         let mut moved = Vec::new();
         for (entry, e) in now.entries.iter().enumerate() {
-            let identity = now.identity(e);
-            let Some(codes) = then.get_mut(identity.as_str()).filter(|c| !c.is_empty()) else {
+            let shown = now.rows[e.index].get(Col::WorkerIdentity);
+            let named = shown.canon_cow();
+            let identity = || named.clone().into_owned();
+            let Some(codes) = then.get_mut(named.as_ref()).filter(|c| !c.is_empty()) else {
                 // A row added since the plan (or whose identity changed)
                 // that is a candidate now: it moved from nowhere.
                 if e.is_candidate() {
                     moved.push(VerdictMoved {
-                        worker_identity: identity,
+                        worker_identity: identity(),
                         then: ADDED_SINCE_PLAN.into(),
                         now: e.reason().code().to_string(),
                         entry,
@@ -225,7 +222,7 @@ impl PlannedRows {
             let was = codes.remove(0);
             if (was[0] == eligible) != e.is_candidate() {
                 moved.push(VerdictMoved {
-                    worker_identity: identity,
+                    worker_identity: identity(),
                     then: was[0].clone(),
                     now: e.reason().code().to_string(),
                     entry,
@@ -235,17 +232,15 @@ impl PlannedRows {
         Some(moved)
     }
 
-    /// Per digest without the heartbeat (its first 128 bits), whether every
+    /// Per digest without the heartbeat, whether every
     /// planned row of that digest was live when planned: looked up for
     /// each row that heartbeated since (apply's confirmation under its
     /// lock, built before it).
     pub fn live_index(&self) -> HashMap<u128, bool> {
         let mut index: HashMap<u128, bool> = HashMap::with_capacity(self.rows.len());
         for r in &self.rows {
-            if let Some(key) = digest_key(&r.digest_without_heartbeat) {
-                let live = index.entry(key).or_insert(true);
-                *live &= r.live;
-            }
+            let live = index.entry(r.digest_without_heartbeat).or_insert(true);
+            *live &= r.live;
         }
         index
     }
@@ -267,47 +262,44 @@ impl PlannedRows {
                 now.rows.len()
             ));
         }
-        let mut by_stable: HashMap<&str, Vec<&PlannedRow>> = HashMap::new();
-        for r in &self.rows {
-            by_stable
-                .entry(r.digest_without_heartbeat.as_str())
-                .or_default()
-                .push(r);
-        }
+        let mut planned = Unmatched::new(&self.rows);
         let mut tolerated = Tolerance::default();
         for e in &now.entries {
-            let (full, stable) = row_digests(&now.rows[e.index]);
+            let row = &now.rows[e.index];
+            // Most rows are as planned: one digest finds them.
+            let full = digest_of(row, None);
+            if planned.take_full(full).is_some() {
+                continue;
+            }
+            let stable = digest_of(row, Some(Col::LastHeartbeatAt));
             let identity = now.identity(e);
-            if by_stable.get(stable.as_str()).is_none_or(|v| v.is_empty())
-                && retired_candidate(&now.rows[e.index], &mut by_stable)
-            {
+            if !planned.has(stable) && retired_candidate(row, &mut planned) {
                 tolerated.retired_since_plan.push(identity);
                 continue;
             }
-            let Some(then) = by_stable.get_mut(stable.as_str()).filter(|v| !v.is_empty()) else {
+            let Some(then) = planned.take_stable(stable) else {
                 // Added, or changed beyond its heartbeat: its planned
                 // version (if any) is among those left over below.
                 tolerated.changed.push(identity);
                 continue;
             };
-            // Prefer an identical planned row; otherwise the heartbeat moved.
-            let at = then.iter().position(|r| r.row_digest == full);
-            let planned = then.remove(at.unwrap_or(0));
-            if planned.row_digest == full {
-                continue;
-            }
-            if planned.live && live_here(now, e) {
+            // Not identical (that was taken above): the heartbeat moved.
+            if then.live && live_here(now, e) {
                 tolerated.heartbeats.push(identity);
                 continue;
             }
             // A heartbeat on a row not live then, or not live now: a change
             // like any other.
-            vouch_for_change(planned)?;
+            vouch_for_change(then)?;
             tolerated.changed.push(identity);
+        }
+        let left: Vec<&PlannedRow> = planned.left().collect();
+        if left.is_empty() {
+            return Ok(tolerated);
         }
         let now_named: std::collections::HashSet<String> =
             now.entries.iter().map(|e| now.identity(e)).collect();
-        for left in by_stable.values().flatten() {
+        for left in left {
             vouch_for_change(left)?;
             // Its row is gone, or no longer carries its identity: nothing
             // deletes a registration, so this is not churn (found by the
@@ -320,6 +312,96 @@ impl PlannedRows {
             }
         }
         Ok(tolerated)
+    }
+}
+
+/// The digest of a row's fingerprint fields, all of them or all but one.
+fn digest_of(row: &crate::row::Row, masked: Option<Col>) -> u128 {
+    let mut text = String::with_capacity(1024);
+    match masked {
+        None => serialize_row_into(row, &mut text),
+        Some(col) => serialize_row_masking(row, col, &mut text),
+    }
+    digest128(&text)
+}
+
+/// The plan's rows not yet matched with a row now, found by either digest;
+/// each is matched at most once.
+struct Unmatched<'p> {
+    rows: &'p [PlannedRow],
+    by_full: rustc_hash::FxHashMap<u128, Vec<usize>>,
+    by_stable: rustc_hash::FxHashMap<u128, Vec<usize>>,
+    taken: Vec<bool>,
+}
+
+impl<'p> Unmatched<'p> {
+    fn new(rows: &'p [PlannedRow]) -> Unmatched<'p> {
+        let mut by_full = rustc_hash::FxHashMap::default();
+        let mut by_stable = rustc_hash::FxHashMap::default();
+        by_full.reserve(rows.len());
+        by_stable.reserve(rows.len());
+        for (at, r) in rows.iter().enumerate() {
+            by_full
+                .entry(r.row_digest)
+                .or_insert_with(Vec::new)
+                .push(at);
+            by_stable
+                .entry(r.digest_without_heartbeat)
+                .or_insert_with(Vec::new)
+                .push(at);
+        }
+        Unmatched {
+            rows,
+            by_full,
+            by_stable,
+            taken: vec![false; rows.len()],
+        }
+    }
+
+    /// Whether a row of this digest without the heartbeat is unmatched.
+    fn has(&self, stable: u128) -> bool {
+        self.by_stable
+            .get(&stable)
+            .is_some_and(|at| at.iter().any(|&i| !self.taken[i]))
+    }
+
+    /// Match the first unmatched row of this digest without the heartbeat
+    /// that `fits`.
+    fn take_stable_where(
+        &mut self,
+        stable: u128,
+        fits: impl Fn(&PlannedRow) -> bool,
+    ) -> Option<&'p PlannedRow> {
+        let at = *self
+            .by_stable
+            .get(&stable)?
+            .iter()
+            .find(|&&i| !self.taken[i] && fits(&self.rows[i]))?;
+        self.taken[at] = true;
+        Some(&self.rows[at])
+    }
+
+    /// Match the first unmatched row of this digest without the heartbeat.
+    fn take_stable(&mut self, stable: u128) -> Option<&'p PlannedRow> {
+        self.take_stable_where(stable, |_| true)
+    }
+
+    /// Match an unmatched row of this full digest: a row identical to one
+    /// planned.
+    fn take_full(&mut self, full: u128) -> Option<&'p PlannedRow> {
+        let at = *self.by_full.get(&full)?.iter().find(|&&i| !self.taken[i])?;
+        self.taken[at] = true;
+        Some(&self.rows[at])
+    }
+
+    /// The planned rows no row now matched.
+    fn left(&self) -> impl Iterator<Item = &'p PlannedRow> + '_ {
+        let rows = self.rows;
+        self.taken
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !**t)
+            .map(move |(i, _)| &rows[i])
     }
 }
 
@@ -360,11 +442,8 @@ pub struct Tolerance {
 
 /// The row as it was planned had its status been `active`: a candidate of
 /// the plan that is `retired` now and otherwise unchanged. Its planned row
-/// is taken off `by_stable` when it is.
-fn retired_candidate(
-    row: &crate::row::Row,
-    by_stable: &mut HashMap<&str, Vec<&PlannedRow>>,
-) -> bool {
+/// is matched when it is.
+fn retired_candidate(row: &crate::row::Row, planned: &mut Unmatched) -> bool {
     if row.get(Col::Status).as_text() != Some("retired") {
         return false;
     }
@@ -372,19 +451,11 @@ fn retired_candidate(
     before.set(Col::Status, crate::value::Value::Text("active".into()));
     let (full, stable) = row_digests(&before);
     let eligible = crate::reasons::Reason::Eligible.code();
-    let Some(then) = by_stable.get_mut(stable.as_str()) else {
-        return false;
-    };
-    let candidate = |r: &&PlannedRow| {
-        r.row_digest == full && r.reason_codes.as_deref().is_some_and(|c| c == [eligible])
-    };
-    match then.iter().position(candidate) {
-        Some(at) => {
-            then.remove(at);
-            true
-        }
-        None => false,
-    }
+    planned
+        .take_stable_where(stable, |r| {
+            r.row_digest == full && r.reason_codes.as_deref().is_some_and(|c| c == [eligible])
+        })
+        .is_some()
 }
 
 #[cfg(test)]
@@ -404,9 +475,9 @@ mod tests {
         );
         row.set(Col::Pid, Value::Int(4242));
         let (full, quiet) = row_digests(&row);
-        assert_eq!(full, sha(&crate::fingerprint::serialize_row(&row)));
+        assert_eq!(full, digest128(&crate::fingerprint::serialize_row(&row)));
         row.set(Col::LastHeartbeatAt, Value::Null);
-        assert_eq!(quiet, sha(&crate::fingerprint::serialize_row(&row)));
+        assert_eq!(quiet, digest128(&crate::fingerprint::serialize_row(&row)));
         assert_ne!(full, quiet);
     }
 }

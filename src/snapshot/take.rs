@@ -119,6 +119,25 @@ impl<'a> Snapshot<'a> {
         )
     }
 
+    /// The positions (in the rows the snapshot was taken of) of the rows
+    /// that are active and not live: one `stale_orphaned_worker` each.
+    pub fn stale_rows(&self) -> impl Iterator<Item = usize> + '_ {
+        self.measured
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.stale())
+            .map(|(at, _)| at)
+    }
+
+    /// The blockers about the live fleet and the manifest: every one but
+    /// the stale rows'.
+    pub fn fleet_blockers(&self) -> impl Iterator<Item = &Finding> {
+        self.early
+            .iter()
+            .chain(&self.late)
+            .filter(|f| f.classification.blocks())
+    }
+
     /// The consistency token (time-seeded: an observation stamp).
     pub fn consistency_token(&self) -> &str {
         &self.token

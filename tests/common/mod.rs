@@ -367,6 +367,7 @@ impl Lib {
             max_retire: 100,
             planned: None,
             first: None,
+            skip_fleet_summary: false,
         }
     }
 
@@ -1237,6 +1238,30 @@ pub fn apply_cli_within(
     let report = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("apply printed no JSON: {}", text(&out)));
     (out.status.code(), report)
+}
+
+/// Stores holding a registry of `rows` rows from the shared realistic
+/// generator (`../shared/bench/gen_registry.py`, bound to this machine)
+/// when it is here, otherwise from [`plain_fleet`]; the lease store beside
+/// it, and the profiles of [`Stores::new`].
+pub fn realistic_stores(rows: usize) -> Stores {
+    let stores = Stores::new(&[]);
+    std::fs::remove_file(&stores.registry).unwrap();
+    std::fs::remove_file(&stores.leases).unwrap();
+    let generator = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/gen_registry.py");
+    let made = generator.is_file()
+        && Command::new("python3")
+            .arg(&generator)
+            .args(["--rows", &rows.to_string(), "--out"])
+            .arg(stores.dir.path())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !made {
+        eprintln!("{} is not here: a plainer registry", generator.display());
+        plain_fleet(stores.dir.path(), rows);
+    }
+    stores
 }
 
 /// `rows` rows of launches of five workers: most stale with dead pids,
