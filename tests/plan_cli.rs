@@ -796,3 +796,28 @@ fn plan_shows_its_progress_on_a_terminal_only() {
         text(&piped)
     );
 }
+
+/// One JSON error contract: a refused apply's document carries the same
+/// `error` block every failing command prints under `--format json`, beside
+/// its own report; an applied one carries none.
+#[test]
+fn a_refused_apply_carries_the_json_error_block() {
+    let (stores, live) = fleet();
+    let (plan, _) = save_plan(&stores);
+    let (code, report) = apply_cli(&stores, &plan, "author-prgs", &[]);
+    assert_eq!(code, Some(2), "{report}");
+    let error = &report["error"];
+    assert_eq!(error["kind"], "refused", "{report}");
+    assert_eq!(error["exit_code"], 2);
+    assert_eq!(error["reason_code"], report["outcome"]);
+    assert_eq!(error["reason_code"], "permission_denied");
+    assert!(error["what_to_do"]
+        .as_str()
+        .unwrap()
+        .contains("gitea.worker_registry.retire"));
+    assert!(!error["message"].as_str().unwrap().is_empty());
+    let (code, report) = apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(report.get("error").is_none(), "{report}");
+    drop(live);
+}

@@ -81,6 +81,36 @@ impl Outcome {
         }
     }
 
+    /// What an operator does about this outcome (the report's `detail`
+    /// says it for the case at hand).
+    pub fn what_to_do(self) -> &'static str {
+        match self {
+            Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => "nothing",
+            Outcome::RegistryRevisionMoved | Outcome::CandidateSetMoved | Outcome::PolicySetMoved => {
+                "plan again (`fleet-retire plan --out PLAN.json`) and apply the new plan"
+            }
+            Outcome::BlastRadiusExceeded => {
+                "apply in batches (`--first N`, or `--all-batches`), or raise --max-retire after review"
+            }
+            Outcome::PermissionDenied => {
+                "apply with a profile holding gitea.worker_registry.retire (a controller or reconciler); `fleet-retire grants` shows who holds it"
+            }
+            Outcome::PolicySetNotPinned => {
+                "use the built-in policies, or pin this set's fingerprint in profiles.json (\"policy_pins\")"
+            }
+            Outcome::RegistryUntrusted => {
+                "inspect the registry database for the objects the detail names and drop them (docs/multi-host.md); nothing was retired"
+            }
+            Outcome::LeaseStoreUnavailable | Outcome::RegistryUnavailable => {
+                "check the store the detail names (path or URL, permissions, that its server answers and is the writable member), then plan again"
+            }
+            Outcome::TransactionFailed => "nothing was retired: read the detail, then plan and apply again",
+            Outcome::OutcomeUnknown => {
+                "do not apply again yet: run `fleet-retire apply-status APPLY_ID` on the registry, which says whether it committed"
+            }
+        }
+    }
+
     /// The exit code this outcome maps to.
     pub fn exit_code(self) -> crate::error::ExitCode {
         use crate::error::ExitCode;

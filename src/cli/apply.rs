@@ -319,6 +319,24 @@ pub fn next_apply(cli: &Cli, args: &ApplyArgs, plan: &Path, tail: &[&str]) -> Ne
     c
 }
 
+/// The report as JSON, with the `error` every non-zero exit carries
+/// (README, "Output"): its kind, exit code, message, reason code and what
+/// to do, beside the report's own fields.
+fn with_error(report: &crate::apply::Report) -> serde_json::Value {
+    let mut doc = serde_json::to_value(report).unwrap_or_default();
+    let code = report.outcome.exit_code();
+    if code != crate::error::ExitCode::Ok {
+        doc["error"] = serde_json::json!({
+            "kind": if code == crate::error::ExitCode::Refused { "refused" } else { "apply" },
+            "exit_code": code as u8,
+            "message": report.detail,
+            "reason_code": report.outcome.code(),
+            "what_to_do": report.outcome.what_to_do(),
+        });
+    }
+    doc
+}
+
 /// Print an apply's report in the format asked. The exit code follows what
 /// happened to the registry: a report that cannot be written (a closed
 /// pipe, a full disk) is a warning, not a claim that the apply was rolled
@@ -327,7 +345,7 @@ fn print_report(cli: &Cli, args: &ApplyArgs, report: &crate::apply::Report) {
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
     let written = match cli.format {
-        Format::Json => serde_json::to_writer_pretty(&mut w, report)
+        Format::Json => serde_json::to_writer_pretty(&mut w, &with_error(report))
             .map_err(std::io::Error::other)
             .and_then(|_| writeln!(w)),
         Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {

@@ -42,18 +42,29 @@ pub(super) struct KeptPlan {
     pub(super) rows: Arc<PlannedRows>,
     /// The policy set's label.
     pub(super) policy_source: String,
+    /// Which of this server's plans it is (1, 2, …).
+    pub(super) issued: u64,
 }
 
 impl KeptPlan {
-    /// The plan's key: its registry and candidate tokens. Two plans of one
-    /// registry token may differ in their verdicts (time passed between
-    /// them, nothing was written), so a cursor or a resource names a plan
-    /// by both (found by CI: a cursor of one plan paged the other).
+    /// The plan's key: its registry and candidate tokens and its number
+    /// among this server's plans. Two plans of one registry token may
+    /// differ in their verdicts (time passed between them, nothing was
+    /// written), even with the same candidates (a preserved row moved from
+    /// one reason to another), so a cursor or a resource names the one plan
+    /// it was cut from (found by CI twice: a cursor of one plan paged the
+    /// other, and a reason's pages held one row more than its count).
     pub(super) fn key(&self) -> String {
         format!(
-            "{}.{}",
-            self.plan.registry_fingerprint, self.plan.candidate_fingerprint
+            "{}.{}.{}",
+            self.plan.registry_fingerprint, self.plan.candidate_fingerprint, self.issued
         )
+    }
+
+    /// The next plan's number in this server.
+    pub(super) fn next_issued() -> u64 {
+        static ISSUED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ISSUED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The URI of the plan's full document, as a resource.

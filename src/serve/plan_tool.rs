@@ -114,6 +114,7 @@ impl FleetServer {
                 rows,
                 plan,
                 policy_source: b.policies.source_label(),
+                issued: KeptPlan::next_issued(),
             })
         };
         self.kept.fresh(call.arrived, compute).map_err(|e| {
@@ -442,7 +443,7 @@ impl FleetServer {
             rmcp::ErrorData::resource_not_found(
                 format!(
                     "{} is not a resource of this server (fleet-retire://plan/<registry \
-                     token>.<candidate token>)",
+                     token>.<candidate token>.<plan number>)",
                     clipped(uri)
                 ),
                 None,
