@@ -13,7 +13,7 @@
 //! line says what is left and the command that continues.
 
 use crate::apply::{apply, Context, Hooks, Outcome, Report, Request};
-use crate::cli::apply::{left_after, next_apply, ApplyArgs};
+use crate::cli::apply_args::{left_after, next_apply, ApplyArgs};
 use crate::cli::{Cli, Format};
 use crate::error::{ExitCode, Result};
 use crate::text::count;

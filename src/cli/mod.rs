@@ -1,6 +1,7 @@
 //! The command line: one file per subcommand, shared flags flattened in.
 
 pub mod apply;
+pub mod apply_args;
 pub mod apply_status;
 pub mod batches;
 pub mod completions;
