@@ -122,7 +122,8 @@ fn run_agent(script: &mut Command) {
 }
 
 /// Run a client script on the fleet in `dir` (its live rows heartbeated to
-/// now first); it must print `all checks passed` within five minutes.
+/// now first); it must print `all checks passed` within ten minutes (two
+/// 100,000-row scripts side by side on a loaded 2-core machine took 344 s).
 fn run_script_in(script: &mut Command, dir: &Path) {
     heartbeat_the_live(&dir.join("registry.sqlite"));
     let child = KillOnDrop(
@@ -134,7 +135,7 @@ fn run_script_in(script: &mut Command, dir: &Path) {
             .spawn()
             .unwrap(),
     );
-    let out = wait_with_deadline(child, Duration::from_secs(300));
+    let out = wait_with_deadline(child, Duration::from_secs(600));
     let all = text(&out);
     eprintln!("{all}");
     assert!(out.status.success(), "the agent script failed:\n{all}");
