@@ -77,29 +77,33 @@ pub fn left_after(report: &crate::apply::Report, candidates: usize) -> Option<us
     }
 }
 
+/// `fleet-retire apply PLAN` with the stores and `--profiles` that the
+/// environment does not give already: the start of every apply command we
+/// print (`plan --out`'s and the next batch's).
+pub fn apply_head(plan: &Path, store: &StoreArgs, operator: &OperatorArgs) -> NextCommand {
+    let mut c = NextCommand::new(&["apply"]);
+    c.path(plan)
+        .store("--registry", "FLEET_RETIRE_REGISTRY", &store.registry)
+        .store("--leases", "FLEET_RETIRE_LEASES", &store.leases);
+    let profiles = operator.profiles_path.as_ref().map(|p| p.to_string_lossy());
+    c.flag_opt("--profiles", Some("GITEA_MCP_CONFIG"), profiles.as_deref());
+    c
+}
+
 /// `fleet-retire apply PLAN` with the flags of this invocation that the
 /// environment does not give already, then `tail`.
 pub fn next_apply(cli: &Cli, args: &ApplyArgs, plan: &Path, tail: &[&str]) -> NextCommand {
-    let mut c = NextCommand::new(&["apply"]);
-    c.path(plan)
-        .store("--registry", "FLEET_RETIRE_REGISTRY", &args.store.registry)
-        .store("--leases", "FLEET_RETIRE_LEASES", &args.store.leases);
-    let profiles = args
-        .operator
-        .profiles_path
-        .as_ref()
-        .map(|p| p.to_string_lossy());
-    c.flag_opt("--profiles", Some("GITEA_MCP_CONFIG"), profiles.as_deref())
-        .flag_opt(
-            "--profile",
-            Some("GITEA_MCP_PROFILE"),
-            args.operator.profile.as_deref(),
-        )
-        .flag_opt(
-            "--canonical-repository",
-            Some("FLEET_RETIRE_CANONICAL_REPOSITORY"),
-            args.store.canonical_repository.as_deref(),
-        );
+    let mut c = apply_head(plan, &args.store, &args.operator);
+    c.flag_opt(
+        "--profile",
+        Some("GITEA_MCP_PROFILE"),
+        args.operator.profile.as_deref(),
+    )
+    .flag_opt(
+        "--canonical-repository",
+        Some("FLEET_RETIRE_CANONICAL_REPOSITORY"),
+        args.store.canonical_repository.as_deref(),
+    );
     let policies = cli.policies.as_ref().map(|p| p.to_string_lossy());
     c.flag_opt(
         "--policies",

@@ -155,17 +155,7 @@ fn apply_command(
     policies: &Policies,
     candidates: usize,
 ) -> (NextCommand, String) {
-    let mut command = NextCommand::new(&["apply"]);
-    command
-        .path(out)
-        .store("--registry", "FLEET_RETIRE_REGISTRY", &args.store.registry)
-        .store("--leases", "FLEET_RETIRE_LEASES", &args.store.leases);
-    let path = args
-        .operator
-        .profiles_path
-        .as_ref()
-        .map(|p| p.to_string_lossy());
-    command.flag_opt("--profiles", Some("GITEA_MCP_CONFIG"), path.as_deref());
+    let mut command = crate::cli::apply_args::apply_head(out, &args.store, &args.operator);
     let profile = args.operator.profile.as_deref().unwrap_or_default();
     let may_apply = crate::capability::check(
         policies,
