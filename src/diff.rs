@@ -377,7 +377,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
 
 /// The schema's request environments, in [`action_rank`] order (other actions
 /// after those, by name).
-fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
+pub(crate) fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
     let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
     envs.sort_by_key(|e| {
         let a = e.action().id().unescaped().to_string();

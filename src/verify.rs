@@ -222,6 +222,16 @@ fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result
     Ok(out)
 }
 
+/// The policies of `set` in the order their files list them.
+fn in_file_order<'a>(set: &'a PolicySet, policies: &Policies) -> Vec<&'a Policy> {
+    let mut listed: Vec<&Policy> = set.policies().collect();
+    listed.sort_by_key(|p| {
+        let at = policies.rules.get(p.id()).map(|r| (r.file.clone(), r.line));
+        (at, p.id().to_string())
+    });
+    listed
+}
+
 fn subset(policies: &Policies, file: &str) -> Result<PolicySet> {
     let mut set = PolicySet::new();
     for rule in policies.rules.values().filter(|r| r.file == file) {
@@ -320,12 +330,15 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
     with_solver(async |compiler| {
         let schema = &policies.schema;
         let mut proofs = Vec::new();
-        let envs: Vec<RequestEnv> = schema.request_envs().collect();
+        // In one order every run (Cedar's schema and set keep none): the
+        // actions as `policy diff` lists them, each policy in file order.
+        let envs = crate::diff::ordered_envs(schema);
 
         // 1. No eligibility policy can ever error.
         let eligibility = subset(policies, ELIGIBILITY_FILE)?;
+        let eligibility = in_file_order(&eligibility, policies);
         for env in &envs {
-            for p in eligibility.policies().filter(|p| applies(p, env)) {
+            for p in eligibility.iter().copied().filter(|p| applies(p, env)) {
                 let started = std::time::Instant::now();
                 let compiled = CompiledPolicy::compile(p, env, schema).map_err(sym_err)?;
                 let cex = compiler
@@ -492,7 +505,7 @@ async fn prove_with(
     properties: &[Property],
 ) -> Result<Vec<Proof>> {
     let schema = &policies.schema;
-    let envs: Vec<RequestEnv> = schema.request_envs().collect();
+    let envs = crate::diff::ordered_envs(schema);
     let mut proofs = Vec::new();
     for prop in properties {
         // Proved of the whole set, as the program evaluates it: a permit of

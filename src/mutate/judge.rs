@@ -31,7 +31,9 @@ struct Cache {
 impl Cache {
     fn new(policies: &Policies, properties: &[Property]) -> Result<Cache> {
         let schema = &policies.schema;
-        let envs: Vec<RequestEnv> = schema.request_envs().collect();
+        // The actions in one order every run, so that a mutant's first
+        // witness and first killing property are the same each time.
+        let envs: Vec<RequestEnv> = crate::diff::ordered_envs(schema);
         let original = envs
             .iter()
             .map(|env| CompiledPolicySet::compile(&policies.set, env, schema).map_err(sym_err))
