@@ -25,7 +25,7 @@ use crate::verify::sym_err;
 use cedar_policy::{ActionConstraint, Effect, Policy, PolicySet, RequestEnv};
 use cedar_policy_symcc::solver::LocalSolver;
 use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicy, CompiledPolicySet};
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 
 /// The first-stage actions, where allowing fewer requests is the loosening.
@@ -100,7 +100,13 @@ pub struct Counterexample {
     pub old_allows: bool,
     /// NEW allows the request.
     pub new_allows: bool,
-    /// The request and entities as a fixture case, ready to save.
+    /// What it is, in one sentence.
+    pub sentence: String,
+    /// The attributes the difference needs, each other than a realistic
+    /// row's (`Worker.ttl_us`).
+    pub deciding: Vec<String>,
+    /// The request and entities as a fixture case, ready to save: a
+    /// realistic row with only the deciding attributes from the solver.
     pub case: Json,
 }
 
@@ -298,12 +304,9 @@ fn applies(policy: &Policy, env: &RequestEnv) -> bool {
     }
 }
 
-fn uid_json(uid: &cedar_policy::EntityUid) -> Json {
-    json!({"type": uid.type_name().to_string(), "id": uid.id().unescaped()})
-}
-
 /// A counterexample as a Cedar-level fixture case that expects OLD's
-/// decision.
+/// decision (as the solver gave it; [`crate::counterexample`] makes it
+/// plain).
 pub(crate) fn case_of(
     env: &cedar_policy_symcc::Env,
     action: &str,
@@ -311,39 +314,20 @@ pub(crate) fn case_of(
     new_allows: bool,
 ) -> Result<Json> {
     let word = |a: bool| if a { "allows" } else { "refuses" };
-    let req = &env.request;
-    let (Some(principal), Some(action_uid), Some(resource)) =
-        (req.principal(), req.action(), req.resource())
-    else {
-        return Err(Error::Internal {
-            doing: "the solver's counterexample has an unknown request variable".into(),
-            source: "incomplete request".into(),
-        });
-    };
-    let mut entities = env.entities.to_json_value().map_err(|e| Error::Internal {
-        doing: "writing the counterexample's entities".into(),
-        source: Box::new(e),
-    })?;
-    // The schema declares the actions; only the principal and resource
-    // entities say anything about this request.
-    if let Json::Array(list) = &mut entities {
-        list.retain(|e| e["uid"]["type"] != "FleetRetire::Action");
-    }
-    Ok(json!({
-        "name": format!("policy diff: OLD {} and NEW {} this {action} request", word(old_allows), word(new_allows)),
-        "description": format!(
+    crate::counterexample::case_of(
+        env,
+        &format!(
+            "policy diff: OLD {} and NEW {} this {action} request",
+            word(old_allows),
+            word(new_allows)
+        ),
+        &format!(
             "Found by `fleet-retire policy diff`. It expects OLD's decision ({}): with NEW's \
              policies it fails. If the change is intended, flip expect.decision.",
             if old_allows { "allow" } else { "deny" }
         ),
-        "request": {
-            "principal": uid_json(principal),
-            "action": uid_json(action_uid),
-            "resource": uid_json(resource),
-        },
-        "entities": entities,
-        "expect": {"decision": if old_allows { "allow" } else { "deny" }},
-    }))
+        old_allows,
+    )
 }
 
 /// Prove how NEW's decisions differ from OLD's, action by action, and what
@@ -427,7 +411,8 @@ async fn action_diff(
     } else {
         (more.is_some(), fewer.is_some())
     };
-    let counterexamples = counterexamples(more.as_ref(), fewer.as_ref(), &action, reversed)?;
+    let counterexamples =
+        counterexamples((old, new), more.as_ref(), fewer.as_ref(), &action, reversed)?;
     Ok(ActionDiff {
         request_env: format!("{} {} {}", env.principal(), env.action(), env.resource()),
         action,
@@ -441,28 +426,40 @@ async fn action_diff(
 /// The counterexamples of one action as fixture cases: a request NEW
 /// allows and OLD refuses (`more`), then one OLD allows and NEW refuses
 /// (`fewer`), each named by its direction (`reversed` for the
-/// may-be-live actions).
+/// may-be-live actions) and made plain.
 fn counterexamples(
+    (old, new): (&Policies, &Policies),
     more: Option<&cedar_policy_symcc::Env>,
     fewer: Option<&cedar_policy_symcc::Env>,
     action: &str,
     reversed: bool,
 ) -> Result<Vec<Counterexample>> {
     let mut out = Vec::new();
-    if let Some(cex) = more {
+    let found = [(more, false, true), (fewer, true, false)];
+    for (cex, old_allows, new_allows) in found {
+        let Some(cex) = cex else {
+            continue;
+        };
+        let raw = case_of(cex, action, old_allows, new_allows)?;
+        let shows = |e: &cedar_policy::Entities, r: &crate::counterexample::Request| {
+            crate::counterexample::allows(&old.set, e, r) == old_allows
+                && crate::counterexample::allows(&new.set, e, r) == new_allows
+        };
+        let plain = crate::counterexample::plain(
+            &raw,
+            &new.schema,
+            &shows,
+            ("NEW", new_allows),
+            ("OLD", old_allows),
+        );
+        let loosening = new_allows != reversed;
         out.push(Counterexample {
-            direction: if reversed { "tightening" } else { "loosening" },
-            old_allows: false,
-            new_allows: true,
-            case: case_of(cex, action, false, true)?,
-        });
-    }
-    if let Some(cex) = fewer {
-        out.push(Counterexample {
-            direction: if reversed { "loosening" } else { "tightening" },
-            old_allows: true,
-            new_allows: false,
-            case: case_of(cex, action, true, false)?,
+            direction: if loosening { "loosening" } else { "tightening" },
+            old_allows,
+            new_allows,
+            sentence: plain.sentence,
+            deciding: plain.deciding,
+            case: plain.case,
         });
     }
     Ok(out)
