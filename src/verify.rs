@@ -60,8 +60,11 @@ pub struct Proof {
     pub request_env: String,
     /// Whether it holds.
     pub holds: bool,
-    /// When it does not: the request and entities that break it.
+    /// When it does not: the request and entities that break it, in a
+    /// sentence and as a fixture case ([`crate::counterexample`]).
     pub counterexample: Option<String>,
+    /// The same, as its parts.
+    pub witness: Option<crate::counterexample::Plain>,
     /// Where it comes from: its property file, or the policy file whose
     /// policies must never error (for JUnit's suites).
     #[serde(skip)]
@@ -292,15 +295,6 @@ pub fn sym_err(e: impl std::fmt::Display) -> Error {
     )
 }
 
-fn describe(cex: &cedar_policy_symcc::Env) -> String {
-    let entities = cex
-        .entities
-        .to_json_value()
-        .map(|v| serde_json::to_string_pretty(&v).unwrap_or_default())
-        .unwrap_or_default();
-    format!("request: {}\nentities: {entities}", cex.request)
-}
-
 /// What deleting one eligibility forbid would do.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ForbidRole {
@@ -345,12 +339,16 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
                     .check_never_errors_with_counterexample_opt(&compiled)
                     .await
                     .map_err(sym_err)?;
+                let witness = cex
+                    .map(|c| crate::counterexample::proofs::erring(&c, p, schema))
+                    .transpose()?;
                 proofs.push(Proof {
                     id: format!("never-errors:{}", p.id()),
                     description: format!("policy {} never errors", p.id()),
                     request_env: env_text(env),
-                    holds: cex.is_none(),
-                    counterexample: cex.as_ref().map(describe),
+                    holds: witness.is_none(),
+                    counterexample: witness.as_ref().map(crate::counterexample::Plain::text),
+                    witness,
                     file: ELIGIBILITY_FILE.to_string(),
                     seconds: started.elapsed().as_secs_f64(),
                     line: policies.rules.get(p.id()).map_or(1, |r| r.line),
@@ -401,6 +399,17 @@ async fn forbid_roles_with(
                 .check_implies_with_counterexample_opt(&less, &whole)
                 .await
                 .map_err(sym_err)?;
+            let decides = cex
+                .map(|c| {
+                    crate::counterexample::proofs::deciding(
+                        &c,
+                        &eligibility,
+                        &without,
+                        &rule.id,
+                        schema,
+                    )
+                })
+                .transpose()?;
             forbids.push(ForbidRole {
                 forbid: rule.id.clone(),
                 reason: rule
@@ -408,8 +417,8 @@ async fn forbid_roles_with(
                     .map(|r| r.code())
                     .unwrap_or_default()
                     .to_string(),
-                shadowed: cex.is_none(),
-                counterexample: cex.as_ref().map(describe),
+                shadowed: decides.is_none(),
+                counterexample: decides.as_ref().map(crate::counterexample::Plain::text),
             });
         }
     }
@@ -529,12 +538,25 @@ async fn prove_with(
                 .check_implies_with_counterexample_opt(a, b)
                 .await
                 .map_err(sym_err)?;
+            let ceiling = prop.proof == "subject_implies_property";
+            let witness = cex
+                .map(|c| {
+                    crate::counterexample::proofs::breaking(
+                        &c,
+                        &subject,
+                        &prop.policy,
+                        ceiling,
+                        schema,
+                    )
+                })
+                .transpose()?;
             proofs.push(Proof {
                 id: prop.id.clone(),
                 description: prop.description.clone(),
                 request_env: env_text(env),
-                holds: cex.is_none(),
-                counterexample: cex.as_ref().map(describe),
+                holds: witness.is_none(),
+                counterexample: witness.as_ref().map(crate::counterexample::Plain::text),
+                witness,
                 file: prop.file.clone(),
                 seconds: started.elapsed().as_secs_f64(),
                 line: prop.line,
