@@ -204,20 +204,42 @@ pub fn load_named(arg: &str) -> Result<Policies> {
             ),
         ));
     }
-    let (rev, dir) = match arg.split_once(':') {
-        Some((rev, dir)) => (rev, dir.trim_end_matches('/')),
-        None => (arg, "policies"),
-    };
+    let (rev, dir) = rev_and_dir(arg);
     let mut files = Vec::new();
     for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
-        let spec = if dir.is_empty() {
-            format!("{rev}:{name}")
-        } else {
-            format!("{rev}:{dir}/{name}")
-        };
-        files.push((name.to_string(), git_show(arg, &spec)?));
+        files.push((name.to_string(), git_show(arg, &spec(arg, name))?));
     }
     Policies::from_texts(&files, format!("git {rev}:{dir}"))
+}
+
+/// A revision argument's revision and folder: `REV` is `REV:policies`.
+fn rev_and_dir(arg: &str) -> (&str, &str) {
+    match arg.split_once(':') {
+        Some((rev, dir)) => (rev, dir.trim_end_matches('/')),
+        None => (arg, "policies"),
+    }
+}
+
+/// `git show`'s name of the file `name` of a revision's policy folder.
+fn spec(arg: &str, name: &str) -> String {
+    match rev_and_dir(arg) {
+        (rev, "") => format!("{rev}:{name}"),
+        (rev, dir) => format!("{rev}:{dir}/{name}"),
+    }
+}
+
+/// The text of another file of a set named as [`load_named`] names one
+/// (`properties/retirement.cedar` of a folder or of a revision's folder),
+/// when it has one.
+pub fn named_file(arg: &str, name: &str) -> Option<String> {
+    let path = Path::new(arg);
+    if path.is_dir() {
+        return crate::policy::read_folder_file(&path.join(name)).ok();
+    }
+    if arg.starts_with('-') {
+        return None;
+    }
+    git_show(arg, &spec(arg, name)).ok()
 }
 
 /// The text of one file of a revision, `git show --end-of-options SPEC`,

@@ -49,7 +49,7 @@ struct CaseResult {
 }
 
 /// Load and judge one fixture file: its case's name and what differs.
-fn judge(
+pub(crate) fn judge(
     policies: &crate::policy::Policies,
     file: &std::path::Path,
 ) -> Result<(String, Vec<crate::fixture::Difference>)> {
