@@ -31,24 +31,6 @@ use std::path::{Path, PathBuf};
 /// The first-stage actions, where allowing fewer requests is the loosening.
 pub const MAY_BE_LIVE_ACTIONS: &[&str] = &crate::policy::entities::FIRST_STAGE_ACTIONS;
 
-/// The order actions are reported in: retirement first, then what decides
-/// its peers (the first stage, in its own order), then the operator's
-/// capabilities.
-fn action_rank(action: &str) -> usize {
-    let first_stage = &crate::policy::entities::FIRST_STAGE_ACTIONS;
-    let capabilities = ["snapshot", "plan", "apply"];
-    if action == "retire" {
-        return 0;
-    }
-    if let Some(i) = first_stage.iter().position(|a| *a == action) {
-        return 1 + i;
-    }
-    capabilities
-        .iter()
-        .position(|a| *a == action)
-        .map_or(usize::MAX, |i| 1 + first_stage.len() + i)
-}
-
 /// How an action's decisions moved from OLD to NEW, in safety terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -359,7 +341,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
     refuse_empty("OLD", old)?;
     refuse_empty("NEW", new)?;
     crate::verify::with_solver(async |compiler| {
-        let envs = ordered_envs(&new.schema);
+        let envs = crate::verify::ordered_envs(&new.schema);
         let mut actions = Vec::new();
         for env in &envs {
             actions.push(action_diff(compiler, old, new, env).await?);
@@ -379,17 +361,6 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
             policies,
         })
     })
-}
-
-/// The schema's request environments, in [`action_rank`] order (other actions
-/// after those, by name).
-pub(crate) fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
-    let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
-    envs.sort_by_key(|e| {
-        let a = e.action().id().unescaped().to_string();
-        (action_rank(&a), a)
-    });
-    envs
 }
 
 /// Rules sorted by file and line.

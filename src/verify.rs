@@ -249,6 +249,35 @@ fn subset(policies: &Policies, file: &str) -> Result<PolicySet> {
     Ok(set)
 }
 
+/// The order actions are reported in: retirement first, then what decides
+/// its peers (the first stage, in its own order), then the operator's
+/// capabilities.
+fn action_rank(action: &str) -> usize {
+    let first_stage = &crate::policy::entities::FIRST_STAGE_ACTIONS;
+    let capabilities = ["snapshot", "plan", "apply"];
+    if action == "retire" {
+        return 0;
+    }
+    if let Some(i) = first_stage.iter().position(|a| *a == action) {
+        return 1 + i;
+    }
+    capabilities
+        .iter()
+        .position(|a| *a == action)
+        .map_or(usize::MAX, |i| 1 + first_stage.len() + i)
+}
+
+/// The schema's request environments, in [`action_rank`] order (other actions
+/// after those, by name).
+pub fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
+    let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
+    envs.sort_by_key(|e| {
+        let a = e.action().id().unescaped().to_string();
+        (action_rank(&a), a)
+    });
+    envs
+}
+
 pub(crate) fn applies(policy: &Policy, env: &RequestEnv) -> bool {
     match policy.action_constraint() {
         ActionConstraint::Any => true,
@@ -326,7 +355,7 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
         let mut proofs = Vec::new();
         // In one order every run (Cedar's schema and set keep none): the
         // actions as `policy diff` lists them, each policy in file order.
-        let envs = crate::diff::ordered_envs(schema);
+        let envs = ordered_envs(schema);
 
         // 1. No eligibility policy can ever error.
         let eligibility = subset(policies, ELIGIBILITY_FILE)?;
@@ -514,7 +543,7 @@ async fn prove_with(
     properties: &[Property],
 ) -> Result<Vec<Proof>> {
     let schema = &policies.schema;
-    let envs = crate::diff::ordered_envs(schema);
+    let envs = ordered_envs(schema);
     let mut proofs = Vec::new();
     for prop in properties {
         // Proved of the whole set, as the program evaluates it: a permit of

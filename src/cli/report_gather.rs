@@ -1,11 +1,52 @@
-//! What `policy report` gathers beside the proofs: the mutants (judged
-//! now or read from a run kept earlier), the grants, the base compared,
-//! and the fixtures run.
+//! What `policy report` is asked for (its arguments), and what it
+//! gathers beside the proofs: the mutants (judged now or read from a run
+//! kept earlier), the grants, the base compared, and the fixtures run.
 
-use super::report_page::ReportArgs;
 use crate::error::{About, Error, Result};
 use crate::signoff::{BaseSeen, Compared, FixtureRun, GrantsSeen, Judged};
+use clap::Args;
 use std::path::{Path, PathBuf};
+
+/// Arguments of `policy report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The folder to write index.html into (made when missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Fixture files or folders: their coverage of each policy, and (with
+    /// --mutate) the cases that may kill a mutant.
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub fixtures: Vec<PathBuf>,
+    /// Judge the mutants now (needs cvc5; every policy of the built-in set
+    /// takes minutes on two cores).
+    #[arg(long, conflicts_with = "mutants")]
+    pub mutate: bool,
+    /// With --mutate: only these policies' mutants (by `@id`).
+    #[arg(long, num_args = 1.., value_name = "ID", requires = "mutate")]
+    pub only: Vec<String>,
+    /// Read the mutants judged earlier by `policy mutate --format json`
+    /// (the same policy set: its fingerprint is checked).
+    #[arg(long, value_name = "FILE")]
+    pub mutants: Option<PathBuf>,
+    /// profiles.json: the grants matrix.
+    #[arg(long, env = "GITEA_MCP_CONFIG", value_name = "PATH")]
+    pub profiles: Option<PathBuf>,
+    /// An earlier profiles.json: the matrix marks what the edit grants and
+    /// revokes.
+    #[arg(long, value_name = "OLD.json", requires = "profiles")]
+    pub against: Option<PathBuf>,
+    /// A git revision (or a policy folder) to prove the difference from,
+    /// as `policy diff BASE` does: the change shown as a diff with its
+    /// counterexamples and the fixture verdicts that move; a loosening is a
+    /// reason not to sign.
+    #[arg(long, value_name = "REV")]
+    pub base: Option<String>,
+    /// With --fixtures: each forbid no fixture case shows deciding (and
+    /// not proved never to) is a reason not to sign when fewer than N
+    /// percent of the forbids are covered, as `test --min-coverage` fails.
+    #[arg(long, value_name = "N", requires = "fixtures", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub min_coverage: Option<u8>,
+}
 
 /// The mutants: judged now (`--mutate`), read from a run kept earlier
 /// (`--mutants`), or why there are none.

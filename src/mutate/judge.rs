@@ -33,7 +33,7 @@ impl Cache {
         let schema = &policies.schema;
         // The actions in one order every run, so that a mutant's first
         // witness and first killing property are the same each time.
-        let envs: Vec<RequestEnv> = crate::diff::ordered_envs(schema);
+        let envs: Vec<RequestEnv> = crate::verify::ordered_envs(schema);
         let original = envs
             .iter()
             .map(|env| CompiledPolicySet::compile(&policies.set, env, schema).map_err(sym_err))

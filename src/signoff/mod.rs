@@ -26,7 +26,8 @@ mod verdict;
 mod view;
 
 pub use blame::Blame;
-pub use verdict::{Reason, Verdict};
+pub use verdict::Verdict;
+pub use view::Reason;
 
 use crate::capability::Grants as Matrix;
 use crate::coverage::Coverage;

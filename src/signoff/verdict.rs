@@ -6,20 +6,8 @@
 //! `--min-coverage` asks for it, each forbid no fixture shows deciding.
 //! `policy report` prints the same and exits 2 when not ready.
 
-use super::view::{Change, Failing, FixtureFail, Grants, PolicyRow};
+use super::view::{Change, Failing, FixtureFail, Grants, PolicyRow, Reason};
 use super::{lines, visible, Evidence, Judged};
-
-/// One reason not to sign.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Reason {
-    /// `base`, `loosened`, `proof`, `fixture`, `survivor`, `grant`,
-    /// `warning` or `coverage`.
-    pub kind: &'static str,
-    /// In words.
-    pub text: String,
-    /// Its place on the page (an element's id).
-    pub anchor: String,
-}
 
 /// The page's verdict.
 #[derive(Debug, Clone)]

@@ -2,7 +2,6 @@
 //! every text here is escaped by askama when the page is rendered, so a
 //! policy's text or description can hold markup and is shown as text.
 
-use super::verdict::Reason;
 use askama::Template;
 
 /// The whole page (`page.html`).
@@ -36,6 +35,18 @@ pub struct Page {
     pub files: Vec<File>,
     /// The grants matrix, with `--profiles`.
     pub grants: Option<Grants>,
+}
+
+/// One reason not to sign.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Reason {
+    /// `base`, `loosened`, `proof`, `fixture`, `survivor`, `grant`,
+    /// `warning` or `coverage`.
+    pub kind: &'static str,
+    /// In words.
+    pub text: String,
+    /// Its place on the page (an element's id).
+    pub anchor: String,
 }
 
 /// A counterexample as a person reads and reuses it.
