@@ -767,3 +767,66 @@ fn a_base_that_cannot_be_compared_is_a_reason_not_to_sign() {
     let page = std::fs::read_to_string(out.path().join("index.html")).unwrap();
     assert!(page.contains("id=\"base-problem\""), "the page says why");
 }
+
+/// The schema and a property file that differ from the base are shown as
+/// diffs too: the schema is listed when it differs, its added lines in
+/// `<ins>`, the property's changed line in `<del>` and `<ins>`.
+#[test]
+fn a_changed_schema_and_property_are_shown_as_diffs() {
+    if skip_unless(
+        cvc5_available(),
+        "cvc5 (Debian package; .ci/run installs it)",
+    ) {
+        return;
+    }
+    let folder = policy_folder(true);
+    let schema = folder.path().join("schema.cedarschema");
+    let text_of = std::fs::read_to_string(&schema).unwrap();
+    std::fs::write(
+        &schema,
+        text_of.replacen(
+            "    worker_identity: String,\n",
+            "    worker_identity: String,\n    extra_flag: Bool,\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let property = folder.path().join("properties/retirement.cedar");
+    let said = std::fs::read_to_string(&property).unwrap();
+    let before = "protects by identity, session or pid.\")";
+    assert!(said.contains(before));
+    std::fs::write(
+        &property,
+        said.replace(before, "protects (by identity, session or pid).\")"),
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let ran = run(&[
+        "--policies",
+        folder.path().to_str().unwrap(),
+        "policy",
+        "report",
+        "--out",
+        out.path().to_str().unwrap(),
+        "--base",
+        "HEAD",
+    ]);
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "a compatible change loosens nothing: {}",
+        text(&ran)
+    );
+    let page = std::fs::read_to_string(out.path().join("index.html")).unwrap();
+    assert!(page.contains("data-file=\"schema.cedarschema\" data-changed=\"true\""));
+    assert!(
+        page.contains("<ins>    extra_flag: Bool,</ins>"),
+        "the schema's added line"
+    );
+    assert!(
+        page.contains("<del>@description(&#34;Never retire a worker an active lease protects by")
+    );
+    assert!(
+        page.contains("<ins>@description(&#34;Never retire a worker an active lease protects (by")
+    );
+}
