@@ -147,7 +147,9 @@ pub fn grants(
         None => None,
     };
     let known = crate::capability::known::Known::of(policies, crate::launcher::NAMESPACES);
-    let warnings = crate::capability::warnings_by_profile(&profiles, &known);
+    // Quoted as they are: the page escapes only what hides or reorders text.
+    let warnings =
+        crate::capability::warnings_quoted(&profiles, &known, &|s: &str| format!("\"{s}\""));
     let pinned = profiles
         .policy_pins
         .contains(&policies.fingerprint)
