@@ -517,7 +517,7 @@ fn a_survivor_names_its_place_and_shows_its_replacement_in_place() {
         "{after:?}"
     );
     assert!(
-        shown.contains("whose pid probe answers \"alive\" is retired by the mutant"),
+        shown.contains("whose pid probe answers “alive” is retired by the mutant"),
         "deleting the forbid lets a live pid through: {shown}"
     );
 }

@@ -95,20 +95,26 @@ fn seconds(us: i64) -> String {
     format!("{sign}{whole}.{} s", fraction.trim_end_matches('0'))
 }
 
+/// A value as a sentence quotes it: a text in typographic quotes (so the
+/// sentence reads the same in a fixture's JSON description, where a `"`
+/// would be escaped), anything else as JSON writes it.
+fn quoted(v: &Json) -> String {
+    match v.as_str() {
+        Some(text) => format!("“{text}”"),
+        None => v.to_string(),
+    }
+}
+
 /// A set's elements, quoted and joined.
 fn listed(v: &Json) -> String {
-    let items: Vec<String> = v
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|x| x.to_string())
-        .collect();
+    let items: Vec<String> = v.as_array().into_iter().flatten().map(quoted).collect();
     items.join(", ")
 }
 
 /// One deciding attribute in words.
 fn phrase(kind: &str, attr: &str, v: &Json, worker: &Json) -> String {
     let text = v.as_str().unwrap_or("");
+    let quoted = quoted(v);
     let long = v.as_i64().unwrap_or(0);
     let yes = v.as_bool().unwrap_or(false);
     let empty = v.as_array().is_some_and(Vec::is_empty);
@@ -126,8 +132,8 @@ fn phrase(kind: &str, attr: &str, v: &Json, worker: &Json) -> String {
         ("Worker", "ttl_sign") if long == 0 => "whose TTL is zero".into(),
         ("Worker", "ttl_sign") if long < 0 => "whose TTL is negative".into(),
         ("Worker", "ttl_sign") => "whose TTL is positive".into(),
-        ("Worker", "pid_probe") => format!("whose pid probe answers {v}"),
-        ("Worker", "status") => format!("whose status is {v}"),
+        ("Worker", "pid_probe") => format!("whose pid probe answers {quoted}"),
+        ("Worker", "status") => format!("whose status is {quoted}"),
         ("Worker", "identity_row_count") => format!("whose identity is on {long} row(s)"),
         ("Worker", "blank_fields") if empty => "with no field blank".into(),
         ("Worker", "blank_fields") => format!("with {} blank", listed(v)),
@@ -142,16 +148,16 @@ fn phrase(kind: &str, attr: &str, v: &Json, worker: &Json) -> String {
             "whose pid's process cannot be read".into()
         }
         ("Worker", "live_start_time") => {
-            format!("whose pid now belongs to a process started at {v}")
+            format!("whose pid now belongs to a process started at {quoted}")
         }
-        ("Worker", "host_id") => format!("registered on host {v}"),
-        ("Worker", "boot_id") => format!("registered in boot {v}"),
-        ("Worker", "pid_namespace") => format!("registered from pid namespace {v}"),
+        ("Worker", "host_id") => format!("registered on host {quoted}"),
+        ("Worker", "boot_id") => format!("registered in boot {quoted}"),
+        ("Worker", "pid_namespace") => format!("registered from pid namespace {quoted}"),
         ("Run", "host_id_known") if !yes => "planned on a host whose name cannot be read".into(),
         ("Run", "boot_id_known") if !yes => "planned in a boot whose id cannot be read".into(),
-        ("Run", "host_id") => format!("planned on host {v}"),
-        ("Run", "boot_id") => format!("planned in boot {v}"),
-        ("Run", "pid_namespace") => format!("planned from pid namespace {v}"),
+        ("Run", "host_id") => format!("planned on host {quoted}"),
+        ("Run", "boot_id") => format!("planned in boot {quoted}"),
+        ("Run", "pid_namespace") => format!("planned from pid namespace {quoted}"),
         ("Run", "canonical_repository_given") if !yes => {
             "planned with no canonical repository given".into()
         }
@@ -160,10 +166,10 @@ fn phrase(kind: &str, attr: &str, v: &Json, worker: &Json) -> String {
         }
         ("Operator", "exists") if !yes => "not in profiles.json".into(),
         ("Operator", "well_formed") if !yes => "whose entry is malformed".into(),
-        ("Operator", "role") => format!("whose role is {v}"),
+        ("Operator", "role") => format!("whose role is {quoted}"),
         ("Operator", "allowed_operations") if empty => "allowed no operation".into(),
         ("Operator", "allowed_operations") => format!("allowed {}", listed(v)),
-        _ => format!("with {attr} {v}"),
+        _ => format!("with {attr} {quoted}"),
     }
 }
 
