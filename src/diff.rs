@@ -25,29 +25,11 @@ use crate::verify::sym_err;
 use cedar_policy::{ActionConstraint, Effect, Policy, PolicySet, RequestEnv};
 use cedar_policy_symcc::solver::LocalSolver;
 use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicy, CompiledPolicySet};
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 
 /// The first-stage actions, where allowing fewer requests is the loosening.
 pub const MAY_BE_LIVE_ACTIONS: &[&str] = &crate::policy::entities::FIRST_STAGE_ACTIONS;
-
-/// The order actions are reported in: retirement first, then what decides
-/// its peers (the first stage, in its own order), then the operator's
-/// capabilities.
-fn action_rank(action: &str) -> usize {
-    let first_stage = &crate::policy::entities::FIRST_STAGE_ACTIONS;
-    let capabilities = ["snapshot", "plan", "apply"];
-    if action == "retire" {
-        return 0;
-    }
-    if let Some(i) = first_stage.iter().position(|a| *a == action) {
-        return 1 + i;
-    }
-    capabilities
-        .iter()
-        .position(|a| *a == action)
-        .map_or(usize::MAX, |i| 1 + first_stage.len() + i)
-}
 
 /// How an action's decisions moved from OLD to NEW, in safety terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -100,7 +82,13 @@ pub struct Counterexample {
     pub old_allows: bool,
     /// NEW allows the request.
     pub new_allows: bool,
-    /// The request and entities as a fixture case, ready to save.
+    /// What it is, in one sentence.
+    pub sentence: String,
+    /// The attributes the difference needs, each other than a realistic
+    /// row's (`Worker.ttl_us`).
+    pub deciding: Vec<String>,
+    /// The request and entities as a fixture case, ready to save: a
+    /// realistic row with only the deciding attributes from the solver.
     pub case: Json,
 }
 
@@ -198,20 +186,42 @@ pub fn load_named(arg: &str) -> Result<Policies> {
             ),
         ));
     }
-    let (rev, dir) = match arg.split_once(':') {
-        Some((rev, dir)) => (rev, dir.trim_end_matches('/')),
-        None => (arg, "policies"),
-    };
+    let (rev, dir) = rev_and_dir(arg);
     let mut files = Vec::new();
     for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
-        let spec = if dir.is_empty() {
-            format!("{rev}:{name}")
-        } else {
-            format!("{rev}:{dir}/{name}")
-        };
-        files.push((name.to_string(), git_show(arg, &spec)?));
+        files.push((name.to_string(), git_show(arg, &spec(arg, name))?));
     }
     Policies::from_texts(&files, format!("git {rev}:{dir}"))
+}
+
+/// A revision argument's revision and folder: `REV` is `REV:policies`.
+fn rev_and_dir(arg: &str) -> (&str, &str) {
+    match arg.split_once(':') {
+        Some((rev, dir)) => (rev, dir.trim_end_matches('/')),
+        None => (arg, "policies"),
+    }
+}
+
+/// `git show`'s name of the file `name` of a revision's policy folder.
+fn spec(arg: &str, name: &str) -> String {
+    match rev_and_dir(arg) {
+        (rev, "") => format!("{rev}:{name}"),
+        (rev, dir) => format!("{rev}:{dir}/{name}"),
+    }
+}
+
+/// The text of another file of a set named as [`load_named`] names one
+/// (`properties/retirement.cedar` of a folder or of a revision's folder),
+/// when it has one.
+pub fn named_file(arg: &str, name: &str) -> Option<String> {
+    let path = Path::new(arg);
+    if path.is_dir() {
+        return crate::policy::read_folder_file(&path.join(name)).ok();
+    }
+    if arg.starts_with('-') {
+        return None;
+    }
+    git_show(arg, &spec(arg, name)).ok()
 }
 
 /// The text of one file of a revision, `git show --end-of-options SPEC`,
@@ -298,12 +308,9 @@ fn applies(policy: &Policy, env: &RequestEnv) -> bool {
     }
 }
 
-fn uid_json(uid: &cedar_policy::EntityUid) -> Json {
-    json!({"type": uid.type_name().to_string(), "id": uid.id().unescaped()})
-}
-
 /// A counterexample as a Cedar-level fixture case that expects OLD's
-/// decision.
+/// decision (as the solver gave it; [`crate::counterexample`] makes it
+/// plain).
 pub(crate) fn case_of(
     env: &cedar_policy_symcc::Env,
     action: &str,
@@ -311,39 +318,20 @@ pub(crate) fn case_of(
     new_allows: bool,
 ) -> Result<Json> {
     let word = |a: bool| if a { "allows" } else { "refuses" };
-    let req = &env.request;
-    let (Some(principal), Some(action_uid), Some(resource)) =
-        (req.principal(), req.action(), req.resource())
-    else {
-        return Err(Error::Internal {
-            doing: "the solver's counterexample has an unknown request variable".into(),
-            source: "incomplete request".into(),
-        });
-    };
-    let mut entities = env.entities.to_json_value().map_err(|e| Error::Internal {
-        doing: "writing the counterexample's entities".into(),
-        source: Box::new(e),
-    })?;
-    // The schema declares the actions; only the principal and resource
-    // entities say anything about this request.
-    if let Json::Array(list) = &mut entities {
-        list.retain(|e| e["uid"]["type"] != "FleetRetire::Action");
-    }
-    Ok(json!({
-        "name": format!("policy diff: OLD {} and NEW {} this {action} request", word(old_allows), word(new_allows)),
-        "description": format!(
+    crate::counterexample::case_of(
+        env,
+        &format!(
+            "policy diff: OLD {} and NEW {} this {action} request",
+            word(old_allows),
+            word(new_allows)
+        ),
+        &format!(
             "Found by `fleet-retire policy diff`. It expects OLD's decision ({}): with NEW's \
              policies it fails. If the change is intended, flip expect.decision.",
             if old_allows { "allow" } else { "deny" }
         ),
-        "request": {
-            "principal": uid_json(principal),
-            "action": uid_json(action_uid),
-            "resource": uid_json(resource),
-        },
-        "entities": entities,
-        "expect": {"decision": if old_allows { "allow" } else { "deny" }},
-    }))
+        old_allows,
+    )
 }
 
 /// Prove how NEW's decisions differ from OLD's, action by action, and what
@@ -353,7 +341,7 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
     refuse_empty("OLD", old)?;
     refuse_empty("NEW", new)?;
     crate::verify::with_solver(async |compiler| {
-        let envs = ordered_envs(&new.schema);
+        let envs = crate::verify::ordered_envs(&new.schema);
         let mut actions = Vec::new();
         for env in &envs {
             actions.push(action_diff(compiler, old, new, env).await?);
@@ -373,17 +361,6 @@ pub fn diff(old: &Policies, new: &Policies) -> Result<PolicyDiff> {
             policies,
         })
     })
-}
-
-/// The schema's request environments, in [`action_rank`] order (other actions
-/// after those, by name).
-fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
-    let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
-    envs.sort_by_key(|e| {
-        let a = e.action().id().unescaped().to_string();
-        (action_rank(&a), a)
-    });
-    envs
 }
 
 /// Rules sorted by file and line.
@@ -427,7 +404,8 @@ async fn action_diff(
     } else {
         (more.is_some(), fewer.is_some())
     };
-    let counterexamples = counterexamples(more.as_ref(), fewer.as_ref(), &action, reversed)?;
+    let counterexamples =
+        counterexamples((old, new), more.as_ref(), fewer.as_ref(), &action, reversed)?;
     Ok(ActionDiff {
         request_env: format!("{} {} {}", env.principal(), env.action(), env.resource()),
         action,
@@ -441,28 +419,40 @@ async fn action_diff(
 /// The counterexamples of one action as fixture cases: a request NEW
 /// allows and OLD refuses (`more`), then one OLD allows and NEW refuses
 /// (`fewer`), each named by its direction (`reversed` for the
-/// may-be-live actions).
+/// may-be-live actions) and made plain.
 fn counterexamples(
+    (old, new): (&Policies, &Policies),
     more: Option<&cedar_policy_symcc::Env>,
     fewer: Option<&cedar_policy_symcc::Env>,
     action: &str,
     reversed: bool,
 ) -> Result<Vec<Counterexample>> {
     let mut out = Vec::new();
-    if let Some(cex) = more {
+    let found = [(more, false, true), (fewer, true, false)];
+    for (cex, old_allows, new_allows) in found {
+        let Some(cex) = cex else {
+            continue;
+        };
+        let raw = case_of(cex, action, old_allows, new_allows)?;
+        let shows = |e: &cedar_policy::Entities, r: &crate::counterexample::Request| {
+            crate::counterexample::allows(&old.set, e, r) == old_allows
+                && crate::counterexample::allows(&new.set, e, r) == new_allows
+        };
+        let plain = crate::counterexample::plain(
+            &raw,
+            &new.schema,
+            &shows,
+            ("NEW", new_allows),
+            ("OLD", old_allows),
+        );
+        let loosening = new_allows != reversed;
         out.push(Counterexample {
-            direction: if reversed { "tightening" } else { "loosening" },
-            old_allows: false,
-            new_allows: true,
-            case: case_of(cex, action, false, true)?,
-        });
-    }
-    if let Some(cex) = fewer {
-        out.push(Counterexample {
-            direction: if reversed { "loosening" } else { "tightening" },
-            old_allows: true,
-            new_allows: false,
-            case: case_of(cex, action, true, false)?,
+            direction: if loosening { "loosening" } else { "tightening" },
+            old_allows,
+            new_allows,
+            sentence: plain.sentence,
+            deciding: plain.deciding,
+            case: plain.case,
         });
     }
     Ok(out)

@@ -14,6 +14,7 @@ pub mod capability;
 pub mod capture;
 pub mod cli;
 pub mod copy;
+pub mod counterexample;
 pub mod coverage;
 pub mod diff;
 pub mod difference;

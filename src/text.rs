@@ -67,6 +67,32 @@ pub fn count(n: usize) -> String {
     out
 }
 
+/// A JSON document for a terminal, pretty-printed, that still parses:
+/// serde_json already writes control characters as `\u` escapes, and the
+/// characters that reorder or hide text (bidirectional marks, overrides
+/// and isolates, zero-width marks), which it writes as they are, are
+/// written as JSON `\u` escapes too (they can only stand inside a string).
+/// Copied from the terminal, it is the same document.
+pub fn json_for_terminal(value: &serde_json::Value) -> String {
+    let text = serde_json::to_string_pretty(value).expect("a JSON value serialises");
+    let hidden = |c: char| {
+        matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    };
+    if !text.chars().any(hidden) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hidden(c) {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `s` as one word for a POSIX shell, so a printed command can be pasted
 /// and run: as it is when made only of characters no shell treats
 /// specially, otherwise in single quotes (a `'` inside written `'"'"'`,

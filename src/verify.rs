@@ -60,8 +60,11 @@ pub struct Proof {
     pub request_env: String,
     /// Whether it holds.
     pub holds: bool,
-    /// When it does not: the request and entities that break it.
+    /// When it does not: the request and entities that break it, in a
+    /// sentence and as a fixture case ([`crate::counterexample`]).
     pub counterexample: Option<String>,
+    /// The same, as its parts.
+    pub witness: Option<crate::counterexample::Plain>,
     /// Where it comes from: its property file, or the policy file whose
     /// policies must never error (for JUnit's suites).
     #[serde(skip)]
@@ -222,6 +225,16 @@ fn parse_properties(files: Vec<(String, String)>, policies: &Policies) -> Result
     Ok(out)
 }
 
+/// The policies of `set` in the order their files list them.
+fn in_file_order<'a>(set: &'a PolicySet, policies: &Policies) -> Vec<&'a Policy> {
+    let mut listed: Vec<&Policy> = set.policies().collect();
+    listed.sort_by_key(|p| {
+        let at = policies.rules.get(p.id()).map(|r| (r.file.clone(), r.line));
+        (at, p.id().to_string())
+    });
+    listed
+}
+
 fn subset(policies: &Policies, file: &str) -> Result<PolicySet> {
     let mut set = PolicySet::new();
     for rule in policies.rules.values().filter(|r| r.file == file) {
@@ -234,6 +247,35 @@ fn subset(policies: &Policies, file: &str) -> Result<PolicySet> {
             .map_err(|e| Error::policy(About::PolicySet, e.to_string()))?;
     }
     Ok(set)
+}
+
+/// The order actions are reported in: retirement first, then what decides
+/// its peers (the first stage, in its own order), then the operator's
+/// capabilities.
+fn action_rank(action: &str) -> usize {
+    let first_stage = &crate::policy::entities::FIRST_STAGE_ACTIONS;
+    let capabilities = ["snapshot", "plan", "apply"];
+    if action == "retire" {
+        return 0;
+    }
+    if let Some(i) = first_stage.iter().position(|a| *a == action) {
+        return 1 + i;
+    }
+    capabilities
+        .iter()
+        .position(|a| *a == action)
+        .map_or(usize::MAX, |i| 1 + first_stage.len() + i)
+}
+
+/// The schema's request environments, in [`action_rank`] order (other actions
+/// after those, by name).
+pub fn ordered_envs(schema: &cedar_policy::Schema) -> Vec<RequestEnv> {
+    let mut envs: Vec<RequestEnv> = schema.request_envs().collect();
+    envs.sort_by_key(|e| {
+        let a = e.action().id().unescaped().to_string();
+        (action_rank(&a), a)
+    });
+    envs
 }
 
 pub(crate) fn applies(policy: &Policy, env: &RequestEnv) -> bool {
@@ -282,15 +324,6 @@ pub fn sym_err(e: impl std::fmt::Display) -> Error {
     )
 }
 
-fn describe(cex: &cedar_policy_symcc::Env) -> String {
-    let entities = cex
-        .entities
-        .to_json_value()
-        .map(|v| serde_json::to_string_pretty(&v).unwrap_or_default())
-        .unwrap_or_default();
-    format!("request: {}\nentities: {entities}", cex.request)
-}
-
 /// What deleting one eligibility forbid would do.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ForbidRole {
@@ -320,24 +353,31 @@ pub fn verify(policies: &Policies, properties: &[Property]) -> Result<Verificati
     with_solver(async |compiler| {
         let schema = &policies.schema;
         let mut proofs = Vec::new();
-        let envs: Vec<RequestEnv> = schema.request_envs().collect();
+        // In one order every run (Cedar's schema and set keep none): the
+        // actions as `policy diff` lists them, each policy in file order.
+        let envs = ordered_envs(schema);
 
         // 1. No eligibility policy can ever error.
         let eligibility = subset(policies, ELIGIBILITY_FILE)?;
+        let eligibility = in_file_order(&eligibility, policies);
         for env in &envs {
-            for p in eligibility.policies().filter(|p| applies(p, env)) {
+            for p in eligibility.iter().copied().filter(|p| applies(p, env)) {
                 let started = std::time::Instant::now();
                 let compiled = CompiledPolicy::compile(p, env, schema).map_err(sym_err)?;
                 let cex = compiler
                     .check_never_errors_with_counterexample_opt(&compiled)
                     .await
                     .map_err(sym_err)?;
+                let witness = cex
+                    .map(|c| crate::counterexample::proofs::erring(&c, p, schema))
+                    .transpose()?;
                 proofs.push(Proof {
                     id: format!("never-errors:{}", p.id()),
                     description: format!("policy {} never errors", p.id()),
                     request_env: env_text(env),
-                    holds: cex.is_none(),
-                    counterexample: cex.as_ref().map(describe),
+                    holds: witness.is_none(),
+                    counterexample: witness.as_ref().map(crate::counterexample::Plain::text),
+                    witness,
                     file: ELIGIBILITY_FILE.to_string(),
                     seconds: started.elapsed().as_secs_f64(),
                     line: policies.rules.get(p.id()).map_or(1, |r| r.line),
@@ -388,6 +428,17 @@ async fn forbid_roles_with(
                 .check_implies_with_counterexample_opt(&less, &whole)
                 .await
                 .map_err(sym_err)?;
+            let decides = cex
+                .map(|c| {
+                    crate::counterexample::proofs::deciding(
+                        &c,
+                        &eligibility,
+                        &without,
+                        &rule.id,
+                        schema,
+                    )
+                })
+                .transpose()?;
             forbids.push(ForbidRole {
                 forbid: rule.id.clone(),
                 reason: rule
@@ -395,8 +446,8 @@ async fn forbid_roles_with(
                     .map(|r| r.code())
                     .unwrap_or_default()
                     .to_string(),
-                shadowed: cex.is_none(),
-                counterexample: cex.as_ref().map(describe),
+                shadowed: decides.is_none(),
+                counterexample: decides.as_ref().map(crate::counterexample::Plain::text),
             });
         }
     }
@@ -492,7 +543,7 @@ async fn prove_with(
     properties: &[Property],
 ) -> Result<Vec<Proof>> {
     let schema = &policies.schema;
-    let envs: Vec<RequestEnv> = schema.request_envs().collect();
+    let envs = ordered_envs(schema);
     let mut proofs = Vec::new();
     for prop in properties {
         // Proved of the whole set, as the program evaluates it: a permit of
@@ -516,12 +567,25 @@ async fn prove_with(
                 .check_implies_with_counterexample_opt(a, b)
                 .await
                 .map_err(sym_err)?;
+            let ceiling = prop.proof == "subject_implies_property";
+            let witness = cex
+                .map(|c| {
+                    crate::counterexample::proofs::breaking(
+                        &c,
+                        &subject,
+                        &prop.policy,
+                        ceiling,
+                        schema,
+                    )
+                })
+                .transpose()?;
             proofs.push(Proof {
                 id: prop.id.clone(),
                 description: prop.description.clone(),
                 request_env: env_text(env),
-                holds: cex.is_none(),
-                counterexample: cex.as_ref().map(describe),
+                holds: witness.is_none(),
+                counterexample: witness.as_ref().map(crate::counterexample::Plain::text),
+                witness,
                 file: prop.file.clone(),
                 seconds: started.elapsed().as_secs_f64(),
                 line: prop.line,

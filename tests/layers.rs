@@ -29,7 +29,7 @@ const LAYERS: &[&[&str]] = &[
     &["evidence"],
     &["observe"],
     &["policy"],
-    &["capability", "snapshot"],
+    &["capability", "snapshot", "counterexample"],
     &["plan"],
     &["explain", "launcher", "worker", "copy"],
     &["apply"],

@@ -480,3 +480,50 @@ fn every_mutant_is_placed_on_the_text_it_mutates() {
         }
     }
 }
+
+/// A survivor's line says where it stands (`file:line:column`) and shows
+/// its line before and with the replacement in place, then its witness in
+/// one sentence over a realistic row.
+#[test]
+fn a_survivor_names_its_place_and_shows_its_replacement_in_place() {
+    if skip_unless(cvc5_available(), "cvc5") {
+        return;
+    }
+    let folder = common::reports::policy_folder(false);
+    let source = std::fs::read_to_string(folder.path().join("retirement.cedar")).unwrap();
+    let condition = "when { resource.pid_probe != \"dead\" };";
+    let line = source.lines().position(|l| l == condition).unwrap() + 1;
+    let out = run(&[
+        "--policies",
+        folder.path().to_str().unwrap(),
+        "policy",
+        "mutate",
+        "--only",
+        "pid-alive",
+    ]);
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    let head = format!("SURVIVED retirement.cedar:{line}:8 pid-alive comparison:");
+    let at = shown
+        .find(&head)
+        .unwrap_or_else(|| panic!("no {head:?}: {shown}"));
+    let after: Vec<&str> = shown[at..].lines().skip(1).take(3).collect();
+    assert_eq!(
+        after[0].trim(),
+        format!("{line} - {condition}"),
+        "{after:?}"
+    );
+    assert_eq!(
+        after[1].trim(),
+        format!("{line} + when {{ resource.pid_probe == \"dead\" }};"),
+        "{after:?}"
+    );
+    assert!(
+        after[2].contains("is kept by the mutant and retired by the policies"),
+        "{after:?}"
+    );
+    assert!(
+        shown.contains("whose pid probe answers “alive” is retired by the mutant"),
+        "deleting the forbid lets a live pid through: {shown}"
+    );
+}

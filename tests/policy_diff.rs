@@ -119,6 +119,7 @@ fn a_loosened_forbid_is_loosened_with_a_counterexample_that_new_retires_and_old_
         (600_000_001..=900_000_000).contains(&age),
         "the counterexample's heartbeat age {age} µs is not in the loosened band"
     );
+    plausible(&doc, &retire["counterexamples"][0]);
     let old = bin().arg("test").arg(&case).output().unwrap();
     assert!(old.status.success(), "{}", text(&old));
     let with_new = bin()
@@ -130,6 +131,94 @@ fn a_loosened_forbid_is_loosened_with_a_counterexample_that_new_retires_and_old_
         .unwrap();
     assert_eq!(with_new.status.code(), Some(1), "{}", text(&with_new));
     assert!(text(&with_new).contains("decision: want deny, got allow"));
+}
+
+/// A counterexample as a person reads it: a realistic row (the run and
+/// the worker named as a plan names them, on this host and boot, every
+/// count at least 0, no Long at its limit) that differs from the realistic
+/// row only in its few deciding attributes, said in one sentence.
+fn plausible(case: &Value, found: &Value) {
+    let sentence = found["sentence"].as_str().unwrap();
+    assert!(
+        sentence.starts_with("a worker ") && sentence.ends_with("by NEW and kept by OLD"),
+        "{sentence}"
+    );
+    let deciding: Vec<&str> = found["deciding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(!deciding.is_empty() && deciding.len() <= 2, "{deciding:?}");
+    assert_eq!(case["request"]["principal"]["id"], "current");
+    assert_eq!(case["request"]["resource"]["id"], "row-0");
+    let entity = |kind: &str| {
+        case["entities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["uid"]["type"] == format!("FleetRetire::{kind}"))
+            .unwrap()["attrs"]
+            .clone()
+    };
+    let (run, worker) = (entity("Run"), entity("Worker"));
+    for (kind, attrs) in [("Run", &run), ("Worker", &worker)] {
+        let realistic = fleet_retire::counterexample::base::realistic(kind)
+            .unwrap()
+            .1;
+        for (attr, value) in attrs.as_object().unwrap() {
+            let named = format!("{kind}.{attr}");
+            // Set to agree with a deciding attribute (a TTL of sign 0 is 0 µs).
+            let implied = ["ttl_us", "ttl_sign", "heartbeat_age_us", "live_start_time"];
+            if !deciding.contains(&named.as_str()) && !implied.contains(&attr.as_str()) {
+                assert_eq!(
+                    value, &realistic[attr],
+                    "{named} is not the realistic row's"
+                );
+            }
+            if let Some(n) = value.as_i64() {
+                assert!((0..i64::MAX / 2).contains(&n), "{named} is {n}");
+            }
+        }
+    }
+    assert_eq!(run["boot_id"], worker["boot_id"]);
+    assert_eq!(run["host_id"], worker["host_id"]);
+    assert!(case["description"]
+        .as_str()
+        .unwrap()
+        .contains(&sentence[2..]));
+}
+
+/// The realistic row counterexamples start from is one the built-in set
+/// retires, and its operator one it lets do everything: as fixture cases,
+/// they pass.
+#[test]
+fn the_realistic_row_is_retired_and_its_operator_allowed() {
+    let realistic = |kind: &str| {
+        let (id, attrs) = fleet_retire::counterexample::base::realistic(kind).unwrap();
+        serde_json::json!({"uid": {"type": format!("FleetRetire::{kind}"), "id": id},
+                           "attrs": attrs, "parents": []})
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases = vec![("retire", "Run", "Worker")];
+    for op in ["snapshot", "plan", "apply"] {
+        cases.push((op, "Operator", "Registry"));
+    }
+    for (action, principal, resource) in cases {
+        let (p, r) = (realistic(principal), realistic(resource));
+        let case = serde_json::json!({
+            "name": format!("the realistic {resource}: {action}"),
+            "request": {"principal": p["uid"], "resource": r["uid"],
+                        "action": {"type": "FleetRetire::Action", "id": action}},
+            "entities": [p, r],
+            "expect": {"decision": "allow"},
+        });
+        let file = dir.path().join(format!("{action}.json"));
+        std::fs::write(&file, case.to_string()).unwrap();
+    }
+    let out = bin().arg("test").arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("4 passed"), "{}", text(&out));
 }
 
 #[test]
@@ -325,6 +414,17 @@ fn a_loosened_capability_names_the_operator_new_grants() {
     assert!(
         role != "controller" && role != "reconciler",
         "the operator NEW grants holds another role: {operator}"
+    );
+    // A role profiles.json holds, not one the solver made up; the rest of
+    // the operator as a controller's.
+    assert_eq!(role, "author", "{operator}");
+    assert_eq!(
+        apply["counterexamples"][0]["deciding"],
+        serde_json::json!(["Operator.role"])
+    );
+    assert_eq!(
+        operator["attrs"]["allowed_operations"],
+        serde_json::json!(["gitea.read", "gitea.worker_registry.retire"])
     );
     // The fixtures show it too: some author or similar gains apply.
     assert!(report["observed"]

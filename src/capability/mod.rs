@@ -526,24 +526,35 @@ pub fn warnings(profiles: &Profiles, known: &known::Known) -> Vec<String> {
 }
 
 /// The same, each with the profile it is about (the first of two that look
-/// alike).
+/// alike), names quoted for a terminal (escaped, as `{:?}` quotes them).
 pub fn warnings_by_profile(profiles: &Profiles, known: &known::Known) -> Vec<(String, String)> {
-    let esc = |s: &str| crate::text::esc(s).into_owned();
+    warnings_quoted(profiles, known, &|s: &str| {
+        format!("{:?}", crate::text::esc(s).into_owned())
+    })
+}
+
+/// The same, names quoted by `quote` (the reviewer's page quotes them as
+/// they are: it escapes only what hides or reorders text).
+pub fn warnings_quoted(
+    profiles: &Profiles,
+    known: &known::Known,
+    quote: &dyn Fn(&str) -> String,
+) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for (name, p) in &profiles.profiles {
-        let mut about: Vec<String> = typos(name, p, known);
+        let mut about: Vec<String> = typos(name, p, known, quote);
         if !p.problems.is_empty() {
             about.push(format!(
-                "profile {:?} is malformed and is denied everything: {}",
-                esc(name),
+                "profile {} is malformed and is denied everything: {}",
+                quote(name),
                 p.problems.join("; ")
             ));
         }
         if name.chars().any(char::is_whitespace) {
             about.push(format!(
-                "profile {:?} holds white space, which a table does not show: it may be posing \
+                "profile {} holds white space, which a table does not show: it may be posing \
                  as another name",
-                esc(name)
+                quote(name)
             ));
         }
         let mut scripts: Vec<&str> = name.chars().filter_map(script).collect();
@@ -551,8 +562,8 @@ pub fn warnings_by_profile(profiles: &Profiles, known: &known::Known) -> Vec<(St
         scripts.dedup();
         if scripts.len() > 1 {
             about.push(format!(
-                "profile {:?} mixes scripts ({}): it may be posing as another name",
-                esc(name),
+                "profile {} mixes scripts ({}): it may be posing as another name",
+                quote(name),
                 scripts.join(" + ")
             ));
         }
@@ -563,9 +574,9 @@ pub fn warnings_by_profile(profiles: &Profiles, known: &known::Known) -> Vec<(St
         for b in &names[i + 1..] {
             if skeleton(a) == skeleton(b) {
                 out.push(((*a).clone(), format!(
-                    "profiles {:?} and {:?} look alike; a person reading the table cannot tell them apart",
-                    esc(a),
-                    esc(b)
+                    "profiles {} and {} look alike; a person reading the table cannot tell them apart",
+                    quote(a),
+                    quote(b)
                 )));
             }
         }
@@ -575,18 +586,22 @@ pub fn warnings_by_profile(profiles: &Profiles, known: &known::Known) -> Vec<(St
 
 /// A profile's role that no policy reads and is no fleet role, and its
 /// operations a letter or two off one the policies read.
-fn typos(name: &str, p: &Profile, known: &known::Known) -> Vec<String> {
-    let esc = |s: &str| crate::text::esc(s).into_owned();
+fn typos(
+    name: &str,
+    p: &Profile,
+    known: &known::Known,
+    quote: &dyn Fn(&str) -> String,
+) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(role) = &p.role {
         if let Some(near) = known.role_near(role) {
             let roles: Vec<&str> = known.roles.iter().map(String::as_str).collect();
             let hint = near.map_or(String::new(), |n| format!("; did you mean {n:?}?"));
             out.push(format!(
-                "profile {:?}: role {:?} is no role the capability policies read nor a fleet \
+                "profile {}: role {} is no role the capability policies read nor a fleet \
                  role ({}), so no policy grants it anything by role{hint}",
-                esc(name),
-                esc(role),
+                quote(name),
+                quote(role),
                 roles.join(", ")
             ));
         }
@@ -594,10 +609,10 @@ fn typos(name: &str, p: &Profile, known: &known::Known) -> Vec<String> {
     for op in p.allowed_operations.iter().flatten() {
         if let Some(near) = known.operation_near(op) {
             out.push(format!(
-                "profile {:?}: allowed_operations holds {:?}, which no capability policy reads; \
+                "profile {}: allowed_operations holds {}, which no capability policy reads; \
                  did you mean {near:?}?",
-                esc(name),
-                esc(op)
+                quote(name),
+                quote(op)
             ));
         }
     }

@@ -299,15 +299,14 @@ fn print_action(a: &crate::diff::ActionDiff) -> Result<()> {
         a.change.word().to_uppercase()
     )?;
     for c in &a.counterexamples {
+        crate::outln!("    counterexample ({}): {}", c.direction, esc(&c.sentence))?;
         crate::outln!(
-            "    counterexample ({}): OLD {}, NEW {}; as a fixture case:",
-            c.direction,
-            if c.old_allows { "allows" } else { "refuses" },
-            if c.new_allows { "allows" } else { "refuses" }
+            "    deciding attributes: {}",
+            crate::counterexample::deciding_text(&c.deciding)
         )?;
-        let text = serde_json::to_string_pretty(&c.case).expect("a case serialises");
-        for line in text.lines() {
-            crate::outln!("      {}", esc(line))?;
+        crate::outln!("    as a fixture case (--save-counterexamples DIR writes it):")?;
+        for line in crate::text::json_for_terminal(&c.case).lines() {
+            crate::outln!("      {line}")?;
         }
     }
     Ok(())

@@ -17,6 +17,7 @@ pub mod plan;
 pub mod policy;
 pub mod progress;
 pub mod registry;
+pub mod report_gather;
 pub mod report_page;
 pub mod sample;
 pub mod serve;

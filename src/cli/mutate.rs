@@ -60,7 +60,7 @@ pub fn run(
             .expect("the report serialises")
         )?,
         Format::Human | Format::Junit | Format::Lcov => {
-            print_human(&report, &saved, started.elapsed())?
+            print_human(&report, &policies, &saved, started.elapsed())?
         }
     }
     if below {
@@ -94,9 +94,14 @@ fn save_survivors(report: &Report, save: Option<&Path>) -> Result<Vec<PathBuf>> 
     Ok(saved)
 }
 
-fn print_human(report: &Report, saved: &[PathBuf], took: std::time::Duration) -> Result<()> {
+fn print_human(
+    report: &Report,
+    policies: &crate::policy::Policies,
+    saved: &[PathBuf],
+    took: std::time::Duration,
+) -> Result<()> {
     for o in report.outcomes.iter().filter(|o| o.status == "survived") {
-        print_survivor(o)?;
+        print_survivor(o, policies)?;
     }
     print_shadowed(report)?;
     crate::outln!(
@@ -135,23 +140,76 @@ fn print_human(report: &Report, saved: &[PathBuf], took: std::time::Duration) ->
     Ok(())
 }
 
-fn print_survivor(o: &Outcome) -> Result<()> {
+/// A survivor: where it stands (`file:line:column`), its line before and
+/// with the replacement in place, its witness in one sentence and as a
+/// fixture case that kills it.
+fn print_survivor(o: &Outcome, policies: &crate::policy::Policies) -> Result<()> {
+    let rule = policies.rules.get(&cedar_policy::PolicyId::new(&o.policy));
+    let file = rule.map_or("?", |r| r.file.as_str());
+    let text = rule.and_then(|r| policies.texts.get(&r.file));
+    let (line, column) = o.location.map_or((0, 0), |at| at.start);
     crate::outln!(
-        "SURVIVED {} {}: `{}` -> `{}` ({})",
+        "SURVIVED {}:{line}:{column} {} {}: `{}` -> `{}` ({})",
+        esc(file),
         esc(&o.policy),
         o.operator,
         esc(&o.before),
         esc(&o.after),
         o.moved.join(", ")
     )?;
+    if let (Some(text), Some(at)) = (text, o.location) {
+        for shown in in_place(text, at, &o.after) {
+            crate::outln!("    {}", esc(&shown))?;
+        }
+    }
+    if let Some(sentence) = &o.sentence {
+        crate::outln!("    {}", esc(sentence))?;
+        crate::outln!(
+            "    deciding attributes: {}",
+            crate::counterexample::deciding_text(&o.deciding)
+        )?;
+    }
     if let Some(case) = &o.witness {
-        crate::outln!("    a case that kills it (save it as a fixture file):")?;
-        let text = serde_json::to_string_pretty(case).expect("a case serialises");
-        for line in text.lines() {
-            crate::outln!("    {}", esc(line))?;
+        crate::outln!("    a case that kills it (--save-survivors DIR writes it):")?;
+        for line in crate::text::json_for_terminal(case).lines() {
+            crate::outln!("    {line}")?;
         }
     }
     Ok(())
+}
+
+/// The mutated lines of `text` as they are (`-`) and with `after` in place
+/// of the span (`+`), each with its line number; a long span shows its
+/// first lines. A deletion or a removed condition shows its words.
+fn in_place(text: &str, at: crate::mutate::locate::Span, after: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (first, last) = (at.start.0, at.end.0.max(at.start.0));
+    if first == 0 || last > lines.len() {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = (first..=last)
+        .take(3)
+        .map(|n| format!("{n:>4} - {}", lines[n - 1]))
+        .collect();
+    if last - first >= 3 {
+        out.push(format!("     - … to line {last}"));
+    }
+    let described = after.starts_with('(') && after.ends_with(')');
+    let replaced = if described {
+        after.to_string()
+    } else {
+        let head: String = lines[first - 1]
+            .chars()
+            .take(at.start.1.saturating_sub(1))
+            .collect();
+        let tail: String = lines[last - 1]
+            .chars()
+            .skip(at.end.1.saturating_sub(1))
+            .collect();
+        format!("{head}{after}{tail}")
+    };
+    out.push(format!("{first:>4} + {replaced}"));
+    out
 }
 
 /// Per forbid, how many mutants changed only which rows it names (shadowed).

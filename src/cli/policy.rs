@@ -33,6 +33,12 @@ pub enum PolicyCommand {
         /// Print only the failed proofs and the closing count.
         #[arg(long)]
         quiet: bool,
+        /// Write each failed proof's counterexample into DIR as a fixture
+        /// case (`PROPERTY-N.json`, N counting its request environments):
+        /// it expects what the property demands, so it fails until the
+        /// policies are mended.
+        #[arg(long, value_name = "DIR")]
+        save_counterexamples: Option<std::path::PathBuf>,
     },
     /// Every single-point mutant of the policies, and whether a property
     /// (policies/properties/) or a fixture case kills it; each survivor is
@@ -356,12 +362,15 @@ fn list(cli: &Cli) -> Result<ExitCode> {
     Ok(ExitCode::Ok)
 }
 
-fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
+fn verify(cli: &Cli, quiet: bool, save: Option<&std::path::Path>) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
     let properties = crate::verify::load_properties(cli.policies.as_deref(), &policies, true)?;
     let verification = crate::verify::verify(&policies, &properties)?;
     let proofs = &verification.proofs;
     let failed = proofs.iter().filter(|p| !p.holds).count();
+    for path in save_counterexamples(proofs, save)? {
+        eprintln!("saved {}", crate::text::esc(&path.display().to_string()));
+    }
     match cli.format {
         Format::Json => crate::outln!(
             "{}",
@@ -420,6 +429,34 @@ fn verify(cli: &Cli, quiet: bool) -> Result<ExitCode> {
     } else {
         ExitCode::ProofFailed
     })
+}
+
+/// With `--save-counterexamples DIR`: each failed proof's counterexample
+/// as a fixture file, `PROPERTY-N.json` (N counts the property's failed
+/// request environments); the paths written.
+fn save_counterexamples(
+    proofs: &[crate::verify::Proof],
+    save: Option<&std::path::Path>,
+) -> Result<Vec<std::path::PathBuf>> {
+    let Some(dir) = save else {
+        return Ok(Vec::new());
+    };
+    std::fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create the folder"))?;
+    let mut saved = Vec::new();
+    let mut per: std::collections::BTreeMap<&str, usize> = Default::default();
+    for p in proofs.iter().filter(|p| !p.holds) {
+        let Some(w) = &p.witness else {
+            continue;
+        };
+        let n = per.entry(p.id.as_str()).or_default();
+        let path = dir.join(crate::outfile::safe_name(&format!("{}-{n}.json", p.id)));
+        *n += 1;
+        let text = serde_json::to_string_pretty(&w.case).expect("a case serialises");
+        crate::outfile::replace(&path, format!("{text}\n").as_bytes())
+            .map_err(Error::io(&path, "cannot write the counterexample"))?;
+        saved.push(path);
+    }
+    Ok(saved)
 }
 
 /// Each proof that does not hold, as a SARIF finding at the property (or
@@ -487,7 +524,10 @@ pub fn run(cli: &Cli, args: &PolicyArgs) -> Result<ExitCode> {
     match &args.command {
         PolicyCommand::Validate { fix_format } => validate(cli, *fix_format),
         PolicyCommand::List => list(cli),
-        PolicyCommand::Verify { quiet } => verify(cli, *quiet),
+        PolicyCommand::Verify {
+            quiet,
+            save_counterexamples,
+        } => verify(cli, *quiet, save_counterexamples.as_deref()),
         PolicyCommand::Report(args) => crate::cli::report_page::run(cli, args),
         PolicyCommand::Mutate {
             fixtures,

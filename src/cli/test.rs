@@ -90,6 +90,20 @@ fn judge(cli: &Cli, policies: &crate::policy::Policies, file: &std::path::Path) 
     })
 }
 
+/// Load and judge one fixture file for the reviewer's page: its case's
+/// name and what differs (who decided it is `fleet-retire test`'s part).
+pub(crate) fn differences(
+    policies: &crate::policy::Policies,
+    file: &std::path::Path,
+) -> Result<(String, Vec<crate::fixture::Difference>)> {
+    Ok(match &load(file)? {
+        Case::Plan(c) => (c.name.clone(), c.differences(&c.plan(policies)?)),
+        Case::Capability(c) => (c.name.clone(), c.differences(policies)?),
+        Case::Snapshot(c) => (c.name.clone(), c.differences()),
+        Case::Entity(c) => (c.name.clone(), c.differences(policies, file)?),
+    })
+}
+
 /// The command that explains `worker`'s rows in `file` under the policies
 /// this run used, each word quoted for a shell as needed.
 fn explain_command(cli: &Cli, file: &std::path::Path, worker: &str) -> String {

@@ -31,7 +31,9 @@ struct Cache {
 impl Cache {
     fn new(policies: &Policies, properties: &[Property]) -> Result<Cache> {
         let schema = &policies.schema;
-        let envs: Vec<RequestEnv> = schema.request_envs().collect();
+        // The actions in one order every run, so that a mutant's first
+        // witness and first killing property are the same each time.
+        let envs: Vec<RequestEnv> = crate::verify::ordered_envs(schema);
         let original = envs
             .iter()
             .map(|env| CompiledPolicySet::compile(&policies.set, env, schema).map_err(sym_err))
@@ -125,6 +127,8 @@ fn outcome(m: &Mutant, status: &'static str) -> Outcome {
         killed_by_fixture: None,
         moved: Vec::new(),
         witness: None,
+        sentence: None,
+        deciding: Vec::new(),
         invalid: None,
     }
 }
@@ -190,10 +194,15 @@ async fn judge(
         None => property_kill(compiler, cache, &mutant, properties, &touched).await?,
     };
     let killed = killed_by_fixture.is_some() || killed_by_property.is_some();
+    let witness = (!killed).then(|| witness(&moved[0], m, policies, &mutant));
     Ok(Outcome {
         killed_by_property,
         killed_by_fixture,
-        witness: (!killed).then(|| witness(&moved[0], m)),
+        sentence: witness.as_ref().map(|w| w.sentence.clone()),
+        deciding: witness
+            .as_ref()
+            .map_or_else(Vec::new, |w| w.deciding.clone()),
+        witness: witness.map(|w| w.case),
         moved: moved
             .iter()
             .map(|d| format!("{}: {}", d.action, d.direction))
@@ -441,8 +450,13 @@ async fn property_kill(
 }
 
 /// A survivor's witness: the solver's request, as a fixture case named
-/// after the mutant.
-fn witness(moved: &Moved, m: &Mutant) -> Json {
+/// after the mutant, made plain.
+fn witness(
+    moved: &Moved,
+    m: &Mutant,
+    policies: &Policies,
+    mutant: &Policies,
+) -> crate::counterexample::Plain {
     let mut case = moved.case.clone();
     case["name"] = Json::from(format!(
         "policy mutate: {} {} ({} of {})",
@@ -454,5 +468,16 @@ fn witness(moved: &Moved, m: &Mutant) -> Json {
          case expects the policies' own decision, so saved it kills the mutant.",
         m.policy, m.operator, m.before, m.after
     ));
-    case
+    let mutant_allows = moved.mutant_allows;
+    let shows = |e: &cedar_policy::Entities, r: &crate::counterexample::Request| {
+        crate::counterexample::allows(&mutant.set, e, r) == mutant_allows
+            && crate::counterexample::allows(&policies.set, e, r) != mutant_allows
+    };
+    crate::counterexample::plain(
+        &case,
+        &policies.schema,
+        &shows,
+        ("the mutant", mutant_allows),
+        ("the policies", !mutant_allows),
+    )
 }

@@ -51,8 +51,13 @@ pub struct Outcome {
     /// Per action whose decisions moved: `retire: loosening`, ...
     pub moved: Vec<String>,
     /// For a survivor: a request the mutant decides otherwise, as a fixture
-    /// case expecting the original's decision (save it to kill the mutant).
+    /// case expecting the original's decision (save it to kill the mutant),
+    /// made plain ([`crate::counterexample`]).
     pub witness: Option<Json>,
+    /// For a survivor: its witness in one sentence.
+    pub sentence: Option<String>,
+    /// For a survivor: the witness's deciding attributes.
+    pub deciding: Vec<String>,
     /// For an invalid mutant: why.
     pub invalid: Option<String>,
 }

@@ -40,11 +40,13 @@ pub fn matrix(g: &GrantsSeen, properties: &[Property], v: &Verification) -> Gran
     };
     let rows = names
         .into_iter()
-        .map(|profile| GrantRow {
+        .enumerate()
+        .map(|(r, profile)| GrantRow {
             profile: visible(profile),
             cells: operations
                 .iter()
-                .map(|op| {
+                .enumerate()
+                .map(|(c, op)| {
                     let now = allowed(Some(&g.now), profile, op);
                     let change = match before.map(|b| allowed(Some(b), profile, op)) {
                         Some(false) if now => "granted",
@@ -52,6 +54,7 @@ pub fn matrix(g: &GrantsSeen, properties: &[Property], v: &Verification) -> Gran
                         _ => "",
                     };
                     GrantCell {
+                        anchor: format!("grant-{r}-{c}"),
                         operation: op.clone(),
                         allowed: now,
                         change,
@@ -71,6 +74,11 @@ pub fn matrix(g: &GrantsSeen, properties: &[Property], v: &Verification) -> Gran
         against: g.against.as_ref().map(|(f, _)| visible(f)),
         operations,
         rows,
-        warnings: g.warnings.iter().map(|(_, w)| visible(w)).collect(),
+        warnings: g
+            .warnings
+            .iter()
+            .enumerate()
+            .map(|(n, (_, w))| (visible(w), format!("warning-{n}")))
+            .collect(),
     }
 }

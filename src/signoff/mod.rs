@@ -1,28 +1,44 @@
 //! `policy report --out DIR`: one static page a reviewer opens from disk
-//! and attaches to a sign-off. It shows the set's fingerprint and source,
-//! every policy and property file line by line, each policy with its
-//! proofs, its fixture coverage and its mutants (a survivor marked at the
-//! line of the mutated text, a failing property at its own line), the
-//! capability grants as a matrix, and the proved difference from a base.
+//! and attaches to a sign-off. It opens with a verdict, **Ready to sign**
+//! or **Not ready to sign**, and every reason, each linked to its place on
+//! the page ([`verdict`]); then, with `--base`, the change itself
+//! ([`change`]: the proved difference per action with a counterexample
+//! each, the fixture verdicts that move, each changed file as a diff in
+//! the source view); the failing proofs, each once, with the change that
+//! breaks it ([`blame`], [`failing`]); the failing fixtures; every policy
+//! with its proofs, fixture coverage and mutants ([`rows`]); the grants
+//! ([`grants`]); and every policy and property file line by line
+//! ([`lines`]).
 //!
 //! The page is rendered by askama from `page.html`, which escapes every
 //! value; it holds no script and its content security policy forbids
 //! fetching anything, so it works from a `file://` URL with no network.
 
+pub mod blame;
+mod cex;
+mod change;
+mod failing;
 mod grants;
+mod linediff;
 mod lines;
+mod rows;
+mod verdict;
 mod view;
+
+pub use blame::Blame;
+pub use verdict::Verdict;
+pub use view::Reason;
 
 use crate::capability::Grants as Matrix;
 use crate::coverage::Coverage;
-use crate::diff::PolicyDiff;
+use crate::diff::{Observed, PolicyDiff};
 use crate::mutate::locate::Span;
 use crate::policy::Policies;
 use crate::verify::{Property, Verification};
 use askama::Template;
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
-use view::{Attention, Page, PolicyRow, ProofMark};
+use view::Page;
 
 /// One judged mutant, as `policy mutate --format json` writes it (so a
 /// run kept from CI and one made now read alike).
@@ -32,7 +48,7 @@ pub struct Judged {
     pub policy: String,
     /// The operator.
     pub operator: String,
-    /// The mutated place, before and after.
+    /// The mutated place, before.
     pub before: String,
     /// After.
     pub after: String,
@@ -46,6 +62,12 @@ pub struct Judged {
     pub killed_by_fixture: Option<String>,
     /// For a survivor, the case that would kill it.
     pub witness: Option<Json>,
+    /// For a survivor, its witness in one sentence.
+    #[serde(default)]
+    pub sentence: Option<String>,
+    /// For a survivor, the witness's deciding attributes.
+    #[serde(default)]
+    pub deciding: Vec<String>,
 }
 
 /// The capability grants and what changed.
@@ -58,6 +80,40 @@ pub struct GrantsSeen {
     pub against: Option<(String, Matrix)>,
     /// What `grants` warns of in the file (profile, warning).
     pub warnings: Vec<(String, String)>,
+}
+
+/// The base revision (`--base`), compared or not.
+pub struct BaseSeen {
+    /// The revision or folder, as named.
+    pub name: String,
+    /// The comparison, or why there is none (the base does not load, or
+    /// its policies do not type-check under this set's schema).
+    pub compared: std::result::Result<Compared, String>,
+}
+
+/// The base, compared with the set.
+pub struct Compared {
+    /// The base's policies.
+    pub old: Policies,
+    /// The difference, as `policy diff BASE` proves it.
+    pub diff: PolicyDiff,
+    /// The base's property files, by their name in a policy folder
+    /// (`properties/retirement.cedar`).
+    pub old_properties: BTreeMap<String, String>,
+    /// The fixture verdicts that move from the base to the set; `None`
+    /// when no fixtures were given.
+    pub moved: Option<Vec<Observed>>,
+}
+
+/// One fixture file, run under the set as `fleet-retire test` runs it.
+pub struct FixtureRun {
+    /// The file.
+    pub file: String,
+    /// The case's name, when the file could be read as one.
+    pub case: Option<String>,
+    /// What differs from its expectations, or why it could not run; empty
+    /// when it passes.
+    pub problems: Vec<String>,
 }
 
 /// Everything the page reports.
@@ -76,22 +132,93 @@ pub struct Evidence<'a> {
     pub verification: &'a Verification,
     /// The fixture coverage, when fixtures were given.
     pub coverage: Option<&'a Coverage>,
+    /// `--min-coverage`: below it, each forbid not covered is a reason.
+    pub min_coverage: Option<u8>,
+    /// Every fixture file, run.
+    pub fixtures: Vec<FixtureRun>,
     /// The judged mutants, or why there are none.
     pub mutants: Result<Vec<Judged>, String>,
     /// The grants, with `--profiles`.
     pub grants: Option<GrantsSeen>,
-    /// The proved difference from a base, with its name.
-    pub base: Option<(String, PolicyDiff)>,
+    /// The base, with `--base`.
+    pub base: Option<BaseSeen>,
+    /// Per failing property (or `never-errors:` proof), the policies that
+    /// break it.
+    pub blame: BTreeMap<String, Blame>,
 }
 
-/// The page, rendered.
-pub fn render(e: &Evidence) -> Result<String, askama::Error> {
-    page(e).render()
+impl Evidence<'_> {
+    /// The base, when it was compared.
+    fn compared(&self) -> Option<(&str, &Compared)> {
+        let base = self.base.as_ref()?;
+        base.compared.as_ref().ok().map(|c| (base.name.as_str(), c))
+    }
+
+    /// How a command line names the set reviewed: its folder, or the
+    /// `policies` folder the built-in set is built from.
+    fn reviewed(&self) -> String {
+        self.folder.clone().unwrap_or_else(|| "policies".into())
+    }
+
+    /// `--policies DIR ` for a command about the set reviewed, or nothing.
+    fn policies_flag(&self) -> String {
+        self.folder
+            .as_ref()
+            .map_or_else(String::new, |f| format!("--policies {f} "))
+    }
+}
+
+/// The page, rendered, and its verdict.
+pub fn render(e: &Evidence) -> Result<(String, Verdict), askama::Error> {
+    let page = page(e);
+    let verdict = Verdict {
+        ready: page.reasons.is_empty(),
+        reasons: page.reasons.clone(),
+    };
+    Ok((page.render()?, verdict))
 }
 
 fn page(e: &Evidence) -> Page {
     let mutants = e.mutants.as_deref().unwrap_or_default();
-    let rows = policy_rows(e, mutants);
+    let policies = rows::policy_rows(e, mutants);
+    let grants = e
+        .grants
+        .as_ref()
+        .map(|g| grants::matrix(g, e.properties, e.verification));
+    let failing = failing::failing(e);
+    let fixtures = failing::fixtures(e);
+    let change = change::change(e);
+    let reasons = verdict::reasons(
+        e,
+        mutants,
+        &verdict::Found {
+            change: change.as_ref(),
+            failing: &failing,
+            fixtures: &fixtures,
+            grants: grants.as_ref(),
+            policies: &policies,
+        },
+    );
+    Page {
+        version: env!("CARGO_PKG_VERSION"),
+        ready: reasons.is_empty(),
+        reasons,
+        fingerprint: e.policies.fingerprint.clone(),
+        source: visible(&source(e)),
+        summary: summary(e, mutants),
+        notes: notes(e),
+        change,
+        failing,
+        fixtures,
+        files: lines::files(e, mutants, &policies),
+        policies,
+        grants,
+    }
+}
+
+/// What was not run, and why, so an empty column is never mistaken for a
+/// clean one.
+fn notes(e: &Evidence) -> Vec<String> {
     let mut notes = Vec::new();
     if e.coverage.is_none() {
         notes.push(
@@ -104,21 +231,13 @@ fn page(e: &Evidence) -> Page {
     if e.grants.is_none() {
         notes.push("No profiles.json was given (--profiles): no grants matrix.".to_string());
     }
-    Page {
-        version: env!("CARGO_PKG_VERSION"),
-        fingerprint: e.policies.fingerprint.clone(),
-        source: visible(&source(e)),
-        summary: summary(e, mutants),
-        notes,
-        attention: attention(e, mutants),
-        base: e.base.as_ref().map(|(name, d)| base(name, d)),
-        files: lines::files(e, mutants),
-        policies: rows,
-        grants: e
-            .grants
-            .as_ref()
-            .map(|g| grants::matrix(g, e.properties, e.verification)),
+    if e.base.is_none() {
+        notes.push(
+            "No base was given (--base REV): the change against the last signed set is not shown."
+                .to_string(),
+        );
     }
+    notes
 }
 
 /// Where the set comes from, and who pins it.
@@ -141,13 +260,14 @@ fn source(e: &Evidence) -> String {
 }
 
 /// A text as the page shows it: characters that would hide or reorder
-/// what a reviewer reads (controls, bidirectional overrides and isolates,
-/// zero-width marks) written as `\u{…}`, as every terminal output of
-/// fleet-retire writes them; everything else as it is (askama escapes the
-/// markup).
+/// what a reviewer reads (bidirectional marks, overrides and isolates,
+/// zero-width marks, and controls other than a tab or a line break, which
+/// print nothing) written as `\u{…}`, as every terminal output of
+/// fleet-retire writes them; everything else, printable text and line
+/// breaks, as it is (askama escapes the markup).
 pub fn visible(s: &str) -> String {
     let hidden = |c: char| {
-        (c.is_control() && c != '\t')
+        (c.is_control() && c != '\t' && c != '\n')
             || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
                 | '\u{2060}'..='\u{2069}' | '\u{feff}')
     };
@@ -203,170 +323,4 @@ fn summary(e: &Evidence, mutants: &[Judged]) -> Vec<(String, String)> {
         ));
     }
     out
-}
-
-/// Whether two policies can apply to a common action.
-fn share_an_action(a: &cedar_policy::Policy, b: &cedar_policy::Policy) -> bool {
-    use cedar_policy::ActionConstraint::{Any, Eq, In};
-    let list = |p: &cedar_policy::Policy| match p.action_constraint() {
-        Any => None,
-        Eq(uid) => Some(vec![uid]),
-        In(uids) => Some(uids),
-    };
-    match (list(a), list(b)) {
-        (Some(x), Some(y)) => x.iter().any(|u| y.contains(u)),
-        _ => true,
-    }
-}
-
-/// The proofs about one policy: the properties over its file that share
-/// an action with it, and its never-errors proof.
-fn proofs_of(e: &Evidence, id: &str, file: &str) -> Vec<ProofMark> {
-    let Some(policy) = e.policies.set.policy(&cedar_policy::PolicyId::new(id)) else {
-        return Vec::new();
-    };
-    let about: Vec<&str> = e
-        .properties
-        .iter()
-        .filter(|p| p.subject == file && share_an_action(&p.policy, policy))
-        .map(|p| p.id.as_str())
-        .collect();
-    let never_errors = format!("never-errors:{id}");
-    let mut marks: BTreeMap<&str, bool> = BTreeMap::new();
-    for p in &e.verification.proofs {
-        if about.contains(&p.id.as_str()) || p.id == never_errors {
-            *marks.entry(p.id.as_str()).or_insert(true) &= p.holds;
-        }
-    }
-    marks
-        .into_iter()
-        .map(|(id, holds)| ProofMark {
-            id: visible(id),
-            holds,
-        })
-        .collect()
-}
-
-fn policy_rows(e: &Evidence, mutants: &[Judged]) -> Vec<PolicyRow> {
-    let mut rules: Vec<&crate::policy::Rule> = e.policies.rules.values().collect();
-    rules.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-    rules
-        .into_iter()
-        .map(|r| {
-            let proofs = proofs_of(e, &r.id, &r.file);
-            let covered = e
-                .coverage
-                .and_then(|c| c.policies.iter().find(|p| p.id == r.id));
-            let own: Vec<&Judged> = mutants.iter().filter(|m| m.policy == r.id).collect();
-            let count = |s: &str| own.iter().filter(|m| m.status == s).count();
-            PolicyRow {
-                anchor: lines::anchor(e, &r.file, r.line),
-                file: visible(&r.file),
-                line: r.line,
-                effect: match (r.effect, r.reason) {
-                    (cedar_policy::Effect::Permit, _) => "permit".into(),
-                    (_, Some(reason)) => format!("forbid ({})", reason.code()),
-                    (_, None) => "forbid".into(),
-                },
-                description: visible(&r.description),
-                proved: proofs.iter().filter(|p| p.holds).count(),
-                failed: proofs.iter().filter(|p| !p.holds).count(),
-                proofs,
-                fired: covered.map(|c| c.fired.len()),
-                decided: covered.map(|c| c.decided.len()),
-                mutated: e.mutants.is_ok() && !own.is_empty(),
-                killed: count("killed"),
-                equivalent: count("equivalent"),
-                survived: count("survived"),
-                killers: killers(&own),
-                id: visible(&r.id),
-            }
-        })
-        .collect()
-}
-
-/// What killed a policy's mutants, each with how many, most first.
-fn killers(own: &[&Judged]) -> Vec<String> {
-    let mut by: BTreeMap<&str, usize> = BTreeMap::new();
-    for m in own.iter().filter(|m| m.status == "killed") {
-        let killer = m
-            .killed_by_property
-            .as_deref()
-            .or(m.killed_by_fixture.as_deref())
-            .unwrap_or("?");
-        *by.entry(killer).or_default() += 1;
-    }
-    let mut listed: Vec<(&str, usize)> = by.into_iter().collect();
-    listed.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    listed
-        .into_iter()
-        .map(|(k, n)| visible(&format!("{k} ({n})")))
-        .collect()
-}
-
-/// At most this many entries under "Needs attention".
-const ATTENTION_SHOWN: usize = 200;
-
-/// Every failing proof (once per property) and every survivor, in file
-/// order, each linked to its line.
-fn attention(e: &Evidence, mutants: &[Judged]) -> Vec<Attention> {
-    let mut out: Vec<(String, usize, String)> = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    for p in e.verification.proofs.iter().filter(|p| !p.holds) {
-        let file = p.file.clone();
-        if seen.insert((file.clone(), p.id.clone())) {
-            let text = format!("{file}:{}: proof {} fails: {}", p.line, p.id, p.description);
-            out.push((file, p.line, text));
-        }
-    }
-    for m in mutants.iter().filter(|m| m.status == "survived") {
-        let rule = e
-            .policies
-            .rules
-            .get(&cedar_policy::PolicyId::new(&m.policy));
-        let (Some(r), Some(at)) = (rule, m.location) else {
-            continue;
-        };
-        let text = format!(
-            "{}:{}: a mutant of {} survives ({}: {} → {})",
-            r.file, at.start.0, m.policy, m.operator, m.before, m.after
-        );
-        out.push((r.file.clone(), at.start.0, text));
-    }
-    out.sort();
-    let more = out.len().saturating_sub(ATTENTION_SHOWN);
-    let mut shown: Vec<Attention> = out
-        .into_iter()
-        .take(ATTENTION_SHOWN)
-        .map(|(file, line, text)| Attention {
-            text: visible(&text),
-            anchor: lines::anchor(e, &file, line),
-        })
-        .collect();
-    if more > 0 {
-        shown.push(Attention {
-            text: format!("… and {more} more, each marked at its line below"),
-            anchor: "policies".into(),
-        });
-    }
-    shown
-}
-
-fn base(name: &str, d: &PolicyDiff) -> view::Base {
-    view::Base {
-        name: visible(name),
-        overall: d.overall().word().to_string(),
-        loosened: d.overall().loosens(),
-        actions: d
-            .actions
-            .iter()
-            .map(|a| (visible(&a.action), a.change.word().to_string()))
-            .collect(),
-        changed: d
-            .policies
-            .iter()
-            .filter(|p| p.status != "unchanged")
-            .map(|p| visible(&format!("{} ({})", p.id, p.status)))
-            .collect(),
-    }
 }
