@@ -12,7 +12,7 @@
 //! `registry_revision_moved`. The re-plan, the candidate token, the re-probe,
 //! the fence and the guarded `UPDATE` stay the authority.
 
-use crate::fingerprint::{serialize_row_into, serialize_row_masking};
+use crate::fingerprint::serialize_row_marking;
 use crate::plan::Plan;
 use crate::row::Col;
 use serde::{Deserialize, Serialize};
@@ -86,22 +86,32 @@ pub struct PlannedRows {
     pub rows: Vec<PlannedRow>,
 }
 
+#[cfg(test)]
 fn sha(text: &str) -> String {
-    format!(
-        "sha256:{}",
-        crate::fingerprint::hex(&Sha256::digest(text.as_bytes()))
-    )
+    written(Sha256::digest(text.as_bytes()).as_slice())
+}
+
+/// A digest as `sha256:` and its hex.
+fn written(digest: &[u8]) -> String {
+    let mut out = String::with_capacity(7 + 2 * digest.len());
+    out.push_str("sha256:");
+    crate::fingerprint::hex_into(digest, &mut out);
+    out
 }
 
 /// The two digests of one row: all fingerprint fields, and all but the
-/// heartbeat.
+/// heartbeat. The row is serialized once: the text before the heartbeat's
+/// value is hashed once for both, and the digest without it continues
+/// after it (the same text as `serialize_row_masking`'s).
 pub fn row_digests(row: &crate::row::Row) -> (String, String) {
     let mut text = String::with_capacity(1024);
-    serialize_row_into(row, &mut text);
-    let full = sha(&text);
-    text.clear();
-    serialize_row_masking(row, Col::LastHeartbeatAt, &mut text);
-    (full, sha(&text))
+    let heartbeat = serialize_row_marking(row, Col::LastHeartbeatAt, &mut text);
+    let mut full = Sha256::new();
+    full.update(&text.as_bytes()[..heartbeat.start]);
+    let mut quiet = full.clone();
+    full.update(&text.as_bytes()[heartbeat.start..]);
+    quiet.update(&text.as_bytes()[heartbeat.end..]);
+    (written(&full.finalize()), written(&quiet.finalize()))
 }
 
 /// The first 128 bits of a digest (`sha256:` and hex), as a key.
@@ -405,6 +415,9 @@ mod tests {
         row.set(Col::Pid, Value::Int(4242));
         let (full, quiet) = row_digests(&row);
         assert_eq!(full, sha(&crate::fingerprint::serialize_row(&row)));
+        let mut masked = String::new();
+        crate::fingerprint::serialize_row_masking(&row, Col::LastHeartbeatAt, &mut masked);
+        assert_eq!(quiet, sha(&masked));
         row.set(Col::LastHeartbeatAt, Value::Null);
         assert_eq!(quiet, sha(&crate::fingerprint::serialize_row(&row)));
         assert_ne!(full, quiet);
