@@ -1,5 +1,6 @@
 //! Tool results: a success's summary and structured body, and every
-//! refusal or failure with its reason code and what to do.
+//! refusal or failure with its reason code and what to do; each with the
+//! structured body as text too (`as_text`).
 
 use crate::apply::Outcome;
 use crate::error::Error;
@@ -20,15 +21,18 @@ pub(super) fn tool_error(
         o.insert("what_to_do".into(), json!(what_to_do));
         o.entry("detail").or_insert(json!(detail));
     }
+    let block = super::as_text::json_block(&summary, &body);
     let mut result = CallToolResult::structured_error(body);
-    result.content = vec![ContentBlock::text(summary)];
+    result.content = vec![ContentBlock::text(summary), ContentBlock::text(block)];
     result
 }
 
-/// A success: the one-line summary and the structured result.
+/// A success: the one-line summary and the structured result, which the
+/// second text block repeats as JSON (`as_text`).
 pub(super) fn success(summary: String, body: Json) -> CallToolResult {
+    let block = super::as_text::json_block(&summary, &body);
     let mut result = CallToolResult::structured(body);
-    result.content = vec![ContentBlock::text(summary)];
+    result.content = vec![ContentBlock::text(summary), ContentBlock::text(block)];
     result
 }
 
