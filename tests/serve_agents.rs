@@ -208,7 +208,7 @@ fn run_minimal(client: &mut Command) {
 }
 
 /// Run one agent script on a fresh copy of the registry; it must print
-/// `all checks passed` within five minutes.
+/// `all checks passed` in time ([`run_script_in`]).
 fn run_agent(script: &mut Command) {
     let dir = tempfile::tempdir().unwrap();
     for file in ["registry.sqlite", "leases.sqlite", "profiles.json"] {
@@ -218,7 +218,9 @@ fn run_agent(script: &mut Command) {
 }
 
 /// Run a client script on the fleet in `dir` (its live rows heartbeated to
-/// now first); it must print `all checks passed` within five minutes.
+/// now first); it must print `all checks passed` within ten minutes. (Five
+/// were not enough on a 2-core machine shared with other builds: the two
+/// 100,000-row scripts side by side, in a debug build, took 344 s.)
 fn run_script_in(script: &mut Command, dir: &Path) {
     heartbeat_the_live(&dir.join("registry.sqlite"));
     let child = KillOnDrop(
@@ -230,7 +232,7 @@ fn run_script_in(script: &mut Command, dir: &Path) {
             .spawn()
             .unwrap(),
     );
-    let out = wait_with_deadline(child, Duration::from_secs(300));
+    let out = wait_with_deadline(child, Duration::from_secs(600));
     let all = text(&out);
     eprintln!("{all}");
     assert!(out.status.success(), "the agent script failed:\n{all}");

@@ -171,11 +171,57 @@ fn codes_of(e: &crate::plan::Entry) -> Vec<String> {
     }
 }
 
+/// Whether two rows serialize alike in every fingerprint field: the same
+/// storage class and the same value, a real by its bits (0.0 and -0.0 are
+/// equal numbers written two ways), so their digests are the same.
+pub fn same_fingerprint_fields(a: &crate::row::Row, b: &crate::row::Row) -> bool {
+    use crate::value::Val;
+    crate::fingerprint::FINGERPRINT_FIELDS
+        .iter()
+        .all(|c| match (a.get(*c), b.get(*c)) {
+            (Val::Real(x), Val::Real(y)) => x.to_bits() == y.to_bits(),
+            (x, y) => x == y,
+        })
+}
+
+/// The digests of the row at `index` of `rows`: those an earlier plan
+/// recorded for its row at the same place when the two rows serialize
+/// alike ([`same_fingerprint_fields`]), else computed. A server plans the
+/// same registry again and again, and most rows (historical ones above all)
+/// have not changed since: comparing them is a tenth of hashing them.
+fn digests_at(
+    rows: &[crate::row::Row],
+    index: usize,
+    earlier: Option<(&[crate::row::Row], &PlannedRows)>,
+) -> (String, String) {
+    let row = &rows[index];
+    let kept = earlier.and_then(|(then_rows, then)| {
+        let planned = then.rows.get(index)?;
+        let same = then.rows.len() == then_rows.len()
+            && same_fingerprint_fields(then_rows.get(index)?, row);
+        same.then(|| {
+            (
+                planned.row_digest.clone(),
+                planned.digest_without_heartbeat.clone(),
+            )
+        })
+    });
+    kept.unwrap_or_else(|| row_digests(row))
+}
+
 impl PlannedRows {
     /// The rows of a plan.
     pub fn of(plan: &Plan) -> PlannedRows {
+        PlannedRows::of_after(plan, None)
+    }
+
+    /// The rows of a plan, taking each unchanged row's digests from the
+    /// plan made before it on the same registry (its rows, and what this
+    /// function made of them), when there is one.
+    pub fn of_after(plan: &Plan, earlier: Option<(&Plan, &PlannedRows)>) -> PlannedRows {
+        let earlier = earlier.map(|(p, r)| (p.rows.as_slice(), r));
         let rows = crate::pool::par_map(&plan.entries, |e| {
-            let (row_digest, digest_without_heartbeat) = row_digests(&plan.rows[e.index]);
+            let (row_digest, digest_without_heartbeat) = digests_at(&plan.rows, e.index, earlier);
             PlannedRow {
                 worker_identity: plan.identity(e),
                 row_digest,
@@ -401,6 +447,72 @@ fn retired_candidate(
 mod tests {
     use super::*;
     use crate::value::Value;
+
+    /// A row's digests taken from an earlier plan are those it would
+    /// have computed: only rows that serialize alike share them, a real
+    /// compared by its bits.
+    #[test]
+    fn digests_are_reused_only_for_rows_that_serialize_alike() {
+        let row = |pid: Value, beat: &str| {
+            let mut r = crate::row::Row::default();
+            r.set(Col::WorkerIdentity, Value::Text("w-1".into()));
+            r.set(Col::LastHeartbeatAt, Value::Text(beat.into()));
+            r.set(Col::Pid, pid);
+            r
+        };
+        let then = vec![
+            row(Value::Int(1), "2026-12-01T00:00:00Z"),
+            row(Value::Real(0.0), "2026-12-01T00:00:00Z"),
+            row(Value::Int(3), "2026-12-01T00:00:00Z"),
+            row(Value::Text("4".into()), "2026-12-01T00:00:00Z"),
+        ];
+        let planned = PlannedRows {
+            registry_fingerprint: "registryfp-0".into(),
+            rows: then
+                .iter()
+                .map(|r| {
+                    let (row_digest, digest_without_heartbeat) = row_digests(r);
+                    PlannedRow {
+                        worker_identity: "w-1".into(),
+                        row_digest,
+                        digest_without_heartbeat,
+                        live: false,
+                        reason_codes: None,
+                        peers: None,
+                    }
+                })
+                .collect(),
+        };
+        let now = vec![
+            row(Value::Int(1), "2026-12-01T00:00:00Z"),
+            row(Value::Real(-0.0), "2026-12-01T00:00:00Z"),
+            row(Value::Int(3), "2026-12-01T00:01:00Z"),
+            row(Value::Int(4), "2026-12-01T00:00:00Z"),
+        ];
+        assert!(same_fingerprint_fields(&then[0], &now[0]));
+        assert!(!same_fingerprint_fields(&then[1], &now[1]), "0.0 and -0.0");
+        assert!(
+            !same_fingerprint_fields(&then[3], &now[3]),
+            "text 4 and integer 4"
+        );
+        for i in 0..now.len() {
+            let reused = digests_at(&now, i, Some((&then, &planned)));
+            assert_eq!(reused, row_digests(&now[i]), "row {i}");
+        }
+        // What was reused is the earlier plan's record (marked here), and
+        // only from an earlier plan whose rows and record agree in length.
+        let mut marked = planned.clone();
+        marked.rows[0].row_digest = "sha256:marked".into();
+        assert_eq!(
+            digests_at(&now, 0, Some((&then, &marked))).0,
+            "sha256:marked"
+        );
+        let longer = vec![then[0].clone(); 5];
+        assert_eq!(
+            digests_at(&now, 0, Some((&longer, &marked))),
+            row_digests(&now[0])
+        );
+    }
 
     /// The digest without the heartbeat is that of the row with its
     /// heartbeat set to null, made without copying the row.

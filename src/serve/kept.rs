@@ -122,6 +122,11 @@ impl Kept {
             .cloned()
     }
 
+    /// The newest plan kept whole (the last one made), if any.
+    pub(super) fn newest_whole(&self) -> Option<Arc<KeptPlan>> {
+        lock(&self.whole).back().cloned()
+    }
+
     /// Every plan kept whole, newest last.
     pub(super) fn all_whole(&self) -> Vec<Arc<KeptPlan>> {
         lock(&self.whole).iter().cloned().collect()

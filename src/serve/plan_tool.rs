@@ -104,7 +104,10 @@ impl FleetServer {
             (call.progress)("judged, tokens computed");
             cancelled(call)?;
             let judged = started.elapsed();
-            let rows = Arc::new(PlannedRows::of(&plan));
+            // Rows unchanged since the last plan keep their digests.
+            let earlier = self.kept.newest_whole();
+            let earlier = earlier.as_ref().map(|k| (&k.plan, &*k.rows));
+            let rows = Arc::new(PlannedRows::of_after(&plan, earlier));
             tracing::debug!(
                 "plan of {} rows: judged in {judged:?}, digests in {:?}",
                 plan.entries.len(),
