@@ -5,7 +5,7 @@
 use super::args::{audit_context, ExplainArgs, Include, PlanArgs, PreservedAsk};
 use super::cursor::{List, Position};
 use super::pages::{self, KeptPlan, DEFAULT_LIMIT, MAX_LIMIT, RESULT_BOUND};
-use super::results::{error_result, success, tool_error};
+use super::results::{clipped, error_result, success, tool_error};
 use super::tools::{Call, FleetServer};
 use crate::capability::Operation as Op;
 use crate::error::{About, Error, Result};
@@ -480,27 +480,5 @@ impl FleetServer {
         })?;
         let page = pages::document_page(&kept, &position, &self.sealer);
         serde_json::to_string(&page).map_err(|e| refused(e.to_string()))
-    }
-}
-
-/// A caller's text quoted in an error, at most 200 characters of it (a
-/// URI can be megabytes long, and every answer stays under 1 MiB).
-pub(in crate::serve) fn clipped(text: &str) -> String {
-    const SHOWN: usize = 200;
-    match text.char_indices().nth(SHOWN) {
-        None => format!("{text:?}"),
-        Some((end, _)) => format!("{:?}… ({} bytes in all)", &text[..end], text.len()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_long_uri_is_clipped_in_errors() {
-        let long = format!("fleet://{}", "x".repeat(15_000_000));
-        let shown = super::clipped(&long);
-        assert!(shown.len() < 300, "{}", shown.len());
-        assert!(shown.ends_with("(15000008 bytes in all)"), "{shown}");
-        assert_eq!(super::clipped("short"), "\"short\"");
     }
 }

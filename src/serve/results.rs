@@ -101,3 +101,25 @@ pub(super) fn stopping_result(why: String) -> CallToolResult {
         json!({}),
     )
 }
+
+/// A caller's text quoted in an error, at most 200 characters of it (a
+/// URI can be megabytes long, and every answer stays under 1 MiB).
+pub(in crate::serve) fn clipped(text: &str) -> String {
+    const SHOWN: usize = 200;
+    match text.char_indices().nth(SHOWN) {
+        None => format!("{text:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes in all)", &text[..end], text.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_long_uri_is_clipped_in_errors() {
+        let long = format!("fleet://{}", "x".repeat(15_000_000));
+        let shown = super::clipped(&long);
+        assert!(shown.len() < 300, "{}", shown.len());
+        assert!(shown.ends_with("(15000008 bytes in all)"), "{shown}");
+        assert_eq!(super::clipped("short"), "\"short\"");
+    }
+}

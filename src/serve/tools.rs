@@ -331,7 +331,7 @@ impl FleetServer {
 /// The refusal of tokens of a plan made under another binding (`differs`
 /// says how).
 fn made_elsewhere(tokens: &Tokens, differs: &str) -> CallToolResult {
-    let clipped = super::plan_tool::clipped;
+    let clipped = super::results::clipped;
     tool_error(
         "plan_made_elsewhere",
         format!(

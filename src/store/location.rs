@@ -37,6 +37,28 @@ impl Location {
     }
 }
 
+/// The identity of a store's location, for telling two stores apart: a
+/// PostgreSQL database by its URL as shown (user, hosts, ports, database;
+/// never a password), a SQLite file by its resolved path and its device and
+/// inode, so two spellings of one file are one store and a file put in its
+/// place is another.
+pub fn identity(location: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    if is_postgres(location) {
+        return format!("postgresql {}", label(location));
+    }
+    let path = std::fs::canonicalize(location).unwrap_or_else(|_| location.to_path_buf());
+    match std::fs::metadata(&path) {
+        Ok(meta) => format!(
+            "sqlite {} (device {}, inode {})",
+            path.display(),
+            meta.dev(),
+            meta.ino()
+        ),
+        Err(_) => format!("sqlite {}", path.display()),
+    }
+}
+
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

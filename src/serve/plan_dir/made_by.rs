@@ -13,7 +13,6 @@
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// The binding a plan was made under; a kept plan vouches for nothing else.
@@ -49,8 +48,8 @@ impl MadeBy {
             if mine != other {
                 out.push(format!(
                     "{what} {}, not this server's {}",
-                    crate::serve::plan_tool::clipped(other),
-                    crate::serve::plan_tool::clipped(mine)
+                    crate::serve::results::clipped(other),
+                    crate::serve::results::clipped(mine)
                 ));
             }
         };
@@ -70,22 +69,9 @@ impl MadeBy {
     }
 }
 
-/// The identity of a registry location: a PostgreSQL database by its URL
-/// as shown (user, hosts, ports, database; never a password), a SQLite
-/// file by its resolved path and its device and inode, so two spellings of
-/// one file are one registry and a file put in its place is another.
+/// The identity of a registry location (`store::location::identity`): a
+/// PostgreSQL database by its URL as shown, a SQLite file by its resolved
+/// path, device and inode.
 pub fn registry_identity(location: &Path) -> String {
-    if crate::store::location::is_postgres(location) {
-        return format!("postgresql {}", crate::store::location::label(location));
-    }
-    let path = std::fs::canonicalize(location).unwrap_or_else(|_| location.to_path_buf());
-    match std::fs::metadata(&path) {
-        Ok(meta) => format!(
-            "sqlite {} (device {}, inode {})",
-            path.display(),
-            meta.dev(),
-            meta.ino()
-        ),
-        Err(_) => format!("sqlite {}", path.display()),
-    }
+    crate::store::location::identity(location)
 }
