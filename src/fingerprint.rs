@@ -69,6 +69,26 @@ pub fn serialize_row_into(row: &Row, out: &mut String) {
     }
 }
 
+/// [`serialize_row_into`], returning where the value of column `marked`
+/// lies in `out`: the row's text with that value cut out is
+/// [`serialize_row_masking`]'s, so one serialization serves both.
+pub fn serialize_row_marking(
+    row: &Row,
+    marked: crate::row::Col,
+    out: &mut String,
+) -> std::ops::Range<usize> {
+    let mut at = out.len()..out.len();
+    for (col, label) in FINGERPRINT_FIELDS.iter().zip(field_labels()) {
+        out.push_str(label);
+        let start = out.len();
+        row.get(*col).write_canon(out);
+        if *col == marked {
+            at = start..out.len();
+        }
+    }
+    at
+}
+
 /// [`serialize_row_into`] of the row with column `masked` set to null, without
 /// copying the row.
 pub fn serialize_row_masking(row: &Row, masked: crate::row::Col, out: &mut String) {
@@ -223,13 +243,21 @@ fn digest<S: AsRef<str> + Ord>(version: &str, mut units: Vec<S>, prefix: &str) -
 
 /// Lower-case hexadecimal of a byte string.
 pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    let mut out = String::with_capacity(bytes.len() * 2);
+    hex_into(bytes, &mut out);
+    out
+}
+
+/// [`hex`], appended to `out`: by table, since `serve` writes two digests
+/// for every registry row of every plan and the formatting machinery was
+/// a tenth of that work.
+pub fn hex_into(bytes: &[u8], out: &mut String) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
 }
 
 /// The rows' registry positions in the order of their serializations,

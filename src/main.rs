@@ -18,7 +18,11 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLEET_RETIRE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // Warnings, and what a command says once at start
+                // (`serve`: where it keeps plans).
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,fleet_retire::start=info")
+                }),
         )
         .init();
     // A command line we cannot read is bad input (exit 1, as documented),

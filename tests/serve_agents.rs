@@ -111,8 +111,120 @@ fn a_typescript_sdk_client_with_a_server_per_call_pages_and_applies() {
     );
 }
 
+/// What a model sees (issue 52), through the Python SDK on a 3,000-row
+/// realistic registry: the aliases name the tool to prefer, the plans are
+/// listed as resources under a template, a result's text carries its
+/// structured content (abridged to the essential fields when both would
+/// not fit in 1 MiB) so a text-only client plans, pages and applies from
+/// the text alone, and arguments the schema does not allow come back as
+/// tool results a model can correct (`tests/mcp_client/model_view.py`).
+#[test]
+fn what_a_model_sees_through_the_python_sdk() {
+    if !python_sdk() {
+        return;
+    }
+    let dir = generated_fleet(3_000);
+    run_script_in(
+        Command::new("python3").arg("tests/mcp_client/model_view.py"),
+        dir.path(),
+    );
+}
+
+/// The same, through the TypeScript SDK (`tests/mcp_client/model_view.mjs`).
+#[test]
+fn what_a_model_sees_through_the_typescript_sdk() {
+    if !typescript_sdk() {
+        return;
+    }
+    let dir = generated_fleet(3_000);
+    run_script_in(
+        Command::new("node").arg("tests/mcp_client/model_view.mjs"),
+        dir.path(),
+    );
+}
+
+/// The minimal Python client docs/serve.md shows plans and retires one
+/// worker (`tests/mcp_client/minimal.py`).
+#[test]
+fn the_minimal_python_client_of_the_docs_plans_and_applies() {
+    if !python_sdk() {
+        return;
+    }
+    quoted_in_the_docs("tests/mcp_client/minimal.py", "import asyncio");
+    run_minimal(Command::new("python3").arg("tests/mcp_client/minimal.py"));
+}
+
+/// The minimal TypeScript client docs/serve.md shows
+/// (`tests/mcp_client/minimal.mjs`).
+#[test]
+fn the_minimal_typescript_client_of_the_docs_plans_and_applies() {
+    if !typescript_sdk() {
+        return;
+    }
+    quoted_in_the_docs("tests/mcp_client/minimal.mjs", "import { Client }");
+    run_minimal(Command::new("node").arg("tests/mcp_client/minimal.mjs"));
+}
+
+/// docs/serve.md shows the client `script` word for word, from the line
+/// that starts with `from` to its end.
+fn quoted_in_the_docs(script: &str, from: &str) {
+    let code = std::fs::read_to_string(script).unwrap();
+    let shown = &code[code.find(from).unwrap()..];
+    let docs = std::fs::read_to_string("docs/serve.md").unwrap();
+    assert!(
+        docs.contains(shown.trim_end()),
+        "docs/serve.md no longer shows {script} as it is"
+    );
+}
+
+/// Whether the Python SDK is here (under `CI=true`, its absence fails).
+fn python_sdk() -> bool {
+    let available = Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .status()
+        .is_ok_and(|s| s.success());
+    !skip_unless(available, "python3 with the `mcp` package")
+}
+
+/// Whether node and the TypeScript SDK are here (likewise).
+fn typescript_sdk() -> bool {
+    let installed = Path::new("tests/mcp_client/node_modules/@modelcontextprotocol/sdk").is_dir();
+    let node = Command::new("node")
+        .arg("--version")
+        .status()
+        .is_ok_and(|s| s.success());
+    !skip_unless(
+        installed && node,
+        "node with tests/mcp_client installed (cd tests/mcp_client && npm ci)",
+    )
+}
+
+/// Run a minimal client with `apply` on a small realistic fleet: it prints
+/// the plan's summary, the apply's, and one worker retired.
+fn run_minimal(client: &mut Command) {
+    let dir = generated_fleet(2_000);
+    heartbeat_the_live(&dir.path().join("registry.sqlite"));
+    let child = KillOnDrop(
+        client
+            .arg(EXE)
+            .arg(dir.path())
+            .arg("apply")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(120));
+    let all = text(&out);
+    assert!(out.status.success(), "the minimal client failed:\n{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("rows assessed"), "{all}");
+    assert!(stdout.contains("\napplied: "), "{all}");
+    assert!(stdout.contains("retired: 1"), "{all}");
+}
+
 /// Run one agent script on a fresh copy of the registry; it must print
-/// `all checks passed` within five minutes.
+/// `all checks passed` in time ([`run_script_in`]).
 fn run_agent(script: &mut Command) {
     let dir = tempfile::tempdir().unwrap();
     for file in ["registry.sqlite", "leases.sqlite", "profiles.json"] {

@@ -903,3 +903,66 @@ fn a_renamed_kept_plans_folder_stays_bounded_and_loses_what_crashes_left() {
     drop(held);
     wire.finish();
 }
+
+/// The kept plans in `folder`: how many, and their bytes.
+fn kept_plans(folder: &Path) -> (usize, u64) {
+    std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("registryfp-"))
+        .fold((0, 0), |(n, bytes), e| {
+            (n + 1, bytes + e.metadata().unwrap().len())
+        })
+}
+
+/// Issue 52: the kept-plans folder grew without a bound a user saw (33 MB
+/// a 100,000-row plan, 32 plans kept). It is bounded in bytes too
+/// (`--plan-dir-max-mib`, here 1 MiB: about one plan of this fleet), the
+/// server says at start, at the default log level, where the folder is
+/// and how far it grows, and the plan just written always stays for the
+/// next server's apply.
+#[test]
+fn the_kept_plans_folder_is_bounded_in_bytes_and_the_log_says_where() {
+    let dir = fleet_of(3_000);
+    let folder = dir.path().join("plans");
+    let bound = [("FLEET_RETIRE_PLAN_DIR_MAX_MIB", "1")];
+    let mut plan = Value::Null;
+    for _ in 0..4 {
+        // A server per call: each registers a row, so each plan has a
+        // registry token of its own.
+        let mut wire = Wire::start(dir.path(), &bound);
+        plan = wire.call(1, "plan_stale_worker_retirement", json!({}))["structuredContent"].clone();
+        let log = wire.finish();
+        let said = format!(
+            "in {}: the newest 32 of the last 24 hours, at most 1.0 MiB",
+            folder.display()
+        );
+        assert!(
+            log.contains("INFO fleet_retire::start: kept plans") && log.contains(&said),
+            "{log}"
+        );
+        let (files, bytes) = kept_plans(&folder);
+        assert!(
+            files == 1 || bytes <= 1 << 20,
+            "{files} plans, {bytes} bytes"
+        );
+    }
+    let (files, bytes) = kept_plans(&folder);
+    assert!(
+        files < 4,
+        "the bound in bytes removed none: {files} plans, {bytes} bytes"
+    );
+    let mut next = Wire::start(dir.path(), &bound);
+    let tokens = json!({
+        "registry_fingerprint": plan["registry_fingerprint"],
+        "candidate_fingerprint": plan["candidate_fingerprint"],
+        "policy_fingerprint": plan["policy_fingerprint"],
+        "first": 1,
+    });
+    let applied = next.call(1, "apply_stale_worker_retirement", tokens);
+    assert_eq!(
+        applied["structuredContent"]["outcome"], "applied",
+        "{applied:.800}"
+    );
+    next.finish();
+}

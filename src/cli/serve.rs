@@ -66,6 +66,12 @@ pub struct ServeArgs {
     /// $XDG_STATE_HOME/fleet-retire/plans or ~/.local/state/fleet-retire/plans).
     #[arg(long, env = "FLEET_RETIRE_PLAN_DIR", value_name = "DIR")]
     pub plan_dir: Option<PathBuf>,
+    /// The most the kept plans take in all, in MiB (a 100,000-row plan
+    /// takes about 24 MB); the oldest go first, and the plan just written
+    /// is kept even when alone larger.
+    #[arg(long, env = "FLEET_RETIRE_PLAN_DIR_MAX_MIB", default_value_t = 256, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub plan_dir_max_mib: u64,
     /// Root of the proc filesystem.
     #[arg(long, default_value = "/proc", value_name = "DIR", hide = true)]
     pub proc_root: PathBuf,
@@ -91,21 +97,30 @@ fn plan_dir(
         canonical_repository: canonical.clone(),
         profile: args.profile.clone(),
     };
-    match &args.plan_dir {
+    let dir = match &args.plan_dir {
         Some(path) => PlanDir::open(path, made_by)
-            .map(Some)
-            .map_err(|why| Error::input(About::Option("serve"), format!("--plan-dir: {why}"))),
-        None => Ok(default_path().and_then(|path| {
-            PlanDir::open(&path, made_by)
-                .map_err(|why| {
+            .map_err(|why| Error::input(About::Option("serve"), format!("--plan-dir: {why}")))?,
+        None => {
+            let opened = default_path()
+                .ok_or_else(|| "neither XDG_STATE_HOME nor HOME is set".to_string())
+                .and_then(|path| PlanDir::open(&path, made_by));
+            match opened {
+                Ok(dir) => dir,
+                Err(why) => {
                     tracing::warn!(
                         "plans are kept in memory only, so a client that starts a server per \
                          call cannot apply them: {why}"
-                    )
-                })
-                .ok()
-        })),
-    }
+                    );
+                    return Ok(None);
+                }
+            }
+        }
+    };
+    let dir = dir.with_max_bytes(args.plan_dir_max_mib << 20);
+    // Said at start at the default log level: the folder grows with the
+    // registry, and its user should know where and how far.
+    tracing::info!(target: "fleet_retire::start", "{}", dir.describe());
+    Ok(Some(dir))
 }
 
 /// Run `serve`.

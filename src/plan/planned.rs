@@ -12,7 +12,7 @@
 //! `registry_revision_moved`. The re-plan, the candidate token, the re-probe,
 //! the fence and the guarded `UPDATE` stay the authority.
 
-use crate::fingerprint::{serialize_row_into, serialize_row_masking};
+use crate::fingerprint::{serialize_row_into, serialize_row_marking, serialize_row_masking};
 use crate::plan::Plan;
 use crate::row::Col;
 use serde::Serialize;
@@ -86,24 +86,31 @@ pub struct PlannedRows {
     pub rows: Vec<PlannedRow>,
 }
 
-/// The first 128 bits of the sha256 of `text`: a row's digest. A
-/// second preimage of 128 bits is out of reach, and the digest stands only
-/// for rows the registry holds (docs/apply.md, "Heartbeats between plan and
-/// apply").
+/// The first 128 bits of a sha256: a row's digest. A second preimage of
+/// 128 bits is out of reach, and the digest stands only for rows the
+/// registry holds (docs/apply.md, "Heartbeats between plan and apply").
+fn first_128(digest: &[u8]) -> u128 {
+    u128::from_be_bytes(digest[..16].try_into().expect("sha256 has 32 bytes"))
+}
+
+/// The first 128 bits of the sha256 of `text` ([`first_128`]).
 pub fn digest128(text: &str) -> u128 {
-    let full = Sha256::digest(text.as_bytes());
-    u128::from_be_bytes(full[..16].try_into().expect("sha256 has 32 bytes"))
+    first_128(&Sha256::digest(text.as_bytes()))
 }
 
 /// The two digests of one row: all fingerprint fields, and all but the
-/// heartbeat.
+/// heartbeat. The row is serialized once: the text before the heartbeat's
+/// value is hashed once for both, and the digest without it continues
+/// after it (the same text as `serialize_row_masking`'s).
 pub fn row_digests(row: &crate::row::Row) -> (u128, u128) {
     let mut text = String::with_capacity(1024);
-    serialize_row_into(row, &mut text);
-    let full = digest128(&text);
-    text.clear();
-    serialize_row_masking(row, Col::LastHeartbeatAt, &mut text);
-    (full, digest128(&text))
+    let heartbeat = serialize_row_marking(row, Col::LastHeartbeatAt, &mut text);
+    let mut full = Sha256::new();
+    full.update(&text.as_bytes()[..heartbeat.start]);
+    let mut quiet = full.clone();
+    full.update(&text.as_bytes()[heartbeat.start..]);
+    quiet.update(&text.as_bytes()[heartbeat.end..]);
+    (first_128(&full.finalize()), first_128(&quiet.finalize()))
 }
 
 /// Live as §13 reads it. A row of another host is live by its heartbeat
@@ -146,10 +153,51 @@ fn codes_of(e: &crate::plan::Entry) -> Arc<[String]> {
     }
 }
 
+/// Whether two rows serialize alike in every fingerprint field: the same
+/// storage class and the same value, a real by its bits (0.0 and -0.0 are
+/// equal numbers written two ways), so their digests are the same.
+pub fn same_fingerprint_fields(a: &crate::row::Row, b: &crate::row::Row) -> bool {
+    use crate::value::Val;
+    crate::fingerprint::FINGERPRINT_FIELDS
+        .iter()
+        .all(|c| match (a.get(*c), b.get(*c)) {
+            (Val::Real(x), Val::Real(y)) => x.to_bits() == y.to_bits(),
+            (x, y) => x == y,
+        })
+}
+
+/// The digests of the row at `index` of `rows`: those an earlier plan
+/// recorded for its row at the same place when the two rows serialize
+/// alike ([`same_fingerprint_fields`]), else computed. A server plans the
+/// same registry again and again, and most rows (historical ones above all)
+/// have not changed since: comparing them is a tenth of hashing them.
+fn digests_at(
+    rows: &[crate::row::Row],
+    index: usize,
+    earlier: Option<(&[crate::row::Row], &PlannedRows)>,
+) -> (u128, u128) {
+    let row = &rows[index];
+    let kept = earlier.and_then(|(then_rows, then)| {
+        let planned = then.rows.get(index)?;
+        let same = then.rows.len() == then_rows.len()
+            && same_fingerprint_fields(then_rows.get(index)?, row);
+        same.then_some((planned.row_digest, planned.digest_without_heartbeat))
+    });
+    kept.unwrap_or_else(|| row_digests(row))
+}
+
 impl PlannedRows {
     /// The rows of a plan. Rows in one situation share their verdict, and
     /// so one list of reason codes.
     pub fn of(plan: &Plan) -> PlannedRows {
+        PlannedRows::of_after(plan, None)
+    }
+
+    /// The rows of a plan, taking each unchanged row's digests from the
+    /// plan made before it on the same registry (its rows, and what this
+    /// function made of them), when there is one.
+    pub fn of_after(plan: &Plan, earlier: Option<(&Plan, &PlannedRows)>) -> PlannedRows {
+        let earlier = earlier.map(|(p, r)| (p.rows.as_slice(), r));
         // Keyed by the verdict's address (as a number, which threads share).
         let mut codes: HashMap<usize, Arc<[String]>> = HashMap::new();
         for e in &plan.entries {
@@ -158,7 +206,7 @@ impl PlannedRows {
                 .or_insert_with(|| codes_of(e));
         }
         let rows = crate::pool::par_map(&plan.entries, |e| {
-            let (row_digest, digest_without_heartbeat) = row_digests(&plan.rows[e.index]);
+            let (row_digest, digest_without_heartbeat) = digests_at(&plan.rows, e.index, earlier);
             PlannedRow {
                 worker_identity: plan.identity(e),
                 row_digest,
@@ -463,6 +511,69 @@ mod tests {
     use super::*;
     use crate::value::Value;
 
+    /// A row's digests taken from an earlier plan are those it would
+    /// have computed: only rows that serialize alike share them, a real
+    /// compared by its bits.
+    #[test]
+    fn digests_are_reused_only_for_rows_that_serialize_alike() {
+        let row = |pid: Value, beat: &str| {
+            let mut r = crate::row::Row::default();
+            r.set(Col::WorkerIdentity, Value::Text("w-1".into()));
+            r.set(Col::LastHeartbeatAt, Value::Text(beat.into()));
+            r.set(Col::Pid, pid);
+            r
+        };
+        let then = vec![
+            row(Value::Int(1), "2026-12-01T00:00:00Z"),
+            row(Value::Real(0.0), "2026-12-01T00:00:00Z"),
+            row(Value::Int(3), "2026-12-01T00:00:00Z"),
+            row(Value::Text("4".into()), "2026-12-01T00:00:00Z"),
+        ];
+        let planned = PlannedRows {
+            registry_fingerprint: "registryfp-0".into(),
+            rows: then
+                .iter()
+                .map(|r| {
+                    let (row_digest, digest_without_heartbeat) = row_digests(r);
+                    PlannedRow {
+                        worker_identity: "w-1".into(),
+                        row_digest,
+                        digest_without_heartbeat,
+                        live: false,
+                        reason_codes: None,
+                        peers: None,
+                    }
+                })
+                .collect(),
+        };
+        let now = vec![
+            row(Value::Int(1), "2026-12-01T00:00:00Z"),
+            row(Value::Real(-0.0), "2026-12-01T00:00:00Z"),
+            row(Value::Int(3), "2026-12-01T00:01:00Z"),
+            row(Value::Int(4), "2026-12-01T00:00:00Z"),
+        ];
+        assert!(same_fingerprint_fields(&then[0], &now[0]));
+        assert!(!same_fingerprint_fields(&then[1], &now[1]), "0.0 and -0.0");
+        assert!(
+            !same_fingerprint_fields(&then[3], &now[3]),
+            "text 4 and integer 4"
+        );
+        for i in 0..now.len() {
+            let reused = digests_at(&now, i, Some((&then, &planned)));
+            assert_eq!(reused, row_digests(&now[i]), "row {i}");
+        }
+        // What was reused is the earlier plan's record (marked here), and
+        // only from an earlier plan whose rows and record agree in length.
+        let mut marked = planned.clone();
+        marked.rows[0].row_digest = 0x5eed;
+        assert_eq!(digests_at(&now, 0, Some((&then, &marked))).0, 0x5eed);
+        let longer = vec![then[0].clone(); 5];
+        assert_eq!(
+            digests_at(&now, 0, Some((&longer, &marked))),
+            row_digests(&now[0])
+        );
+    }
+
     /// The digest without the heartbeat is that of the row with its
     /// heartbeat set to null, made without copying the row.
     #[test]
@@ -476,6 +587,9 @@ mod tests {
         row.set(Col::Pid, Value::Int(4242));
         let (full, quiet) = row_digests(&row);
         assert_eq!(full, digest128(&crate::fingerprint::serialize_row(&row)));
+        let mut masked = String::new();
+        crate::fingerprint::serialize_row_masking(&row, Col::LastHeartbeatAt, &mut masked);
+        assert_eq!(quiet, digest128(&masked));
         row.set(Col::LastHeartbeatAt, Value::Null);
         assert_eq!(quiet, digest128(&crate::fingerprint::serialize_row(&row)));
         assert_ne!(full, quiet);

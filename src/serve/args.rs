@@ -1,9 +1,12 @@
 //! A tool call's arguments, parsed with unknown fields refused: no
-//! argument can name what the server was bound to at launch.
+//! argument can name what the server was bound to at launch. Arguments
+//! that do not parse are refused as a tool result the model reads
+//! (`invalid_arguments`), not as a protocol error.
 
+use super::results::tool_error;
+use super::schemas::ToolKind;
 use crate::apply::{Tokens, Workers};
-use rmcp::model::JsonObject;
-use rmcp::ErrorData as McpError;
+use rmcp::model::{CallToolResult, JsonObject};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
@@ -130,24 +133,101 @@ pub(super) fn audit_context(
     json!({"remote": remote, "host": host, "org": org, "repo": repo})
 }
 
+/// A call's arguments, or the refusal a model reads and corrects itself
+/// by: an input validation error is a tool result (`isError`, reason code
+/// `invalid_arguments`), not a JSON-RPC error its SDK would raise before
+/// the model saw it (MCP, SEP-1303). Only a request that is not a
+/// `tools/call` at all (a key given twice, arguments that are not an
+/// object) stays a protocol error.
 pub(super) fn parse<T: serde::de::DeserializeOwned>(
-    tool: &str,
+    tool: ToolKind,
     args: Option<JsonObject>,
-) -> std::result::Result<T, McpError> {
-    serde_json::from_value(Json::Object(args.unwrap_or_default())).map_err(|e| {
-        McpError::invalid_params(
-            format!("{tool}: {e}; see the tool's input schema (tools/list)"),
-            None,
-        )
+) -> std::result::Result<T, Box<CallToolResult>> {
+    let doc = Json::Object(args.unwrap_or_default());
+    serde_path_to_error::deserialize(doc).map_err(|e| {
+        let place = e.path().to_string();
+        let why = e.into_inner().to_string();
+        // serde names a missing field in its words only; so does the answer.
+        let missing = why
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(name, _)| name);
+        let argument = match (place.as_str(), missing) {
+            (".", None) => None,
+            (".", Some(name)) => Some(name.to_string()),
+            (_, Some(name)) => Some(format!("{place}.{name}")),
+            (_, None) => Some(place),
+        };
+        invalid(tool, argument, why)
     })
 }
 
 /// A restated repository must name something (`text::nonblank_repository`).
-pub(super) fn nonblank(text: Option<String>) -> std::result::Result<Option<String>, McpError> {
+pub(super) fn nonblank(
+    tool: ToolKind,
+    text: Option<String>,
+) -> std::result::Result<Option<String>, Box<CallToolResult>> {
     match text {
         None => Ok(None),
         Some(t) => crate::text::nonblank_repository(&t)
             .map(Some)
-            .map_err(|e| McpError::invalid_params(format!("canonical_repository: {e}"), None)),
+            .map_err(|e| invalid(tool, Some("canonical_repository".into()), e.to_string())),
+    }
+}
+
+/// The refusal of arguments the tool's input schema does not allow.
+fn invalid(tool: ToolKind, argument: Option<String>, why: String) -> Box<CallToolResult> {
+    let detail = match &argument {
+        Some(a) => format!("{}: argument {a}: {why}", tool.name()),
+        None => format!("{}: {why}", tool.name()),
+    };
+    let what_to_do = format!(
+        "call {} again with the arguments its input schema allows ({}); this server's \
+         profile, files and policies are fixed at launch and no argument names them",
+        tool.name(),
+        tool.argument_names().join(", ")
+    );
+    Box::new(tool_error(
+        "invalid_arguments",
+        detail,
+        &what_to_do,
+        json!({"tool": tool.name(), "argument": argument}),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The refusal's `argument`, as a model reads it.
+    fn refused_argument<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+        tool: ToolKind,
+        args: Json,
+    ) -> Json {
+        let Json::Object(args) = args else {
+            unreachable!()
+        };
+        let refused = parse::<T>(tool, Some(args)).unwrap_err();
+        assert_eq!(refused.is_error, Some(true));
+        let body = refused.structured_content.clone().unwrap();
+        assert_eq!(body["reason_code"], "invalid_arguments", "{body}");
+        assert!(body["what_to_do"]
+            .as_str()
+            .unwrap()
+            .contains("canonical_repository"));
+        body["argument"].clone()
+    }
+
+    #[test]
+    fn an_argument_error_names_the_argument_unknown_mistyped_or_missing() {
+        let plan = ToolKind::Plan;
+        let unknown = refused_argument::<PlanArgs>(plan, json!({"profile": "x"}));
+        assert_eq!(unknown, "profile");
+        let nested = refused_argument::<PlanArgs>(plan, json!({"preserved": {"limit": "ten"}}));
+        assert_eq!(nested, "preserved.limit");
+        let missing = refused_argument::<ApplyArgs>(ToolKind::Apply, json!({"first": 1}));
+        assert_eq!(missing, "registry_fingerprint");
+        let inner = refused_argument::<SnapshotArgs>(ToolKind::Snapshot, json!({"page": {}}));
+        assert_eq!(inner, "page.list");
     }
 }

@@ -1,14 +1,15 @@
 //! rmcp's side: the server's description, `tools/list`, `tools/call`
 //! dispatched to a blocking thread with its progress and cancellation, and
-//! the plans it keeps as resources.
+//! the plans it keeps as resources (listed, and their URIs' template).
 
 use super::schemas::{tools, ToolKind};
 use super::tools::{Call, FleetServer};
+use crate::capability::Operation as Op;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ServerCapabilities,
-    ServerConfig,
+    CallToolRequestParams, CallToolResponse, Implementation, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -70,14 +71,16 @@ impl ServerHandler for FleetServer {
         };
         let server = self.clone();
         let args = request.arguments;
-        let result = tokio::task::spawn_blocking(move || {
-            let result = server.call(tool, &name, args, &call);
-            drop(call);
+        let result = tokio::task::spawn_blocking(move || server.call(tool, args, &call))
+            .await
+            .map_err(|e| McpError::internal_error(format!("the tool call failed: {e}"), None))?;
+        // The call's memory goes back to the kernel while its answer is
+        // sent, not before (issue 52: a plan call waited for it).
+        tokio::task::spawn_blocking(|| {
+            let started = Instant::now();
             crate::pool::give_back_memory();
-            result
-        })
-        .await
-        .map_err(|e| McpError::internal_error(format!("the tool call failed: {e}"), None))??;
+            tracing::debug!("memory given back in {:?}", started.elapsed());
+        });
         // Every progress notification goes out before the result: a client
         // forgets a request's progress token once it has the result.
         if let Some(reported) = reported {
@@ -91,15 +94,30 @@ impl ServerHandler for FleetServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> std::result::Result<ListResourcesResult, McpError> {
-        let listed = self
-            .kept
-            .all_whole()
+        // The plans this server keeps whole, which a read serves page by
+        // page; none for a profile that may not plan (a read would refuse).
+        let server = self.clone();
+        let allowed = tokio::task::spawn_blocking(move || server.capability(Op::Plan).is_ok())
+            .await
+            .unwrap_or(false);
+        let kept = if allowed {
+            self.kept.all_whole()
+        } else {
+            Vec::new()
+        };
+        let listed = kept
             .iter()
+            .rev()
             .map(|k| {
                 let mut r = Resource::new(k.uri(), "plan");
+                r.title = Some(format!(
+                    "plan of {} rows: {} may be retired",
+                    k.plan.entries.len(),
+                    k.plan.candidates().count()
+                ));
                 r.description = Some(format!(
                     "the plan issued under registry_fingerprint {} and candidate_fingerprint \
-                     {}, a page per read",
+                     {}, a page per read (next_uri leads to the next)",
                     k.plan.registry_fingerprint, k.plan.candidate_fingerprint
                 ));
                 r.mime_type = Some("application/json".into());
@@ -107,6 +125,16 @@ impl ServerHandler for FleetServer {
             })
             .collect();
         Ok(ListResourcesResult::with_all_items(listed))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> std::result::Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            plan_template(),
+        ]))
     }
 
     async fn read_resource(
@@ -127,6 +155,23 @@ impl ServerHandler for FleetServer {
         }
         Ok(ReadResourceResult::new(vec![contents]).into())
     }
+}
+
+/// The template of every plan's URI: a plan tool result gives both tokens
+/// (and links the resource); the server serves the plans it keeps whole.
+fn plan_template() -> ResourceTemplate {
+    ResourceTemplate::new(
+        "fleet-retire://plan/{registry_fingerprint}.{candidate_fingerprint}",
+        "plan",
+    )
+    .with_title("a plan this server issued, a page per read")
+    .with_description(
+        "The whole plan document of the tokens a plan_stale_worker_retirement result gave \
+         (its resource_uri), read a page at a time: the tokens and counts, candidates and \
+         preserved rows, and next_uri until the last page. This server keeps its last two \
+         plans whole; an older one is not found, and the agent plans again.",
+    )
+    .with_mime_type("application/json")
 }
 
 /// Reports a call's steps.

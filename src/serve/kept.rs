@@ -100,7 +100,9 @@ impl Kept {
             rows.push_back((candidates.clone(), plan.rows.clone()));
         }
         if let Some(dir) = &self.dir {
+            let started = Instant::now();
             dir.save(&plan.plan.candidate_fingerprint, &plan.rows);
+            tracing::debug!("plan's rows kept in the folder in {:?}", started.elapsed());
         }
         if !dropped.is_empty() {
             std::thread::spawn(move || {
@@ -118,6 +120,11 @@ impl Kept {
             .rev()
             .find(|k| k.key() == key)
             .cloned()
+    }
+
+    /// The newest plan kept whole (the last one made), if any.
+    pub(super) fn newest_whole(&self) -> Option<Arc<KeptPlan>> {
+        lock(&self.whole).back().cloned()
     }
 
     /// Every plan kept whole, newest last.

@@ -31,6 +31,7 @@
 //! worker: register, heartbeat, release.
 
 mod args;
+mod as_text;
 mod cursor;
 mod handler;
 mod kept;

@@ -1,5 +1,6 @@
 //! Tool results: a success's summary and structured body, and every
-//! refusal or failure with its reason code and what to do.
+//! refusal or failure with its reason code and what to do; each with the
+//! structured body as text too (`as_text`).
 
 use crate::apply::Outcome;
 use crate::error::Error;
@@ -20,15 +21,18 @@ pub(super) fn tool_error(
         o.insert("what_to_do".into(), json!(what_to_do));
         o.entry("detail").or_insert(json!(detail));
     }
+    let block = super::as_text::json_block(&summary, &body);
     let mut result = CallToolResult::structured_error(body);
-    result.content = vec![ContentBlock::text(summary)];
+    result.content = vec![ContentBlock::text(summary), ContentBlock::text(block)];
     result
 }
 
-/// A success: the one-line summary and the structured result.
+/// A success: the one-line summary and the structured result, which the
+/// second text block repeats as JSON (`as_text`).
 pub(super) fn success(summary: String, body: Json) -> CallToolResult {
+    let block = super::as_text::json_block(&summary, &body);
     let mut result = CallToolResult::structured(body);
-    result.content = vec![ContentBlock::text(summary)];
+    result.content = vec![ContentBlock::text(summary), ContentBlock::text(block)];
     result
 }
 
@@ -108,5 +112,17 @@ pub(in crate::serve) fn clipped(text: &str) -> String {
     match text.char_indices().nth(SHOWN) {
         None => format!("{text:?}"),
         Some((end, _)) => format!("{:?}… ({} bytes in all)", &text[..end], text.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_long_uri_is_clipped_in_errors() {
+        let long = format!("fleet://{}", "x".repeat(15_000_000));
+        let shown = super::clipped(&long);
+        assert!(shown.len() < 300, "{}", shown.len());
+        assert!(shown.ends_with("(15000008 bytes in all)"), "{shown}");
+        assert_eq!(super::clipped("short"), "\"short\"");
     }
 }

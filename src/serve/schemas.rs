@@ -54,6 +54,25 @@ impl ToolKind {
         }
     }
 
+    /// The arguments its input schema allows, in the schema's order.
+    pub(super) fn argument_names(self) -> Vec<String> {
+        self.input()
+            .get("properties")
+            .and_then(Json::as_object)
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// What its `gitea_` alias says: which tool it stands for, so a model
+    /// is not offered two equal choices.
+    fn alias_description(self) -> String {
+        format!(
+            "Alias of {name}, kept for the seed's callers; prefer {name}, which takes the same \
+             arguments and answers the same.",
+            name = self.name()
+        )
+    }
+
     fn annotations(self) -> ToolAnnotations {
         let read_only = self != ToolKind::Apply;
         ToolAnnotations::new()
@@ -269,7 +288,8 @@ fn to_object(schema: Json) -> Arc<JsonObject> {
     }
 }
 
-/// The tools, each under its name and its `gitea_` alias.
+/// The tools, each under its name and its `gitea_` alias (whose
+/// description names the tool to prefer).
 pub fn tools() -> Vec<Tool> {
     let mut out = Vec::new();
     for kind in ToolKind::ALL {
@@ -278,6 +298,7 @@ pub fn tools() -> Vec<Tool> {
             .with_annotations(kind.annotations());
         let mut alias = tool.clone();
         alias.name = format!("gitea_{}", kind.name()).into();
+        alias.description = Some(kind.alias_description().into());
         out.push(tool);
         out.push(alias);
     }

@@ -16,7 +16,6 @@ use crate::evidence::probe::SystemProbe;
 use crate::plan::planned::PlannedRows;
 use crate::text::Restated;
 use rmcp::model::{CallToolResult, JsonObject};
-use rmcp::ErrorData as McpError;
 use serde_json::{json, Value as Json};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -164,35 +163,31 @@ impl FleetServer {
     pub(super) fn call(
         &self,
         tool: ToolKind,
-        name: &str,
         args: Option<JsonObject>,
         call: &Call,
-    ) -> std::result::Result<CallToolResult, McpError> {
+    ) -> CallToolResult {
         if let Some(why) = self.stopping() {
-            return Ok(stopping_result(why));
+            return stopping_result(why);
         }
-        match tool {
-            ToolKind::Plan => {
-                let a: PlanArgs = parse(name, args)?;
-                let canonical = nonblank(a.canonical_repository.clone())?;
+        let answer = match tool {
+            ToolKind::Plan => parse(tool, args).and_then(|a: PlanArgs| {
+                let canonical = nonblank(tool, a.canonical_repository.clone())?;
                 Ok(self.plan(a, canonical, call))
-            }
-            ToolKind::Explain => {
-                let a: ExplainArgs = parse(name, args)?;
-                let canonical = nonblank(a.canonical_repository.clone())?;
+            }),
+            ToolKind::Explain => parse(tool, args).and_then(|a: ExplainArgs| {
+                let canonical = nonblank(tool, a.canonical_repository.clone())?;
                 Ok(self.explain(a, canonical, call))
-            }
-            ToolKind::Snapshot => {
-                let a: SnapshotArgs = parse(name, args)?;
-                let canonical = nonblank(a.canonical_repository.clone())?;
+            }),
+            ToolKind::Snapshot => parse(tool, args).and_then(|a: SnapshotArgs| {
+                let canonical = nonblank(tool, a.canonical_repository.clone())?;
                 Ok(self.snapshot(a, canonical, call))
-            }
-            ToolKind::Apply => {
-                let a: ApplyArgs = parse(name, args)?;
-                let canonical = nonblank(a.canonical_repository.clone())?;
+            }),
+            ToolKind::Apply => parse(tool, args).and_then(|a: ApplyArgs| {
+                let canonical = nonblank(tool, a.canonical_repository.clone())?;
                 Ok(self.apply(a, canonical, call))
-            }
-        }
+            }),
+        };
+        answer.unwrap_or_else(|refused| *refused)
     }
 
     fn apply(&self, a: ApplyArgs, canonical: Option<String>, call: &Call) -> CallToolResult {

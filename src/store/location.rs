@@ -37,19 +37,11 @@ impl Location {
     }
 }
 
-impl fmt::Display for Location {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Location::Sqlite(path) => write!(f, "{}", path.display()),
-            Location::Postgres(url) => url.fmt(f),
-        }
-    }
-}
-
-/// The identity of a registry location: a PostgreSQL database by its URL
-/// as shown (user, hosts, ports, database; never a password), a SQLite
-/// file by its resolved path and its device and inode, so two spellings of
-/// one file are one registry and a file put in its place is another.
+/// The identity of a store's location, for telling two stores apart: a
+/// PostgreSQL database by its URL as shown (user, hosts, ports, database;
+/// never a password), a SQLite file by its resolved path and its device and
+/// inode, so two spellings of one file are one store and a file put in its
+/// place is another.
 pub fn identity(location: &Path) -> String {
     use std::os::unix::fs::MetadataExt;
     if is_postgres(location) {
@@ -64,5 +56,14 @@ pub fn identity(location: &Path) -> String {
             meta.ino()
         ),
         Err(_) => format!("sqlite {}", path.display()),
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Sqlite(path) => write!(f, "{}", path.display()),
+            Location::Postgres(url) => url.fmt(f),
+        }
     }
 }

@@ -24,12 +24,6 @@ from contextlib import AsyncExitStack
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.shared import exceptions as _exceptions
-
-# The SDK has spelled its error class McpError and MCPError; accept either.
-RPC_ERRORS = tuple(
-    getattr(_exceptions, n) for n in ("McpError", "MCPError") if hasattr(_exceptions, n)
-)
 
 EXE, DIR = sys.argv[1], sys.argv[2]
 REGISTRY = os.path.join(DIR, "registry.sqlite")
@@ -123,22 +117,22 @@ async def tools_and_refusals() -> None:
             "candidate_fingerprint": doc["candidate_fingerprint"],
             "policy_fingerprint": doc["policy_fingerprint"],
         }
-        try:
-            await controller.call_tool(
-                "plan_stale_worker_retirement", {"profile": "controller-prgs"}
-            )
-            raise AssertionError("an extra `profile` argument was accepted")
-        except RPC_ERRORS as e:
-            assert "unknown field" in str(e), e
-        try:
-            await controller.call_tool(
+        # Refused as tool results a model reads and corrects (SEP-1303),
+        # not JSON-RPC errors its SDK would raise.
+        for tool, args, named in (
+            ("plan_stale_worker_retirement", {"profile": "controller-prgs"}, "profile"),
+            (
                 "apply_stale_worker_retirement",
                 dict(tokens, worker_identities=["w-dead-1"], policies="/tmp/permit-all"),
-            )
-            raise AssertionError("an extra `policies` argument was accepted")
-        except RPC_ERRORS as e:
-            assert "unknown field" in str(e), e
-        ok("calls naming a profile or a policy folder are JSON-RPC errors")
+                "policies",
+            ),
+        ):
+            refused = await controller.call_tool(tool, args)
+            body = structured(refused)
+            assert refused.is_error and body["reason_code"] == "invalid_arguments", body
+            assert "unknown field" in body["detail"] and body["argument"] == named, body
+            assert body["what_to_do"], body
+        ok("calls naming a profile or a policy folder are refused: invalid_arguments")
 
         author = await open_session(stack, server("author-prgs", "author"))
         refused = await author.call_tool(

@@ -69,7 +69,9 @@ impl MadeBy {
     }
 }
 
-/// The identity of a registry location ([`crate::store::location::identity`]).
+/// The identity of a registry location (`store::location::identity`): a
+/// PostgreSQL database by its URL as shown, a SQLite file by its resolved
+/// path, device and inode.
 pub fn registry_identity(location: &Path) -> String {
     crate::store::location::identity(location)
 }

@@ -26,10 +26,12 @@
 //! is written whole (0600, `O_EXCL`, locked, synced) and renamed into
 //! place; a file is read only when it is a regular file of this user's, up
 //! to [`MAX_FILE`] bytes. Only the newest [`KEEP_FILES`] of the last
-//! [`KEEP_FOR`] are kept, and temporary files no live writer holds are
+//! [`KEEP_FOR`], up to [`KEEP_BYTES`] in all, are kept (the server says so
+//! in its log at start), and temporary files no live writer holds are
 //! removed after [`TEMPORARY_STALE`]. (A per-call client that pages makes
 //! a plan per page; each file holds about 300 bytes per registry row.)
 
+mod file;
 mod made_by;
 mod prune;
 #[cfg(test)]
@@ -42,7 +44,7 @@ use crate::plan::planned::PlannedRows;
 use nix::fcntl::{openat, renameat, Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
 use nix::unistd::{unlinkat, UnlinkatFlags};
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{de::DeserializeOwned, Deserialize};
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
@@ -55,6 +57,11 @@ pub const KEEP_FILES: usize = 32;
 /// How long a plan's rows are kept at most.
 pub const KEEP_FOR: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
+/// How many bytes of kept plans the folder holds at most unless the
+/// server is told otherwise (`--plan-dir-max-mib`); the plan just written
+/// is kept even when it alone is larger.
+pub const KEEP_BYTES: u64 = 256 << 20;
+
 /// The largest kept plan read back (about three million rows' worth).
 pub const MAX_FILE: u64 = 1 << 30;
 
@@ -64,16 +71,8 @@ pub struct PlanDir {
     path: PathBuf,
     dir: Arc<OwnedFd>,
     made_by: MadeBy,
-}
-
-/// One file: the plan's tokens, what made it, its rows.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Saved {
-    registry_fingerprint: String,
-    candidate_fingerprint: String,
-    made_by: MadeBy,
-    planned_rows: PlannedRows,
+    /// The folder's bound in bytes ([`KEEP_BYTES`] unless set).
+    max_bytes: u64,
 }
 
 /// A kept plan's file without its rows: enough to say what made it.
@@ -143,7 +142,28 @@ impl PlanDir {
             path: path.to_path_buf(),
             dir: Arc::new(dir),
             made_by,
+            max_bytes: KEEP_BYTES,
         })
+    }
+
+    /// The same folder, bounded to `max_bytes` of kept plans.
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> PlanDir {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// Where the folder is and what it keeps, for the server's log at
+    /// start.
+    pub fn describe(&self) -> String {
+        format!(
+            "kept plans (for an apply by the next server, as a client that starts a server \
+             per call needs) in {}: the newest {KEEP_FILES} of the last {} hours, at most {:.1} \
+             MiB in all (the plan just written is kept even when alone larger); \
+             --plan-dir and --plan-dir-max-mib change them",
+            self.path.display(),
+            KEEP_FOR.as_secs() / 3600,
+            self.max_bytes as f64 / f64::from(1 << 20),
+        )
     }
 
     /// The start of the file names of a plan's tokens; `None` for a token
@@ -169,25 +189,21 @@ impl PlanDir {
         let Some(name) = self.name(&rows.registry_fingerprint, candidate_fingerprint) else {
             return;
         };
-        let saved = Saved {
-            registry_fingerprint: rows.registry_fingerprint.clone(),
-            candidate_fingerprint: candidate_fingerprint.to_string(),
-            made_by: self.made_by.clone(),
-            planned_rows: rows.clone(),
-        };
-        if let Err(e) = self.write(&name, &saved) {
+        let saved = file::Writing::new(candidate_fingerprint, &self.made_by, rows);
+        let written = self.write(&name, &saved);
+        if let Err(e) = &written {
             tracing::warn!(
                 "cannot keep the plan's rows in {}: {e}",
                 self.path.join(&name).display()
             );
         }
-        self.prune();
+        self.prune(written.is_ok().then_some(name.as_str()));
     }
 
     /// Write `saved` under `name`: a new 0600 file beside it, locked while
     /// it is written (`prune` never takes a locked one for abandoned),
     /// renamed over it.
-    fn write(&self, name: &str, saved: &Saved) -> std::io::Result<()> {
+    fn write(&self, name: &str, saved: &file::Writing) -> std::io::Result<()> {
         let temporary = prune::temporary_name(name);
         let fd = openat(
             self.dir.as_fd(),
@@ -198,7 +214,7 @@ impl PlanDir {
         let written = (|| {
             let held = Flock::lock(std::fs::File::from(fd), FlockArg::LockExclusiveNonblock)
                 .map_err(|(_, e)| std::io::Error::from(e))?;
-            let mut w = std::io::BufWriter::new(&*held);
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, &*held);
             serde_json::to_writer(&mut w, saved).map_err(std::io::Error::other)?;
             w.flush()?;
             drop(w);
@@ -225,12 +241,13 @@ impl PlanDir {
         ) else {
             return Found::Nothing;
         };
-        if let Some(saved) = self.read::<Saved>(&ours) {
-            let tokens = saved.registry_fingerprint == registry
-                && saved.candidate_fingerprint == candidate
-                && saved.planned_rows.registry_fingerprint == registry;
+        if let Some(saved) = self.read::<file::Saved>(&ours) {
+            let tokens =
+                saved.registry_fingerprint == registry && saved.candidate_fingerprint == candidate;
             if tokens && saved.made_by == self.made_by {
-                return Found::Ours(Arc::new(saved.planned_rows));
+                if let Some(rows) = saved.into_rows() {
+                    return Found::Ours(Arc::new(rows));
+                }
             }
         }
         let others = self

@@ -14,6 +14,10 @@
 //! dies, so a file that can be locked has no live writer. The age is a
 //! second guard: a file created a moment ago and not yet locked is never
 //! taken for an abandoned one.
+//!
+//! Issue 52: 32 plans of 100,000 rows took a gigabyte, a bound no user
+//! saw. The folder is also bounded in bytes (256 MiB unless
+//! `--plan-dir-max-mib` says otherwise): the oldest plans go first.
 
 use super::{PlanDir, KEEP_FILES, KEEP_FOR};
 use nix::dir::Dir;
@@ -61,10 +65,14 @@ impl PlanDir {
     }
 
     /// Remove the kept plans beyond the newest [`KEEP_FILES`], those older
-    /// than [`KEEP_FOR`], and the temporary files their writers abandoned.
-    pub(super) fn prune(&self) {
+    /// than [`KEEP_FOR`], the oldest while all of them take more than the
+    /// folder's bound in bytes ([`PlanDir::max_bytes`]), and the temporary
+    /// files their writers abandoned. `just_written`, the plan a server has
+    /// just saved for the next server's apply, is always kept, even when it
+    /// alone is over the bound.
+    pub(super) fn prune(&self, just_written: Option<&str>) {
         let now = chrono::Utc::now().timestamp();
-        let mut kept: Vec<(i64, String)> = Vec::new();
+        let mut kept: Vec<(i64, i64, u64, String)> = Vec::new();
         for name in self.names() {
             if is_temporary(&name) {
                 self.remove_if_abandoned(&name, now);
@@ -79,13 +87,21 @@ impl PlanDir {
                 AtFlags::AT_SYMLINK_NOFOLLOW,
             );
             if let Ok(meta) = at {
-                kept.push((meta.st_mtime, name));
+                let size = u64::try_from(meta.st_size).unwrap_or(0);
+                kept.push((meta.st_mtime, meta.st_mtime_nsec, size, name));
             }
         }
-        kept.sort_by_key(|k| std::cmp::Reverse(k.0));
+        // Newest first, the plan just written before every other.
+        kept.sort_by_key(|k| {
+            let newest = just_written == Some(k.3.as_str());
+            std::cmp::Reverse((newest, k.0, k.1))
+        });
         let oldest = now - KEEP_FOR.as_secs() as i64;
-        for (i, (modified, name)) in kept.into_iter().enumerate() {
-            if i >= KEEP_FILES || modified < oldest {
+        let mut bytes = 0u64;
+        for (i, (modified, _, size, name)) in kept.into_iter().enumerate() {
+            bytes = bytes.saturating_add(size);
+            let over = i >= KEEP_FILES || modified < oldest || bytes > self.max_bytes;
+            if over && just_written != Some(name.as_str()) {
                 let _ = unlinkat(self.dir.as_fd(), name.as_str(), UnlinkatFlags::NoRemoveDir);
             }
         }

@@ -148,12 +148,9 @@ fn a_folder_replaced_after_it_was_opened_is_never_followed() {
     let dir = PlanDir::open(&path, made_by("prgs/a")).unwrap();
     std::fs::rename(&path, root.path().join("moved")).unwrap();
     std::fs::create_dir(&path).unwrap();
-    let forged = Saved {
-        registry_fingerprint: REG.into(),
-        candidate_fingerprint: CAND.into(),
-        made_by: made_by("prgs/a"),
-        planned_rows: rows(),
-    };
+    let binding = made_by("prgs/a");
+    let empty = rows();
+    let forged = file::Writing::new(CAND, &binding, &empty);
     std::fs::write(
         path.join(dir.name(REG, CAND).unwrap()),
         serde_json::to_vec(&forged).unwrap(),
@@ -262,4 +259,66 @@ fn a_temporary_file_a_dead_writer_left_is_pruned_and_a_live_writers_is_not() {
     assert!(fresh.exists(), "a fresh temporary file was removed");
     // Nothing else is left of the writes: one kept plan and the fresh file.
     assert_eq!(std::fs::read_dir(&path).unwrap().count(), 2);
+}
+
+/// The `i`th plan with `n` rows of about 200 bytes each in its file.
+fn plan_of_rows(i: usize, n: usize) -> (String, PlannedRows) {
+    let (registry, mut rows) = plan_number(i);
+    rows.rows = (0..n)
+        .map(|r| crate::plan::planned::PlannedRow {
+            worker_identity: format!("w-{r:0>64}"),
+            row_digest: r as u128,
+            digest_without_heartbeat: r as u128,
+            live: false,
+            reason_codes: Some(vec!["already_terminal_registration".to_string()].into()),
+            peers: None,
+        })
+        .collect();
+    (registry, rows)
+}
+
+/// The bytes of the kept plans in `dir`, and how many there are.
+fn kept_bytes(dir: &Path) -> (u64, usize) {
+    let sizes: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("registryfp-"))
+        .map(|e| e.metadata().unwrap().len())
+        .collect();
+    (sizes.iter().sum(), sizes.len())
+}
+
+/// Issue 52: 32 plans of 100,000 rows took a gigabyte. The folder is
+/// bounded in bytes too, the oldest plans going first; the plan just
+/// written stays (the next server's apply needs it) even when it alone is
+/// over the bound.
+#[test]
+fn the_folder_is_bounded_in_bytes_and_keeps_the_plan_just_written() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("plans");
+    let dir = PlanDir::open(&path, made_by("prgs/a"))
+        .unwrap()
+        .with_max_bytes(100_000);
+    for i in 0..10 {
+        let (_, rows) = plan_of_rows(i, 120);
+        dir.save(CAND, &rows);
+        let (bytes, files) = kept_bytes(&path);
+        assert!(bytes <= 100_000, "{bytes} bytes in {files} files");
+        // About 23 KB a plan: the count bound (32) is not what stops it.
+        assert_eq!(files, (i + 1).min(4), "{bytes} bytes");
+    }
+    let (newest, rows) = plan_of_rows(9, 120);
+    assert_eq!(dir.load(&newest, CAND), Found::Ours(Arc::new(rows)));
+    let (oldest, _) = plan_of_rows(0, 120);
+    assert_eq!(dir.load(&oldest, CAND), Found::Nothing);
+    // A plan larger than the bound by itself: kept, alone.
+    let (large, rows) = plan_of_rows(10, 2_000);
+    dir.save(CAND, &rows);
+    assert_eq!(kept_bytes(&path).1, 1);
+    assert_eq!(dir.load(&large, CAND), Found::Ours(Arc::new(rows)));
+    assert!(
+        dir.describe().contains("at most 0.1 MiB"),
+        "{}",
+        dir.describe()
+    );
 }
