@@ -265,8 +265,20 @@ pub fn left_line(left: usize, next: Option<&str>) -> String {
     }
 }
 
-/// A snapshot: one line per instance, then the blockers.
-pub fn snapshot_summary(snap: &serde_json::Value, cap: Option<usize>) -> String {
+/// How a snapshot's report speaks of its stale rows: in the plan's words
+/// (grouped by the reason code the plan keeps each for, with what happens
+/// next, as after an apply), or as the snapshot's own findings, with why
+/// the plan's words are missing (empty: nothing to say).
+pub enum PlanWords {
+    /// A plan of the same read, grouped.
+    Grouped(crate::apply::residual::Residual),
+    /// No plan, and why.
+    Not(String),
+}
+
+/// A snapshot: one line per instance, then the blockers (its stale rows
+/// in the plan's words when `words` has them).
+pub fn snapshot_summary(snap: &serde_json::Value, cap: Option<usize>, words: &PlanWords) -> String {
     let mut out = String::new();
     let _ =
         writeln!(
@@ -314,7 +326,22 @@ pub fn snapshot_summary(snap: &serde_json::Value, cap: Option<usize>) -> String 
             blockers.len(),
             blocker_classes(&blockers)
         );
-        listed(&mut out, &blockers, cap, "blockers", blocker_line);
+        match words {
+            PlanWords::Grouped(residual) => {
+                for line in residual.lines() {
+                    let _ = writeln!(out, "  {line}");
+                }
+                if cap.is_none() {
+                    listed(&mut out, &blockers, None, "blockers", blocker_line);
+                }
+            }
+            PlanWords::Not(why) => {
+                listed(&mut out, &blockers, cap, "blockers", blocker_line);
+                if !why.is_empty() {
+                    let _ = writeln!(out, "  ({})", esc(why));
+                }
+            }
+        }
     }
     if let Some(c) = snap.get("comparison") {
         let _ = writeln!(

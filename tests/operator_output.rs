@@ -9,11 +9,9 @@ use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 
-/// After a successful apply, the stale rows left are grouped by the reason
-/// the plan keeps them, with what happens next; no stale row is listed as
-/// a `stale_orphaned_worker` sending the reader back to `plan`.
-#[test]
-fn after_an_apply_the_residual_blockers_are_grouped_by_the_plans_reasons() {
+/// Two eligible rows, three whose heartbeat is a minute old (and when),
+/// two of another host, one with an untrusted identity.
+fn kept_for_many_reasons() -> (Vec<Value>, chrono::DateTime<chrono::Utc>) {
     let dead = |id: &str, n: i64| stale_row(id, 4_194_305 + n, "ticks-1");
     let mut rows = vec![dead("w-eligible-1", 1), dead("w-eligible-2", 2)];
     let fresh = chrono::Utc::now() - chrono::Duration::seconds(60);
@@ -33,6 +31,64 @@ fn after_an_apply_the_residual_blockers_are_grouped_by_the_plans_reasons() {
     for (n, row) in rows.iter_mut().enumerate() {
         row["namespace"] = json!(format!("ns-{n}"));
     }
+    (rows, fresh)
+}
+
+/// A snapshot a person reads speaks the plan's words too: its stale rows
+/// grouped by the reason a plan of the same read keeps each for, when the
+/// leases and repository a plan needs are given, and otherwise a line
+/// saying how to get them; its JSON stays the snapshot's own.
+#[test]
+fn a_snapshot_groups_its_stale_rows_by_the_plans_reasons() {
+    let (rows, _) = kept_for_many_reasons();
+    let stores = Stores::new(&rows);
+    let mut args = stores.plan_args("controller-prgs");
+    args[0] = "snapshot".into();
+    let out = bin().args(&args).output().unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    for line in [
+        "blockers: 8 (stale_orphaned_worker 8)",
+        "  2 eligible_stale_orphan: may be retired now",
+        "  3 heartbeat_not_expired: become eligible as their TTLs lapse, the first at ",
+        "  2 host_binding_unproven: belong to other hosts: run there",
+        "  1 untrusted_identity_provenance: have untrusted identities: relaunch them",
+    ] {
+        assert!(said.contains(line), "{line:?} in:\n{said}");
+    }
+    assert!(!said.contains("- stale_orphaned_worker"), "{said}");
+    // Without the leases: the snapshot's own findings, and how to group them.
+    let without: Vec<&String> = args.iter().filter(|a| !a.contains("leases")).collect();
+    let out = bin()
+        .args(&without)
+        .env_remove("FLEET_RETIRE_LEASES")
+        .output()
+        .unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("- stale_orphaned_worker"), "{said}");
+    assert!(
+        said.contains("give --leases and --canonical-repository"),
+        "{said}"
+    );
+    // The JSON is the snapshot's, as the fixtures pin it.
+    let out = bin()
+        .args(["--format", "json"])
+        .args(&args)
+        .output()
+        .unwrap();
+    let doc: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(doc["active_blockers"].as_array().unwrap().len(), 8, "{doc}");
+    assert!(doc.get("stale_by_reason").is_none(), "{doc}");
+}
+
+/// After a successful apply, the stale rows left are grouped by the reason
+/// the plan keeps them, with what happens next; no stale row is listed as
+/// a `stale_orphaned_worker` sending the reader back to `plan`.
+#[test]
+fn after_an_apply_the_residual_blockers_are_grouped_by_the_plans_reasons() {
+    let (rows, fresh) = kept_for_many_reasons();
     let stores = Stores::new(&rows);
     let (plan, _) = save_plan(&stores);
     let out = bin()

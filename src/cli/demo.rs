@@ -315,7 +315,13 @@ impl<'p> Demo<'p> {
             &self.probe,
         );
         self.say("\n== 3. Snapshot")?;
-        for line in crate::report::snapshot_summary(&snap, None).lines() {
+        for line in crate::report::snapshot_summary(
+            &snap,
+            None,
+            &crate::report::PlanWords::Not(String::new()),
+        )
+        .lines()
+        {
             self.say(format!("   {line}"))?;
         }
         Ok(())

@@ -1,9 +1,11 @@
 //! `fleet-retire snapshot`: the live fleet, its instances and its blockers.
 
+use crate::apply::residual;
 use crate::cli::{Cli, Format, OperatorArgs};
 use crate::error::{About, Error, ExitCode, Result};
 use crate::evidence::probe::SystemProbe;
 use crate::evidence::registry;
+use crate::report::PlanWords;
 use crate::snapshot::{compare, Options, Snapshot};
 use clap::Args;
 use serde_json::Value as Json;
@@ -20,9 +22,11 @@ pub struct SnapshotArgs {
         value_name = "PATH|URL"
     )]
     pub registry: PathBuf,
-    /// The lease store. Accepted (and its variable FLEET_RETIRE_LEASES
-    /// read) so one set of store flags serves every command; a snapshot
-    /// reads the registry alone, so it is not opened.
+    /// The lease store. With it (and the canonical repository, and a
+    /// profile that may plan), the human report groups the stale rows by
+    /// the reason code a plan of the same read keeps each for, as apply
+    /// does; the snapshot itself (and its JSON document) reads the registry
+    /// alone.
     #[arg(
         long,
         env = "FLEET_RETIRE_LEASES",
@@ -78,6 +82,49 @@ pub fn load_manifest(path: &Path) -> Result<Vec<Json>> {
     })
 }
 
+/// A plan of the same read, for the human report's stale rows in the
+/// plan's words (issue 52 §1: "snapshot and plan speaking one
+/// vocabulary"). Made only when a person reads the report and the leases,
+/// the repository and a profile that may plan are given; otherwise why
+/// not, in a line the report ends its blockers with (empty when JSON is
+/// asked for). A plan that fails says so there and the snapshot stands
+/// alone: the snapshot never needs the leases.
+fn plan_for_words(
+    cli: &Cli,
+    args: &SnapshotArgs,
+    policies: &crate::policy::Policies,
+) -> std::result::Result<crate::plan::Plan, String> {
+    if cli.format != Format::Human {
+        return Err(String::new());
+    }
+    let (Some(leases), Some(canonical)) = (&args.leases, &args.canonical_repository) else {
+        return Err(
+            "give --leases and --canonical-repository (or their variables) to see the \
+                    stale rows grouped by the plan's reason codes"
+                .into(),
+        );
+    };
+    if args
+        .operator
+        .require(policies, crate::capability::Operation::Plan)
+        .is_err()
+    {
+        return Err(
+            "this profile may not plan, so the stale rows are not grouped by the \
+                    plan's reason codes"
+                .into(),
+        );
+    }
+    crate::plan::plan_from_files(
+        &args.registry,
+        leases,
+        &args.proc_root,
+        canonical.clone(),
+        policies,
+    )
+    .map_err(|e| format!("the stale rows are not grouped by the plan's reason codes: {e}"))
+}
+
 /// Run `snapshot`.
 pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
     let policies = cli.load_policies()?;
@@ -85,7 +132,18 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
         .require(&policies, crate::capability::Operation::Snapshot)?;
     let started = std::time::Instant::now();
     let spinner = crate::cli::progress::Spinner::start("snapshot: reading the registry");
-    let rows = registry::load(&args.registry)?;
+    let (plan, words) = match plan_for_words(cli, args, &policies) {
+        Ok(plan) => (Some(plan), None),
+        Err(why) => (None, Some(why)),
+    };
+    let loaded;
+    let rows = match &plan {
+        Some(plan) => &plan.rows,
+        None => {
+            loaded = registry::load(&args.registry)?;
+            &loaded
+        }
+    };
     spinner.step(&format!("snapshot: probing {} rows", rows.len()));
     tracing::debug!(elapsed = ?started.elapsed(), rows = rows.len(), "registry read");
     let opts = Options::here(
@@ -94,7 +152,7 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
         args.expected_revision.clone(),
         args.manifest.as_deref().map(load_manifest).transpose()?,
     );
-    let mut snap = Snapshot::take(&rows, &opts, &SystemProbe::new(&args.proc_root));
+    let mut snap = Snapshot::take(rows, &opts, &SystemProbe::new(&args.proc_root));
     drop(spinner);
     if let Some(path) = &args.compare {
         let earlier = read_json(path, "earlier snapshot")?;
@@ -114,7 +172,14 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
         Format::Human | Format::Junit | Format::Lcov | Format::Sarif | Format::MutationReport => {
             crate::out!(
                 "{}",
-                crate::report::snapshot_summary(&snap.summary_json(), args.list.cap())
+                crate::report::snapshot_summary(
+                    &snap.summary_json(),
+                    args.list.cap(),
+                    &match (&plan, words) {
+                        (Some(plan), _) => PlanWords::Grouped(residual::of(plan, &snap)),
+                        (None, why) => PlanWords::Not(why.unwrap_or_default()),
+                    }
+                )
             )?
         }
     }
@@ -122,7 +187,7 @@ pub fn run(cli: &Cli, args: &SnapshotArgs) -> Result<ExitCode> {
     // The process ends next: returning a large registry's rows to the
     // allocator one by one would only add time.
     std::mem::forget(snap);
-    std::mem::forget(rows);
+    std::mem::forget(plan);
     Ok(if args.strict && !safe {
         ExitCode::Refused
     } else {
