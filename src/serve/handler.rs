@@ -161,13 +161,14 @@ impl ServerHandler for FleetServer {
 /// (and links the resource); the server serves the plans it keeps whole.
 fn plan_template() -> ResourceTemplate {
     ResourceTemplate::new(
-        "fleet-retire://plan/{registry_fingerprint}.{candidate_fingerprint}",
+        "fleet-retire://plan/{registry_fingerprint}.{candidate_fingerprint}.{plan_number}",
         "plan",
     )
     .with_title("a plan this server issued, a page per read")
     .with_description(
-        "The whole plan document of the tokens a plan_stale_worker_retirement result gave \
-         (its resource_uri), read a page at a time: the tokens and counts, candidates and \
+        "The whole plan document of the tokens a plan_stale_worker_retirement result gave, \
+         and the plan's number in this server (its resource_uri gives all three: a server may \
+         issue two plans under the same tokens), read a page at a time: the tokens and counts, candidates and \
          preserved rows, and next_uri until the last page. This server keeps its last two \
          plans whole; an older one is not found, and the agent plans again.",
     )

@@ -12,7 +12,7 @@ const [EXE, DIR] = process.argv.slice(2);
 const BOUND = 1 << 20;
 const PLAN = "plan_stale_worker_retirement";
 const APPLY = "apply_stale_worker_retirement";
-const TEMPLATE = "fleet-retire://plan/{registry_fingerprint}.{candidate_fingerprint}";
+const TEMPLATE = "fleet-retire://plan/{registry_fingerprint}.{candidate_fingerprint}.{plan_number}";
 const TIMEOUT = { timeout: 300_000 };
 
 function ok(what) {
@@ -66,10 +66,11 @@ async function planFromText(client) {
   assert(plan.candidate_fingerprint.startsWith("candidatefp-"), plan.candidate_fingerprint);
   assert(plan.policy_fingerprint.startsWith("sha256:"), plan.policy_fingerprint);
   assert(plan.candidate_worker_identities.length > 0, plan);
-  const uri = TEMPLATE.replace("{registry_fingerprint}", plan.registry_fingerprint).replace(
-    "{candidate_fingerprint}",
-    plan.candidate_fingerprint,
-  );
+  const uri = plan.resource_uri;
+  const prefix = TEMPLATE.replace("{registry_fingerprint}", plan.registry_fingerprint)
+    .replace("{candidate_fingerprint}", plan.candidate_fingerprint)
+    .replace("{plan_number}", "");
+  assert(uri.startsWith(prefix) && /^[0-9]+$/.test(uri.slice(prefix.length)), uri, prefix);
   const listed = (await client.listResources()).resources.map((r) => r.uri);
   assert(listed.includes(uri), uri, listed);
   const read = await client.readResource({ uri }, TIMEOUT);

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 
 from mcp import ClientSession, StdioServerParameters
@@ -39,7 +40,7 @@ EXE, DIR = sys.argv[1], sys.argv[2]
 BOUND = 1 << 20
 PLAN = "plan_stale_worker_retirement"
 APPLY = "apply_stale_worker_retirement"
-TEMPLATE = "fleet-retire://plan/{registry_fingerprint}.{candidate_fingerprint}"
+TEMPLATE = "fleet-retire://plan/{registry_fingerprint}.{candidate_fingerprint}.{plan_number}"
 
 
 def ok(what: str) -> None:
@@ -97,7 +98,8 @@ async def plan_from_text(session: ClientSession) -> dict:
     for token in ("registry_fingerprint", "candidate_fingerprint", "policy_fingerprint"):
         assert plan[token].startswith(("registryfp-", "candidatefp-", "sha256:")), plan[token]
     assert plan["candidate_worker_identities"], plan
-    uri = TEMPLATE.format(**plan)
+    uri = plan["resource_uri"]
+    assert re.fullmatch(re.escape(TEMPLATE.format(**plan, plan_number="@")).replace("@", "[0-9]+"), uri), uri
     listed = [r.uri for r in (await session.list_resources()).resources]
     assert uri in listed, (uri, listed)
     page = json.loads((await session.read_resource(uri)).contents[0].text)
