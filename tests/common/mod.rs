@@ -368,6 +368,7 @@ impl Lib {
             planned: None,
             first: None,
             skip_fleet_summary: false,
+            controller: None,
         }
     }
 
