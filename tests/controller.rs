@@ -426,3 +426,128 @@ fn once_exits_with_applys_code_and_a_profile_without_retire_is_refused() {
     assert_eq!(once.status.code(), Some(0), "{}", text(&once));
     assert_eq!(status(&stores.registry, "w-1").as_deref(), Some("retired"));
 }
+
+/// The budget is kept in the registry (issue 53 §4): a controller allowed
+/// 2 retirements an hour retires 2 of 4 dead workers, and a restart (a new
+/// process, as after a crash or a failover) inherits the spent budget and
+/// retires nothing more.
+#[test]
+fn the_budget_survives_a_restart() {
+    let stores = stores();
+    let mut workers: Vec<KillOnDrop> = (1..=4).map(|n| worker(&stores, n)).collect();
+    for w in &mut workers {
+        w.0.kill().unwrap();
+        w.0.wait().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    let once = || {
+        bin()
+            .arg("controller")
+            .arg("--registry")
+            .arg(&stores.registry)
+            .arg("--leases")
+            .arg(&stores.leases)
+            .arg("--profiles")
+            .arg(&stores.profiles)
+            .args([
+                "--profile",
+                "controller-prgs",
+                "--canonical-repository",
+                "prgs/gitea-tools",
+            ])
+            .args([
+                "--listen",
+                "none",
+                "--once",
+                "--budget",
+                "2/1h",
+                "--log-format",
+                "json",
+            ])
+            .args(LEASE_TIMES)
+            .output()
+            .unwrap()
+    };
+    let retired = || {
+        (1..=4)
+            .filter(|n| status(&stores.registry, &format!("w-{n}")).as_deref() == Some("retired"))
+            .count()
+    };
+    let first = once();
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    assert_eq!(retired(), 2);
+    let second = once();
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second));
+    assert!(
+        text(&second).contains("budget_exhausted"),
+        "{}",
+        text(&second)
+    );
+    assert_eq!(retired(), 2, "a restart reset the budget");
+}
+
+/// The brake (issue 53 §4): twelve workers of this host die at once; the
+/// first tick retires none of them (more than half the host's active rows),
+/// and they are retired only by a tick at least a heartbeat TTL (here one
+/// second) later that finds them still dead.
+#[test]
+fn a_mass_death_engages_the_brake_until_a_ttl_later() {
+    let stores = stores();
+    let mut workers: Vec<KillOnDrop> = (1..=12).map(|n| worker(&stores, n)).collect();
+    for w in &mut workers {
+        w.0.kill().unwrap();
+        w.0.wait().unwrap();
+    }
+    let c = Controller::start(&stores, "c", &[]);
+    wait_for(Duration::from_secs(30), "the workers to be retired", || {
+        (1..=12).all(|n| status(&stores.registry, &format!("w-{n}")).as_deref() == Some("retired"))
+    });
+    let outcomes: Vec<String> = c.outcomes().into_iter().filter(|o| o != "idle").collect();
+    assert_eq!(
+        outcomes.first().map(String::as_str),
+        Some("braked"),
+        "{outcomes:?}"
+    );
+    assert!(outcomes.contains(&"applied".to_string()), "{outcomes:?}");
+}
+
+/// "I cannot see" means "stop" (issue 53 §4): with a `/proc` whose
+/// process table cannot be read (this host's name and boot id can), the
+/// tick retires nothing and `--once` exits 1.
+#[test]
+fn a_tick_that_cannot_read_proc_retires_nothing() {
+    let stores = stores();
+    let mut w = worker(&stores, 1);
+    w.0.kill().unwrap();
+    w.0.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let fake = stores.dir.path().join("proc");
+    for file in ["sys/kernel/hostname", "sys/kernel/random/boot_id"] {
+        let to = fake.join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(Path::new("/proc").join(file), &to).unwrap();
+    }
+    let out = bin()
+        .arg("controller")
+        .arg("--registry")
+        .arg(&stores.registry)
+        .arg("--leases")
+        .arg(&stores.leases)
+        .arg("--profiles")
+        .arg(&stores.profiles)
+        .arg("--proc-root")
+        .arg(&fake)
+        .args([
+            "--profile",
+            "controller-prgs",
+            "--canonical-repository",
+            "prgs/gitea-tools",
+        ])
+        .args(["--listen", "none", "--once"])
+        .args(LEASE_TIMES)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("cannot see"), "{}", text(&out));
+    assert_eq!(status(&stores.registry, "w-1").as_deref(), Some("active"));
+}

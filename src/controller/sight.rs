@@ -20,7 +20,11 @@ pub struct Sight {
 impl Sight {
     /// Why this tick cannot see, if it cannot.
     pub fn blind(&mut self, proc_root: &Path) -> Option<String> {
-        let now = (Instant::now(), SystemTime::now());
+        self.blind_at((Instant::now(), SystemTime::now()), proc_root)
+    }
+
+    /// [`Sight::blind`] with the clocks read at `now`.
+    fn blind_at(&mut self, now: (Instant, SystemTime), proc_root: &Path) -> Option<String> {
         let last = self.last.replace(now);
         if let Some((mono, wall)) = last {
             let mono = now.0.duration_since(mono).as_secs_f64();
@@ -45,5 +49,37 @@ impl Sight {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wall_clock_jump_against_the_monotonic_clock_makes_a_tick_blind() {
+        let proc_root = Path::new("/proc");
+        let (i0, w0) = (Instant::now(), SystemTime::now());
+        let mut sight = Sight::default();
+        assert!(sight.blind_at((i0, w0), proc_root).is_none());
+        let steady = (
+            i0 + Duration::from_secs(30),
+            w0 + Duration::from_millis(30_400),
+        );
+        assert!(sight.blind_at(steady, proc_root).is_none());
+        let jumped = (i0 + Duration::from_secs(60), w0 + Duration::from_secs(95));
+        assert!(sight
+            .blind_at(jumped, proc_root)
+            .unwrap()
+            .contains("wall clock"));
+        let back = (i0 + Duration::from_secs(61), w0 + Duration::from_secs(90));
+        assert!(sight.blind_at(back, proc_root).is_some());
+    }
+
+    #[test]
+    fn a_proc_that_cannot_be_read_makes_a_tick_blind() {
+        let empty = tempfile::tempdir().unwrap();
+        let why = Sight::default().blind(empty.path()).unwrap();
+        assert!(why.contains("self/stat"), "{why}");
     }
 }
