@@ -104,14 +104,34 @@ fn router(shared: Shared) -> axum::Router {
         .with_state(shared)
 }
 
-async fn metrics(State(s): State<Shared>) -> impl axum::response::IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
-    )
+/// OpenMetrics to a scraper that asks for it (Prometheus does), the
+/// classic text format to any other.
+async fn metrics(
+    State(s): State<Shared>,
+    headers: axum::http::HeaderMap,
+) -> impl axum::response::IntoResponse {
+    let open_metrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if open_metrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            s.metrics.encode(),
+        )
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            s.metrics.encode_classic(),
+        )
+    }
 }
 
 async fn livez(State(s): State<Shared>) -> (StatusCode, String) {

@@ -121,17 +121,68 @@ impl Metrics {
             .inc();
     }
 
-    /// The registry in the exposition format.
+    /// The registry in the OpenMetrics text format (what Prometheus asks
+    /// for first).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+
+    /// The registry in Prometheus' classic text format (0.0.4), for a
+    /// scraper that does not ask for OpenMetrics (`curl`, `promtool check
+    /// metrics`).
+    pub fn encode_classic(&self) -> String {
+        classic(&self.encode())
+    }
+}
+
+/// OpenMetrics text as Prometheus' classic text format: the two differ, for
+/// what this registry holds, only in a counter's family name (OpenMetrics
+/// names the family `x` and its sample `x_total`; the classic format names
+/// both `x_total`) and the closing `# EOF`. The client writes only
+/// OpenMetrics (prometheus/client_rust issue 51).
+pub fn classic(open_metrics: &str) -> String {
+    let counters: Vec<&str> = open_metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open_metrics.len() + 64);
+    for line in open_metrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(&name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_classic_format_names_a_counters_family_as_its_samples() {
+        let om = "# HELP a_ticks Ticks.\n# TYPE a_ticks counter\na_ticks_total{outcome=\"x\"} 1\n\
+                  # HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n# EOF\n";
+        assert_eq!(
+            super::classic(om),
+            "# HELP a_ticks_total Ticks.\n# TYPE a_ticks_total counter\n\
+             a_ticks_total{outcome=\"x\"} 1\n# HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n"
+        );
     }
 }

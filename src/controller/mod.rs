@@ -70,6 +70,8 @@ pub struct Health {
 struct HealthState {
     last_tick: Option<Instant>,
     registry_unreachable: Option<String>,
+    /// Why the last tick could not read the stores, if it could not.
+    stores_unreadable: Option<String>,
     lease_overdue: bool,
 }
 
@@ -104,7 +106,7 @@ impl Health {
     /// Why this process is not ready, if it is not.
     pub fn not_ready(&self) -> Option<String> {
         let s = self.get();
-        if let Some(why) = s.registry_unreachable {
+        if let Some(why) = s.registry_unreachable.or(s.stores_unreadable) {
             return Some(format!("the registry cannot be reached: {why}"));
         }
         s.lease_overdue
@@ -218,6 +220,12 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
         let span = tracing::info_span!("tick", tick = number, term);
         let ended = span.in_scope(|| timed_tick(cfg, run, term, number));
         schedule.last = Some((Instant::now(), term, signal));
+        let unreadable = matches!(
+            ended.outcome.as_str(),
+            "registry_unavailable" | "lease_store_unavailable"
+        );
+        run.health
+            .set(|h| h.stores_unreadable = unreadable.then(|| ended.detail.clone()));
         backoff.after(&ended.outcome, ended.apply_id.clone(), &cfg.profiles);
         if cfg.once {
             return ended.exit;
