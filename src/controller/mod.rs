@@ -203,10 +203,7 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
         resolve_unknown(run, &mut backoff, cfg.times.retry);
         let Some(term) = term else {
             if cfg.once && started.elapsed() > cfg.times.ttl + 2 * cfg.times.retry {
-                tracing::error!(
-                    "--once: another controller leads this host's lease; nothing was done"
-                );
-                return ExitCode::Refused;
+                return once_without_lease(run);
             }
             sleep_unless(&run.stop, cfg.times.retry.min(Duration::from_millis(200)));
             continue;
@@ -232,6 +229,23 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
         }
     }
     ExitCode::Ok
+}
+
+/// `--once` that never held the lease: refused when another controller
+/// holds it (2), an error when it could not be reached (1).
+fn once_without_lease(run: &Run) -> ExitCode {
+    match run.lease.status().1 {
+        Some(why) => {
+            tracing::error!(
+                "--once: the controller's lease cannot be reached ({why}); nothing was done"
+            );
+            ExitCode::Error
+        }
+        None => {
+            tracing::error!("--once: another controller leads this host's lease; nothing was done");
+            ExitCode::Refused
+        }
+    }
 }
 
 /// The lease and the registry as this poll finds them, into the metrics

@@ -119,6 +119,7 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
         term,
         tick: number,
         bucket: cfg.bucket,
+        lease_ttl_ms: i64::try_from(cfg.times.ttl.as_millis()).unwrap_or(i64::MAX),
     };
     apply_allowed(cfg, run, &plan, allowed, n, stamp)
 }

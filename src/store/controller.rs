@@ -99,6 +99,9 @@ pub struct Stamp {
     pub tick: i64,
     /// The host's budget.
     pub bucket: Bucket,
+    /// The lease's ttl: a server ends a controller's apply transaction
+    /// left idle this long (a frozen process must not block a takeover).
+    pub lease_ttl_ms: i64,
 }
 
 /// How an acquire or renew ended.
@@ -178,6 +181,7 @@ mod tests {
                 capacity: 1.0,
                 per_ms: 1,
             },
+            lease_ttl_ms: 1,
         };
         assert!(not_held(&s, Some(("me".into(), 3, 10)), 5).is_none());
         assert!(not_held(&s, Some(("me".into(), 4, 10)), 5).is_some());

@@ -74,15 +74,42 @@ pub fn worker(stores: &Stores, n: usize) -> KillOnDrop {
     child
 }
 
-/// A worker's status, if it has a row.
+/// A worker's status, if it has a row (SQLite file or PostgreSQL URL).
 pub fn status(registry: &Path, worker: &str) -> Option<String> {
+    let sql = "SELECT status FROM worker_registrations WHERE worker_identity = ";
+    if let Some(url) = pg_url(registry) {
+        let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).ok()?;
+        return c.query_opt(&format!("{sql}$1"), &[&worker]).ok()??.get(0);
+    }
     let conn = rusqlite::Connection::open(registry).ok()?;
-    conn.query_row(
-        "SELECT status FROM worker_registrations WHERE worker_identity = ?1",
-        [worker],
-        |r| r.get(0),
-    )
-    .ok()
+    conn.query_row(&format!("{sql}?1"), [worker], |r| r.get(0))
+        .ok()
+}
+
+/// The URL, when the registry is a PostgreSQL database.
+pub fn pg_url(registry: &Path) -> Option<&str> {
+    registry.to_str().filter(|r| r.starts_with("postgres://"))
+}
+
+/// Stores whose registry is a fresh PostgreSQL database (its tables made
+/// by its first worker), the lease store a SQLite file; `None` without a
+/// cluster.
+pub fn pg_stores(tag: &str) -> Option<(Stores, super::PgDb)> {
+    let db = super::postgres(tag)?;
+    let mut stores = Stores::new(&[]);
+    stores.registry = PathBuf::from(&db.url);
+    Some((stores, db))
+}
+
+/// `registry versions` on a PostgreSQL registry (after its first worker
+/// made its tables), so apply judges outside its transaction.
+pub fn install_versions(stores: &Stores) {
+    let out = bin()
+        .args(["registry", "versions", "--registry"])
+        .arg(&stores.registry)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 /// `fleet-retire controller` on `stores` as `profile`, with the short
@@ -189,20 +216,38 @@ impl Controller {
     }
 }
 
-/// The unexpired lease holder's pid and term, on the host's clock.
+/// The unexpired lease holder's pid and term, on the store's clock (the
+/// host's for SQLite, the server's for PostgreSQL).
 pub fn leader(registry: &Path) -> Option<(u32, i64)> {
-    let conn = rusqlite::Connection::open(registry).ok()?;
-    let (holder, term, expires): (String, i64, i64) = conn
-        .query_row(
-            "SELECT holder, term, expires_at_ms FROM fleet_retire_controller_leases",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .ok()?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let (holder, term, expires, now): (String, i64, i64, i64) = match pg_url(registry) {
+        Some(url) => {
+            let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).ok()?;
+            let r = c
+                .query_opt(
+                    "SELECT holder, term, expires_at_ms, \
+                     (date_part('epoch', clock_timestamp()) * 1000)::int8 \
+                     FROM fleet_retire_controller_leases",
+                    &[],
+                )
+                .ok()??;
+            (r.get(0), r.get(1), r.get(2), r.get(3))
+        }
+        None => {
+            let conn = rusqlite::Connection::open(registry).ok()?;
+            let (h, t, e) = conn
+                .query_row(
+                    "SELECT holder, term, expires_at_ms FROM fleet_retire_controller_leases",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .ok()?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            (h, t, e, now)
+        }
+    };
     let pid = holder.split(':').nth(1)?.parse().ok()?;
     (expires > now).then_some((pid, term))
 }
@@ -222,6 +267,21 @@ pub fn wait_for_leader(stores: &Stores) -> (u32, i64) {
         leader(&stores.registry).is_some()
     });
     leader(&stores.registry).unwrap()
+}
+
+/// SIGKILL the leader among `cs` (removing it) and wait until the other
+/// leads: how long that took.
+pub fn kill_the_leader(stores: &Stores, cs: &mut Vec<Controller>) -> Duration {
+    let (pid, _) = wait_for_leader(stores);
+    let at = cs.iter().position(|c| c.pid() == pid).unwrap();
+    let mut dead = cs.remove(at);
+    dead.signal(Signal::SIGKILL);
+    let _ = dead.child.0.wait();
+    let took = wait_for(Duration::from_secs(30), "a new leader", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == cs[0].pid())
+    });
+    eprintln!("took over {took:?} after SIGKILL");
+    took
 }
 
 /// One HTTP GET on 127.0.0.1: the status code and the body.
