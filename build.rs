@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// The cfg names the tests use, and whether each holds here.
-fn checks(ci: bool) -> [(&'static str, bool); 8] {
+fn checks(ci: bool) -> [(&'static str, bool); 9] {
     [
         (
             "fr_postgres",
@@ -31,6 +31,7 @@ fn checks(ci: bool) -> [(&'static str, bool); 8] {
         ),
         ("fr_cvc5", ci || on_path("cvc5")),
         ("fr_promtool", ci || on_path("promtool")),
+        ("fr_prometheus", ci || on_path("prometheus")),
         ("fr_systemd_analyze", ci || on_path("systemd-analyze")),
         (
             "fr_chromium",

@@ -217,3 +217,113 @@ fn the_systemd_unit_passes_systemd_analyze() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// A real Prometheus (Debian's `prometheus`) scrapes a running leader
+/// (negotiating OpenMetrics) with the shipped alert rules loaded, and its
+/// query API answers `fleet_retire_controller_leader` 1 and the rules
+/// loaded without error.
+#[test]
+#[cfg_attr(
+    not(fr_prometheus),
+    ignore = "needs prometheus (apt-get install prometheus)"
+)]
+fn a_real_prometheus_scrapes_the_leader() {
+    let stores = stores();
+    let port = common::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _c = Controller::start(&stores, "p", &["--listen", &listen]);
+    wait_for(Duration::from_secs(20), "a leader", || {
+        leader(&stores.registry).is_some()
+    });
+    let dir = stores.dir.path();
+    let rules =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/prometheus/fleet-retire-alerts.yml");
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: fleet-retire\n    static_configs:\n      \
+             - targets: ['{listen}']\n",
+            rules.display()
+        ),
+    )
+    .unwrap();
+    let web = common::free_port();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let _prometheus = KillOnDrop(
+        std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{web}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let answered = |path: &str| -> Option<serde_json::Value> {
+        std::net::TcpStream::connect(("127.0.0.1", web)).ok()?;
+        serde_json::from_str(&get(web, path, None).1).ok()
+    };
+    let leads = || {
+        answered("/api/v1/query?query=fleet_retire_controller_leader")
+            .is_some_and(|v| v["data"]["result"][0]["value"][1].as_str() == Some("1"))
+    };
+    let waited = std::panic::catch_unwind(|| {
+        wait_for(
+            Duration::from_secs(60),
+            "Prometheus to scrape the leader",
+            leads,
+        )
+    });
+    assert!(
+        waited.is_ok(),
+        "{}",
+        std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+    );
+    let groups = answered("/api/v1/rules").unwrap();
+    let group = &groups["data"]["groups"][0];
+    assert_eq!(group["name"], "fleet-retire-controller", "{groups}");
+    assert_eq!(group["rules"].as_array().unwrap().len(), 5);
+    assert!(
+        group["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["health"] == "ok" || r["health"] == "unknown"),
+        "{groups}"
+    );
+}
+
+/// A tick is due when a kept row's heartbeat expires (issue 53 §3): with
+/// an hour's resync interval and no write to announce it, a worker whose
+/// process died while its heartbeat (TTL 3 s) was fresh is retired soon
+/// after that heartbeat expires.
+#[test]
+fn a_tick_runs_when_a_kept_heartbeat_expires() {
+    let stores = stores();
+    let mut w = worker_with_ttl(&stores, 1, 3);
+    let registered = std::time::Instant::now();
+    let c = Controller::start(&stores, "e", &["--interval", "1h"]);
+    let ticked = std::panic::catch_unwind(|| {
+        wait_for(Duration::from_secs(10), "a first tick", || {
+            c.outcomes().iter().any(|o| o == "idle")
+        })
+    });
+    assert!(
+        ticked.is_ok(),
+        "{}",
+        std::fs::read_to_string(&c.log).unwrap()
+    );
+    w.0.kill().unwrap();
+    w.0.wait().unwrap();
+    wait_for(Duration::from_secs(15), "the worker to be retired", || {
+        status(&stores.registry, "w-1").as_deref() == Some("retired")
+    });
+    let took = registered.elapsed();
+    eprintln!("retired {took:?} after registering with a 3 s TTL");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+}

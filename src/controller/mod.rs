@@ -178,12 +178,18 @@ pub fn run(
 #[derive(Default)]
 struct Schedule {
     last: Option<(Instant, i64, Option<String>)>,
+    /// The next heartbeat expiry of a kept row (µs since the epoch).
+    expiry_us: Option<i64>,
 }
 
 impl Schedule {
     /// Due when newly leading (a new term: judged afresh), when the change
-    /// signal moved or cannot be read, or when the interval has passed.
+    /// signal moved or cannot be read, when a kept row's heartbeat expires,
+    /// or when the interval has passed.
     fn due(&self, term: i64, signal: Option<&String>, interval: Duration) -> bool {
+        if self.expiry_us.is_some_and(|at| crate::time::now() >= at) {
+            return true;
+        }
         match &self.last {
             None => true,
             Some((at, t, was)) => {
@@ -217,6 +223,7 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
         let span = tracing::info_span!("tick", tick = number, term);
         let ended = span.in_scope(|| timed_tick(cfg, run, term, number));
         schedule.last = Some((Instant::now(), term, signal));
+        schedule.expiry_us = ended.next_expiry_us;
         let unreadable = matches!(
             ended.outcome.as_str(),
             "registry_unavailable" | "lease_store_unavailable"

@@ -28,6 +28,9 @@ pub struct Ended {
     pub retired: usize,
     /// The apply's id, for an outcome that must be resolved.
     pub apply_id: Option<String>,
+    /// When the first heartbeat the plan kept a row for expires
+    /// (microseconds since the Unix epoch): the next tick is due then.
+    pub next_expiry_us: Option<i64>,
 }
 
 impl Ended {
@@ -38,6 +41,7 @@ impl Ended {
             detail,
             retired: 0,
             apply_id: None,
+            next_expiry_us: None,
         }
     }
 }
@@ -72,9 +76,16 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
         }
     };
     run.metrics.rows_read.inc_by(plan.rows.len() as u64);
+    let mut ended = act(cfg, run, term, number, &plan);
+    ended.next_expiry_us = next_expiry(&plan);
+    ended
+}
+
+/// What a tick that sees does with its plan.
+fn act(cfg: &Config, run: &mut Run, term: i64, number: i64, plan: &Plan) -> Ended {
     let candidates: Vec<String> = plan.candidates().map(|e| plan.identity(e)).collect();
     run.metrics.candidates.set(candidates.len() as i64);
-    let allowed = run.brake.allow(&plan, &candidates, cfg.brake_fraction);
+    let allowed = run.brake.allow(plan, &candidates, cfg.brake_fraction);
     run.metrics.brake.set(i64::from(run.brake.engaged()));
     if allowed.is_empty() {
         let (outcome, why) = if candidates.is_empty() {
@@ -121,7 +132,26 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
         bucket: cfg.bucket,
         lease_ttl_ms: i64::try_from(cfg.times.ttl.as_millis()).unwrap_or(i64::MAX),
     };
-    apply_allowed(cfg, run, &plan, allowed, n, stamp)
+    apply_allowed(cfg, run, plan, allowed, n, stamp)
+}
+
+/// The earliest expiry of a heartbeat the plan kept a row for
+/// (`heartbeat_not_expired`, among its reasons: a live process is kept for
+/// that too until it dies), in microseconds since the Unix epoch: a row
+/// may become a candidate then, and no write announces it.
+fn next_expiry(plan: &Plan) -> Option<i64> {
+    plan.entries
+        .iter()
+        .filter(|e| {
+            e.reason_codes()
+                .contains(&crate::reasons::Reason::HeartbeatFresh)
+        })
+        .filter_map(|e| {
+            let l = &plan.observation(e).liveness;
+            let ttl_us = (l.heartbeat_ttl_seconds * 1e6).clamp(0.0, 1e15) as i64;
+            Some((l.assessed_at - l.heartbeat_age_us?).saturating_add(ttl_us))
+        })
+        .min()
 }
 
 /// Apply the first `n` of `allowed` through the guarded apply.

@@ -13,15 +13,13 @@ use std::time::{Duration, Instant};
 
 pub const TTL: Duration = Duration::from_secs(3);
 pub const RETRY: Duration = Duration::from_millis(500);
-pub const LEASE_TIMES: [&str; 8] = [
+pub const LEASE_TIMES: [&str; 6] = [
     "--lease-ttl",
     "3s",
     "--renew-deadline",
     "2s",
     "--retry-period",
     "500ms",
-    "--interval",
-    "1s",
 ];
 
 /// Stores whose registry `registry create` made (with its row versions).
@@ -42,8 +40,13 @@ pub fn stores() -> Stores {
 /// `sleep` its shell becomes; killing it makes the worker dead. Its
 /// heartbeat TTL is one second.
 pub fn worker(stores: &Stores, n: usize) -> KillOnDrop {
+    worker_with_ttl(stores, n, 1)
+}
+
+/// [`worker`] with a heartbeat TTL of `ttl` seconds.
+pub fn worker_with_ttl(stores: &Stores, n: usize, ttl: u32) -> KillOnDrop {
     let script = format!(
-        "{} register --namespace author --registry \"$1\" --ttl 1 \
+        "{} register --namespace author --registry \"$1\" --ttl {ttl} \
          --repository-binding prgs/gitea-tools >/dev/null && exec sleep 300",
         env!("CARGO_BIN_EXE_fleet-retire")
     );
@@ -164,6 +167,11 @@ impl Controller {
                 &[][..]
             } else {
                 &["--listen", "none"][..]
+            })
+            .args(if extra.contains(&"--interval") {
+                &[][..]
+            } else {
+                &["--interval", "1s"][..]
             })
             .stdout(Stdio::null())
             .stderr(file)
@@ -294,7 +302,7 @@ pub fn get(port: u16, path: &str, accept: Option<&str>) -> (u16, String) {
         .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{accept}\r\n"
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n{accept}\r\n"
     )
     .unwrap();
     let mut answer = String::new();
