@@ -13,15 +13,18 @@ use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
 /// Two controllers on one registry: at every sample at most one holds the
-/// lease unexpired, every term was taken by one process only, and the dead
+/// lease unexpired and at most one's `/metrics` says it leads (under the
+/// lease row's term), every term was taken by one process only, and the dead
 /// workers are retired once, each audit row's apply recorded under a term
 /// its leader held.
 #[test]
 fn two_controllers_at_most_one_leads_and_each_term_has_one_holder() {
     let stores = stores();
     let mut workers: Vec<KillOnDrop> = (1..=3).map(|n| worker(&stores, n)).collect();
-    let a = Controller::start(&stores, "a", &[]);
-    let b = Controller::start(&stores, "b", &[]);
+    let ports = [common::free_port(), common::free_port()];
+    let listen = ports.map(|p| format!("127.0.0.1:{p}"));
+    let a = Controller::start(&stores, "a", &["--listen", &listen[0]]);
+    let b = Controller::start(&stores, "b", &["--listen", &listen[1]]);
     wait_for(Duration::from_secs(20), "a leader", || {
         leader(&stores.registry).is_some()
     });
@@ -30,12 +33,34 @@ fn two_controllers_at_most_one_leads_and_each_term_has_one_holder() {
         let _ = w.0.wait();
     }
     let started = Instant::now();
+    let mut led = [0, 0];
     while started.elapsed() < Duration::from_secs(6) {
-        if let Some((pid, _)) = leader(&stores.registry) {
+        if let Some((pid, term)) = leader(&stores.registry) {
             assert!(pid == a.pid() || pid == b.pid(), "a stranger leads: {pid}");
+            // What each process's /metrics says agrees with the lease row.
+            let says = ports.map(|p| {
+                sample(
+                    &get(p, "/metrics", None).1,
+                    "fleet_retire_controller_leader",
+                )
+            });
+            assert!(
+                says.iter().filter(|l| **l == Some(1.0)).count() <= 1,
+                "{says:?}"
+            );
+            let at = usize::from(pid == b.pid());
+            if says[at] == Some(1.0) {
+                led[at] += 1;
+                let t = sample(
+                    &get(ports[at], "/metrics", None).1,
+                    "fleet_retire_controller_term",
+                );
+                assert_eq!(t, Some(term as f64));
+            }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(led.iter().sum::<usize>() > 0, "no /metrics said it led");
     for n in 1..=3 {
         assert_eq!(
             status(&stores.registry, &format!("w-{n}")).as_deref(),
