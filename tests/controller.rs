@@ -235,3 +235,50 @@ fn once_exits_with_applys_code_and_a_profile_without_retire_is_refused() {
     assert_eq!(applied.status.code(), Some(0), "{}", text(&applied));
     assert_eq!(status(&stores.registry, "w-1").as_deref(), Some("retired"));
 }
+
+/// SIGTERM while the leader's apply waits for the registry's write lock:
+/// the process ends within 5 s with exit 0, having committed nothing (its
+/// lease, which it cannot write while the lock is held, expires by itself).
+#[test]
+fn sigterm_while_an_apply_waits_for_the_lock_exits_within_five_seconds() {
+    let stores = stores();
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    let a = Controller::start(&stores, "a", &[]);
+    wait_for(Duration::from_secs(20), "a to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == a.pid())
+    });
+    let lock = rusqlite::Connection::open(&stores.registry).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for w in &mut workers {
+        w.0.kill().unwrap();
+        let _ = w.0.wait();
+    }
+    wait_for(Duration::from_secs(10), "the apply to start", || {
+        a.says("applying")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    a.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let mut a = a;
+    let status = loop {
+        if let Some(s) = a.child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "still running 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    eprintln!("exited {:?} after SIGTERM", sent.elapsed());
+    assert_eq!(status.code(), Some(0));
+    lock.execute_batch("ROLLBACK").unwrap();
+    for n in 1..=2 {
+        assert_eq!(status_of_worker(&stores, n), Some("active".into()));
+    }
+    assert!(a.says("controller stopped"), "{:?}", a.outcomes());
+}
+
+fn status_of_worker(stores: &common::Stores, n: usize) -> Option<String> {
+    status(&stores.registry, &format!("w-{n}"))
+}

@@ -67,8 +67,11 @@ pub struct ControllerArgs {
     /// Retire at most this many workers per apply.
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub max_retire: usize,
-    /// How long an apply waits for a locked registry, in milliseconds.
-    #[arg(long, default_value_t = 10_000, value_name = "MS",
+    /// How long an apply waits for a locked registry, in milliseconds. A
+    /// tick that does not get the lock tries again later; kept short by
+    /// default so that SIGTERM is honoured within 5 s even while an apply
+    /// waits (the wait cannot be interrupted).
+    #[arg(long, default_value_t = 3_000, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub busy_timeout_ms: u64,
     /// Log lines as human text or JSON, on stderr.

@@ -68,6 +68,11 @@ impl Brake {
         candidates.to_vec()
     }
 
+    /// Whether it holds rows back now.
+    pub fn engaged(&self) -> bool {
+        self.held.is_some()
+    }
+
     /// The rows held back and until when, while engaged.
     pub fn holding(&self) -> Option<(usize, Duration)> {
         self.held

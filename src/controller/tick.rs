@@ -3,7 +3,6 @@
 //! plan's rows given to it, as a saved plan would be). A tick that cannot
 //! see everything (`sight.rs`) retires nothing.
 
-use super::brake::Brake;
 use super::{Config, Run};
 use crate::apply::{apply, Context, Hooks, Outcome, Request, Tokens};
 use crate::error::ExitCode;
@@ -116,12 +115,11 @@ fn act(cfg: &Config, run: &mut Run, term: i64, number: i64, plan: &Plan) -> Ende
     }
     if cfg.dry_run {
         run.metrics.would_retire.inc_by(n as u64);
-        let mut e = Ended::new(
+        let e = Ended::new(
             "dry_run",
             ExitCode::Ok,
             format!("would retire {n}: {:?}", &allowed[..n]),
         );
-        e.retired = 0;
         return e;
     }
     let stamp = Stamp {
@@ -215,12 +213,5 @@ fn apply_allowed(
             e
         }
         Err(err) => Ended::new("transaction_failed", err.exit_code(), err.to_string()),
-    }
-}
-
-impl Brake {
-    /// 1 while engaged, for the gauge.
-    pub fn engaged(&self) -> bool {
-        self.holding().is_some()
     }
 }
