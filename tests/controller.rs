@@ -126,16 +126,7 @@ fn when_the_leader_is_stopped_it_releases_and_another_leads_within_two_seconds()
     });
     eprintln!("took over {took:?} after SIGTERM");
     assert!(took <= Duration::from_secs(2), "{took:?}");
-    let status = loop {
-        if let Some(s) = stopped.child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(5),
-            "still running 5 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    };
+    let status = exit_within(&mut stopped.child, sent, Duration::from_secs(5));
     assert_eq!(status.code(), Some(0));
     assert!(stopped.says("released the controller lease"));
 }
@@ -159,23 +150,9 @@ fn a_deposed_leader_frozen_while_waiting_for_the_lock_commits_nothing() {
 
 fn deposed_once(trial: usize) {
     let stores = stores();
-    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
-    let a = Controller::start(&stores, "a", &[]);
-    wait_for(Duration::from_secs(20), "a to lead", || {
-        leader(&stores.registry).is_some_and(|(p, _)| p == a.pid())
-    });
+    let (a, lock) = leader_waiting_for_the_lock(&stores);
+    // It cannot take the lease while the lock is held.
     let b = Controller::start(&stores, "b", &["--dry-run"]);
-    let lock = rusqlite::Connection::open(&stores.registry).unwrap();
-    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
-    for w in &mut workers {
-        w.0.kill().unwrap();
-        let _ = w.0.wait();
-    }
-    wait_for(Duration::from_secs(10), "a's apply to start", || {
-        a.says("applying")
-    });
-    // Apply reads outside the lock first, then waits in BEGIN IMMEDIATE.
-    std::thread::sleep(Duration::from_millis(500));
     a.signal(Signal::SIGSTOP);
     lock.execute_batch("ROLLBACK").unwrap();
     drop(lock);
@@ -242,8 +219,26 @@ fn once_exits_with_applys_code_and_a_profile_without_retire_is_refused() {
 #[test]
 fn sigterm_while_an_apply_waits_for_the_lock_exits_within_five_seconds() {
     let stores = stores();
-    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
-    let a = Controller::start(&stores, "a", &[]);
+    let (a, lock) = leader_waiting_for_the_lock(&stores);
+    a.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let mut a = a;
+    let status = exit_within(&mut a.child, sent, Duration::from_secs(5));
+    eprintln!("exited {:?} after SIGTERM", sent.elapsed());
+    assert_eq!(status.code(), Some(0));
+    lock.execute_batch("ROLLBACK").unwrap();
+    for n in 1..=2 {
+        assert_eq!(status_of_worker(&stores, n), Some("active".into()));
+    }
+    assert!(a.says("controller stopped"), "{:?}", a.outcomes());
+}
+
+/// A leader (with the default lease times of these tests) whose apply of
+/// two dead workers waits for the registry's write lock, which the
+/// returned connection holds.
+fn leader_waiting_for_the_lock(stores: &common::Stores) -> (Controller, rusqlite::Connection) {
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(stores, n)).collect();
+    let a = Controller::start(stores, "a", &[]);
     wait_for(Duration::from_secs(20), "a to lead", || {
         leader(&stores.registry).is_some_and(|(p, _)| p == a.pid())
     });
@@ -253,30 +248,12 @@ fn sigterm_while_an_apply_waits_for_the_lock_exits_within_five_seconds() {
         w.0.kill().unwrap();
         let _ = w.0.wait();
     }
-    wait_for(Duration::from_secs(10), "the apply to start", || {
+    wait_for(Duration::from_secs(10), "a's apply to start", || {
         a.says("applying")
     });
-    std::thread::sleep(Duration::from_millis(300));
-    a.signal(Signal::SIGTERM);
-    let sent = Instant::now();
-    let mut a = a;
-    let status = loop {
-        if let Some(s) = a.child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(5),
-            "still running 5 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    };
-    eprintln!("exited {:?} after SIGTERM", sent.elapsed());
-    assert_eq!(status.code(), Some(0));
-    lock.execute_batch("ROLLBACK").unwrap();
-    for n in 1..=2 {
-        assert_eq!(status_of_worker(&stores, n), Some("active".into()));
-    }
-    assert!(a.says("controller stopped"), "{:?}", a.outcomes());
+    // Apply reads outside the lock first, then waits in BEGIN IMMEDIATE.
+    std::thread::sleep(Duration::from_millis(500));
+    (a, lock)
 }
 
 fn status_of_worker(stores: &common::Stores, n: usize) -> Option<String> {

@@ -292,6 +292,24 @@ pub fn kill_the_leader(stores: &Stores, cs: &mut Vec<Controller>) -> Duration {
     took
 }
 
+/// The child's exit status, waited for until `limit` after `since`.
+pub fn exit_within(
+    child: &mut KillOnDrop,
+    since: Instant,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            since.elapsed() < limit,
+            "still running {limit:?} after the signal"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
 /// One HTTP GET on 127.0.0.1: the status code and the body.
 pub fn get(port: u16, path: &str, accept: Option<&str>) -> (u16, String) {
     use std::io::{Read, Write};
