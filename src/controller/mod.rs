@@ -184,8 +184,8 @@ struct Schedule {
 
 impl Schedule {
     /// Due when newly leading (a new term: judged afresh), when the change
-    /// signal moved or cannot be read, when a kept row's heartbeat expires,
-    /// or when the interval has passed.
+    /// signal moved, when a kept row's heartbeat expires, or when the
+    /// interval has passed.
     fn due(&self, term: i64, signal: Option<&String>, interval: Duration) -> bool {
         if self.expiry_us.is_some_and(|at| crate::time::now() >= at) {
             return true;
@@ -214,8 +214,13 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
             sleep_unless(&run.stop, cfg.times.retry.min(Duration::from_millis(200)));
             continue;
         };
-        let signal = run.rows.change_signal().ok().flatten();
-        if !schedule.due(term, signal.as_ref(), cfg.interval) || !backoff.ready() {
+        // A signal that cannot be read makes a tick due: it will say why
+        // it cannot see, and back off.
+        let read = run.rows.change_signal();
+        let unreadable = read.is_err();
+        let signal = read.ok().flatten();
+        let due = unreadable || schedule.due(term, signal.as_ref(), cfg.interval);
+        if !due || !backoff.ready() {
             sleep_unless(&run.stop, cfg.times.retry);
             continue;
         }
