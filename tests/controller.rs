@@ -259,3 +259,32 @@ fn leader_waiting_for_the_lock(stores: &common::Stores) -> (Controller, rusqlite
 fn status_of_worker(stores: &common::Stores, n: usize) -> Option<String> {
     status(&stores.registry, &format!("w-{n}"))
 }
+
+/// Hand applies beside a controller (issue 53 §2): on a registry that
+/// holds the controller's tables, `apply` of a saved plan needs no lease,
+/// is accepted by the schema checks, and its audit rows have no controller
+/// term or tick (NULL through the join docs/controller.md gives).
+#[test]
+fn a_hand_apply_beside_the_controllers_tables_works_and_has_no_term() {
+    let stores = stores();
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    let dry = once(&stores, "controller-prgs", &["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", text(&dry));
+    kill_and_expire(&mut workers);
+    let (plan, _) = common::save_plan(&stores);
+    let (code, report) = common::apply_cli(&stores, &plan, "controller-prgs", &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["outcome"], "applied", "{report}");
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    let terms: Vec<Option<i64>> = conn
+        .prepare(
+            "SELECT c.controller_term FROM retirement_audit a \
+             LEFT JOIN fleet_retire_controller_applies c USING (apply_id)",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(terms, vec![None, None]);
+}

@@ -135,3 +135,46 @@ fn deposed_once(trial: usize) -> bool {
     );
     true
 }
+
+/// A SQLite registry a controller ran on (its tables there) is copied to
+/// PostgreSQL by `registry copy` (which accepts the controller's tables
+/// and leaves them behind), and a controller then creates its tables there
+/// and retires on it.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn a_registry_with_the_controllers_tables_copies_to_postgres_and_a_controller_runs_there() {
+    let Some((mut stores, db)) = pg_stores("ctl_copy") else {
+        return;
+    };
+    let sqlite = stores.dir.path().join("controlled.sqlite");
+    stores.registry = sqlite.clone();
+    let out = common::bin()
+        .args(["registry", "create", "--registry"])
+        .arg(&sqlite)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    let dry = once(&stores, "controller-prgs", &["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", common::text(&dry));
+    let copied = common::bin()
+        .args(["registry", "copy", "--from"])
+        .arg(&sqlite)
+        .args(["--to", &db.url])
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{}", common::text(&copied));
+    stores.registry = std::path::PathBuf::from(&db.url);
+    kill_and_expire(&mut workers);
+    let run = once(&stores, "controller-prgs", &[]);
+    assert_eq!(run.status.code(), Some(0), "{}", common::text(&run));
+    for n in 1..=2 {
+        assert_eq!(
+            status(&stores.registry, &format!("w-{n}")).as_deref(),
+            Some("retired")
+        );
+    }
+}

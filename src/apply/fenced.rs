@@ -6,6 +6,7 @@
 //! none of this runs.
 
 use super::{Abort, Outcome, Txn};
+use crate::store::seam::Refused;
 
 /// Right after the registry's shape is checked, before anything is
 /// judged: a deposed controller stops here.
@@ -31,7 +32,11 @@ pub(super) fn spend(t: &mut Txn, apply_id: &str, targets: usize) -> std::result:
     still_leading(t)?;
     match t.tx.controller_record(&stamp, apply_id, targets)? {
         None => Ok(()),
-        Some(why) => Err(Abort::Refuse(
+        Some(Refused::Lease(why)) => Err(Abort::Refuse(
+            Outcome::LeadershipLost,
+            format!("{why}; nothing was retired: this controller no longer leads"),
+        )),
+        Some(Refused::Budget(why)) => Err(Abort::Refuse(
             Outcome::BudgetExhausted,
             format!("{why}; nothing was retired"),
         )),

@@ -1,7 +1,7 @@
 //! The controller's own tables in the registry's database
 //! (`fleet-retire controller`, docs/controller.md): its lease per
-//! (registry, host), with the term that fences apply and the host's
-//! retirement budget, and the side table that gives each of its applies its
+//! (registry, host), with the term that fences apply; the host's
+//! retirement budget; and the side table that gives each of its applies its
 //! term and tick.
 //!
 //! They live beside the registry, not in the lease store, so that apply
@@ -13,9 +13,15 @@
 //! keeps the audit table's columns, and every binary that checks them,
 //! unchanged.
 
-/// One lease row per scope (a host): who holds it, its term, its expiry,
-/// and the host's token bucket.
+/// One lease row per scope (a host): who holds it, its term, its expiry.
+/// Renewed every retry period.
 pub const LEASES: &str = "fleet_retire_controller_leases";
+
+/// One row per scope: the host's token bucket, with the term of the lease
+/// that last spent or inherited it. Written only when a term begins and by
+/// a controller's apply, never by a renewal, so on PostgreSQL an apply's
+/// update of it conflicts with a takeover and not with its own renewals.
+pub const BUDGETS: &str = "fleet_retire_controller_budgets";
 
 /// One row per apply a controller made: its id, term and tick.
 pub const APPLIES: &str = "fleet_retire_controller_applies";
@@ -30,6 +36,12 @@ pub const LEASE_COLUMNS: &[(&str, &str)] = &[
     ("acquired_at_ms", "BIGINT NOT NULL"),
     ("renewed_at_ms", "BIGINT NOT NULL"),
     ("expires_at_ms", "BIGINT NOT NULL"),
+];
+
+/// The columns of [`BUDGETS`].
+pub const BUDGET_COLUMNS: &[(&str, &str)] = &[
+    ("scope", "TEXT PRIMARY KEY"),
+    ("term", "BIGINT NOT NULL"),
     ("budget_tokens", "DOUBLE PRECISION NOT NULL"),
     ("budget_at_ms", "BIGINT NOT NULL"),
 ];
@@ -45,7 +57,17 @@ pub const APPLY_COLUMNS: &[(&str, &str)] = &[
     ("recorded_at_ms", "BIGINT NOT NULL"),
 ];
 
-/// `CREATE TABLE` for one of the two tables.
+/// A table's name and columns.
+pub type Table = (&'static str, &'static [(&'static str, &'static str)]);
+
+/// Every table of the controller's.
+pub const TABLES: [Table; 3] = [
+    (LEASES, LEASE_COLUMNS),
+    (BUDGETS, BUDGET_COLUMNS),
+    (APPLIES, APPLY_COLUMNS),
+];
+
+/// `CREATE TABLE` for one of [`TABLES`].
 pub fn create_sql(table: &str, columns: &[(&str, &str)]) -> String {
     let cols: Vec<String> = columns.iter().map(|(n, t)| format!("{n} {t}")).collect();
     format!("CREATE TABLE {table} ({})", cols.join(", "))

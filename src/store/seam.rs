@@ -285,15 +285,18 @@ pub trait ApplyTx {
     /// For an apply a controller makes, once its targets are known and
     /// before the first write (so the effect check does not count it):
     /// spend `targets` tokens of the host's budget and record the apply's
-    /// term and tick under `apply_id`. Why not, when the budget lacks them.
+    /// term and tick under `apply_id`. Why not, when the budget is another
+    /// term's (a takeover) or lacks them.
     fn controller_record(
         &mut self,
         stamp: &Stamp,
         apply_id: &str,
         targets: usize,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Refused>> {
         let _ = (stamp, apply_id, targets);
-        Ok(Some("this engine keeps no controller budget".into()))
+        Ok(Some(Refused::Lease(
+            "this engine keeps no controller budget".into(),
+        )))
     }
 
     /// COMMIT.
@@ -369,4 +372,13 @@ pub trait ControllerRows: Send {
     /// Something that changes whenever the registry's rows may have;
     /// `None` when the engine cannot tell cheaply for this registry.
     fn change_signal(&mut self) -> Result<Option<String>>;
+}
+
+/// Why a controller's apply may not spend its host's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// The lease (or the budget's term) is no longer this controller's.
+    Lease(String),
+    /// The budget lacks the tokens.
+    Budget(String),
 }

@@ -242,7 +242,7 @@ impl ApplyTx for Tx<'_> {
         stamp: &crate::store::controller::Stamp,
         apply_id: &str,
         targets: usize,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<crate::store::seam::Refused>> {
         super::controller::record(&mut self.tx, &self.label, stamp, apply_id, targets)
     }
 

@@ -13,10 +13,10 @@
 use super::PgUrl;
 use crate::error::{Error, Result, Store};
 use crate::store::controller::{
-    create_sql, foreign_columns, not_held, Acquired, Bucket, Stamp, APPLIES, APPLY_COLUMNS, LEASES,
-    LEASE_COLUMNS,
+    create_sql, foreign_columns, not_held, Acquired, Bucket, Stamp, APPLIES, BUDGETS, LEASES,
+    TABLES,
 };
-use crate::store::seam::ControllerRows;
+use crate::store::seam::{ControllerRows, Refused};
 use postgres::GenericClient;
 use std::time::Duration;
 
@@ -68,6 +68,25 @@ fn shape_of(
     Ok((cols, not_plain))
 }
 
+/// The compare-and-set: insert the lease, or update it when it is the
+/// holder's own (renewed; a new term if it had expired) or free or
+/// expired (a new term); nothing when another holds it unexpired.
+fn upsert_sql() -> String {
+    format!(
+        "INSERT INTO {LEASES} AS l (scope, holder, term, acquired_at_ms, renewed_at_ms, \
+         expires_at_ms) SELECT $1, $2, 1, n, n, n + $3 FROM (SELECT {NOW_MS} AS n) AS now \
+         ON CONFLICT (scope) DO UPDATE SET holder = EXCLUDED.holder, \
+         term = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at_ms > EXCLUDED.renewed_at_ms \
+                THEN l.term ELSE l.term + 1 END, \
+         acquired_at_ms = CASE WHEN l.holder = EXCLUDED.holder \
+                AND l.expires_at_ms > EXCLUDED.renewed_at_ms \
+                THEN l.acquired_at_ms ELSE EXCLUDED.renewed_at_ms END, \
+         renewed_at_ms = EXCLUDED.renewed_at_ms, expires_at_ms = EXCLUDED.expires_at_ms \
+         WHERE l.holder = EXCLUDED.holder OR l.expires_at_ms <= EXCLUDED.renewed_at_ms \
+         RETURNING term, expires_at_ms, renewed_at_ms"
+    )
+}
+
 impl Rows {
     /// Connect, refuse tables of our names that are not ours, and create
     /// the missing ones: only a role allowed to create tables in the
@@ -81,7 +100,7 @@ impl Rows {
             .map_err(err("cannot bound the lock wait"))?;
         let mut missing = Vec::new();
         let mut problems = Vec::new();
-        for (table, cols) in [(LEASES, LEASE_COLUMNS), (APPLIES, APPLY_COLUMNS)] {
+        for (table, cols) in TABLES {
             let (found, not_plain) = shape_of(&mut client, table, &label)?;
             problems.extend(not_plain);
             if found.is_empty() {
@@ -103,7 +122,7 @@ impl Rows {
                         "lacks the controller's table {table} and this role may not create it \
                          ({e}): start the controller once as a role that may create tables in \
                          the registry's schema (its owner), then grant this role SELECT, INSERT \
-                         and UPDATE on {LEASES} and {APPLIES} (docs/controller.md)"
+                         and UPDATE on {LEASES}, {BUDGETS} and {APPLIES} (docs/controller.md)"
                     ),
                 ));
             }
@@ -117,6 +136,8 @@ impl Rows {
 }
 
 impl ControllerRows for Rows {
+    /// The lease's upsert and, when a term begins, the budget passed to
+    /// it, in one transaction.
     fn acquire(
         &mut self,
         scope: &str,
@@ -125,39 +146,43 @@ impl ControllerRows for Rows {
         bucket: Bucket,
     ) -> Result<Acquired> {
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
-        let sql = format!(
-            "INSERT INTO {LEASES} AS l (scope, holder, term, acquired_at_ms, renewed_at_ms, \
-             expires_at_ms, budget_tokens, budget_at_ms) \
-             SELECT $1, $2, 1, n, n, n + $3, $4, n FROM (SELECT {NOW_MS} AS n) AS now \
-             ON CONFLICT (scope) DO UPDATE SET holder = EXCLUDED.holder, \
-             term = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at_ms > EXCLUDED.renewed_at_ms \
-                    THEN l.term ELSE l.term + 1 END, \
-             acquired_at_ms = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at_ms > EXCLUDED.renewed_at_ms \
-                    THEN l.acquired_at_ms ELSE EXCLUDED.renewed_at_ms END, \
-             renewed_at_ms = EXCLUDED.renewed_at_ms, expires_at_ms = EXCLUDED.expires_at_ms \
-             WHERE l.holder = EXCLUDED.holder OR l.expires_at_ms <= EXCLUDED.renewed_at_ms \
-             RETURNING term, expires_at_ms"
-        );
-        let row = self
+        let label = self.label.clone();
+        let err = |doing| Error::postgres(Store::Registry, &label, doing);
+        let mut tx = self
             .client
-            .query_opt(&sql, &[&scope, &holder, &ttl_ms, &bucket.capacity])
-            .map_err(self.err("cannot write the controller's lease"))?;
-        if let Some(row) = row {
-            return Ok(Acquired::Leading {
-                term: row.get(0),
-                expires_at_ms: row.get(1),
+            .transaction()
+            .map_err(err("cannot begin the controller's lease"))?;
+        let row = tx
+            .query_opt(&upsert_sql(), &[&scope, &holder, &ttl_ms])
+            .map_err(err("cannot write the controller's lease"))?;
+        let Some(row) = row else {
+            let row = tx
+                .query_one(
+                    &format!("SELECT holder, term FROM {LEASES} WHERE scope = $1"),
+                    &[&scope],
+                )
+                .map_err(err("cannot read the controller's lease"))?;
+            return Ok(Acquired::Following {
+                holder: row.get(0),
+                term: row.get(1),
             });
-        }
-        let row = self
-            .client
-            .query_one(
-                &format!("SELECT holder, term FROM {LEASES} WHERE scope = $1"),
-                &[&scope],
-            )
-            .map_err(self.err("cannot read the controller's lease"))?;
-        Ok(Acquired::Following {
-            holder: row.get(0),
-            term: row.get(1),
+        };
+        let (term, expires_at_ms, now): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        // A renewal writes nothing here: only a new term takes the budget.
+        tx.execute(
+            &format!(
+                "INSERT INTO {BUDGETS} AS b (scope, term, budget_tokens, budget_at_ms) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (scope) DO UPDATE SET term = EXCLUDED.term \
+                 WHERE b.term <> EXCLUDED.term"
+            ),
+            &[&scope, &term, &bucket.capacity, &now],
+        )
+        .map_err(err("cannot pass the budget to the new term"))?;
+        tx.commit()
+            .map_err(err("cannot commit the controller's lease"))?;
+        Ok(Acquired::Leading {
+            term,
+            expires_at_ms,
         })
     }
 
@@ -180,7 +205,7 @@ impl ControllerRows for Rows {
             .client
             .query_opt(
                 &format!(
-                    "SELECT budget_tokens, budget_at_ms, {NOW_MS} FROM {LEASES} WHERE scope = $1"
+                    "SELECT budget_tokens, budget_at_ms, {NOW_MS} FROM {BUDGETS} WHERE scope = $1"
                 ),
                 &[&scope],
             )
@@ -236,34 +261,40 @@ pub fn holds(tx: &mut impl GenericClient, label: &str, stamp: &Stamp) -> Result<
 }
 
 /// Inside apply's transaction: spend `targets` tokens and record the
-/// apply's term and tick; why not, when the budget lacks them.
+/// apply's term and tick; why not, when the lease or the budget is
+/// another term's, or the budget lacks them. The budget row is written by
+/// a new term and by applies only, so a takeover committed after this
+/// transaction's snapshot fails the update here, and one tried later waits
+/// for COMMIT; the controller's own renewals never touch it.
 pub fn record(
     tx: &mut impl GenericClient,
     label: &str,
     stamp: &Stamp,
     apply_id: &str,
     targets: usize,
-) -> Result<Option<String>> {
+) -> Result<Option<Refused>> {
     let err = |doing| Error::postgres(Store::Registry, label, doing);
     let row = tx
         .query_one(
             &format!(
-                "SELECT budget_tokens, budget_at_ms, {NOW_MS}, holder, term, expires_at_ms \
-                 FROM {LEASES} WHERE scope = $1"
+                "SELECT b.budget_tokens, b.budget_at_ms, {NOW_MS}, l.holder, l.term, \
+                 l.expires_at_ms, b.term FROM {BUDGETS} b JOIN {LEASES} l USING (scope) \
+                 WHERE scope = $1"
             ),
             &[&stamp.scope],
         )
         .map_err(err("cannot read the controller's budget"))?;
     let now: i64 = row.get(2);
     if let Some(why) = not_held(stamp, Some((row.get(3), row.get(4), row.get(5))), now) {
-        return Ok(Some(why));
+        return Ok(Some(Refused::Lease(why)));
     }
     let left = stamp.bucket.refill(row.get(0), row.get(1), now);
     let wanted = targets as f64;
     if left + 1e-9 < wanted {
-        return Ok(Some(format!(
-            "the host's retirement budget holds {left:.1} token(s) and this apply has {targets} target(s)"
-        )));
+        return Ok(Some(Refused::Budget(format!(
+            "the host's retirement budget holds {left:.1} token(s) and this apply has {targets} \
+             target(s)"
+        ))));
     }
     // The row is locked from here to COMMIT, so a takeover waits for this
     // transaction; a frozen process must not hold it for ever: the server
@@ -276,22 +307,17 @@ pub fn record(
     let n = tx
         .execute(
             &format!(
-                "UPDATE {LEASES} SET budget_tokens = $1, budget_at_ms = $2 \
-                 WHERE scope = $3 AND holder = $4 AND term = $5"
+                "UPDATE {BUDGETS} SET budget_tokens = $1, budget_at_ms = $2 \
+                 WHERE scope = $3 AND term = $4"
             ),
-            &[
-                &(left - wanted),
-                &now,
-                &stamp.scope,
-                &stamp.holder,
-                &stamp.term,
-            ],
+            &[&(left - wanted), &now, &stamp.scope, &stamp.term],
         )
         .map_err(err("cannot spend the controller's budget"))?;
     if n != 1 {
-        return Ok(Some(
-            "the controller's lease changed while this apply ran".into(),
-        ));
+        return Ok(Some(Refused::Lease(format!(
+            "the host's budget belongs to another term than {}",
+            stamp.term
+        ))));
     }
     tx.execute(
         &format!(

@@ -307,7 +307,7 @@ impl ApplyTx for Tx<'_> {
         stamp: &crate::store::controller::Stamp,
         apply_id: &str,
         targets: usize,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<crate::store::seam::Refused>> {
         super::controller::record(&self.tx, stamp, apply_id, targets)
             .map_err(self.err("cannot record the controller's apply"))
     }

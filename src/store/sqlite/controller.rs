@@ -7,10 +7,10 @@
 
 use crate::error::{Error, Result, Store};
 use crate::store::controller::{
-    create_sql, foreign_columns, host_now_ms, not_held, Acquired, Bucket, Stamp, APPLIES,
-    APPLY_COLUMNS, LEASES, LEASE_COLUMNS,
+    create_sql, foreign_columns, host_now_ms, not_held, Acquired, Bucket, Stamp, Table, APPLIES,
+    BUDGETS, LEASES, TABLES,
 };
-use crate::store::seam::ControllerRows;
+use crate::store::seam::{ControllerRows, Refused};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -27,7 +27,7 @@ pub struct Rows {
 /// absent or exactly ours.
 pub fn foreign_shapes(conn: &Connection) -> rusqlite::Result<Vec<String>> {
     let mut problems = Vec::new();
-    for (table, cols) in [(LEASES, LEASE_COLUMNS), (APPLIES, APPLY_COLUMNS)] {
+    for (table, cols) in TABLES {
         problems.extend(crate::store::not_a_table(conn, table));
         if let Some(found) = crate::store::table_columns(conn, table)? {
             problems.extend(foreign_columns(table, cols, &found));
@@ -66,15 +66,12 @@ impl Rows {
     }
 }
 
-/// A table's name and columns.
-type Table = (&'static str, &'static [(&'static str, &'static str)]);
-
 /// Create whichever of our tables is missing, in one short transaction.
 fn ensure_tables(conn: &Connection, path: &Path) -> Result<()> {
     let err = |doing| Error::sqlite(Store::Registry, path, doing);
     let missing = |c: &Connection| -> rusqlite::Result<Vec<Table>> {
         let mut out = Vec::new();
-        for (t, cols) in [(LEASES, LEASE_COLUMNS), (APPLIES, APPLY_COLUMNS)] {
+        for (t, cols) in TABLES {
             if crate::store::table_columns(c, t)?.is_none() {
                 out.push((t, cols));
             }
@@ -91,7 +88,7 @@ fn ensure_tables(conn: &Connection, path: &Path) -> Result<()> {
         return Err(Error::Registry {
             shown: path.display().to_string(),
             message: format!(
-                "lacks the controller's tables ({LEASES}, {APPLIES}) and this user (uid {}) may \
+                "lacks the controller's tables ({LEASES}, {BUDGETS}, {APPLIES}) and this user (uid {}) may \
                  not create them: start the controller once as the registry's owner, or grant \
                  this user write access to the file and its folder",
                 nix::unistd::getuid()
@@ -135,9 +132,9 @@ fn acquire_in(
             conn.execute(
                 &format!(
                     "INSERT INTO {LEASES} (scope, holder, term, acquired_at_ms, renewed_at_ms, \
-                     expires_at_ms, budget_tokens, budget_at_ms) VALUES (?1, ?2, 1, ?3, ?3, ?4, ?5, ?3)"
+                     expires_at_ms) VALUES (?1, ?2, 1, ?3, ?3, ?4)"
                 ),
-                params![scope, holder, now, expires, bucket.capacity],
+                params![scope, holder, now, expires],
             )?;
             1
         }
@@ -163,6 +160,16 @@ fn acquire_in(
         }
         Some((h, term, _)) => return Ok(Acquired::Following { holder: h, term }),
     };
+    // The budget passes to the new term (made full the first time); a
+    // renewal writes nothing here.
+    conn.execute(
+        &format!(
+            "INSERT INTO {BUDGETS} (scope, term, budget_tokens, budget_at_ms) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (scope) DO UPDATE SET term = excluded.term \
+             WHERE term <> excluded.term"
+        ),
+        params![scope, term, bucket.capacity, now],
+    )?;
     Ok(Acquired::Leading {
         term,
         expires_at_ms: expires,
@@ -217,7 +224,7 @@ impl ControllerRows for Rows {
         let row: Option<(f64, i64)> = self
             .conn
             .query_row(
-                &format!("SELECT budget_tokens, budget_at_ms FROM {LEASES} WHERE scope = ?1"),
+                &format!("SELECT budget_tokens, budget_at_ms FROM {BUDGETS} WHERE scope = ?1"),
                 [scope],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
@@ -270,29 +277,35 @@ pub fn holds(conn: &Connection, stamp: &Stamp) -> rusqlite::Result<Option<String
 
 /// Inside apply's transaction, once the targets are known: spend `targets`
 /// tokens of the host's budget and record the apply's term and tick. Why
-/// not, when the budget does not hold them.
+/// not, when the budget is another term's or does not hold them.
 pub fn record(
     conn: &Connection,
     stamp: &Stamp,
     apply_id: &str,
     targets: usize,
-) -> rusqlite::Result<Option<String>> {
+) -> rusqlite::Result<Option<Refused>> {
     let now = host_now_ms();
-    let (tokens, at): (f64, i64) = conn.query_row(
-        &format!("SELECT budget_tokens, budget_at_ms FROM {LEASES} WHERE scope = ?1"),
+    let (tokens, at, term): (f64, i64, i64) = conn.query_row(
+        &format!("SELECT budget_tokens, budget_at_ms, term FROM {BUDGETS} WHERE scope = ?1"),
         [&stamp.scope],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
+    if term != stamp.term {
+        return Ok(Some(Refused::Lease(format!(
+            "the host's budget belongs to term {term}; this controller acted under term {}",
+            stamp.term
+        ))));
+    }
     let left = stamp.bucket.refill(tokens, at, now);
     let wanted = targets as f64;
     if left + 1e-9 < wanted {
-        return Ok(Some(format!(
+        return Ok(Some(Refused::Budget(format!(
             "the host's retirement budget holds {left:.1} token(s) and this apply has \
              {targets} target(s)"
-        )));
+        ))));
     }
     conn.execute(
-        &format!("UPDATE {LEASES} SET budget_tokens = ?1, budget_at_ms = ?2 WHERE scope = ?3"),
+        &format!("UPDATE {BUDGETS} SET budget_tokens = ?1, budget_at_ms = ?2 WHERE scope = ?3"),
         params![left - wanted, now, stamp.scope],
     )?;
     conn.execute(
