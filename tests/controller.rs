@@ -21,10 +21,9 @@ use std::time::{Duration, Instant};
 fn two_controllers_at_most_one_leads_and_each_term_has_one_holder() {
     let stores = stores();
     let mut workers: Vec<KillOnDrop> = (1..=3).map(|n| worker(&stores, n)).collect();
-    let ports = [common::free_port(), common::free_port()];
-    let listen = ports.map(|p| format!("127.0.0.1:{p}"));
-    let a = Controller::start(&stores, "a", &["--listen", &listen[0]]);
-    let b = Controller::start(&stores, "b", &["--listen", &listen[1]]);
+    let (a, port_a) = start_listening(&stores, "a");
+    let (b, port_b) = start_listening(&stores, "b");
+    let ports = [port_a, port_b];
     wait_for(Duration::from_secs(20), "a leader", || {
         leader(&stores.registry).is_some()
     });
@@ -153,7 +152,7 @@ fn deposed_once(trial: usize) {
     let (a, lock) = leader_waiting_for_the_lock(&stores);
     // It cannot take the lease while the lock is held.
     let b = Controller::start(&stores, "b", &["--dry-run"]);
-    a.signal(Signal::SIGSTOP);
+    freeze_outside_any_lock(&a);
     lock.execute_batch("ROLLBACK").unwrap();
     drop(lock);
     wait_for(Duration::from_secs(20), "b to lead", || {
@@ -254,6 +253,40 @@ fn leader_waiting_for_the_lock(stores: &common::Stores) -> (Controller, rusqlite
     // Apply reads outside the lock first, then waits in BEGIN IMMEDIATE.
     std::thread::sleep(Duration::from_millis(500));
     (a, lock)
+}
+
+/// Whether `pid` holds a POSIX lock on any file (SQLite's locks are
+/// byte-range locks, listed in /proc/locks).
+fn holds_a_file_lock(pid: u32) -> bool {
+    std::fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(&pid.to_string()))
+}
+
+/// SIGSTOP `c` while it holds no SQLite lock: in its wait for the write
+/// lock, not in the read outside it that precedes it (a process frozen
+/// holding a read lock keeps every writer out, its successor included,
+/// until it is thawed: SQLite has no server to end it).
+fn freeze_outside_any_lock(c: &Controller) {
+    loop {
+        wait_for(
+            Duration::from_secs(10),
+            "the read outside the lock to end",
+            || {
+                (0..3).all(|_| {
+                    std::thread::sleep(Duration::from_millis(20));
+                    !holds_a_file_lock(c.pid())
+                })
+            },
+        );
+        c.signal(Signal::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(50));
+        if !holds_a_file_lock(c.pid()) {
+            return;
+        }
+        c.signal(Signal::SIGCONT);
+    }
 }
 
 fn status_of_worker(stores: &common::Stores, n: usize) -> Option<String> {

@@ -97,9 +97,7 @@ fn a_tick_that_cannot_read_proc_retires_nothing() {
 fn metrics_and_health_endpoints_tell_the_truth_and_promtool_accepts_them() {
     let stores = stores();
     let mut w = worker(&stores, 1);
-    let port = common::free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let c = Controller::start(&stores, "m", &["--listen", &listen]);
+    let (c, port) = start_listening(&stores, "m");
     w.0.kill().unwrap();
     w.0.wait().unwrap();
     let retired = std::panic::catch_unwind(|| {
@@ -229,9 +227,8 @@ fn the_systemd_unit_passes_systemd_analyze() {
 )]
 fn a_real_prometheus_scrapes_the_leader() {
     let stores = stores();
-    let port = common::free_port();
+    let (_c, port) = start_listening(&stores, "p");
     let listen = format!("127.0.0.1:{port}");
-    let _c = Controller::start(&stores, "p", &["--listen", &listen]);
     wait_for(Duration::from_secs(20), "a leader", || {
         leader(&stores.registry).is_some()
     });

@@ -310,6 +310,28 @@ pub fn exit_within(
     }
 }
 
+/// A controller serving its endpoints on a free loopback port, and the
+/// port: started again on another port when the one picked was taken
+/// meanwhile (by a test beside it) and the controller could not listen.
+pub fn start_listening(stores: &Stores, name: &str) -> (Controller, u16) {
+    for _ in 0..5 {
+        let port = super::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut c = Controller::start(stores, name, &["--listen", &listen]);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return (c, port);
+            }
+            if c.child.0.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+    panic!("no controller could listen on a free port");
+}
+
 /// One HTTP GET on 127.0.0.1: the status code and the body.
 pub fn get(port: u16, path: &str, accept: Option<&str>) -> (u16, String) {
     use std::io::{Read, Write};
