@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// The cfg names the tests use, and whether each holds here.
-fn checks(ci: bool) -> [(&'static str, bool); 6] {
+fn checks(ci: bool) -> [(&'static str, bool); 9] {
     [
         (
             "fr_postgres",
@@ -30,6 +30,9 @@ fn checks(ci: bool) -> [(&'static str, bool); 6] {
             ci || Path::new("tests/mcp_client/node_modules/@modelcontextprotocol/sdk").is_dir(),
         ),
         ("fr_cvc5", ci || on_path("cvc5")),
+        ("fr_promtool", ci || on_path("promtool")),
+        ("fr_prometheus", ci || on_path("prometheus")),
+        ("fr_systemd_analyze", ci || on_path("systemd-analyze")),
         (
             "fr_chromium",
             ci || (Path::new("tests/validators/node_modules/puppeteer-core").is_dir()

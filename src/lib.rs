@@ -13,6 +13,7 @@ pub mod apply;
 pub mod capability;
 pub mod capture;
 pub mod cli;
+pub mod controller;
 pub mod copy;
 pub mod counterexample;
 pub mod coverage;

@@ -14,17 +14,6 @@ fn main() -> std::process::ExitCode {
         std::process::exit(1);
     }));
     fleet_retire::error::on_bus_error();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLEET_RETIRE_LOG")
-                // Warnings, and what a command says once at start
-                // (`serve`: where it keeps plans).
-                .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("warn,fleet_retire::start=info")
-                }),
-        )
-        .init();
     // A command line we cannot read is bad input (exit 1, as documented),
     // not a refusal (2, which clap would use); help and --version are 0.
     let cli = match fleet_retire::cli::parse() {
@@ -62,6 +51,20 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(if e.use_stderr() { 1 } else { 0 });
         }
     };
+    let (json_logs, level) = fleet_retire::cli::log_style(&cli);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLEET_RETIRE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    if json_logs {
+        logs.json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
+    } else {
+        logs.init();
+    }
     let json = cli.format == fleet_retire::cli::Format::Json;
     match fleet_retire::cli::run(cli) {
         Ok(code) => code,

@@ -37,6 +37,7 @@ const LAYERS: &[&[&str]] = &[
     &["export", "serve", "diff", "coverage", "capture"],
     &["mutate"],
     &["mutation_report", "signoff"],
+    &["controller"],
     &["cli"],
 ];
 

@@ -129,5 +129,6 @@ pub fn request_for(
         planned: None,
         first: None,
         skip_fleet_summary: false,
+        controller: None,
     }
 }

@@ -20,6 +20,7 @@ use crate::row::{Col, Row};
 use crate::store::seam::{ApplyConnection, ApplyTx, FenceSource, Written};
 use standing::Standing;
 
+mod fenced;
 mod moved;
 mod prejudge;
 mod report;
@@ -68,6 +69,10 @@ pub struct Request {
     /// snapshot of the whole registry, which `apply --all-batches` takes
     /// once at the end rather than after every batch.
     pub skip_fleet_summary: bool,
+    /// Set by `fleet-retire controller`: the lease, term and tick it acts
+    /// under, checked inside the transaction (`fenced`); `None` for an
+    /// apply made by hand, which never needs the lease.
+    pub controller: Option<crate::store::controller::Stamp>,
 }
 
 /// The three tokens of a plan, as an apply presents them.
@@ -570,6 +575,7 @@ fn inside(
     let step =
         |what: &str| tracing::debug!(elapsed = ?started.elapsed(), "apply under the lock: {what}");
     prepare_registry(t)?;
+    fenced::still_leading(t)?;
     // The external fence, before the authoritative read; the same read of
     // the active leases feeds the re-plan.
     let (fence, active_leases) =
@@ -597,6 +603,7 @@ fn inside(
         retired_at: crate::time::format_ts(crate::time::now()),
     };
     report.apply_id = Some(audit.apply_id.clone());
+    fenced::spend(t, &audit.apply_id, targets.len())?;
     let mut w = Writes {
         fence,
         fence_checked: false,

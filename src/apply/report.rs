@@ -40,11 +40,17 @@ pub enum Outcome {
     /// the retirements may or may not have been committed
     /// (`fleet-retire apply-status APPLY_ID` says which).
     OutcomeUnknown,
+    /// An apply of `fleet-retire controller` whose lease was no longer its
+    /// own with the same term, or had expired, inside the transaction.
+    LeadershipLost,
+    /// An apply of `fleet-retire controller` with more targets than the
+    /// host's retirement budget held.
+    BudgetExhausted,
 }
 
 impl Outcome {
     /// Every outcome.
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Applied,
         Outcome::RegistryRevisionMoved,
         Outcome::CandidateSetMoved,
@@ -59,6 +65,8 @@ impl Outcome {
         Outcome::RegistryUnavailable,
         Outcome::TransactionFailed,
         Outcome::OutcomeUnknown,
+        Outcome::LeadershipLost,
+        Outcome::BudgetExhausted,
     ];
 
     /// The outcome's code, as the report's `outcome` field spells it.
@@ -78,6 +86,8 @@ impl Outcome {
             Outcome::RegistryUnavailable => "registry_unavailable",
             Outcome::TransactionFailed => "transaction_failed",
             Outcome::OutcomeUnknown => "outcome_unknown",
+            Outcome::LeadershipLost => "leadership_lost",
+            Outcome::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -107,6 +117,12 @@ impl Outcome {
             Outcome::TransactionFailed => "nothing was retired: read the detail, then plan and apply again",
             Outcome::OutcomeUnknown => {
                 "do not apply again yet: run `fleet-retire apply-status APPLY_ID` on the registry, which says whether it committed"
+            }
+            Outcome::LeadershipLost => {
+                "nothing: another controller of this host leads now, or this one takes its lease again (a new term) and plans afresh"
+            }
+            Outcome::BudgetExhausted => {
+                "wait for the budget to refill (--budget N/DURATION), or raise it deliberately after review"
             }
         }
     }

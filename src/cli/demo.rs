@@ -357,6 +357,7 @@ impl<'p> Demo<'p> {
             planned: None,
             first: None,
             skip_fleet_summary: false,
+            controller: None,
         };
         let report = apply(
             &req,

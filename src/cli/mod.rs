@@ -5,6 +5,7 @@ pub mod apply_args;
 pub mod apply_status;
 pub mod batches;
 pub mod completions;
+pub mod controller;
 pub mod demo;
 pub mod diff;
 pub mod explain;
@@ -75,6 +76,9 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Retire exactly what a plan approved, in one guarded transaction.
     Apply(apply::ApplyArgs),
+    /// Retire stale workers by itself: one leader per (registry, host),
+    /// fenced by its lease's term, budgeted, with /metrics (docs/controller.md).
+    Controller(controller::ControllerArgs),
     /// Whether an apply committed (for one that ended `outcome_unknown`):
     /// its audit rows on the registry, read once no COMMIT is in flight.
     /// Exit 0 when it committed, 2 when it did not.
@@ -398,12 +402,25 @@ fn check_format(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// How this command logs: as JSON lines or text, and the level shown
+/// when `FLEET_RETIRE_LOG` says nothing (a controller runs unattended, so
+/// it says what each tick did).
+pub fn log_style(cli: &Cli) -> (bool, &'static str) {
+    match &cli.command {
+        Command::Controller(a) => (a.log_format == controller::LogFormat::Json, "info"),
+        // Warnings, and what a command says once at start (`serve`: where
+        // it keeps plans).
+        _ => (false, "warn,fleet_retire::start=info"),
+    }
+}
+
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode> {
     check_format(&cli)?;
     match &cli.command {
         Command::Plan(args) => plan::run(&cli, args),
         Command::Apply(args) => apply::run(&cli, args),
+        Command::Controller(args) => controller::run(&cli, args),
         Command::ApplyStatus(args) => apply_status::run(&cli, args),
         Command::Test(args) => test::run(&cli, args),
         Command::Fixture(args) => fixture::run(&cli, args),

@@ -91,6 +91,8 @@ pub(super) fn advice(outcome: Outcome) -> &'static str {
         Outcome::TransactionFailed => "nothing was retired; read the detail, then plan again",
         Outcome::OutcomeUnknown => "do not plan or apply again yet: ask the operator to run `fleet-retire apply-status APPLY_ID` on the registry, which says whether this apply committed",
         Outcome::Applied | Outcome::AlreadyRetired | Outcome::NothingRequested => "nothing",
+        // Only a controller's apply carries a lease and a budget.
+        Outcome::LeadershipLost | Outcome::BudgetExhausted => "plan again",
     }
 }
 

@@ -5,6 +5,8 @@
 //!   `crate::worker`) and by apply (the guarded retirement, `crate::apply`).
 //! * `leases`: `workflow_leases`, the control-plane lease store; read only.
 //! * `audit`: `retirement_audit`, written by apply beside each retirement.
+//! * `controller`: the controller's lease, budget and apply records, in the
+//!   registry's database beside the registry.
 //!
 //! Readers (`crate::evidence`) and writers ask this module for table names,
 //! columns and the statements that create or migrate them, so a column added
@@ -21,6 +23,7 @@
 
 pub mod audit;
 pub mod batch;
+pub mod controller;
 pub mod copy;
 pub mod leases;
 pub mod location;
@@ -125,6 +128,8 @@ pub fn untrusted_object_list(
     // The row-version tables and index, by their exact text (a column of
     // another type would compare stamps as text).
     problems.extend(sqlite::versions::foreign_shapes(conn)?);
+    // The controller's tables, absent or exactly ours (`store::controller`).
+    problems.extend(sqlite::controller::foreign_shapes(conn)?);
     if let Some(existing) = table_columns(conn, audit::TABLE)? {
         let foreign: Vec<&String> = existing
             .iter()

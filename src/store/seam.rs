@@ -14,8 +14,12 @@
 //!    image before the first write, the guarded write with its audit row,
 //!    the check of the effect before COMMIT, COMMIT).
 //! 4. A worker's own row: [`WorkerRows`] (register, heartbeat, release).
+//! 5. The controller's own rows: [`ControllerRows`] (its lease, its budget,
+//!    the change signal), and inside apply's transaction
+//!    [`ApplyTx::controller_holds`] and [`ApplyTx::controller_record`].
 
 use super::audit::AuditRow;
+use super::controller::{Acquired, Bucket, Stamp};
 use super::leases::Lease;
 use crate::error::Result;
 use crate::row::Row;
@@ -52,6 +56,19 @@ pub trait Engine {
     /// The registry opened for a worker's writes to its own row (created or
     /// migrated when needed).
     fn worker_rows(&self) -> Result<Box<dyn WorkerRows>>;
+
+    /// The registry opened for the controller's lease and budget, its
+    /// tables created when missing (by a role allowed to; any other gets an
+    /// error saying so); each write waits at most `busy` for a lock.
+    fn controller_rows(&self, busy: Duration) -> Result<Box<dyn ControllerRows>> {
+        let _ = busy;
+        Err(crate::error::Error::Registry {
+            shown: self.label(),
+            message: "this engine does not keep a controller's lease yet; run the controller on \
+                      a SQLite registry"
+                .into(),
+        })
+    }
 
     /// The retirements the audit table records under `apply_id`, read once
     /// no transaction is still writing that table (waited for at most
@@ -256,6 +273,32 @@ pub trait ApplyTx {
     /// did not.
     fn verify_writes(&mut self, apply_id: &str, written: &[Written<'_>]) -> Result<Option<String>>;
 
+    /// For an apply a controller makes: why `stamp`'s lease is no longer
+    /// its own with the same term and unexpired, read inside this
+    /// transaction (`None` when it is). An engine without a controller's
+    /// lease says so, and the apply is refused.
+    fn controller_holds(&mut self, stamp: &Stamp) -> Result<Option<String>> {
+        let _ = stamp;
+        Ok(Some("this engine keeps no controller lease".into()))
+    }
+
+    /// For an apply a controller makes, once its targets are known and
+    /// before the first write (so the effect check does not count it):
+    /// spend `targets` tokens of the host's budget and record the apply's
+    /// term and tick under `apply_id`. Why not, when the budget is another
+    /// term's (a takeover) or lacks them.
+    fn controller_record(
+        &mut self,
+        stamp: &Stamp,
+        apply_id: &str,
+        targets: usize,
+    ) -> Result<Option<Refused>> {
+        let _ = (stamp, apply_id, targets);
+        Ok(Some(Refused::Lease(
+            "this engine keeps no controller budget".into(),
+        )))
+    }
+
     /// COMMIT.
     fn commit(self: Box<Self>) -> Result<()>;
 
@@ -304,4 +347,38 @@ pub trait WorkerRows {
         pid: i64,
         doing: &'static str,
     ) -> Result<u64>;
+}
+
+/// The controller's own rows in the registry's database: its lease (a
+/// compare-and-set on the database's clock where it has one), the host's
+/// budget, and a cheap signal that the registry changed.
+pub trait ControllerRows: Send {
+    /// Take the lease of `scope` when it is free or expired (a new term),
+    /// or renew it when `holder` holds it unexpired; else who does.
+    fn acquire(
+        &mut self,
+        scope: &str,
+        holder: &str,
+        ttl: Duration,
+        bucket: Bucket,
+    ) -> Result<Acquired>;
+
+    /// Give the lease up, if `holder` still holds it under `term`.
+    fn release(&mut self, scope: &str, holder: &str, term: i64) -> Result<bool>;
+
+    /// The tokens the host's budget holds now (0 without a lease row).
+    fn budget(&mut self, scope: &str, bucket: Bucket) -> Result<f64>;
+
+    /// Something that changes whenever the registry's rows may have;
+    /// `None` when the engine cannot tell cheaply for this registry.
+    fn change_signal(&mut self) -> Result<Option<String>>;
+}
+
+/// Why a controller's apply may not spend its host's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// The lease (or the budget's term) is no longer this controller's.
+    Lease(String),
+    /// The budget lacks the tokens.
+    Budget(String),
 }

@@ -283,6 +283,7 @@ pub fn planned_request(
         planned: None,
         first: rng.chance(30).then_some(1),
         skip_fleet_summary: false,
+        controller: None,
     };
     if rng.chance(tokens_only) {
         return Some(req);

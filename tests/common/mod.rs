@@ -1,6 +1,7 @@
 //! Shared helpers for integration tests: real SQLite files, the real binary.
 #![allow(dead_code)]
 
+pub mod controller;
 pub mod interleave;
 pub mod patroni;
 pub mod pgproxy;
@@ -368,6 +369,7 @@ impl Lib {
             planned: None,
             first: None,
             skip_fleet_summary: false,
+            controller: None,
         }
     }
 

@@ -225,6 +225,27 @@ impl ApplyTx for Tx<'_> {
         super::read_registry(&mut self.tx, &self.label)
     }
 
+    /// The lease row read in this transaction's snapshot; [`record`]
+    /// updates it, so a takeover committed since fails this transaction
+    /// and one tried later waits for it to end.
+    ///
+    /// [`record`]: super::controller::record
+    fn controller_holds(
+        &mut self,
+        stamp: &crate::store::controller::Stamp,
+    ) -> Result<Option<String>> {
+        super::controller::holds(&mut self.tx, &self.label, stamp)
+    }
+
+    fn controller_record(
+        &mut self,
+        stamp: &crate::store::controller::Stamp,
+        apply_id: &str,
+        targets: usize,
+    ) -> Result<Option<crate::store::seam::Refused>> {
+        super::controller::record(&mut self.tx, &self.label, stamp, apply_id, targets)
+    }
+
     fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {
         let Some(mark) = since.server.as_ref() else {
             return Ok(Err(

@@ -23,6 +23,7 @@ use postgres::types::{ToSql, Type};
 use postgres::{Client, GenericClient};
 
 pub mod apply;
+pub mod controller;
 pub mod failover;
 pub mod image;
 pub mod leases;
@@ -161,6 +162,13 @@ impl crate::store::seam::Engine for Postgres {
 
     fn worker_rows(&self) -> Result<Box<dyn crate::store::seam::WorkerRows>> {
         Ok(Box::new(worker::PgLease::take(&self.url, &self.location)?))
+    }
+
+    fn controller_rows(
+        &self,
+        busy: std::time::Duration,
+    ) -> Result<Box<dyn crate::store::seam::ControllerRows>> {
+        Ok(Box::new(controller::Rows::open(&self.url, busy)?))
     }
 
     /// Read on the server the URL reaches (the writable member, with

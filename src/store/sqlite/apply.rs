@@ -292,6 +292,26 @@ impl ApplyTx for Tx<'_> {
             .then(|| format!("{audited} audit rows were found for {n} retirements")))
     }
 
+    /// Read under the write lock: no one can take the lease over before
+    /// this transaction ends.
+    fn controller_holds(
+        &mut self,
+        stamp: &crate::store::controller::Stamp,
+    ) -> Result<Option<String>> {
+        super::controller::holds(&self.tx, stamp)
+            .map_err(self.err("cannot read the controller's lease"))
+    }
+
+    fn controller_record(
+        &mut self,
+        stamp: &crate::store::controller::Stamp,
+        apply_id: &str,
+        targets: usize,
+    ) -> Result<Option<crate::store::seam::Refused>> {
+        super::controller::record(&self.tx, stamp, apply_id, targets)
+            .map_err(self.err("cannot record the controller's apply"))
+    }
+
     fn commit(self: Box<Self>) -> Result<()> {
         let path = self.path;
         self.tx

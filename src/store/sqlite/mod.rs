@@ -1,6 +1,7 @@
 //! The SQLite engine: a registry and a lease store are files.
 
 pub mod apply;
+pub mod controller;
 pub mod held;
 pub mod leases;
 pub mod read;
@@ -53,6 +54,13 @@ impl Engine for Sqlite {
 
     fn worker_rows(&self) -> Result<Box<dyn WorkerRows>> {
         Ok(Box::new(worker::Rows::open(&self.path)?))
+    }
+
+    fn controller_rows(
+        &self,
+        busy: Duration,
+    ) -> Result<Box<dyn crate::store::seam::ControllerRows>> {
+        Ok(Box::new(controller::Rows::open(&self.path, busy)?))
     }
 
     /// A SQLite COMMIT is the file's own: a reader sees it whole or not at

@@ -1,0 +1,324 @@
+//! `fleet-retire controller`: plan and apply by itself, one leader per
+//! (registry, host) (docs/controller.md). A reconcile (`tick.rs`) and a
+//! runtime that schedules it: a tick runs when the registry's change
+//! signal moved, when the resync interval passed, or when this process
+//! newly leads, polled every retry period, and only while it leads
+//! (`lease.rs`); how a tick ended decides the next wait (`backoff.rs`).
+//! Everything a restart must not forget (the lease's term, the budget) is
+//! in the registry, never here.
+
+mod backoff;
+mod brake;
+pub mod http;
+pub mod lease;
+pub mod metrics;
+mod sight;
+mod tick;
+
+use crate::error::{Error, ExitCode, Result};
+use crate::policy::Policies;
+use crate::store::controller::Bucket;
+use crate::store::seam::{ControllerRows, Engine};
+use lease::{sleep_unless, Holder, Leadership, LeaseTimes};
+use metrics::Metrics;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the controller was started with.
+pub struct Config {
+    /// The worker registry (its lease and budget live there too).
+    pub registry: PathBuf,
+    /// The lease store of the workflows.
+    pub leases: PathBuf,
+    /// `profiles.json`.
+    pub profiles: PathBuf,
+    /// The profile it applies as.
+    pub profile: String,
+    /// The `/proc` root.
+    pub proc_root: PathBuf,
+    /// The repository binding required.
+    pub canonical_repository: String,
+    /// The loaded policies.
+    pub policies: Policies,
+    /// The resync period.
+    pub interval: Duration,
+    /// The host's budget.
+    pub bucket: Bucket,
+    /// The lease's times.
+    pub times: LeaseTimes,
+    /// Plan and count, write nothing but the lease.
+    pub dry_run: bool,
+    /// One tick, then exit.
+    pub once: bool,
+    /// At most this many retirements per apply.
+    pub max_retire: usize,
+    /// How long an apply waits for the registry's lock.
+    pub busy_timeout: Duration,
+    /// The brake's fraction of the host's active rows.
+    pub brake_fraction: f64,
+}
+
+/// What `/livez` and `/readyz` read.
+#[derive(Default)]
+pub struct Health {
+    inner: Mutex<HealthState>,
+}
+
+#[derive(Default, Clone)]
+struct HealthState {
+    last_tick: Option<Instant>,
+    registry_unreachable: Option<String>,
+    /// Why the last tick could not read the stores, if it could not.
+    stores_unreadable: Option<String>,
+    lease_overdue: bool,
+}
+
+impl Health {
+    fn set(&self, f: impl FnOnce(&mut HealthState)) {
+        f(&mut self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
+
+    fn get(&self) -> HealthState {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Why the loop is not alive (no tick, nor a poll that found nothing to
+    /// do, within `limit`), if it is not.
+    pub fn not_live(&self, limit: Duration) -> Option<String> {
+        match self.get().last_tick {
+            Some(t) if t.elapsed() <= limit => None,
+            Some(t) => Some(format!(
+                "the loop last ran {:?} ago (limit {limit:?})",
+                t.elapsed()
+            )),
+            None => Some("the loop has not run yet".into()),
+        }
+    }
+
+    /// Why this process is not ready, if it is not.
+    pub fn not_ready(&self) -> Option<String> {
+        let s = self.get();
+        if let Some(why) = s.registry_unreachable.or(s.stores_unreadable) {
+            return Some(format!("the registry cannot be reached: {why}"));
+        }
+        s.lease_overdue
+            .then(|| "this process leads with a lease past its renew deadline".into())
+    }
+}
+
+/// The loop's parts.
+pub struct Run {
+    holder: Holder,
+    lease: Leadership,
+    rows: Box<dyn ControllerRows>,
+    engine: Box<dyn Engine>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    stop: Arc<AtomicBool>,
+    sight: sight::Sight,
+    brake: brake::Brake,
+}
+
+/// Run the controller until `stop` is set (or one tick with `--once`);
+/// the exit code (`--once`: the tick's apply's).
+pub fn run(
+    cfg: &Config,
+    stop: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Result<ExitCode> {
+    let engine = crate::store::open::engine(&cfg.registry)?;
+    let host = crate::evidence::probe::HostFacts::observe(&cfg.proc_root)
+        .host_id
+        .ok_or_else(|| {
+            Error::Refused(format!(
+                "this host's name cannot be read under {}: the controller's lease is per host",
+                cfg.proc_root.display()
+            ))
+        })?;
+    let holder = Holder {
+        id: format!(
+            "{host}:{}:{}",
+            std::process::id(),
+            crate::evidence::random_hex(4)?
+        ),
+        scope: host,
+    };
+    let lease_rows = engine.controller_rows(cfg.times.retry)?;
+    let rows = engine.controller_rows(cfg.times.retry)?;
+    tracing::info!(holder = %holder.id, dry_run = cfg.dry_run, "controller started");
+    let lease = Leadership::start(lease_rows, &holder, cfg.times, cfg.bucket);
+    let mut run = Run {
+        holder,
+        lease,
+        rows,
+        engine,
+        metrics,
+        health,
+        stop,
+        sight: sight::Sight::default(),
+        brake: brake::Brake::default(),
+    };
+    let code = run_loop(cfg, &mut run);
+    run.metrics.leader.set(0);
+    run.lease.release();
+    tracing::info!("controller stopped");
+    Ok(code)
+}
+
+/// When the next tick is due.
+#[derive(Default)]
+struct Schedule {
+    last: Option<(Instant, i64, Option<String>)>,
+    /// The next heartbeat expiry of a kept row (µs since the epoch).
+    expiry_us: Option<i64>,
+}
+
+impl Schedule {
+    /// Due when newly leading (a new term: judged afresh), when the change
+    /// signal moved, when a kept row's heartbeat expires, or when the
+    /// interval has passed.
+    fn due(&self, term: i64, signal: Option<&String>, interval: Duration) -> bool {
+        if self.expiry_us.is_some_and(|at| crate::time::now() >= at) {
+            return true;
+        }
+        match &self.last {
+            None => true,
+            Some((at, t, was)) => {
+                *t != term || at.elapsed() >= interval || signal.is_some() && signal != was.as_ref()
+            }
+        }
+    }
+}
+
+fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
+    let started = Instant::now();
+    let mut schedule = Schedule::default();
+    let mut backoff = backoff::Backoff::default();
+    let mut number: i64 = 0;
+    while !run.stop.load(Ordering::SeqCst) {
+        let term = observe(run);
+        resolve_unknown(run, &mut backoff, cfg.times.retry);
+        let Some(term) = term else {
+            if cfg.once && started.elapsed() > cfg.times.ttl + 2 * cfg.times.retry {
+                return once_without_lease(run);
+            }
+            sleep_unless(&run.stop, cfg.times.retry.min(Duration::from_millis(200)));
+            continue;
+        };
+        // A signal that cannot be read makes a tick due: it will say why
+        // it cannot see, and back off.
+        let read = run.rows.change_signal();
+        let unreadable = read.is_err();
+        let signal = read.ok().flatten();
+        let due = unreadable || schedule.due(term, signal.as_ref(), cfg.interval);
+        if !due || !backoff.ready() {
+            sleep_unless(&run.stop, cfg.times.retry);
+            continue;
+        }
+        number += 1;
+        let span = tracing::info_span!("tick", tick = number, term);
+        let ended = span.in_scope(|| timed_tick(cfg, run, term, number));
+        schedule.last = Some((Instant::now(), term, signal));
+        schedule.expiry_us = ended.next_expiry_us;
+        let unreadable = matches!(
+            ended.outcome.as_str(),
+            "registry_unavailable" | "lease_store_unavailable"
+        );
+        run.health
+            .set(|h| h.stores_unreadable = unreadable.then(|| ended.detail.clone()));
+        backoff.after(&ended.outcome, ended.apply_id.clone(), &cfg.profiles);
+        if cfg.once {
+            return ended.exit;
+        }
+    }
+    ExitCode::Ok
+}
+
+/// `--once` that never held the lease: refused when another controller
+/// holds it (2), an error when it could not be reached (1).
+fn once_without_lease(run: &Run) -> ExitCode {
+    match run.lease.status().1 {
+        Some(why) => {
+            tracing::error!(
+                "--once: the controller's lease cannot be reached ({why}); nothing was done"
+            );
+            ExitCode::Error
+        }
+        None => {
+            tracing::error!("--once: another controller leads this host's lease; nothing was done");
+            ExitCode::Refused
+        }
+    }
+}
+
+/// The lease and the registry as this poll finds them, into the metrics
+/// and the health endpoints; the term this process may act under.
+fn observe(run: &Run) -> Option<i64> {
+    let term = run.lease.leading();
+    let (held, failing) = run.lease.status();
+    run.metrics.leader.set(i64::from(term.is_some()));
+    if let Some(t) = held.or(term) {
+        run.metrics.term.set(t);
+    }
+    run.health.set(|h| {
+        h.last_tick = Some(Instant::now());
+        h.registry_unreachable = failing;
+        h.lease_overdue = held.is_some() && term.is_none();
+    });
+    term
+}
+
+/// An apply whose outcome is unknown, resolved from the registry's audit
+/// rows before anything else is applied.
+fn resolve_unknown(run: &Run, backoff: &mut backoff::Backoff, wait: Duration) {
+    let Some(id) = backoff.unresolved.clone() else {
+        return;
+    };
+    match run.engine.audit_of(&id, wait) {
+        Ok(rows) => {
+            tracing::warn!(apply_id = %id, committed = !rows.is_empty(), retired = rows.len(), "an apply whose outcome was unknown is resolved");
+            backoff.unresolved = None;
+        }
+        Err(e) => tracing::warn!(apply_id = %id, "the outcome of an apply is still unknown: {e}"),
+    }
+}
+
+/// One tick, timed and counted.
+fn timed_tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> tick::Ended {
+    let t0 = Instant::now();
+    let ended = tick::tick(cfg, run, term, number);
+    run.metrics
+        .tick_duration
+        .observe(t0.elapsed().as_secs_f64());
+    run.metrics.tick(&ended.outcome);
+    run.metrics.retired.inc_by(ended.retired as u64);
+    let sees = !matches!(
+        ended.outcome.as_str(),
+        "blind"
+            | "registry_unavailable"
+            | "lease_store_unavailable"
+            | "transaction_failed"
+            | "outcome_unknown"
+    );
+    if sees {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        run.metrics.last_success.set(now);
+    }
+    if ended.exit == ExitCode::Ok {
+        tracing::info!(outcome = %ended.outcome, retired = ended.retired, "tick: {}", ended.detail);
+    } else {
+        tracing::warn!(outcome = %ended.outcome, retired = ended.retired, "tick: {}", ended.detail);
+    }
+    ended
+}

@@ -1,0 +1,85 @@
+//! "I cannot see" means "stop", never "they are dead": a tick first checks
+//! that it can see what it judges by. The wall clock must not have jumped
+//! against the monotonic clock by more than a second since the last tick
+//! (a heartbeat's age is read on the wall clock), and this host's `/proc`
+//! must answer (a process table that cannot be read proves nothing dead).
+//! A registry or lease store that cannot be read fails the plan itself.
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The largest jump of the wall clock against the monotonic one tolerated.
+const JUMP: Duration = Duration::from_secs(1);
+
+/// The clocks as the last tick read them.
+#[derive(Default)]
+pub struct Sight {
+    last: Option<(Instant, SystemTime)>,
+}
+
+impl Sight {
+    /// Why this tick cannot see, if it cannot.
+    pub fn blind(&mut self, proc_root: &Path) -> Option<String> {
+        self.blind_at((Instant::now(), SystemTime::now()), proc_root)
+    }
+
+    /// [`Sight::blind`] with the clocks read at `now`.
+    fn blind_at(&mut self, now: (Instant, SystemTime), proc_root: &Path) -> Option<String> {
+        let last = self.last.replace(now);
+        if let Some((mono, wall)) = last {
+            let mono = now.0.duration_since(mono).as_secs_f64();
+            let wall = match now.1.duration_since(wall) {
+                Ok(d) => d.as_secs_f64(),
+                Err(e) => -e.duration().as_secs_f64(),
+            };
+            if (wall - mono).abs() > JUMP.as_secs_f64() {
+                return Some(format!(
+                    "the wall clock moved {wall:.3} s while the monotonic clock moved {mono:.3} s \
+                     since the last tick; heartbeat ages cannot be trusted on this tick"
+                ));
+            }
+        }
+        for file in ["self/stat", "sys/kernel/random/boot_id"] {
+            let path = proc_root.join(file);
+            if let Err(e) = std::fs::read(&path) {
+                return Some(format!(
+                    "{} cannot be read ({e}); this host's processes cannot be seen",
+                    path.display()
+                ));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wall_clock_jump_against_the_monotonic_clock_makes_a_tick_blind() {
+        let proc_root = Path::new("/proc");
+        let (i0, w0) = (Instant::now(), SystemTime::now());
+        let mut sight = Sight::default();
+        assert!(sight.blind_at((i0, w0), proc_root).is_none());
+        let steady = (
+            i0 + Duration::from_secs(30),
+            w0 + Duration::from_millis(30_400),
+        );
+        assert!(sight.blind_at(steady, proc_root).is_none());
+        let jumped = (i0 + Duration::from_secs(60), w0 + Duration::from_secs(95));
+        assert!(sight
+            .blind_at(jumped, proc_root)
+            .unwrap()
+            .contains("wall clock"));
+        let back = (i0 + Duration::from_secs(61), w0 + Duration::from_secs(90));
+        assert!(sight.blind_at(back, proc_root).is_some());
+    }
+
+    #[test]
+    fn a_proc_that_cannot_be_read_makes_a_tick_blind() {
+        let empty = tempfile::tempdir().unwrap();
+        let why = Sight::default().blind(empty.path()).unwrap();
+        assert!(why.contains("self/stat"), "{why}");
+    }
+}

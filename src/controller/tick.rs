@@ -1,0 +1,217 @@
+//! One tick: look, plan, and apply the candidates the budget and the brake
+//! allow, through the same guarded apply as `fleet-retire apply` (the
+//! plan's rows given to it, as a saved plan would be). A tick that cannot
+//! see everything (`sight.rs`) retires nothing.
+
+use super::{Config, Run};
+use crate::apply::{apply, Context, Hooks, Outcome, Request, Tokens};
+use crate::error::ExitCode;
+use crate::evidence::probe::SystemProbe;
+use crate::plan::planned::PlannedRows;
+use crate::plan::Plan;
+use crate::store::controller::Stamp;
+use std::sync::Arc;
+
+/// How a tick ended.
+#[derive(Debug, Clone)]
+pub struct Ended {
+    /// The `outcome` label: an apply's outcome code, or `idle` (nothing to
+    /// retire), `dry_run`, `blind` (could not see), `braked`,
+    /// `budget_exhausted`, `stopped` (no longer leading or stopping).
+    pub outcome: String,
+    /// The exit code `--once` ends with.
+    pub exit: ExitCode,
+    /// What happened, for the log.
+    pub detail: String,
+    /// Workers retired.
+    pub retired: usize,
+    /// The apply's id, for an outcome that must be resolved.
+    pub apply_id: Option<String>,
+    /// When the first heartbeat the plan kept a row for expires
+    /// (microseconds since the Unix epoch): the next tick is due then.
+    pub next_expiry_us: Option<i64>,
+}
+
+impl Ended {
+    fn new(outcome: &str, exit: ExitCode, detail: String) -> Ended {
+        Ended {
+            outcome: outcome.into(),
+            exit,
+            detail,
+            retired: 0,
+            apply_id: None,
+            next_expiry_us: None,
+        }
+    }
+}
+
+/// Run one tick under `term`.
+pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
+    if let Some(why) = run.sight.blind(&cfg.proc_root) {
+        return Ended::new(
+            "blind",
+            ExitCode::Error,
+            format!("cannot see: {why}; retiring nothing"),
+        );
+    }
+    let plan = match crate::plan::plan_from_files(
+        &cfg.registry,
+        &cfg.leases,
+        &cfg.proc_root,
+        cfg.canonical_repository.clone(),
+        &cfg.policies,
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            let code = e.envelope()["error"]["reason_code"]
+                .as_str()
+                .unwrap_or("registry_unavailable")
+                .to_string();
+            return Ended::new(
+                &code,
+                e.exit_code(),
+                format!("cannot see: {e}; retiring nothing"),
+            );
+        }
+    };
+    run.metrics.rows_read.inc_by(plan.rows.len() as u64);
+    let mut ended = act(cfg, run, term, number, &plan);
+    ended.next_expiry_us = next_expiry(&plan);
+    ended
+}
+
+/// What a tick that sees does with its plan.
+fn act(cfg: &Config, run: &mut Run, term: i64, number: i64, plan: &Plan) -> Ended {
+    let candidates: Vec<String> = plan.candidates().map(|e| plan.identity(e)).collect();
+    run.metrics.candidates.set(candidates.len() as i64);
+    let allowed = run.brake.allow(plan, &candidates, cfg.brake_fraction);
+    run.metrics.brake.set(i64::from(run.brake.engaged()));
+    if allowed.is_empty() {
+        let (outcome, why) = if candidates.is_empty() {
+            ("idle", "no candidate".to_string())
+        } else {
+            ("braked", run.brake.why())
+        };
+        return Ended::new(outcome, ExitCode::Ok, why);
+    }
+    let tokens = match run.rows.budget(&run.holder.scope, cfg.bucket) {
+        Ok(t) => t,
+        Err(e) => return Ended::new("registry_unavailable", ExitCode::Error, e.to_string()),
+    };
+    run.metrics.budget_remaining.set(tokens);
+    let n = allowed
+        .len()
+        .min(cfg.max_retire)
+        .min(tokens.floor() as usize);
+    if n == 0 {
+        return Ended::new(
+            "budget_exhausted",
+            ExitCode::Ok,
+            format!(
+                "{} candidate(s), but the host's budget is spent",
+                allowed.len()
+            ),
+        );
+    }
+    if cfg.dry_run {
+        run.metrics.would_retire.inc_by(n as u64);
+        let e = Ended::new(
+            "dry_run",
+            ExitCode::Ok,
+            format!("would retire {n}: {:?}", &allowed[..n]),
+        );
+        return e;
+    }
+    let stamp = Stamp {
+        scope: run.holder.scope.clone(),
+        holder: run.holder.id.clone(),
+        term,
+        tick: number,
+        bucket: cfg.bucket,
+        lease_ttl_ms: i64::try_from(cfg.times.ttl.as_millis()).unwrap_or(i64::MAX),
+    };
+    apply_allowed(cfg, run, plan, allowed, n, stamp)
+}
+
+/// The earliest expiry of a heartbeat the plan kept a row for
+/// (`heartbeat_not_expired`, among its reasons: a live process is kept for
+/// that too until it dies), in microseconds since the Unix epoch: a row
+/// may become a candidate then, and no write announces it.
+fn next_expiry(plan: &Plan) -> Option<i64> {
+    plan.entries
+        .iter()
+        .filter(|e| {
+            e.reason_codes()
+                .contains(&crate::reasons::Reason::HeartbeatFresh)
+        })
+        .filter_map(|e| {
+            let l = &plan.observation(e).liveness;
+            let ttl_us = (l.heartbeat_ttl_seconds * 1e6).clamp(0.0, 1e15) as i64;
+            Some((l.assessed_at - l.heartbeat_age_us?).saturating_add(ttl_us))
+        })
+        .min()
+}
+
+/// Apply the first `n` of `allowed` through the guarded apply.
+fn apply_allowed(
+    cfg: &Config,
+    run: &mut Run,
+    plan: &Plan,
+    allowed: Vec<String>,
+    n: usize,
+    stamp: Stamp,
+) -> Ended {
+    let tokens = Tokens {
+        registry_fingerprint: plan.registry_fingerprint.clone(),
+        candidate_fingerprint: plan.candidate_fingerprint.clone(),
+        policy_fingerprint: plan.policy_fingerprint.clone(),
+    };
+    let term = stamp.term;
+    let req =
+        match Request::new(tokens, allowed).with_planned(Some(Arc::new(PlannedRows::of(plan)))) {
+            Ok(mut r) => {
+                r.canonical_repository = Some(cfg.canonical_repository.clone());
+                r.max_retire = cfg.max_retire;
+                r.first = Some(n);
+                r.skip_fleet_summary = true;
+                r.controller = Some(stamp);
+                r
+            }
+            Err(why) => return Ended::new("transaction_failed", ExitCode::Error, why),
+        };
+    let probe = SystemProbe::new(&cfg.proc_root);
+    let ctx = Context {
+        registry: &cfg.registry,
+        leases: &cfg.leases,
+        profiles: &cfg.profiles,
+        profile: &cfg.profile,
+        proc_root: &cfg.proc_root,
+        policies: &cfg.policies,
+        probe: &probe,
+        busy_timeout: cfg.busy_timeout,
+    };
+    tracing::info!(targets = n, "applying");
+    let lease = &run.lease;
+    let stop = &run.stop;
+    let cancelled =
+        || stop.load(std::sync::atomic::Ordering::SeqCst) || lease.leading() != Some(term);
+    let hooks = Hooks {
+        cancelled: Some(&cancelled),
+        ..Hooks::default()
+    };
+    match apply(&req, &ctx, hooks) {
+        Ok(report) => {
+            let mut e = Ended::new(
+                report.outcome.code(),
+                report.outcome.exit_code(),
+                report.detail.clone(),
+            );
+            e.retired = report.retired_count;
+            if report.outcome == Outcome::OutcomeUnknown {
+                e.apply_id = report.apply_id.clone();
+            }
+            e
+        }
+        Err(err) => Ended::new("transaction_failed", err.exit_code(), err.to_string()),
+    }
+}

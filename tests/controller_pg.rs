@@ -1,0 +1,180 @@
+//! `fleet-retire controller` on a PostgreSQL registry (issue 53 §2), with
+//! real processes: the lease on the server's clock, taken over after a
+//! SIGKILL within ttl + retry period, and a deposed leader frozen while its
+//! apply waits for the registry's lock commits nothing. Each test makes a
+//! database of its own in the cluster FLEET_RETIRE_TEST_POSTGRES names.
+
+mod common;
+
+use common::controller::*;
+use common::KillOnDrop;
+use nix::sys::signal::Signal;
+use std::time::Duration;
+
+/// Two controllers on one PostgreSQL registry: one leads; SIGKILL of it
+/// hands the lease to the other within ttl + retry period under a higher
+/// term; the dead workers are retired, each apply recorded under a term
+/// one of them took.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn on_postgres_a_killed_leader_is_replaced_within_ttl_and_a_retry() {
+    let Some((stores, db)) = pg_stores("ctl_kill") else {
+        return;
+    };
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    install_versions(&stores);
+    let mut cs = vec![
+        Controller::start(&stores, "a", &[]),
+        Controller::start(&stores, "b", &[]),
+    ];
+    let (_, term) = wait_for_leader(&stores);
+    kill_and_expire(&mut workers);
+    wait_for(Duration::from_secs(20), "the workers to be retired", || {
+        (1..=2).all(|n| status(&stores.registry, &format!("w-{n}")).as_deref() == Some("retired"))
+    });
+    let took = kill_the_leader(&stores, &mut cs);
+    assert!(took <= TTL + RETRY + Duration::from_secs(1), "{took:?}");
+    assert!(leader(&stores.registry).unwrap().1 > term);
+    let terms: Vec<i64> = db
+        .client()
+        .query(
+            "SELECT c.controller_term FROM retirement_audit a \
+             JOIN fleet_retire_controller_applies c USING (apply_id)",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        terms,
+        vec![term, term],
+        "both retired under the first leader's term"
+    );
+}
+
+/// The deposed leader on PostgreSQL: its apply waits for the registry's
+/// lock (a session holds `SHARE` on the registry table, which apply's
+/// `ROW EXCLUSIVE` waits for); it is frozen past its ttl while a dry-run
+/// controller takes the lease; thawed, its transaction is refused
+/// (`leadership_lost`, or a serialization failure on the lease row) and
+/// commits nothing.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn on_postgres_a_deposed_leader_frozen_at_the_lock_commits_nothing() {
+    let trials: usize = std::env::var("FLEET_RETIRE_CONTROLLER_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for trial in 0..trials {
+        if !deposed_once(trial) {
+            return;
+        }
+    }
+}
+
+/// One trial; `false` when no cluster is configured.
+fn deposed_once(trial: usize) -> bool {
+    let Some((stores, db)) = pg_stores(&format!("ctl_deposed_{trial}")) else {
+        return false;
+    };
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    install_versions(&stores);
+    let a = Controller::start(&stores, "a", &["--busy-timeout-ms", "60000"]);
+    wait_for(Duration::from_secs(20), "a to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == a.pid())
+    });
+    let b = Controller::start(&stores, "b", &["--dry-run"]);
+    let mut locker = db.client();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE worker_registrations IN SHARE MODE")
+        .unwrap();
+    kill_and_expire(&mut workers);
+    wait_for(Duration::from_secs(10), "a's apply to start", || {
+        a.says("applying")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    a.signal(Signal::SIGSTOP);
+    wait_for(Duration::from_secs(20), "b to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == b.pid())
+    });
+    wait_for(Duration::from_secs(10), "b's dry run", || {
+        b.outcomes().iter().any(|o| o == "dry_run")
+    });
+    lock.rollback().unwrap();
+    a.signal(Signal::SIGCONT);
+    wait_for(Duration::from_secs(30), "a's apply to end", || {
+        a.outcomes().iter().any(|o| o != "idle")
+    });
+    let ended: Vec<String> = a.outcomes().into_iter().filter(|o| o != "idle").collect();
+    eprintln!("trial {trial}: the deposed leader's apply ended: {ended:?}");
+    assert!(
+        ["leadership_lost", "registry_revision_moved"].contains(&ended[0].as_str()),
+        "{ended:?}"
+    );
+    for n in 1..=2 {
+        assert_eq!(
+            status(&stores.registry, &format!("w-{n}")).as_deref(),
+            Some("active")
+        );
+    }
+    let applies: i64 = db
+        .client()
+        .query_one("SELECT count(*) FROM fleet_retire_controller_applies", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        applies, 0,
+        "trial {trial}: a deposed leader recorded an apply"
+    );
+    true
+}
+
+/// A SQLite registry a controller ran on (its tables there) is copied to
+/// PostgreSQL by `registry copy` (which accepts the controller's tables
+/// and leaves them behind), and a controller then creates its tables there
+/// and retires on it.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn a_registry_with_the_controllers_tables_copies_to_postgres_and_a_controller_runs_there() {
+    let Some((mut stores, db)) = pg_stores("ctl_copy") else {
+        return;
+    };
+    let sqlite = stores.dir.path().join("controlled.sqlite");
+    stores.registry = sqlite.clone();
+    let out = common::bin()
+        .args(["registry", "create", "--registry"])
+        .arg(&sqlite)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    let dry = once(&stores, "controller-prgs", &["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", common::text(&dry));
+    let copied = common::bin()
+        .args(["registry", "copy", "--from"])
+        .arg(&sqlite)
+        .args(["--to", &db.url])
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{}", common::text(&copied));
+    stores.registry = std::path::PathBuf::from(&db.url);
+    kill_and_expire(&mut workers);
+    let run = once(&stores, "controller-prgs", &[]);
+    assert_eq!(run.status.code(), Some(0), "{}", common::text(&run));
+    for n in 1..=2 {
+        assert_eq!(
+            status(&stores.registry, &format!("w-{n}")).as_deref(),
+            Some("retired")
+        );
+    }
+}
