@@ -82,6 +82,26 @@ pub struct PlanHead {
     pub fencing_context: FencingContext,
     /// The candidates' identities, in registry order, as stored.
     pub candidate_worker_identities: Option<Vec<Json>>,
+    /// What a host-scoped plan read (`plan --scope host`); absent from a
+    /// plan of the whole registry, whose document stays the seed's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<ScopeHead>,
+}
+
+/// What a host-scoped plan read, in one snapshot (docs/semantics.md §17).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeHead {
+    /// `host`.
+    pub kind: String,
+    /// The host whose rows these are.
+    pub host_id: String,
+    /// Its active rows, read and judged (the plan's entries).
+    pub own_rows: usize,
+    /// The peer rows read for their verdicts (not judged for themselves).
+    pub peer_rows: usize,
+    /// Its rows of other statuses, counted and not read: none of them can
+    /// be a candidate.
+    pub terminal_rows: u64,
 }
 
 impl PlanHead {
@@ -102,6 +122,7 @@ impl PlanHead {
         "canonical_repository",
         "fencing_context",
         "candidate_worker_identities",
+        "scope",
     ];
 
     /// The members apply needs, checked; an error names the member and
@@ -131,6 +152,21 @@ impl PlanHead {
                     .map_err(|e| format!("`canonical_repository`: {e}"))
             })
             .transpose()?;
+        if self.scope.is_some()
+            || [&self.registry_fingerprint, &self.candidate_fingerprint]
+                .iter()
+                .any(|t| {
+                    t.as_deref()
+                        .is_some_and(|t| t.starts_with(crate::fingerprint::HOST_SCOPE))
+                })
+        {
+            return Err(
+                "this is a host-scoped plan (`plan --scope host`), whose tokens vouch \
+                        for one host's scope, and this apply judges the whole registry: plan \
+                        without --scope to apply"
+                    .into(),
+            );
+        }
         Ok(CheckedHead {
             registry_fingerprint: required(self.registry_fingerprint, "registry_fingerprint")?,
             candidate_fingerprint: required(self.candidate_fingerprint, "candidate_fingerprint")?,
@@ -162,7 +198,14 @@ mod tests {
 
     #[test]
     fn keys_are_the_members_in_written_order() {
-        let written = serde_json::to_value(PlanHead::default()).unwrap();
+        // `scope` is written only by a host-scoped plan.
+        let scoped = PlanHead {
+            scope: Some(ScopeHead::default()),
+            ..PlanHead::default()
+        };
+        let whole = serde_json::to_value(PlanHead::default()).unwrap();
+        assert!(whole.get("scope").is_none());
+        let written = serde_json::to_value(scoped).unwrap();
         let keys: Vec<&str> = written
             .as_object()
             .unwrap()

@@ -5,7 +5,8 @@
 //! `store/` (`sqlite/`, `postgres/`) implementing them, and
 //! [`super::open::engine`] is the one place a location picks its engine.
 //!
-//! 1. Reading the registry: [`Engine::read_registry`].
+//! 1. Reading the registry: [`Engine::read_registry`], or one host's
+//!    scope of it, [`Engine::read_scope`].
 //! 2. Reading leases: [`Engine::read_leases`], and [`FenceSource`] for the
 //!    fence apply re-reads while it writes.
 //! 3. The guarded apply transaction: [`ApplyConnection`] and [`ApplyTx`],
@@ -30,6 +31,11 @@ pub trait Engine {
 
     /// Every registration, read-only, in one snapshot of the table.
     fn read_registry(&self) -> Result<Vec<Row>>;
+
+    /// This host's scope (`store::scope`: `plan --scope host`): its active
+    /// rows, the peer rows their verdicts depend on, and a count of its
+    /// other rows, read-only, in one snapshot.
+    fn read_scope(&self, host_id: &str) -> Result<super::scope::Scope>;
 
     /// Every lease row, read-only (never "no leases" for a store that
     /// cannot be read).

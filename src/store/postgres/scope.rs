@@ -1,0 +1,133 @@
+//! A host's scope read from a PostgreSQL registry: what to fetch, and why,
+//! is `store/scope.rs`; here, how. Three statements in the caller's one
+//! read-only snapshot: this host's active rows (the index on `host_id`,
+//! `status`), its other rows counted (the same index, an index-only
+//! scan), and every peer row in one statement whose arms are each served
+//! by an index (the identity's, and the partial indexes on active rows,
+//! `store::registry::SCOPE_INDEXES`), which the server ORs together.
+
+use super::read::read_filtered;
+use super::schema::table_columns;
+use crate::error::{Error, Result, Store};
+use crate::row::Col;
+use crate::store::scope::{integer_form, unreadable_scope, PeerKeys, Scope};
+use postgres::types::ToSql;
+use postgres::GenericClient;
+use std::collections::BTreeSet;
+
+const TABLE: &str = crate::store::registry::TABLE;
+
+/// This host's scope, on `client` (inside the caller's snapshot).
+pub fn load(client: &mut impl GenericClient, label: &str, host_id: &str) -> Result<Scope> {
+    let types = table_columns(client, TABLE, Store::Registry, label)?.unwrap_or_default();
+    let type_of = |col: Col| {
+        types
+            .iter()
+            .find(|(n, _)| n == col.name())
+            .map(|(_, t)| t.as_str())
+    };
+    for needed in [Col::HostId, Col::Status] {
+        if !matches!(type_of(needed), Some("text" | "character varying")) {
+            return Err(Error::Registry {
+                shown: label.to_string(),
+                message: unreadable_scope(&format!(
+                    "its `{}` column is missing or not text",
+                    needed.name()
+                )),
+            });
+        }
+    }
+    let own = read_filtered(
+        client,
+        label,
+        " WHERE host_id = $1 AND status = 'active'",
+        &[&host_id],
+    )?;
+    let terminal: i64 = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {TABLE} WHERE host_id = $1 \
+                 AND status IS DISTINCT FROM 'active'"
+            ),
+            &[&host_id],
+        )
+        .map_err(Error::postgres(
+            Store::Registry,
+            label,
+            "cannot count this host's other rows",
+        ))?
+        .get(0);
+    let keys = PeerKeys::of(&own);
+    let mut params: Vec<Box<dyn ToSql + Sync>> = vec![Box::new(host_id.to_string())];
+    let mut any_status = Vec::new();
+    let mut active_only = Vec::new();
+    for (column, any_status_ok, set) in keys.columns() {
+        let active = !any_status_ok;
+        let Some(data_type) = type_of(column).filter(|_| !set.is_empty()) else {
+            continue;
+        };
+        let (param, cast) = bound(data_type, set);
+        params.push(param);
+        let arm = format!(
+            "{} = ANY(${}::{cast}[])",
+            crate::store::quote_ident(column.name()),
+            params.len()
+        );
+        if active {
+            active_only.push(arm);
+        } else {
+            any_status.push(arm);
+        }
+    }
+    if !active_only.is_empty() {
+        any_status.push(format!(
+            "(status = 'active' AND ({}))",
+            active_only.join(" OR ")
+        ));
+    }
+    let peers = if any_status.is_empty() {
+        Vec::new()
+    } else {
+        let filter = format!(
+            " WHERE (host_id = $1 AND status = 'active') IS NOT TRUE AND ({})",
+            any_status.join(" OR ")
+        );
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref()).collect();
+        read_filtered(client, label, &filter, &refs)?
+    };
+    Ok(Scope {
+        host_id: host_id.to_string(),
+        own,
+        peers,
+        terminal: terminal.max(0) as u64,
+    })
+}
+
+/// The keys as an array of the column's own type (every form whose
+/// canonical text a key could be), and that type's name for the cast.
+fn bound(data_type: &str, keys: &BTreeSet<String>) -> (Box<dyn ToSql + Sync>, &'static str) {
+    match data_type {
+        "bigint" | "integer" | "smallint" => (
+            Box::new(
+                keys.iter()
+                    .filter_map(|k| integer_form(k))
+                    .collect::<Vec<i64>>(),
+            ),
+            "int8",
+        ),
+        "double precision" => (
+            Box::new(
+                keys.iter()
+                    .filter_map(|k| k.parse::<f64>().ok())
+                    .collect::<Vec<f64>>(),
+            ),
+            "float8",
+        ),
+        // text and character varying (`readable` lets nothing else through
+        // a read of the registry).
+        _ => (
+            Box::new(keys.iter().cloned().collect::<Vec<String>>()),
+            "text",
+        ),
+    }
+}

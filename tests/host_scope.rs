@@ -1,0 +1,223 @@
+//! `plan --scope host` (issue 54): every host's scoped plan is the
+//! whole-registry plan restricted to that host's active rows, verdict by
+//! verdict, and counts its other rows without reading them. Hosts are
+//! simulated as `tests/multi_host.rs` does: each plan runs in a UTS
+//! namespace of its own whose kernel node name is that host's (no flag or
+//! variable names a host).
+
+mod common;
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+const HOSTS: [&str; 3] = ["scope-a", "scope-b", "scope-c"];
+
+/// Key values: a few shared by many rows, most by a few.
+const SOME: [u32; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+
+/// A small generator, so a failure names the seed that made its registry.
+struct Lcg(u64);
+
+impl Lcg {
+    fn pick<T: Clone>(&mut self, of: &[T]) -> T {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        of[(self.0 >> 33) as usize % of.len()].clone()
+    }
+}
+
+/// A registry whose rows share every kind of key across hosts and
+/// statuses: sessions, generations, pids (alive, dead), given and derived
+/// process identities, instance slots; some stale, some live, some of
+/// other statuses, some on no host or on a host written with a space.
+fn rows(seed: u64) -> Vec<Value> {
+    let (_, boot) = common::host_and_boot();
+    let (dead, dead_start) = common::dead_process();
+    let alive = i64::from(std::process::id());
+    let alive_start = common::start_time(std::process::id());
+    let mut g = Lcg(seed);
+    (0..600)
+        .map(|i| {
+            let host = g.pick(&[
+                Value::from(HOSTS[0]),
+                Value::from(HOSTS[1]),
+                Value::from(HOSTS[2]),
+                Value::from(HOSTS[0]),
+                Value::Null,
+                Value::from(" scope-a"),
+            ]);
+            let (pid, start) = g.pick(&[
+                (json!(dead), dead_start.clone()),
+                (json!(dead), dead_start.clone()),
+                (json!(alive), alive_start.clone()),
+                (json!(dead + 1), "ticks-1".into()),
+            ]);
+            json!({
+                "worker_identity": format!("w-{i:04}"),
+                "client_name": "codex",
+                "client_instance_id": g.pick(&["inst-codex-20260730T100000Z-abc123def456",
+                    "inst-codex-20260730T100000Z-0000000000aa", "", "inst-codex-20260730T100000Z-0000000000bb"]),
+                "instance_id_source": "launcher",
+                "session_id": format!("s-{}-{}", g.pick(&SOME), g.pick(&SOME)),
+                "generation_id": format!("g-{}-{}", g.pick(&SOME), g.pick(&SOME)),
+                "process_identity": g.pick(&[Value::Null, json!(format!("pid-{dead}")),
+                    json!("proc-1"), json!(format!("proc-{i}")), json!(format!("proc-{i}"))]),
+                "role": "author", "profile": "author-prgs",
+                "namespace": g.pick(&["author", "reviewer"]),
+                "remote": "prgs", "repository_binding": "prgs/gitea-tools",
+                "pid": pid,
+                "started_at": "2026-01-01T00:00:00Z",
+                "last_heartbeat_at": g.pick(&["2026-01-01T00:10:00Z", "2026-01-01T00:10:00Z",
+                    "2126-01-01T00:10:00Z"]),
+                "heartbeat_ttl_seconds": 900.0,
+                "fencing_epoch": 1,
+                "status": g.pick(&["active", "active", "active", "released", "retired", " active"]),
+                "host_id": host, "boot_id": boot, "process_start_time": start,
+            })
+        })
+        .collect()
+}
+
+fn profiles(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("profiles.json");
+    std::fs::write(
+        &path,
+        json!({"profiles": {"controller-prgs": {"role": "controller",
+            "allowed_operations": ["gitea.read"]}}})
+        .to_string(),
+    )
+    .unwrap();
+    path
+}
+
+/// `plan --format json` run as host `host` (a UTS namespace named so).
+fn plan_as(host: &str, registry: &Path, leases: &Path, profiles: &Path, scoped: bool) -> Value {
+    let bin = env!("CARGO_BIN_EXE_fleet-retire");
+    let scope = if scoped { "--scope host" } else { "" };
+    let script = format!(
+        "hostname {host} && exec \"$BIN\" plan --format json {scope} --registry \"$R\" \
+         --leases \"$L\" --profiles \"$P\" --profile controller-prgs \
+         --canonical-repository prgs/gitea-tools"
+    );
+    let out = Command::new("unshare")
+        .args(["--uts", "sh", "-c", &script])
+        .env("BIN", bin)
+        .env("R", registry)
+        .env("L", leases)
+        .env("P", profiles)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each entry's identity with its reason codes (empty for a candidate)
+/// and host, as a plan document lists them.
+fn entries(plan: &Value) -> BTreeMap<String, (Vec<String>, Value, Value)> {
+    let mut out = BTreeMap::new();
+    for list in ["candidates", "preserved"] {
+        for e in plan[list].as_array().unwrap() {
+            let codes = e["reason_codes"]
+                .as_array()
+                .map(|c| c.iter().map(|c| c.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default();
+            out.insert(
+                e["worker_identity"].as_str().unwrap().to_string(),
+                (
+                    codes,
+                    e["evidence"]["host_id"].clone(),
+                    e["evidence"]["status"].clone(),
+                ),
+            );
+        }
+    }
+    out
+}
+
+fn can_make_hosts() -> bool {
+    let root = nix::unistd::Uid::effective().is_root();
+    if !root || Command::new("unshare").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root with unshare"
+        );
+        eprintln!("skipped: simulated hosts need root and unshare");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases) = (dir.path().join("r.sqlite"), dir.path().join("l.sqlite"));
+    let seed = std::env::var("FLEET_RETIRE_SCOPE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(54);
+    common::registry(&registry, &rows(seed));
+    common::leases(
+        &leases,
+        &SOME
+            .map(|n| json!({"lease_id": format!("l-{n}"), "status": "active", "session_id": format!("s-{n}-5")})),
+    );
+    let profiles = profiles(dir.path());
+    let mut candidates = 0;
+    let mut reasons = std::collections::BTreeSet::new();
+    for host in HOSTS {
+        let whole = plan_as(host, &registry, &leases, &profiles, false);
+        let scoped = plan_as(host, &registry, &leases, &profiles, true);
+        let expected: BTreeMap<_, _> = entries(&whole)
+            .into_iter()
+            .filter(|(_, (_, h, s))| h == host && s == "active")
+            .collect();
+        let terminal = entries(&whole)
+            .values()
+            .filter(|(_, h, s)| h == host && s != "active")
+            .count();
+        assert_eq!(entries(&scoped), expected, "host {host}, seed {seed}");
+        assert_eq!(
+            scoped["scope"]["terminal_rows"],
+            json!(terminal),
+            "host {host}"
+        );
+        assert_eq!(scoped["scope"]["host_id"], json!(host));
+        for token in ["registry_fingerprint", "candidate_fingerprint"] {
+            assert!(scoped[token].as_str().unwrap().starts_with("host-scope:"));
+            assert!(!whole[token].as_str().unwrap().starts_with("host-scope:"));
+        }
+        candidates += scoped["candidate_count"].as_u64().unwrap();
+        reasons.extend(
+            entries(&scoped)
+                .into_values()
+                .flat_map(|(codes, _, _)| codes),
+        );
+        // The bound: the rows read are this host's active rows and peers
+        // that share a key with them, never the registry.
+        let read = scoped["scope"]["own_rows"].as_u64().unwrap()
+            + scoped["scope"]["peer_rows"].as_u64().unwrap();
+        assert!(
+            read < whole["assessed_count"].as_u64().unwrap(),
+            "host {host}"
+        );
+    }
+    assert!(
+        candidates > 0,
+        "the registry has candidates to compare (seed {seed})"
+    );
+    // The verdicts compared rest on peer facts of every kind.
+    for peer_fact in [
+        "conflicting_identity_evidence",
+        "client_instance_conflict",
+        "protected_active_workflow_owner",
+    ] {
+        assert!(reasons.contains(peer_fact), "{peer_fact} in {reasons:?}");
+    }
+}
