@@ -151,29 +151,43 @@ fn can_make_hosts() -> bool {
     true
 }
 
-#[test]
-fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() {
-    if !can_make_hosts() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (registry, leases) = (dir.path().join("r.sqlite"), dir.path().join("l.sqlite"));
-    let seed = std::env::var("FLEET_RETIRE_SCOPE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(54);
+/// The SQLite registry and lease store of `seed`, with the profiles.
+fn stores(dir: &Path, seed: u64) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let (registry, leases) = (dir.join("r.sqlite"), dir.join("l.sqlite"));
     common::registry(&registry, &rows(seed));
     common::leases(
         &leases,
-        &SOME
-            .map(|n| json!({"lease_id": format!("l-{n}"), "status": "active", "session_id": format!("s-{n}-5")})),
+        &SOME.map(|n| {
+            json!({"lease_id": format!("l-{n}"), "status": "active",
+                   "session_id": format!("s-{n}-5")})
+        }),
     );
-    let profiles = profiles(dir.path());
+    (registry, leases, profiles(dir))
+}
+
+fn seed() -> u64 {
+    std::env::var("FLEET_RETIRE_SCOPE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(54)
+}
+
+/// For every host: its scoped plan's entries are the whole plan's entries
+/// of its active rows, verdict by verdict (every reason code); it counts
+/// its other rows; its tokens are scoped and the whole plan's are not; and
+/// it reads fewer rows than the registry holds. Across the hosts, the
+/// verdicts compared have candidates and rest on every kind of peer fact.
+fn each_host_plans_its_scope_as_the_whole_plan_does(
+    registry: &Path,
+    leases: &Path,
+    profiles: &Path,
+    seed: u64,
+) {
     let mut candidates = 0;
     let mut reasons = std::collections::BTreeSet::new();
     for host in HOSTS {
-        let whole = plan_as(host, &registry, &leases, &profiles, false);
-        let scoped = plan_as(host, &registry, &leases, &profiles, true);
+        let whole = plan_as(host, registry, leases, profiles, false);
+        let scoped = plan_as(host, registry, leases, profiles, true);
         let expected: BTreeMap<_, _> = entries(&whole)
             .into_iter()
             .filter(|(_, (_, h, s))| h == host && s == "active")
@@ -199,8 +213,6 @@ fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() 
                 .into_values()
                 .flat_map(|(codes, _, _)| codes),
         );
-        // The bound: the rows read are this host's active rows and peers
-        // that share a key with them, never the registry.
         let read = scoped["scope"]["own_rows"].as_u64().unwrap()
             + scoped["scope"]["peer_rows"].as_u64().unwrap();
         assert!(
@@ -212,7 +224,6 @@ fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() 
         candidates > 0,
         "the registry has candidates to compare (seed {seed})"
     );
-    // The verdicts compared rest on peer facts of every kind.
     for peer_fact in [
         "conflicting_identity_evidence",
         "client_instance_conflict",
@@ -220,4 +231,35 @@ fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() 
     ] {
         assert!(reasons.contains(peer_fact), "{peer_fact} in {reasons:?}");
     }
+}
+
+#[test]
+fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    each_host_plans_its_scope_as_the_whole_plan_does(&registry, &leases, &profiles, seed());
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_postgres() {
+    if !can_make_hosts() {
+        return;
+    }
+    let Some(db) = common::postgres("host_scope") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let roles = db.documented_roles();
+    fleet_retire::copy::copy(&registry, Some(&leases), &roles.owner).unwrap();
+    db.grant_documented(&roles);
+    let url = Path::new(&roles.apply);
+    each_host_plans_its_scope_as_the_whole_plan_does(url, url, &profiles, seed());
 }
