@@ -36,7 +36,9 @@ impl Lcg {
 /// other statuses, some on no host or on a host written with a space.
 fn rows(seed: u64) -> Vec<Value> {
     let (_, boot) = common::host_and_boot();
-    let (dead, dead_start) = common::dead_process();
+    // Pids no process can hold (above any pid_max), so no process this
+    // test starts between two plans takes one.
+    let (dead, dead_start) = (2_000_000_001_i64, "ticks-5".to_string());
     let alive = i64::from(std::process::id());
     let alive_start = common::start_time(std::process::id());
     let mut g = Lcg(seed);
@@ -87,30 +89,45 @@ fn profiles(dir: &Path) -> std::path::PathBuf {
     std::fs::write(
         &path,
         json!({"profiles": {"controller-prgs": {"role": "controller",
-            "allowed_operations": ["gitea.read"]}}})
+            "allowed_operations": ["gitea.read", "gitea.worker_registry.retire"]}}})
         .to_string(),
     )
     .unwrap();
     path
 }
 
-/// `plan --format json` run as host `host` (a UTS namespace named so).
-fn plan_as(host: &str, registry: &Path, leases: &Path, profiles: &Path, scoped: bool) -> Value {
-    let bin = env!("CARGO_BIN_EXE_fleet-retire");
-    let scope = if scoped { "--scope host" } else { "" };
+/// fleet-retire with `args` run as host `host` (a UTS namespace named
+/// so), with the stores and the controller's profile.
+fn run_as(host: &str, args: &[&str], stores: (&Path, &Path, &Path)) -> std::process::Output {
+    let (registry, leases, profiles) = stores;
     let script = format!(
-        "hostname {host} && exec \"$BIN\" plan --format json {scope} --registry \"$R\" \
-         --leases \"$L\" --profiles \"$P\" --profile controller-prgs \
-         --canonical-repository prgs/gitea-tools"
+        "hostname {host} && exec \"$BIN\" \"$@\" --registry \"$R\" --leases \"$L\" \
+         --profiles \"$P\" --profile controller-prgs"
     );
-    let out = Command::new("unshare")
-        .args(["--uts", "sh", "-c", &script])
-        .env("BIN", bin)
+    Command::new("unshare")
+        .args(["--uts", "sh", "-c", &script, "sh"])
+        .args(args)
+        .env("BIN", env!("CARGO_BIN_EXE_fleet-retire"))
         .env("R", registry)
         .env("L", leases)
         .env("P", profiles)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// `plan --format json` run as host `host`, scoped or not.
+fn plan_as(host: &str, registry: &Path, leases: &Path, profiles: &Path, scoped: bool) -> Value {
+    let mut args = vec![
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+    ];
+    if scoped {
+        args.extend(["--scope", "host"]);
+    }
+    let out = run_as(host, &args, (registry, leases, profiles));
     assert!(out.status.success(), "{}", common::text(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -165,6 +182,23 @@ fn stores(dir: &Path, seed: u64) -> (std::path::PathBuf, std::path::PathBuf, std
     (registry, leases, profiles(dir))
 }
 
+/// The stores of [`stores`] copied into a fresh PostgreSQL database by its
+/// owner, with the documented grants: the database, the folder holding
+/// `profiles.json`, and the apply role's URL. `None` when hosts cannot be
+/// simulated or no cluster is configured.
+fn on_postgres(tag: &str) -> Option<(common::PgDb, tempfile::TempDir, String)> {
+    if !can_make_hosts() {
+        return None;
+    }
+    let db = common::postgres(tag)?;
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, _) = stores(dir.path(), seed());
+    let roles = db.documented_roles();
+    fleet_retire::copy::copy(&registry, Some(&leases), &roles.owner).unwrap();
+    db.grant_documented(&roles);
+    Some((db, dir, roles.apply))
+}
+
 fn seed() -> u64 {
     std::env::var("FLEET_RETIRE_SCOPE_SEED")
         .ok()
@@ -196,7 +230,14 @@ fn each_host_plans_its_scope_as_the_whole_plan_does(
             .values()
             .filter(|(_, h, s)| h == host && s != "active")
             .count();
-        assert_eq!(entries(&scoped), expected, "host {host}, seed {seed}");
+        let got = entries(&scoped);
+        let differ: Vec<_> = got
+            .keys()
+            .chain(expected.keys())
+            .filter(|k| got.get(*k) != expected.get(*k))
+            .map(|k| (k, got.get(k), expected.get(k)))
+            .collect();
+        assert!(differ.is_empty(), "host {host}, seed {seed}: {differ:?}");
         assert_eq!(
             scoped["scope"]["terminal_rows"],
             json!(terminal),
@@ -222,7 +263,7 @@ fn each_host_plans_its_scope_as_the_whole_plan_does(
     }
     assert!(
         candidates > 0,
-        "the registry has candidates to compare (seed {seed})"
+        "the registry has candidates to compare (seed {seed}): {reasons:?}"
     );
     for peer_fact in [
         "conflicting_identity_evidence",
@@ -249,17 +290,140 @@ fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() 
     ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
 )]
 fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_postgres() {
+    let Some((_db, dir, url)) = on_postgres("host_scope") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    each_host_plans_its_scope_as_the_whole_plan_does(url, url, &profiles, seed());
+}
+
+/// A row of host scope-b sharing no key with any other row: outside every
+/// other host's scope.
+const OUTSIDER: &str = "INSERT INTO worker_registrations (worker_identity, session_id, \
+    generation_id, pid, status, host_id, last_heartbeat_at) VALUES ('w-outsider', 's-outsider', \
+    'g-outsider', 999999999, 'active', 'scope-b', '2026-01-01T00:00:00Z')";
+const OUTSIDER_BEATS: &str = "UPDATE worker_registrations SET last_heartbeat_at = \
+    '2026-06-01T00:00:00Z', session_id = 's-outsider-2' WHERE worker_identity = 'w-outsider'";
+
+/// Host scope-a plans its scope and saves it; another host's row outside
+/// it is inserted and written; scope-a's scoped tokens do not move, and
+/// its apply of the saved plan retires exactly the plan's candidates,
+/// reading its scope under the lock; the same apply again is a replay.
+fn a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
+    stores: (&Path, &Path, &Path),
+    dir: &Path,
+    write: &dyn Fn(&str),
+) {
+    let host = HOSTS[0];
+    let saved = dir.join("plan.json");
+    let saved_arg = saved.to_str().unwrap();
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--scope",
+        "host",
+        "--out",
+        saved_arg,
+    ];
+    let out = run_as(host, &args, stores);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let candidates: Vec<String> = plan["candidate_worker_identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    assert!(!candidates.is_empty());
+    write(OUTSIDER);
+    write(OUTSIDER_BEATS);
+    let again = plan_as(host, stores.0, stores.1, stores.2, true);
+    for token in ["registry_fingerprint", "candidate_fingerprint"] {
+        assert_eq!(
+            again[token], plan[token],
+            "{token} moved by another host's row"
+        );
+    }
+    let apply = [
+        "apply",
+        saved_arg,
+        "--format",
+        "json",
+        "--max-retire",
+        "1000",
+    ];
+    let out = run_as(host, &apply, stores);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(report["read_under_lock"]["scope"], "host_scope", "{report}");
+    let mut retired: Vec<String> = report["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["worker_identity"].as_str().unwrap().to_string())
+        .collect();
+    retired.sort();
+    let mut expected = candidates.clone();
+    expected.sort();
+    assert_eq!(retired, expected);
+    // The same plan again: every requested worker is retired.
+    let out = run_as(host, &apply, stores);
+    let replay: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        replay["outcome"],
+        "already_retired",
+        "{}",
+        common::text(&out)
+    );
+    // Another host may not apply scope-a's plan.
+    let out = run_as(HOSTS[1], &apply, stores);
+    let elsewhere: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(elsewhere["outcome"], "registry_revision_moved");
+    assert!(
+        common::text(&out).contains("applies only its own scope"),
+        "{}",
+        common::text(&out)
+    );
+}
+
+#[test]
+fn a_scoped_apply_on_sqlite_retires_its_plan_whatever_other_hosts_write() {
     if !can_make_hosts() {
         return;
     }
-    let Some(db) = common::postgres("host_scope") else {
-        return;
-    };
     let dir = tempfile::tempdir().unwrap();
     let (registry, leases, profiles) = stores(dir.path(), seed());
-    let roles = db.documented_roles();
-    fleet_retire::copy::copy(&registry, Some(&leases), &roles.owner).unwrap();
-    db.grant_documented(&roles);
-    let url = Path::new(&roles.apply);
-    each_host_plans_its_scope_as_the_whole_plan_does(url, url, &profiles, seed());
+    let write = |sql: &str| {
+        rusqlite::Connection::open(&registry)
+            .unwrap()
+            .execute_batch(sql)
+            .unwrap();
+    };
+    a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
+        (&registry, &leases, &profiles),
+        dir.path(),
+        &write,
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn a_scoped_apply_on_postgres_retires_its_plan_whatever_other_hosts_write() {
+    let Some((db, dir, url)) = on_postgres("host_scope_apply") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    let write = |sql: &str| db.client().batch_execute(sql).unwrap();
+    a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
+        (url, url, &profiles),
+        dir.path(),
+        &write,
+    );
 }

@@ -350,6 +350,7 @@ impl<'p> Demo<'p> {
             max_retire: 100,
             planned: None,
             first: None,
+            scope: None,
             skip_fleet_summary: false,
         };
         let report = apply(

@@ -152,22 +152,25 @@ impl PlanHead {
                     .map_err(|e| format!("`canonical_repository`: {e}"))
             })
             .transpose()?;
-        if self.scope.is_some()
-            || [&self.registry_fingerprint, &self.candidate_fingerprint]
-                .iter()
-                .any(|t| {
-                    t.as_deref()
-                        .is_some_and(|t| t.starts_with(crate::fingerprint::HOST_SCOPE))
-                })
-        {
-            return Err(
-                "this is a host-scoped plan (`plan --scope host`), whose tokens vouch \
-                        for one host's scope, and this apply judges the whole registry: plan \
-                        without --scope to apply"
-                    .into(),
-            );
-        }
+        let scoped = [&self.registry_fingerprint, &self.candidate_fingerprint]
+            .iter()
+            .map(|t| {
+                t.as_deref()
+                    .is_some_and(|t| t.starts_with(crate::fingerprint::HOST_SCOPE))
+            })
+            .collect::<Vec<bool>>();
+        let scope = match (&self.scope, scoped.as_slice()) {
+            (Some(s), [true, true]) if s.kind == "host" => Some(s.host_id.clone()),
+            (None, [false, false]) => None,
+            _ => {
+                return Err("its `scope` and its tokens disagree (a host-scoped plan, \
+                            `plan --scope host`, has both a `scope` member and `host-scope:` \
+                            tokens; a plan of the whole registry has neither); plan again"
+                    .into())
+            }
+        };
         Ok(CheckedHead {
+            scope,
             registry_fingerprint: required(self.registry_fingerprint, "registry_fingerprint")?,
             candidate_fingerprint: required(self.candidate_fingerprint, "candidate_fingerprint")?,
             policy_fingerprint: required(self.policy_fingerprint, "policy_fingerprint")?,
@@ -190,6 +193,9 @@ pub struct CheckedHead {
     pub workers: Vec<String>,
     /// The repository binding the plan expected; never blank.
     pub canonical_repository: Option<String>,
+    /// The host whose scope a host-scoped plan judged (`plan --scope
+    /// host`); `None` for a plan of the whole registry.
+    pub scope: Option<String>,
 }
 
 #[cfg(test)]

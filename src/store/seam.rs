@@ -206,6 +206,12 @@ pub trait ApplyTx {
     /// The authoritative read of every registration.
     fn read_rows(&mut self) -> Result<Vec<Row>>;
 
+    /// The authoritative read of a host-scoped apply: host `host_id`'s
+    /// scope (`store::scope`), with every row of an identity in `also`
+    /// (any status) among its peers, so a requested worker retired since
+    /// is seen.
+    fn read_scope(&mut self, host_id: &str, also: &[String]) -> Result<super::scope::Scope>;
+
     /// The rows changed since `since` was read, as they stand now: each
     /// with its position in the rows read then (`None` for a row deleted
     /// since). `Err` with the reason when the engine cannot vouch for the

@@ -367,6 +367,7 @@ impl Lib {
             max_retire: 100,
             planned: None,
             first: None,
+            scope: None,
             skip_fleet_summary: false,
         }
     }

@@ -94,7 +94,7 @@ impl crate::store::seam::Engine for Postgres {
 
     /// In one read-only transaction: one snapshot for every statement.
     fn read_scope(&self, host_id: &str) -> Result<crate::store::scope::Scope> {
-        self.in_one_snapshot(|tx, label| scope::load(tx, label, host_id))
+        self.in_one_snapshot(|tx, label| scope::load(tx, label, host_id, &[]))
     }
 
     /// In one read-only snapshot: the rows, the snapshot, the server and

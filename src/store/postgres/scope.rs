@@ -17,8 +17,14 @@ use std::collections::BTreeSet;
 
 const TABLE: &str = crate::store::registry::TABLE;
 
-/// This host's scope, on `client` (inside the caller's snapshot).
-pub fn load(client: &mut impl GenericClient, label: &str, host_id: &str) -> Result<Scope> {
+/// This host's scope, on `client` (inside the caller's snapshot), with the
+/// rows of the identities `also` among the peers.
+pub fn load(
+    client: &mut impl GenericClient,
+    label: &str,
+    host_id: &str,
+    also: &[String],
+) -> Result<Scope> {
     let types = table_columns(client, TABLE, Store::Registry, label)?.unwrap_or_default();
     let type_of = |col: Col| {
         types
@@ -57,7 +63,8 @@ pub fn load(client: &mut impl GenericClient, label: &str, host_id: &str) -> Resu
             "cannot count this host's other rows",
         ))?
         .get(0);
-    let keys = PeerKeys::of(&own);
+    let mut keys = PeerKeys::of(&own);
+    keys.identities.extend(also.iter().cloned());
     let mut params: Vec<Box<dyn ToSql + Sync>> = vec![Box::new(host_id.to_string())];
     let mut any_status = Vec::new();
     let mut active_only = Vec::new();

@@ -27,7 +27,16 @@ pub fn load(path: &Path, host_id: &str) -> Result<Scope> {
     // One read transaction: the shared lock (or, in WAL mode, the
     // snapshot) its first read takes holds until COMMIT.
     conn.execute_batch("BEGIN").map_err(err)?;
-    let (present, list) = present_columns(&conn, path)?;
+    let scope = read_on(&conn, path, host_id, &[])?;
+    conn.execute_batch("COMMIT").map_err(err)?;
+    Ok(scope)
+}
+
+/// This host's scope on `conn`, inside the transaction the caller holds,
+/// with the rows of the identities `also` among the peers.
+pub fn read_on(conn: &Connection, path: &Path, host_id: &str, also: &[String]) -> Result<Scope> {
+    let err = Error::sqlite(Store::Registry, path, "cannot read this host's scope");
+    let (present, list) = present_columns(conn, path)?;
     for needed in [Col::HostId, Col::Status] {
         if !present.contains(&needed) {
             return Err(Error::Registry {
@@ -38,7 +47,7 @@ pub fn load(path: &Path, host_id: &str) -> Result<Scope> {
     }
     let select = |filter: &str| format!("SELECT rowid, {list} FROM {TABLE} WHERE {filter}");
     let own = read(
-        &conn,
+        conn,
         path,
         &present,
         &select("host_id = ?1 AND status = 'active' ORDER BY rowid"),
@@ -53,7 +62,8 @@ pub fn load(path: &Path, host_id: &str) -> Result<Scope> {
         .map_err(err)?;
     let own_rowids: BTreeSet<i64> = own.iter().map(|(id, _)| *id).collect();
     let own: Vec<Row> = own.into_iter().map(|(_, row)| row).collect();
-    let keys = PeerKeys::of(&own);
+    let mut keys = PeerKeys::of(&own);
+    keys.identities.extend(also.iter().cloned());
     let mut peers: BTreeMap<i64, Row> = BTreeMap::new();
     for (column, any_status_ok, set) in keys.columns() {
         let active_only = !any_status_ok;
@@ -77,14 +87,13 @@ pub fn load(path: &Path, host_id: &str) -> Result<Scope> {
                     ""
                 }
             );
-            for (rowid, row) in read(&conn, path, &present, &select(&filter), chunk)? {
+            for (rowid, row) in read(conn, path, &present, &select(&filter), chunk)? {
                 if !own_rowids.contains(&rowid) {
                     peers.entry(rowid).or_insert(row);
                 }
             }
         }
     }
-    conn.execute_batch("COMMIT").map_err(err)?;
     Ok(Scope {
         host_id: host_id.to_string(),
         own,
