@@ -172,6 +172,15 @@ fn can_make_hosts() -> bool {
 fn stores(dir: &Path, seed: u64) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
     let (registry, leases) = (dir.join("r.sqlite"), dir.join("l.sqlite"));
     common::registry(&registry, &rows(seed));
+    // A registry made otherwise gains the scope's indexes from the
+    // operator's step (docs/multi-host.md, "One host's scope").
+    let out = common::run(&[
+        "registry",
+        "versions",
+        "--registry",
+        registry.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
     common::leases(
         &leases,
         &SOME.map(|n| {
@@ -197,6 +206,16 @@ fn on_postgres(tag: &str) -> Option<(common::PgDb, tempfile::TempDir, String)> {
     fleet_retire::copy::copy(&registry, Some(&leases), &roles.owner).unwrap();
     db.grant_documented(&roles);
     Some((db, dir, roles.apply))
+}
+
+/// Run SQL on the SQLite registry at `registry`, as any other program would.
+fn sqlite_exec(registry: &Path) -> impl Fn(&str) + '_ {
+    move |sql| {
+        rusqlite::Connection::open(registry)
+            .unwrap()
+            .execute_batch(sql)
+            .unwrap()
+    }
 }
 
 fn seed() -> u64 {
@@ -397,12 +416,7 @@ fn a_scoped_apply_on_sqlite_retires_its_plan_whatever_other_hosts_write() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (registry, leases, profiles) = stores(dir.path(), seed());
-    let write = |sql: &str| {
-        rusqlite::Connection::open(&registry)
-            .unwrap()
-            .execute_batch(sql)
-            .unwrap();
-    };
+    let write = sqlite_exec(&registry);
     a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
         (&registry, &leases, &profiles),
         dir.path(),
@@ -426,4 +440,79 @@ fn a_scoped_apply_on_postgres_retires_its_plan_whatever_other_hosts_write() {
         dir.path(),
         &write,
     );
+}
+
+/// A scoped read trusts no index it did not make: one missing, one of
+/// another shape (other columns; over an expression) is named in the error,
+/// with the step that makes it; plan without --scope still runs.
+fn an_index_not_ours_stops_the_scoped_plan(stores: (&Path, &Path, &Path), ddl: &dyn Fn(&str)) {
+    let cases = [
+        (
+            "DROP INDEX fleet_retire_scope_pid",
+            "fleet_retire_scope_pid is missing",
+        ),
+        (
+            "CREATE INDEX fleet_retire_scope_pid ON worker_registrations (pid, status)",
+            "fleet_retire_scope_pid is not ours",
+        ),
+        (
+            "DROP INDEX fleet_retire_scope_session",
+            "fleet_retire_scope_session is missing",
+        ),
+        (
+            "CREATE INDEX fleet_retire_scope_session ON worker_registrations (lower(session_id)) \
+             WHERE status = 'active'",
+            "fleet_retire_scope_session is not ours",
+        ),
+    ];
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+    ];
+    let scoped = [&args[..], &["--scope", "host"]].concat();
+    for (sql, named) in cases {
+        ddl(sql);
+        let out = run_as(HOSTS[0], &scoped, stores);
+        assert_eq!(out.status.code(), Some(1), "{sql}: {}", common::text(&out));
+        let text = common::text(&out);
+        assert!(text.contains(named), "{sql}: {text}");
+        assert!(text.contains("registry versions"), "{sql}: {text}");
+        let whole = run_as(HOSTS[0], &args, stores);
+        assert!(whole.status.success(), "{}", common::text(&whole));
+    }
+}
+
+#[test]
+fn an_index_not_ours_stops_the_scoped_plan_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let ddl = sqlite_exec(&registry);
+    an_index_not_ours_stops_the_scoped_plan((&registry, &leases, &profiles), &ddl);
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn an_index_not_ours_stops_the_scoped_plan_on_postgres() {
+    let Some((db, dir, url)) = on_postgres("host_scope_index") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    // As the tables' owner: only it may make or drop their indexes.
+    let owner = db.documented_roles().owner;
+    let ddl = |sql: &str| {
+        ::postgres::Client::connect(&owner, ::postgres::NoTls)
+            .unwrap()
+            .batch_execute(sql)
+            .unwrap()
+    };
+    an_index_not_ours_stops_the_scoped_plan((url, url, &profiles), &ddl);
 }

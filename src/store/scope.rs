@@ -161,6 +161,49 @@ pub fn integer_form(key: &str) -> Option<i64> {
     (f.is_finite() && f.fract() == 0.0 && f.abs() < 9.2e18).then_some(f as i64)
 }
 
+/// The indexes a scoped read goes through, each: its name, its columns,
+/// and whether it holds only active rows (`status = 'active'`, the only
+/// rows a peer of those kinds can be). `worker_identity` is the table's
+/// key. Made by `registry create`, `registry copy`, `registry versions`
+/// and the first apply's bookkeeping install; checked before every scoped
+/// read (a missing one, or one of another shape, is named, never trusted).
+pub const INDEXES: [(&str, &str, bool); 6] = [
+    ("fleet_retire_scope_host", "host_id, status", false),
+    ("fleet_retire_scope_session", "session_id", true),
+    ("fleet_retire_scope_generation", "generation_id", true),
+    ("fleet_retire_scope_process", "process_identity", true),
+    ("fleet_retire_scope_pid", "pid", true),
+    ("fleet_retire_scope_instance", "client_instance_id", true),
+];
+
+/// The statement that creates one of [`INDEXES`] when it does not exist
+/// (SQL both engines read alike; `CONCURRENTLY` is PostgreSQL's, outside
+/// any transaction).
+pub fn index_sql(name: &str, columns: &str, active_only: bool, concurrently: bool) -> String {
+    format!(
+        "CREATE INDEX {}IF NOT EXISTS {name} ON {} ({columns}){}",
+        if concurrently { "CONCURRENTLY " } else { "" },
+        crate::store::registry::TABLE,
+        if active_only {
+            " WHERE status = 'active'"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Why an index of ours is not to be trusted, in words for the operator:
+/// `found` is what the engine holds under its name (`None`: nothing).
+pub fn index_words(name: &str, found: Option<&str>, expected: &str, fix: &str) -> String {
+    match found {
+        None => format!("the index {name} is missing ({fix})"),
+        Some(found) => format!(
+            "the index {name} is not ours: it is `{found}` where `{expected}` is expected \
+             (drop it, then {fix})"
+        ),
+    }
+}
+
 /// The error a scoped read gives when the registry cannot be read through
 /// its scope: what was found, and the way out.
 pub fn unreadable_scope(why: &str) -> String {

@@ -10,7 +10,9 @@ use super::read::read_filtered;
 use super::schema::table_columns;
 use crate::error::{Error, Result, Store};
 use crate::row::Col;
-use crate::store::scope::{integer_form, unreadable_scope, PeerKeys, Scope};
+use crate::store::scope::{
+    index_sql, index_words, integer_form, unreadable_scope, PeerKeys, Scope, INDEXES,
+};
 use postgres::types::ToSql;
 use postgres::GenericClient;
 use std::collections::BTreeSet;
@@ -42,6 +44,12 @@ pub fn load(
                 )),
             });
         }
+    }
+    if let Some(why) = index_problem(client, label)? {
+        return Err(Error::Registry {
+            shown: label.to_string(),
+            message: unreadable_scope(&why),
+        });
     }
     let own = read_filtered(
         client,
@@ -137,4 +145,121 @@ fn bound(data_type: &str, keys: &BTreeSet<String>) -> (Box<dyn ToSql + Sync>, &'
             "text",
         ),
     }
+}
+
+/// Create the scope's indexes the registry lacks, each only when the table
+/// has its columns: inside the caller's transaction (`registry copy`, whose
+/// tables are new), or `concurrently`, each in a transaction of its own,
+/// writers never held up (`registry versions`); how many were made.
+pub fn create_indexes(
+    client: &mut impl GenericClient,
+    label: &str,
+    concurrently: bool,
+) -> Result<usize> {
+    let columns = table_columns(client, TABLE, Store::Registry, label)?.unwrap_or_default();
+    let existing = ours(client, label)?;
+    let mut made = 0;
+    for (name, cols, active_only) in INDEXES {
+        let has = cols
+            .split(", ")
+            .all(|c| columns.iter().any(|(n, _)| n == c));
+        if has && !existing.iter().any(|(n, _, _)| n == name) {
+            client
+                .batch_execute(&index_sql(name, cols, active_only, concurrently))
+                .map_err(Error::postgres(
+                    Store::Registry,
+                    label,
+                    "cannot make the host scope's indexes (as the tables' owner)",
+                ))?;
+            made += 1;
+        }
+    }
+    Ok(made)
+}
+
+/// The indexes on the registry whose names are ours: name, definition as
+/// the server prints it, and whether it is valid (a `CONCURRENTLY` build
+/// that failed leaves an invalid one).
+fn ours(client: &mut impl GenericClient, label: &str) -> Result<Vec<(String, String, bool)>> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT c.relname::text, pg_catalog.pg_get_indexdef(i.indexrelid), i.indisvalid \
+                 FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid \
+                 WHERE i.indrelid = '{TABLE}'::regclass AND c.relname LIKE 'fleet\\_retire\\_scope\\_%'"
+            ),
+            &[],
+        )
+        .map_err(Error::postgres(
+            Store::Registry,
+            label,
+            "cannot read the registry's indexes",
+        ))?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+/// Why the scope's indexes cannot be trusted: one missing, invalid, or
+/// not of our shape (other columns, an expression, an operator class or
+/// collation, another condition, another method), or no valid unique
+/// index on `worker_identity` alone. `None` when all are ours.
+pub fn index_problem(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
+    let fix = "make them as the tables' owner with `fleet-retire registry versions --registry URL`";
+    let schema: String = client
+        .query_one(
+            "SELECT pg_catalog.quote_ident(pg_catalog.current_schema())",
+            &[],
+        )
+        .map_err(Error::postgres(
+            Store::Registry,
+            label,
+            "cannot read the schema",
+        ))?
+        .get(0);
+    let found = ours(client, label)?;
+    for (name, cols, active_only) in INDEXES {
+        let expected = format!(
+            "CREATE INDEX {name} ON {schema}.{TABLE} USING btree ({cols}){}",
+            if active_only {
+                " WHERE (status = 'active'::text)"
+            } else {
+                ""
+            }
+        );
+        match found.iter().find(|(n, _, _)| n == name) {
+            Some((_, def, true)) if *def == expected => {}
+            Some((_, def, valid)) => {
+                let def = if *valid {
+                    def.clone()
+                } else {
+                    format!("{def} (invalid: a build that did not finish)")
+                };
+                return Ok(Some(index_words(name, Some(&def), &expected, fix)));
+            }
+            None => return Ok(Some(index_words(name, None, &expected, fix))),
+        }
+    }
+    let keyed: bool = client
+        .query_one(
+            &format!(
+                "SELECT count(*) > 0 FROM pg_catalog.pg_index i WHERE i.indrelid = '{TABLE}'::regclass \
+                 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL \
+                 AND i.indnatts = 1 AND i.indkey[0] = (SELECT attnum FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = '{TABLE}'::regclass AND attname = 'worker_identity')"
+            ),
+            &[],
+        )
+        .map_err(Error::postgres(
+            Store::Registry,
+            label,
+            "cannot read the registry's indexes",
+        ))?
+        .get(0);
+    Ok((!keyed).then(|| {
+        "no valid unique index on `worker_identity` alone (the table's key in every registry \
+         `fleet-retire registry copy` makes): rows of one identity could only be found by a scan"
+            .to_string()
+    }))
 }

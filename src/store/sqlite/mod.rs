@@ -5,6 +5,7 @@ pub mod held;
 pub mod leases;
 pub mod read;
 pub mod scope;
+pub mod scope_index;
 pub mod versions;
 pub mod worker;
 

@@ -6,6 +6,7 @@
 //! active rows (`store::registry::SCOPE_INDEXES`).
 
 use super::read::{open_read_only, present_columns, value_from_sql};
+use super::scope_index::{create_indexes, index_problem};
 use crate::error::{Error, Result, Store};
 use crate::row::{Col, Row};
 use crate::store::scope::{stored_forms, unreadable_scope, PeerKeys, Scope};
@@ -37,13 +38,17 @@ pub fn load(path: &Path, host_id: &str) -> Result<Scope> {
 pub fn read_on(conn: &Connection, path: &Path, host_id: &str, also: &[String]) -> Result<Scope> {
     let err = Error::sqlite(Store::Registry, path, "cannot read this host's scope");
     let (present, list) = present_columns(conn, path)?;
+    let refused = |why: String| Error::Registry {
+        shown: crate::store::location::label(path),
+        message: unreadable_scope(&why),
+    };
     for needed in [Col::HostId, Col::Status] {
         if !present.contains(&needed) {
-            return Err(Error::Registry {
-                shown: crate::store::location::label(path),
-                message: unreadable_scope(&format!("it has no `{}` column", needed.name())),
-            });
+            return Err(refused(format!("it has no `{}` column", needed.name())));
         }
+    }
+    if let Some(why) = index_problem(conn).map_err(err)? {
+        return Err(refused(why));
     }
     let select = |filter: &str| format!("SELECT rowid, {list} FROM {TABLE} WHERE {filter}");
     let own = read(
@@ -142,4 +147,21 @@ fn read(
         out.push((rowid, row));
     }
     Ok(out)
+}
+
+/// `registry versions` on a SQLite registry: the scope's indexes it lacks,
+/// made in one write transaction; whether any was made.
+pub fn install_indexes(path: &Path) -> Result<bool> {
+    let conn = super::worker::open_existing(path)?;
+    let err = Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot make the host scope's indexes",
+    );
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(err)?;
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(err)?;
+    let made = create_indexes(&conn).map_err(err)?;
+    conn.execute_batch("COMMIT").map_err(err)?;
+    Ok(made > 0)
 }
