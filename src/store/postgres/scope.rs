@@ -19,6 +19,17 @@ use std::collections::BTreeSet;
 
 const TABLE: &str = crate::store::registry::TABLE;
 
+/// Parameters of a statement, each of the type its column compares with.
+type Params = Vec<Box<dyn ToSql + Sync>>;
+
+/// This host's active rows (`$1`: the host).
+const OWN: &str = " WHERE host_id = $1 AND status = 'active'";
+
+/// This host's other rows, counted (an index-only scan).
+fn count_sql() -> String {
+    format!("SELECT count(*) FROM {TABLE} WHERE host_id = $1 AND status IS DISTINCT FROM 'active'")
+}
+
 /// This host's scope, on `client` (inside the caller's snapshot), with the
 /// rows of the identities `also` among the peers.
 pub fn load(
@@ -27,44 +38,10 @@ pub fn load(
     host_id: &str,
     also: &[String],
 ) -> Result<Scope> {
-    let types = table_columns(client, TABLE, Store::Registry, label)?.unwrap_or_default();
-    let type_of = |col: Col| {
-        types
-            .iter()
-            .find(|(n, _)| n == col.name())
-            .map(|(_, t)| t.as_str())
-    };
-    for needed in [Col::HostId, Col::Status] {
-        if !matches!(type_of(needed), Some("text" | "character varying")) {
-            return Err(Error::Registry {
-                shown: label.to_string(),
-                message: unreadable_scope(&format!(
-                    "its `{}` column is missing or not text",
-                    needed.name()
-                )),
-            });
-        }
-    }
-    if let Some(why) = index_problem(client, label)? {
-        return Err(Error::Registry {
-            shown: label.to_string(),
-            message: unreadable_scope(&why),
-        });
-    }
-    let own = read_filtered(
-        client,
-        label,
-        " WHERE host_id = $1 AND status = 'active'",
-        &[&host_id],
-    )?;
+    let types = checked(client, label)?;
+    let own = read_filtered(client, label, OWN, &[&host_id])?;
     let terminal: i64 = client
-        .query_one(
-            &format!(
-                "SELECT count(*) FROM {TABLE} WHERE host_id = $1 \
-                 AND status IS DISTINCT FROM 'active'"
-            ),
-            &[&host_id],
-        )
+        .query_one(&count_sql(), &[&host_id])
         .map_err(Error::postgres(
             Store::Registry,
             label,
@@ -73,48 +50,123 @@ pub fn load(
         .get(0);
     let mut keys = PeerKeys::of(&own);
     keys.identities.extend(also.iter().cloned());
-    let mut params: Vec<Box<dyn ToSql + Sync>> = vec![Box::new(host_id.to_string())];
-    let mut any_status = Vec::new();
-    let mut active_only = Vec::new();
-    for (column, any_status_ok, set) in keys.columns() {
-        let active = !any_status_ok;
-        let Some(data_type) = type_of(column).filter(|_| !set.is_empty()) else {
-            continue;
-        };
-        let (param, cast) = bound(data_type, set);
-        params.push(param);
-        let arm = format!(
-            "{} = ANY(${}::{cast}[])",
-            crate::store::quote_ident(column.name()),
-            params.len()
-        );
-        if active {
-            active_only.push(arm);
-        } else {
-            any_status.push(arm);
+    let peers = match peer_filter(host_id, &keys, &types) {
+        None => Vec::new(),
+        Some((filter, params)) => {
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref()).collect();
+            read_filtered(client, label, &filter, &refs)?
         }
-    }
-    if !active_only.is_empty() {
-        any_status.push(format!(
-            "(status = 'active' AND ({}))",
-            active_only.join(" OR ")
-        ));
-    }
-    let peers = if any_status.is_empty() {
-        Vec::new()
-    } else {
-        let filter = format!(
-            " WHERE (host_id = $1 AND status = 'active') IS NOT TRUE AND ({})",
-            any_status.join(" OR ")
-        );
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref()).collect();
-        read_filtered(client, label, &filter, &refs)?
     };
     Ok(Scope {
         host_id: host_id.to_string(),
         own,
         peers,
         terminal: terminal.max(0) as u64,
+    })
+}
+
+/// The server's plan of each of the scoped read's three statements, run
+/// (`EXPLAIN (ANALYZE, BUFFERS)`), as [`load`] runs them but selecting
+/// `*`: this host's rows, the count of its others, the peers (absent when
+/// there is no key to match). For the tests and the benchmark that hold
+/// the read to its bound.
+pub fn explain(client: &mut impl GenericClient, label: &str, host_id: &str) -> Result<Vec<String>> {
+    let types = checked(client, label)?;
+    let own = read_filtered(client, label, OWN, &[&host_id])?;
+    let keys = PeerKeys::of(&own);
+    let mut statements: Vec<(String, Params)> = vec![
+        (
+            format!("SELECT * FROM {TABLE}{OWN}"),
+            vec![Box::new(host_id.to_string())],
+        ),
+        (count_sql(), vec![Box::new(host_id.to_string())]),
+    ];
+    if let Some((filter, params)) = peer_filter(host_id, &keys, &types) {
+        statements.push((format!("SELECT * FROM {TABLE}{filter}"), params));
+    }
+    let mut plans = Vec::new();
+    for (sql, params) in statements {
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref()).collect();
+        let rows = client
+            .query(&format!("EXPLAIN (ANALYZE, BUFFERS) {sql}"), &refs)
+            .map_err(Error::postgres(
+                Store::Registry,
+                label,
+                "cannot explain the scoped read",
+            ))?;
+        let lines: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        plans.push(lines.join("\n"));
+    }
+    Ok(plans)
+}
+
+/// The registry's columns and types, once its scope can be read: `host_id`
+/// and `status` text, and the indexes ours.
+fn checked(client: &mut impl GenericClient, label: &str) -> Result<Vec<(String, String)>> {
+    let types = table_columns(client, TABLE, Store::Registry, label)?.unwrap_or_default();
+    let refused = |why: String| Error::Registry {
+        shown: label.to_string(),
+        message: unreadable_scope(&why),
+    };
+    for needed in [Col::HostId, Col::Status] {
+        if !types
+            .iter()
+            .any(|(n, t)| n == needed.name() && matches!(t.as_str(), "text" | "character varying"))
+        {
+            return Err(refused(format!(
+                "its `{}` column is missing or not text",
+                needed.name()
+            )));
+        }
+    }
+    if let Some(why) = index_problem(client, label)? {
+        return Err(refused(why));
+    }
+    Ok(types)
+}
+
+/// The peers' `WHERE` clause and its parameters (`$1`: the host), one arm
+/// per key column (`PeerKeys::columns`) that has keys, each served by an
+/// index; `None` when there is nothing to match.
+fn peer_filter(
+    host_id: &str,
+    keys: &PeerKeys,
+    types: &[(String, String)],
+) -> Option<(String, Params)> {
+    let mut params: Params = vec![Box::new(host_id.to_string())];
+    let mut arms = Vec::new();
+    for (column, any_status_ok, set) in keys.columns() {
+        let Some((_, data_type)) = types
+            .iter()
+            .find(|(n, _)| n == column.name())
+            .filter(|_| !set.is_empty())
+        else {
+            continue;
+        };
+        let (param, cast) = bound(data_type, set);
+        params.push(param);
+        // Each arm whole, `status` beside its key: the server then serves
+        // each from its own partial index and ORs the bitmaps (an arm
+        // nesting the keys under one `status = 'active'` was served by
+        // reading every active row).
+        let arm = format!(
+            "{}{} = ANY(${}::{cast}[])",
+            if any_status_ok {
+                ""
+            } else {
+                "status = 'active' AND "
+            },
+            crate::store::quote_ident(column.name()),
+            params.len()
+        );
+        arms.push(format!("({arm})"));
+    }
+    (!arms.is_empty()).then(|| {
+        let filter = format!(
+            " WHERE (host_id = $1 AND status = 'active') IS NOT TRUE AND ({})",
+            arms.join(" OR ")
+        );
+        (filter, params)
     })
 }
 
