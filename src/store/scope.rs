@@ -34,7 +34,8 @@
 //!
 //! Matching is by canonical text (docs/semantics.md §5), while an engine
 //! compares stored values: each key is offered in every storage class whose
-//! canonical text it could be (text, and the integer or real it parses as),
+//! canonical text it could be (text, the integer or real it parses as, the
+//! bytes whose `repr` it is),
 //! so the query fetches a superset of the rows that match. A superset is
 //! harmless: every peer fact joins on equal keys, so a row that shares none
 //! changes no verdict of this host's rows; it only costs a read.
@@ -134,11 +135,15 @@ impl PeerKeys {
 
 /// The values whose canonical text `key` could be, for an engine that
 /// compares stored values of any storage class (SQLite): the text itself,
-/// and the integer or the real it reads as. Python's `repr` of a real reads
-/// back as that very real, and an integral real's text as an integer.
+/// the integer or the real it reads as (Python's `repr` of a real reads
+/// back as that very real, and an integral real's text as an integer), and
+/// the bytes whose `repr` it is.
 pub fn stored_forms(key: &str) -> Vec<crate::value::Value> {
     use crate::value::Value;
     let mut forms = vec![Value::Text(key.into())];
+    if let Some(bytes) = bytes_of_repr(key) {
+        forms.push(Value::Blob(bytes.into()));
+    }
     if let Ok(i) = key.parse::<i64>() {
         forms.push(Value::Int(i));
     }
@@ -148,6 +153,35 @@ pub fn stored_forms(key: &str) -> Vec<crate::value::Value> {
         }
     }
     forms
+}
+
+/// The bytes whose canonical text (Python's `repr` of bytes: `b'…'`) is
+/// exactly `key`, if any.
+fn bytes_of_repr(key: &str) -> Option<Vec<u8>> {
+    let body = key.strip_prefix('b')?;
+    let quote = body.chars().next().filter(|q| *q == '\'' || *q == '"')?;
+    let inner = body.strip_prefix(quote)?.strip_suffix(quote)?;
+    let mut out = Vec::new();
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(u8::try_from(c).ok()?);
+            continue;
+        }
+        match chars.next()? {
+            '\\' => out.push(b'\\'),
+            't' => out.push(b'\t'),
+            'n' => out.push(b'\n'),
+            'r' => out.push(b'\r'),
+            'x' => {
+                let hex: String = chars.by_ref().take(2).collect();
+                out.push(u8::from_str_radix(&hex, 16).ok()?);
+            }
+            q => out.push(u8::try_from(q).ok()?),
+        }
+    }
+    // Only a text that is exactly the bytes' canonical text.
+    (crate::value::Val::Blob(&out).canon() == key).then_some(out)
 }
 
 /// The integers whose canonical text `key` could be, for a column of an
@@ -212,4 +246,40 @@ pub fn unreadable_scope(why: &str) -> String {
          is read then), or let `fleet-retire registry versions` / a newer `registry copy` \
          make the registry's indexes"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Val;
+
+    /// Every key is offered in each storage class whose canonical text it
+    /// is: a value of any class is found by its own canonical text.
+    #[test]
+    fn a_value_of_any_class_is_found_by_its_canonical_text() {
+        let values = [
+            Val::Int(42),
+            Val::Int(-7),
+            Val::Real(42.0),
+            Val::Real(1e23),
+            Val::Real(1e-5),
+            Val::Real(-0.0),
+            Val::Text("s-1"),
+            Val::Text("42"),
+            Val::Blob(b"ab'c\n\x00\\"),
+            Val::Blob(b"say \"hi\""),
+            Val::Blob(b"both ' and \""),
+        ];
+        for v in values {
+            let forms = stored_forms(&v.canon());
+            assert!(
+                forms.iter().any(|f| f.as_val() == v
+                    || (matches!(
+                        (f.as_val(), v),
+                        (Val::Int(_) | Val::Real(_), Val::Int(_) | Val::Real(_))
+                    ) && f.as_val().canon() == v.canon())),
+                "{v:?} not among {forms:?}"
+            );
+        }
+    }
 }
