@@ -1,8 +1,9 @@
-//! The scoped read's bound (issue 54): on PostgreSQL, one host's scoped
-//! read reads at most its own active rows and the peer rows their
-//! verdicts name, through the indexes, never by a sequential scan of the
-//! registry; shown by the server's own account of each statement
-//! (`EXPLAIN (ANALYZE, BUFFERS)`) and by the rows the plan says it read.
+//! The scoped read's bound (issue 54): one host's scoped read reads at
+//! most its own active rows and the peer rows their verdicts name, through
+//! the indexes, never by a sequential scan of the registry. On PostgreSQL
+//! shown by the server's own account of each statement (`EXPLAIN
+//! (ANALYZE, BUFFERS)`) and by the rows the plan says it read; on SQLite by
+//! its query plans (`EXPLAIN QUERY PLAN`) and the rows read.
 
 mod common;
 
@@ -150,4 +151,49 @@ fn a_hosts_scoped_read_reads_its_rows_and_their_peers_through_indexes() {
     let terminal = i64::from(ROWS / 100) - own;
     assert_eq!(plan["scope"]["terminal_rows"], terminal);
     assert!(bound * 20 < u64::from(ROWS), "{bound} of {ROWS} rows read");
+}
+
+#[test]
+fn a_hosts_scoped_read_reads_its_rows_and_their_peers_through_indexes_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("r.sqlite");
+    let out = common::run(&[
+        "registry",
+        "create",
+        "--registry",
+        registry.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let conn = rusqlite::Connection::open(&registry).unwrap();
+    let fill = FILL
+        .replace("lpad((i / 5)::text, 12, '0')", "printf('%012d', i / 5)")
+        .replace(
+            "FROM generate_series(1, 20000) i",
+            "FROM (WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 20000) \
+             SELECT i FROM s)",
+        );
+    conn.execute_batch(&fill).unwrap();
+    let (own, peers): (i64, i64) = conn
+        .query_row(BOUND, [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap();
+    assert!(own > 0 && peers > 0, "own {own}, peers {peers}");
+    drop(conn);
+    let plans = fleet_retire::store::sqlite::scope::explain(&registry, HOST).unwrap();
+    assert!(plans.len() >= 3, "{plans:#?}");
+    for plan in &plans {
+        eprintln!("{plan}");
+        assert!(
+            plan.lines().all(|l| !l.starts_with("SCAN")),
+            "a scan of the table:\n{plan}"
+        );
+    }
+    assert!(
+        plans[1].contains("COVERING INDEX fleet_retire_scope_host"),
+        "the count reads the index alone:\n{}",
+        plans[1]
+    );
+    let scope = fleet_retire::store::sqlite::scope::load(&registry, HOST).unwrap();
+    assert_eq!(scope.own.len() as i64, own);
+    assert_eq!(scope.peers.len() as i64, peers);
+    assert_eq!(scope.terminal as i64, i64::from(ROWS / 100) - own);
 }

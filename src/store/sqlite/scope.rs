@@ -21,6 +21,91 @@ const TABLE: &str = crate::store::registry::TABLE;
 /// Values bound per statement (well below SQLite's limit on parameters).
 const CHUNK: usize = 500;
 
+/// This host's active rows (`?1`: the host).
+const OWN: &str = "host_id = ?1 AND status = 'active' ORDER BY rowid";
+
+/// This host's other rows, counted on the index alone.
+const COUNT: &str =
+    "SELECT count(*) FROM worker_registrations WHERE host_id = ?1 AND status IS NOT 'active'";
+
+/// A statement selecting the rowid and the columns `list` of the rows
+/// `filter` names.
+fn select(list: &str, filter: &str) -> String {
+    format!("SELECT rowid, {list} FROM {TABLE} WHERE {filter}")
+}
+
+/// The peer statements for `keys`: per key column the table has (the
+/// table in `store/scope.rs`), its keys in every stored form, a few
+/// hundred a statement, each served by that column's index.
+fn peer_statements(list: &str, keys: &PeerKeys, present: &[Col]) -> Vec<(String, Vec<SqlValue>)> {
+    let mut out = Vec::new();
+    for (column, any_status_ok, set) in keys.columns() {
+        if set.is_empty() || !present.contains(&column) {
+            continue;
+        }
+        let forms: Vec<SqlValue> = set
+            .iter()
+            .flat_map(|k| stored_forms(k))
+            .map(sql_value)
+            .collect();
+        for chunk in forms.chunks(CHUNK) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("?{i}")).collect();
+            let filter = format!(
+                "{} IN ({}){}",
+                crate::store::quote_ident(column.name()),
+                marks.join(", "),
+                if any_status_ok {
+                    ""
+                } else {
+                    " AND status = 'active'"
+                }
+            );
+            out.push((select(list, &filter), chunk.to_vec()));
+        }
+    }
+    out
+}
+
+/// SQLite's plan (`EXPLAIN QUERY PLAN`) of every statement the scoped read
+/// of `host_id` runs, each as its lines: this host's rows, the count of its
+/// others, then the peer statements. For the test that holds the read to
+/// its indexes.
+pub fn explain(path: &Path, host_id: &str) -> Result<Vec<String>> {
+    let conn = open_read_only(path)?;
+    let err = Error::sqlite(Store::Registry, path, "cannot explain the scoped read");
+    let (present, list) = present_columns(&conn, path)?;
+    let own = read(
+        &conn,
+        path,
+        &present,
+        &select(&list, OWN),
+        &[SqlValue::Text(host_id.into())],
+    )?;
+    let own: Vec<Row> = own.into_iter().map(|(_, row)| row).collect();
+    let host = vec![SqlValue::Text(host_id.into())];
+    let mut statements = vec![
+        (select(&list, OWN), host.clone()),
+        (COUNT.to_string(), host),
+    ];
+    statements.extend(peer_statements(&list, &PeerKeys::of(&own), &present));
+    statements
+        .iter()
+        .map(|(sql, params)| {
+            let mut stmt = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .map_err(err)?;
+            let lines = stmt
+                .query_map(rusqlite::params_from_iter(params.iter()), |r| {
+                    r.get::<_, String>(3)
+                })
+                .map_err(err)?
+                .collect::<rusqlite::Result<Vec<String>>>()
+                .map_err(err)?;
+            Ok(lines.join("\n"))
+        })
+        .collect()
+}
+
 /// This host's scope, read-only, in one read transaction.
 pub fn load(path: &Path, host_id: &str) -> Result<Scope> {
     let conn = open_read_only(path)?;
@@ -50,52 +135,25 @@ pub fn read_on(conn: &Connection, path: &Path, host_id: &str, also: &[String]) -
     if let Some(why) = index_problem(conn).map_err(err)? {
         return Err(refused(why));
     }
-    let select = |filter: &str| format!("SELECT rowid, {list} FROM {TABLE} WHERE {filter}");
     let own = read(
         conn,
         path,
         &present,
-        &select("host_id = ?1 AND status = 'active' ORDER BY rowid"),
+        &select(&list, OWN),
         &[SqlValue::Text(host_id.into())],
     )?;
     let terminal: i64 = conn
-        .query_row(
-            &format!("SELECT count(*) FROM {TABLE} WHERE host_id = ?1 AND status IS NOT 'active'"),
-            [host_id],
-            |r| r.get(0),
-        )
+        .query_row(COUNT, [host_id], |r| r.get(0))
         .map_err(err)?;
     let own_rowids: BTreeSet<i64> = own.iter().map(|(id, _)| *id).collect();
     let own: Vec<Row> = own.into_iter().map(|(_, row)| row).collect();
     let mut keys = PeerKeys::of(&own);
     keys.identities.extend(also.iter().cloned());
     let mut peers: BTreeMap<i64, Row> = BTreeMap::new();
-    for (column, any_status_ok, set) in keys.columns() {
-        let active_only = !any_status_ok;
-        if set.is_empty() || !present.contains(&column) {
-            continue;
-        }
-        let forms: Vec<SqlValue> = set
-            .iter()
-            .flat_map(|k| stored_forms(k))
-            .map(sql_value)
-            .collect();
-        for chunk in forms.chunks(CHUNK) {
-            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("?{i}")).collect();
-            let filter = format!(
-                "{} IN ({}){}",
-                crate::store::quote_ident(column.name()),
-                marks.join(", "),
-                if active_only {
-                    " AND status = 'active'"
-                } else {
-                    ""
-                }
-            );
-            for (rowid, row) in read(conn, path, &present, &select(&filter), chunk)? {
-                if !own_rowids.contains(&rowid) {
-                    peers.entry(rowid).or_insert(row);
-                }
+    for (sql, params) in peer_statements(&list, &keys, &present) {
+        for (rowid, row) in read(conn, path, &present, &sql, &params)? {
+            if !own_rowids.contains(&rowid) {
+                peers.entry(rowid).or_insert(row);
             }
         }
     }
