@@ -1,6 +1,7 @@
 //! Shared helpers for integration tests: real SQLite files, the real binary.
 #![allow(dead_code)]
 
+pub mod hosts;
 pub mod interleave;
 pub mod patroni;
 pub mod pgproxy;
