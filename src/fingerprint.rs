@@ -272,6 +272,51 @@ pub struct SortedRows {
 /// they come (a few chunks exist at a time, never a second copy of the
 /// registry).
 pub fn registry_token(rows: &[Row]) -> (String, SortedRows) {
+    let order = sorted_order(rows);
+    let registry = digest_units("registryfp-v1", rows, &order, "registryfp");
+    (registry, SortedRows { order })
+}
+
+/// What every token of a host-scoped plan starts with (docs/semantics.md
+/// §17): such a token vouches for one host's scope, never the whole
+/// registry, and cannot be mistaken for the seed's.
+pub const HOST_SCOPE: &str = "host-scope:";
+
+/// The tokens of a host-scoped plan: the registry token over every row it
+/// read (this host's active rows and their peers), bound to the host and
+/// to the count of its other rows, and the candidate token over the rows
+/// `is_candidate` picks; both prefixed [`HOST_SCOPE`], and hashed under
+/// version tags of their own.
+pub fn scoped_tokens(
+    rows: &[Row],
+    host: &str,
+    terminal: u64,
+    is_candidate: impl Fn(usize) -> bool,
+) -> (String, String) {
+    let order = sorted_order(rows);
+    let scope = format!("{UNIT}{host}{UNIT}{terminal}");
+    let registry = digest_units(
+        &format!("host-scope-registryfp-v1{scope}"),
+        rows,
+        &order,
+        &format!("{HOST_SCOPE}registryfp"),
+    );
+    let chosen: Vec<u32> = order
+        .iter()
+        .copied()
+        .filter(|&i| is_candidate(i as usize))
+        .collect();
+    let candidate = digest_units(
+        &format!("host-scope-candidatefp-v1{scope}"),
+        rows,
+        &chosen,
+        &format!("{HOST_SCOPE}candidatefp"),
+    );
+    (registry, candidate)
+}
+
+/// The rows' positions in the order the tokens hash them.
+fn sorted_order(rows: &[Row]) -> Vec<u32> {
     let started = std::time::Instant::now();
     let sorted = sorted_by_serialization(rows.iter().collect());
     tracing::debug!(rows = rows.len(), elapsed = ?started.elapsed(), "tokens: rows sorted");
@@ -279,10 +324,7 @@ pub fn registry_token(rows: &[Row]) -> (String, SortedRows) {
     // index is its offset from the first).
     let index_of =
         |r: &Row| ((r as *const Row as usize - rows.as_ptr() as usize) / size_of::<Row>()) as u32;
-    let order: Vec<u32> = sorted.iter().map(|r| index_of(r)).collect();
-    drop(sorted);
-    let registry = digest_units("registryfp-v1", rows, &order, "registryfp");
-    (registry, SortedRows { order })
+    sorted.iter().map(|r| index_of(r)).collect()
 }
 
 impl SortedRows {

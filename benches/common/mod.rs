@@ -128,6 +128,7 @@ pub fn request_for(
         max_retire,
         planned: None,
         first: None,
+        scope: None,
         skip_fleet_summary: false,
         controller: None,
     }

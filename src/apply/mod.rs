@@ -25,6 +25,7 @@ mod moved;
 mod prejudge;
 mod report;
 pub mod residual;
+mod scoped;
 mod standing;
 mod verdicts;
 mod workers;
@@ -65,6 +66,10 @@ pub struct Request {
     /// tolerated (docs/apply.md). Without them the registry token must match
     /// exactly.
     pub planned: Option<std::sync::Arc<crate::plan::planned::PlannedRows>>,
+    /// The host whose scope the plan judged (`plan --scope host`): apply
+    /// then reads and judges that scope under its lock, and nothing else
+    /// (`scoped.rs`). `None`: the whole registry.
+    pub scope: Option<String>,
     /// Leave out the fleet after the apply (`post_apply`, `residual`): a
     /// snapshot of the whole registry, which `apply --all-batches` takes
     /// once at the end rather than after every batch.
@@ -393,6 +398,9 @@ fn install_versions_first(
 /// The refusals that need no store: the plan's policy set must be the one
 /// loaded, and something must be asked for.
 fn refuse_before_lock(req: &Request, ctx: &Context) -> Option<Report> {
+    if let Some(refused) = scoped::refuse_before_lock(req, ctx) {
+        return Some(refused);
+    }
     if req.policy_fingerprint != ctx.policies.fingerprint {
         return Some(Report::new(
             req,
@@ -672,6 +680,9 @@ fn judge_under_lock(
     active_leases: &[leases::Lease],
     report: &mut Report,
 ) -> std::result::Result<(crate::plan::Plan, Vec<usize>), Abort> {
+    if let Some(host) = t.req.scope.clone() {
+        return scoped::judge_scope(t, &host, active_leases, report);
+    }
     let why = match prejudged {
         Err(NotJudged::Unread(why)) => why,
         Err(NotJudged::Refused(refusal)) => match answer_outside(t, *refusal, report)? {

@@ -109,6 +109,10 @@ pub fn prejudge(
     ctx: &Context,
     fence_source: &mut dyn FenceSource,
 ) -> std::result::Result<Prejudged, NotJudged> {
+    if req.scope.is_some() {
+        // Its scope is small and read under the lock (`scoped.rs`).
+        return Err("a host-scoped plan is judged on its scope, under the lock".into());
+    }
     let engine = crate::store::open::engine(ctx.registry).map_err(|e| e.to_string())?;
     let (fence, active_leases) = leases::Fence::read(fence_source).map_err(|e| e.to_string())?;
     let (rows, versions) = engine

@@ -46,6 +46,7 @@ pub fn request_from_plan(path: &Path) -> Result<Request> {
     .with_planned(planned.map(std::sync::Arc::new))
     .map_err(err)?;
     req.canonical_repository = head.canonical_repository;
+    req.scope = head.scope;
     Ok(req)
 }
 

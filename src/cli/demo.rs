@@ -356,6 +356,7 @@ impl<'p> Demo<'p> {
             max_retire: 100,
             planned: None,
             first: None,
+            scope: None,
             skip_fleet_summary: false,
             controller: None,
         };

@@ -29,24 +29,41 @@ pub struct PlanArgs {
     /// first N preserved rows (default none).
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
+    /// `host`: read and judge only this host's active rows and the peer
+    /// rows their verdicts depend on, through the registry's indexes; its
+    /// tokens vouch for that scope alone (`host-scope:`). Without it, the
+    /// whole registry (docs/multi-host.md, "One host's scope").
+    #[arg(long, value_enum, value_name = "SCOPE")]
+    pub scope: Option<PlanScope>,
+}
+
+/// What a plan reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanScope {
+    /// This host's rows and their peers.
+    Host,
 }
 
 /// Gather evidence from the world and plan (for `plan` and `explain`).
 pub fn plan_from_world(store: &StoreArgs, policies: &Policies) -> Result<Plan> {
-    let canonical = store.canonical_repository.clone().ok_or_else(|| {
+    crate::plan::plan_from_files(
+        &store.registry,
+        &store.leases,
+        &store.proc_root,
+        canonical_of(store)?,
+        policies,
+    )
+}
+
+/// The expected repository binding, which a plan requires.
+fn canonical_of(store: &StoreArgs) -> Result<String> {
+    store.canonical_repository.clone().ok_or_else(|| {
         Error::input(
             About::Option("plan"),
             "the expected repository binding is not given: pass --canonical-repository \
              OWNER/REPO (or set FLEET_RETIRE_CANONICAL_REPOSITORY)",
         )
-    })?;
-    crate::plan::plan_from_files(
-        &store.registry,
-        &store.leases,
-        &store.proc_root,
-        canonical,
-        policies,
-    )
+    })
 }
 
 /// Run `plan`.
@@ -59,7 +76,16 @@ pub fn run(cli: &Cli, args: &PlanArgs) -> Result<ExitCode> {
         "planning: reading the registry and leases, judging every row",
     );
     let planning = std::time::Instant::now();
-    let plan = plan_from_world(&args.store, &policies)?;
+    let plan = match args.scope {
+        None => plan_from_world(&args.store, &policies)?,
+        Some(PlanScope::Host) => crate::plan::scoped::plan_scope_from_files(
+            &args.store.registry,
+            &args.store.leases,
+            &args.store.proc_root,
+            canonical_of(&args.store)?,
+            &policies,
+        )?,
+    };
     let planned_in = planning.elapsed();
     spinner.step(&format!(
         "planning: writing the plan of {} rows",

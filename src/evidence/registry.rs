@@ -20,3 +20,10 @@ pub use crate::store::sqlite::read::{
 pub fn load(location: &Path) -> Result<Vec<Row>> {
     crate::store::open::engine(location)?.read_registry()
 }
+
+/// Read the scope of host `host_id` at `location` (`store::scope`: its
+/// active rows, their peers, a count of its other rows), read-only, in one
+/// snapshot.
+pub fn load_scope(location: &Path, host_id: &str) -> Result<crate::store::scope::Scope> {
+    crate::store::open::engine(location)?.read_scope(host_id)
+}

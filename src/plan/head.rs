@@ -82,6 +82,26 @@ pub struct PlanHead {
     pub fencing_context: FencingContext,
     /// The candidates' identities, in registry order, as stored.
     pub candidate_worker_identities: Option<Vec<Json>>,
+    /// What a host-scoped plan read (`plan --scope host`); absent from a
+    /// plan of the whole registry, whose document stays the seed's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<ScopeHead>,
+}
+
+/// What a host-scoped plan read, in one snapshot (docs/semantics.md §17).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeHead {
+    /// `host`.
+    pub kind: String,
+    /// The host whose rows these are.
+    pub host_id: String,
+    /// Its active rows, read and judged (the plan's entries).
+    pub own_rows: usize,
+    /// The peer rows read for their verdicts (not judged for themselves).
+    pub peer_rows: usize,
+    /// Its rows of other statuses, counted and not read: none of them can
+    /// be a candidate.
+    pub terminal_rows: u64,
 }
 
 impl PlanHead {
@@ -102,6 +122,7 @@ impl PlanHead {
         "canonical_repository",
         "fencing_context",
         "candidate_worker_identities",
+        "scope",
     ];
 
     /// The members apply needs, checked; an error names the member and
@@ -131,7 +152,25 @@ impl PlanHead {
                     .map_err(|e| format!("`canonical_repository`: {e}"))
             })
             .transpose()?;
+        let scoped = [&self.registry_fingerprint, &self.candidate_fingerprint]
+            .iter()
+            .map(|t| {
+                t.as_deref()
+                    .is_some_and(|t| t.starts_with(crate::fingerprint::HOST_SCOPE))
+            })
+            .collect::<Vec<bool>>();
+        let scope = match (&self.scope, scoped.as_slice()) {
+            (Some(s), [true, true]) if s.kind == "host" => Some(s.host_id.clone()),
+            (None, [false, false]) => None,
+            _ => {
+                return Err("its `scope` and its tokens disagree (a host-scoped plan, \
+                            `plan --scope host`, has both a `scope` member and `host-scope:` \
+                            tokens; a plan of the whole registry has neither); plan again"
+                    .into())
+            }
+        };
         Ok(CheckedHead {
+            scope,
             registry_fingerprint: required(self.registry_fingerprint, "registry_fingerprint")?,
             candidate_fingerprint: required(self.candidate_fingerprint, "candidate_fingerprint")?,
             policy_fingerprint: required(self.policy_fingerprint, "policy_fingerprint")?,
@@ -154,6 +193,9 @@ pub struct CheckedHead {
     pub workers: Vec<String>,
     /// The repository binding the plan expected; never blank.
     pub canonical_repository: Option<String>,
+    /// The host whose scope a host-scoped plan judged (`plan --scope
+    /// host`); `None` for a plan of the whole registry.
+    pub scope: Option<String>,
 }
 
 #[cfg(test)]
@@ -162,7 +204,14 @@ mod tests {
 
     #[test]
     fn keys_are_the_members_in_written_order() {
-        let written = serde_json::to_value(PlanHead::default()).unwrap();
+        // `scope` is written only by a host-scoped plan.
+        let scoped = PlanHead {
+            scope: Some(ScopeHead::default()),
+            ..PlanHead::default()
+        };
+        let whole = serde_json::to_value(PlanHead::default()).unwrap();
+        assert!(whole.get("scope").is_none());
+        let written = serde_json::to_value(scoped).unwrap();
         let keys: Vec<&str> = written
             .as_object()
             .unwrap()

@@ -9,6 +9,7 @@ pub mod head;
 pub mod planned;
 pub mod render;
 pub mod saved;
+pub mod scoped;
 
 pub use render::Evidence;
 
@@ -142,6 +143,9 @@ pub struct Plan {
     pub stats: PlanStats,
     /// Rows registered on another host (counted once, beside the judging).
     other_host_rows: usize,
+    /// What a host-scoped plan read (`scoped.rs`); `None` for the whole
+    /// registry's.
+    pub scope: Option<head::ScopeHead>,
 }
 
 /// Ask Cedar about every row, in two stages. First each row on its own:
@@ -469,6 +473,7 @@ pub fn plan_with(
         facts,
         stats,
         other_host_rows,
+        scope: None,
     })
 }
 
@@ -635,6 +640,7 @@ impl Plan {
                 other_host_rows: self.other_host_rows(),
             },
             candidate_worker_identities: Some(candidates),
+            scope: self.scope.clone(),
         }
     }
 

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod entities;
 pub mod eval;
 pub mod memo;
+pub mod scope_check;
 
 use crate::error::{About, Error, Result};
 use crate::fingerprint::hex;

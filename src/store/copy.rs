@@ -368,6 +368,9 @@ pub fn copy(
     if pg::versions::supported(&mut tx, &label)? {
         pg::versions::install(&mut tx, &label)?;
     }
+    // The indexes a host's scoped read goes through (`store::scope`): the
+    // tables are new, so they are made here, in the copy's transaction.
+    pg::scope::create_indexes(&mut tx, &label, false)?;
     tx.commit().map_err(err("cannot commit the copy"))?;
     Ok(CopyReport {
         from: from.display().to_string(),

@@ -31,6 +31,7 @@ pub mod open;
 pub mod pgurl;
 pub mod postgres;
 pub mod registry;
+pub mod scope;
 pub mod seam;
 pub mod sqlite;
 

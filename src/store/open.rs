@@ -38,10 +38,8 @@ pub fn create_registry(location: &Path) -> Result<bool> {
 pub fn install_versions(location: &Path) -> Result<bool> {
     match Location::parse(location)? {
         Location::Postgres(url) => super::postgres::versions::install_checked(&url),
-        Location::Sqlite(_) => Err(Error::input(
-            About::Option("--registry"),
-            "`registry versions` is for a PostgreSQL registry (a postgres:// URL); a SQLite \
-             registry gains its row versions from `registry create` or its first apply",
-        )),
+        // A SQLite registry gains its row versions from `registry create`
+        // or its first apply; here, the host scope's indexes.
+        Location::Sqlite(path) => super::sqlite::scope::install_indexes(&path),
     }
 }

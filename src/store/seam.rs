@@ -5,7 +5,8 @@
 //! `store/` (`sqlite/`, `postgres/`) implementing them, and
 //! [`super::open::engine`] is the one place a location picks its engine.
 //!
-//! 1. Reading the registry: [`Engine::read_registry`].
+//! 1. Reading the registry: [`Engine::read_registry`], or one host's
+//!    scope of it, [`Engine::read_scope`].
 //! 2. Reading leases: [`Engine::read_leases`], and [`FenceSource`] for the
 //!    fence apply re-reads while it writes.
 //! 3. The guarded apply transaction: [`ApplyConnection`] and [`ApplyTx`],
@@ -34,6 +35,11 @@ pub trait Engine {
 
     /// Every registration, read-only, in one snapshot of the table.
     fn read_registry(&self) -> Result<Vec<Row>>;
+
+    /// This host's scope (`store::scope`: `plan --scope host`): its active
+    /// rows, the peer rows their verdicts depend on, and a count of its
+    /// other rows, read-only, in one snapshot.
+    fn read_scope(&self, host_id: &str) -> Result<super::scope::Scope>;
 
     /// Every lease row, read-only (never "no leases" for a store that
     /// cannot be read).
@@ -216,6 +222,12 @@ pub trait ApplyTx {
 
     /// The authoritative read of every registration.
     fn read_rows(&mut self) -> Result<Vec<Row>>;
+
+    /// The authoritative read of a host-scoped apply: host `host_id`'s
+    /// scope (`store::scope`), with every row of an identity in `also`
+    /// (any status) among its peers, so a requested worker retired since
+    /// is seen.
+    fn read_scope(&mut self, host_id: &str, also: &[String]) -> Result<super::scope::Scope>;
 
     /// The rows changed since `since` was read, as they stand now: each
     /// with its position in the rows read then (`None` for a row deleted

@@ -282,6 +282,7 @@ pub fn planned_request(
         max_retire: 100,
         planned: None,
         first: rng.chance(30).then_some(1),
+        scope: None,
         skip_fleet_summary: false,
         controller: None,
     };

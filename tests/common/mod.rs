@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod controller;
+pub mod hosts;
 pub mod interleave;
 pub mod patroni;
 pub mod pgproxy;
@@ -368,6 +369,7 @@ impl Lib {
             max_retire: 100,
             planned: None,
             first: None,
+            scope: None,
             skip_fleet_summary: false,
             controller: None,
         }

@@ -29,6 +29,7 @@ pub mod image;
 pub mod leases;
 mod read;
 mod schema;
+pub mod scope;
 pub mod shape;
 pub mod stall;
 pub mod tls;
@@ -90,6 +91,11 @@ impl crate::store::seam::Engine for Postgres {
     /// In one read-only transaction: one snapshot of the table.
     fn read_registry(&self) -> Result<Vec<Row>> {
         self.in_one_snapshot(|tx, label| read_registry(tx, label))
+    }
+
+    /// In one read-only transaction: one snapshot for every statement.
+    fn read_scope(&self, host_id: &str) -> Result<crate::store::scope::Scope> {
+        self.in_one_snapshot(|tx, label| scope::load(tx, label, host_id, &[]))
     }
 
     /// In one read-only snapshot: the rows, the snapshot, the server and

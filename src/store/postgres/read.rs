@@ -52,6 +52,26 @@ fn read_rows(
     label: &str,
     identities: Option<&[String]>,
 ) -> Result<Vec<Row>> {
+    match identities {
+        None => read_filtered(client, label, "", &[]),
+        Some(ids) => read_filtered(
+            client,
+            label,
+            " WHERE worker_identity::text = ANY($1)",
+            &[&ids],
+        ),
+    }
+}
+
+/// The registry's rows `filter` (a `WHERE` clause of ours, or nothing)
+/// selects with `params`, read and sorted as [`read_registry`] reads all
+/// of them.
+pub fn read_filtered(
+    client: &mut impl GenericClient,
+    label: &str,
+    filter: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>> {
     let table = crate::store::registry::TABLE;
     let existing = table_columns(client, table, Store::Registry, label)?.ok_or_else(|| {
         registry_error(
@@ -83,17 +103,12 @@ fn read_rows(
     // Sorted here, bytewise, rather than by the server: whatever the
     // database's collation, and without the server's sort in the way.
     let err = Error::postgres(Store::Registry, label, "cannot read the registry");
-    let mut stream = match identities {
-        None => client.query_raw(
-            &format!("SELECT {list} FROM {table}"),
-            std::iter::empty::<&(dyn ToSql + Sync)>(),
-        ),
-        Some(ids) => client.query_raw(
-            &format!("SELECT {list} FROM {table} WHERE worker_identity::text = ANY($1)"),
-            [&ids as &(dyn ToSql + Sync)],
-        ),
-    }
-    .map_err(err)?;
+    let mut stream = client
+        .query_raw(
+            &format!("SELECT {list} FROM {table}{filter}"),
+            params.iter().copied(),
+        )
+        .map_err(err)?;
     let mut rows = Vec::new();
     let mut batch = crate::store::batch::RowBatch::new(present.len());
     while let Some(r) = fallible_iterator::FallibleIterator::next(&mut stream).map_err(err)? {

@@ -465,7 +465,7 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
         ))?;
         tx.commit()
             .map_err(err(&label, "cannot commit the grants"))?;
-        return Ok(false);
+        return Ok(super::scope::create_indexes(&mut client, &label, true)? > 0);
     }
     if let Some(why) = super::untrusted_objects(&mut tx, &label)? {
         return Err(super::registry_error(&label, why));
@@ -489,6 +489,9 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
     }
     tx.commit()
         .map_err(err(&label, "cannot commit the install"))?;
+    // The host scope's indexes, each built without holding up the writers
+    // (`CREATE INDEX CONCURRENTLY`, outside any transaction).
+    super::scope::create_indexes(&mut client, &label, true)?;
     Ok(true)
 }
 

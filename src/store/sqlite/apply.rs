@@ -197,6 +197,10 @@ impl ApplyTx for Tx<'_> {
         super::read::read_rows(&self.tx, self.path)
     }
 
+    fn read_scope(&mut self, host_id: &str, also: &[String]) -> Result<crate::store::scope::Scope> {
+        super::scope::read_on(&self.tx, self.path, host_id, also)
+    }
+
     /// A SQLite registry file never holds the lease store's table.
     fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {
         // The rows judged must come from the file this transaction writes

@@ -5,6 +5,8 @@ pub mod controller;
 pub mod held;
 pub mod leases;
 pub mod read;
+pub mod scope;
+pub mod scope_index;
 pub mod versions;
 pub mod worker;
 
@@ -34,6 +36,10 @@ impl Engine for Sqlite {
 
     fn read_registry(&self) -> Result<Vec<Row>> {
         read::load(&self.path)
+    }
+
+    fn read_scope(&self, host_id: &str) -> Result<crate::store::scope::Scope> {
+        scope::load(&self.path, host_id)
     }
 
     fn read_leases(&self) -> Result<Vec<Lease>> {

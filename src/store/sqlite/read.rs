@@ -154,6 +154,13 @@ pub fn read_by_rowid(conn: &Connection, path: &Path, rowids: &[i64]) -> Result<V
         .collect()
 }
 
+/// The known registry columns the table has, in our order, and their list
+/// quoted for a SELECT (for `scope.rs`, which binds parameters).
+pub(super) fn present_columns(conn: &Connection, path: &Path) -> Result<(Vec<Col>, String)> {
+    let select = Select::of(conn, path)?;
+    Ok((select.present, select.list))
+}
+
 /// What a read selects: the known columns the table has, in our order.
 struct Select {
     present: Vec<Col>,

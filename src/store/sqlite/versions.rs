@@ -262,6 +262,9 @@ pub fn installed(conn: &Connection) -> rusqlite::Result<bool> {
 /// they are all there. Run inside a write transaction on a connection that
 /// may run triggers or not (creating them runs none).
 pub fn install(conn: &Connection) -> rusqlite::Result<()> {
+    // With the bookkeeping, the indexes a host's scoped read goes through
+    // (`store::scope`).
+    super::scope_index::create_indexes(conn)?;
     if installed(conn)? {
         return Ok(());
     }

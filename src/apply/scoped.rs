@@ -1,0 +1,144 @@
+//! Applying a host-scoped plan (`plan --scope host`): the same story as
+//! any apply (docs/semantics.md §10), with one step said differently.
+//! Under the lock, the authoritative read is this host's scope
+//! (`ApplyTx::read_scope`: its active rows, their peers, the requested
+//! workers' rows whatever their status) instead of the whole registry, and
+//! the re-plan is `plan::scoped::plan_scope`, held to the plan's scoped
+//! tokens. A write to a row outside the scope is never read, so it never
+//! moves them. Everything after the targets (the re-probe, the fence, the
+//! capability re-read, the guarded UPDATE, the effect check, COMMIT) is
+//! the one path every apply takes.
+//!
+//! The tolerance for what changed since the plan is narrower than the
+//! whole registry's (docs/semantics.md §17): heartbeats of this host's
+//! rows live then and now; a peer may change in any way that leaves this
+//! host's candidates and their rows exactly as planned (the candidate
+//! token, recomputed from the peers read now, must match); anything else
+//! refuses, plan again. A batch of a scoped plan after the first is
+//! refused too (its retired targets left the scope).
+
+use super::{refuse_if_all_retired, select_targets, Abort, Context, Outcome, Report, Request, Txn};
+use crate::evidence::leases::Lease;
+use crate::observe::RunFacts;
+use crate::plan::Plan;
+
+/// Before any store is opened: a scoped plan names this host (the kernel's
+/// node name), and scoped tokens come only with a scoped plan.
+pub(super) fn refuse_before_lock(req: &Request, ctx: &Context) -> Option<Report> {
+    let scoped_tokens = [&req.registry_fingerprint, &req.candidate_fingerprint]
+        .iter()
+        .any(|t| t.starts_with(crate::fingerprint::HOST_SCOPE));
+    let why = match &req.scope {
+        None if scoped_tokens => {
+            "these are a host-scoped plan's tokens (`host-scope:`), which vouch for one \
+             host's scope: apply the saved plan file itself (`apply PLAN.json`), which names \
+             the scope"
+                .to_string()
+        }
+        Some(host) => {
+            let facts = RunFacts::of_this_host(ctx.proc_root, None, &[]);
+            match crate::plan::scoped::this_host(&facts) {
+                Ok(mine) if mine == *host => return None,
+                Ok(mine) => format!(
+                    "the plan judged host {host:?}'s scope and this is host {mine:?}: a host \
+                     applies only its own scope's plan"
+                ),
+                Err(e) => e.to_string(),
+            }
+        }
+        None => return None,
+    };
+    Some(Report::new(req, Outcome::RegistryRevisionMoved, why))
+}
+
+/// Under the lock: read the scope, refuse a replay as any apply does, re-plan
+/// the scope, hold it to the plan's tokens, pick the targets.
+pub(super) fn judge_scope(
+    t: &mut Txn,
+    host: &str,
+    active_leases: &[Lease],
+    report: &mut Report,
+) -> std::result::Result<(Plan, Vec<usize>), Abort> {
+    let started = std::time::Instant::now();
+    let scope = t.tx.read_scope(host, &t.req.workers)?;
+    tracing::debug!(
+        elapsed = ?started.elapsed(),
+        own = scope.own.len(),
+        peers = scope.peers.len(),
+        "apply under the lock: host scope read"
+    );
+    report.read_under_lock = Some(super::ReadUnderLock {
+        scope: "host_scope",
+        rows: scope.own.len() + scope.peers.len(),
+        why: None,
+    });
+    // Every requested worker already retired (a replay): their rows are
+    // among the peers, read by identity.
+    let read: Vec<crate::row::Row> = scope.own.iter().chain(&scope.peers).cloned().collect();
+    refuse_if_all_retired(t.req, &read)?;
+    drop(read);
+    // The requested workers' positions among this host's active rows,
+    // which are the re-plan's entries (none of them retired: no refusal).
+    let by_identity = refuse_if_all_retired(t.req, &scope.own)?;
+    let facts = RunFacts::of_this_host(
+        t.ctx.proc_root,
+        t.req.canonical_repository.clone(),
+        active_leases,
+    );
+    let fresh = crate::plan::scoped::plan_scope(scope, facts, t.ctx.probe, t.ctx.policies)?;
+    hold_to_tokens(t.req, &fresh, report)?;
+    let targets = select_targets(t.req, &fresh, &by_identity, report)?
+        .into_iter()
+        .map(|e| e.index)
+        .collect();
+    Ok((fresh, targets))
+}
+
+/// The scope's tokens: the registry token equal, or differing only by
+/// heartbeats of this host's rows live then and now (given the plan's
+/// rows), or by peers; the candidate token equal.
+fn hold_to_tokens(req: &Request, fresh: &Plan, report: &mut Report) -> Result<(), Abort> {
+    let moved = |why: String| {
+        Abort::Refuse(
+            Outcome::RegistryRevisionMoved,
+            format!(
+                "this host's scope changed since the plan (now {}){why}; plan again",
+                fresh.registry_fingerprint
+            ),
+        )
+    };
+    if fresh.registry_fingerprint != req.registry_fingerprint {
+        let planned = req
+            .planned
+            .as_deref()
+            .filter(|p| p.registry_fingerprint == req.registry_fingerprint)
+            .ok_or_else(|| moved(String::new()))?;
+        let tolerance = planned
+            .tolerated(fresh)
+            .map_err(|w| moved(format!(": {w}")))?;
+        if let Some(first) = tolerance
+            .changed
+            .first()
+            .or(tolerance.retired_since_plan.first())
+        {
+            return Err(moved(format!(
+                ": {} of this host's rows were added, changed or retired (the first: {})",
+                tolerance.changed.len() + tolerance.retired_since_plan.len(),
+                crate::text::esc(first)
+            )));
+        }
+        report.heartbeats_tolerated = tolerance.heartbeats.len();
+        report.heartbeats_tolerated_workers = tolerance.heartbeats;
+    }
+    if fresh.candidate_fingerprint != req.candidate_fingerprint {
+        return Err(Abort::Refuse(
+            Outcome::CandidateSetMoved,
+            format!(
+                "the eligibility verdicts of this host's scope changed since the plan (now \
+                 {}); plan again",
+                fresh.candidate_fingerprint
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! A host's scope (`plan --scope host`, issue 54): the rows one host's plan
+//! reads, engine-neutral. Each engine's query is in its own folder
+//! (`sqlite/scope.rs`, `postgres/scope.rs`); what it must fetch is stated
+//! here, once.
+//!
+//! A host retires only its own rows, and only an active one (`status`
+//! exactly `active`) can be a candidate. Its scope is:
+//!
+//! * **its own rows**: `host_id` exactly this host's id (the kernel's node
+//!   name) and `status` exactly `active`, read whole;
+//! * **its other rows** (any other status, NULL included): counted through
+//!   the index, never read;
+//! * **the peer rows**, every row whose first-stage answers or presence a
+//!   verdict of its own rows depends on. The peer facts (`observe.rs`,
+//!   `PeerFacts` and `identity_row_count`; docs/semantics.md §17) and the
+//!   rows each needs:
+//!
+//!   | peer fact | rows it counts | fetched by |
+//!   | --- | --- | --- |
+//!   | `identity_row_count` | every row, any status, whose `worker_identity` has the same canonical text | `worker_identity` |
+//!   | `shared_identity_evidence`, kind `session_id` | rows the `hold_session_id` action permits, with the same session | `session_id`, active rows |
+//!   | … `generation_id` | … `hold_generation_id`, same generation | `generation_id`, active rows |
+//!   | … `process_identity` | … `hold_process_identity`, same given identity, or the `pid-<pid>` a row without one derives | `process_identity`; `pid` for the derived one |
+//!   | … `pid` | … `hold_pid`, same pid | `pid`, active rows |
+//!   | `slot_active_claimants`, `slot_occupants` | rows `claim_instance_slot` permits in the same (instance, namespace) slot, and of them those `occupy_instance_slot` permits | `client_instance_id`, active rows (a superset: every namespace of the instance) |
+//!   | lease protections | the active leases (read whole, as the seed's external token covers them all) | — |
+//!
+//! "Active rows" rests on the first stage's policies: a row holds evidence
+//! or claims a slot only when its status is exactly `active`. That is
+//! checked on the loaded policy set before a scoped read is trusted
+//! (`policy::scope_assumptions`), and a set that does not show it is refused
+//! for `--scope host`, so a policy that starts counting another row cannot
+//! quietly meet a query that does not fetch it.
+//!
+//! Matching is by canonical text (docs/semantics.md §5), while an engine
+//! compares stored values: each key is offered in every storage class whose
+//! canonical text it could be (text, the integer or real it parses as, the
+//! bytes whose `repr` it is),
+//! so the query fetches a superset of the rows that match. A superset is
+//! harmless: every peer fact joins on equal keys, so a row that shares none
+//! changes no verdict of this host's rows; it only costs a read.
+
+use crate::row::{Col, Row};
+use std::collections::BTreeSet;
+
+/// What one host's scoped read returned, in one snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// The host whose scope this is.
+    pub host_id: String,
+    /// Its active rows, in registry order.
+    pub own: Vec<Row>,
+    /// The peer rows (none of them one of `own`), in registry order.
+    pub peers: Vec<Row>,
+    /// Its rows that are not active, counted, not read.
+    pub terminal: u64,
+}
+
+/// The keys the peer query matches, each as canonical text (docs above).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerKeys {
+    /// `worker_identity` (rows of any status).
+    pub identities: BTreeSet<String>,
+    /// `session_id` (active rows).
+    pub sessions: BTreeSet<String>,
+    /// `generation_id` (active rows).
+    pub generations: BTreeSet<String>,
+    /// `process_identity` as given (active rows).
+    pub process_identities: BTreeSet<String>,
+    /// `pid` (active rows): the own rows' pids, and the pid of every
+    /// `pid-<pid>` process identity, which a row without a given one
+    /// derives from its pid.
+    pub pids: BTreeSet<String>,
+    /// `client_instance_id` of a named slot (active rows).
+    pub instances: BTreeSet<String>,
+}
+
+impl PeerKeys {
+    /// The keys of `own` (this host's active rows).
+    pub fn of(own: &[Row]) -> PeerKeys {
+        let mut keys = PeerKeys::default();
+        let put = |set: &mut BTreeSet<String>, text: String| {
+            if !text.is_empty() {
+                set.insert(text);
+            }
+        };
+        for row in own {
+            put(&mut keys.identities, row.get(Col::WorkerIdentity).canon());
+            put(&mut keys.sessions, row.get(Col::SessionId).canon());
+            put(&mut keys.generations, row.get(Col::GenerationId).canon());
+            put(&mut keys.pids, row.get(Col::Pid).canon());
+            let process = if row.get(Col::ProcessIdentity).truthy() {
+                row.get(Col::ProcessIdentity).canon()
+            } else if !row.get(Col::Pid).is_null() {
+                format!("pid-{}", row.get(Col::Pid).py_str())
+            } else {
+                String::new()
+            };
+            if let Some(pid) = process.strip_prefix("pid-") {
+                put(&mut keys.pids, pid.to_string());
+            }
+            put(&mut keys.process_identities, process);
+            let instance = row.get(Col::ClientInstanceId).canon();
+            if !row.get(Col::Namespace).canon().is_empty() {
+                put(&mut keys.instances, instance);
+            }
+        }
+        keys
+    }
+
+    /// Each key column the peer query matches, whether it matches rows of
+    /// any status (else active rows only), and the keys: the table above,
+    /// as both engines' queries read it.
+    pub fn columns(&self) -> [(Col, bool, &BTreeSet<String>); 6] {
+        [
+            (Col::WorkerIdentity, true, &self.identities),
+            (Col::SessionId, false, &self.sessions),
+            (Col::GenerationId, false, &self.generations),
+            (Col::ProcessIdentity, false, &self.process_identities),
+            (Col::Pid, false, &self.pids),
+            (Col::ClientInstanceId, false, &self.instances),
+        ]
+    }
+
+    /// Whether there is nothing to match.
+    pub fn is_empty(&self) -> bool {
+        self.identities.is_empty()
+            && self.sessions.is_empty()
+            && self.generations.is_empty()
+            && self.process_identities.is_empty()
+            && self.pids.is_empty()
+            && self.instances.is_empty()
+    }
+}
+
+/// The values whose canonical text `key` could be, for an engine that
+/// compares stored values of any storage class (SQLite): the text itself,
+/// the integer or the real it reads as (Python's `repr` of a real reads
+/// back as that very real, and an integral real's text as an integer), and
+/// the bytes whose `repr` it is.
+pub fn stored_forms(key: &str) -> Vec<crate::value::Value> {
+    use crate::value::Value;
+    let mut forms = vec![Value::Text(key.into())];
+    if let Some(bytes) = bytes_of_repr(key) {
+        forms.push(Value::Blob(bytes.into()));
+    }
+    if let Ok(i) = key.parse::<i64>() {
+        forms.push(Value::Int(i));
+    }
+    if let Ok(f) = key.parse::<f64>() {
+        if f.is_finite() {
+            forms.push(Value::Real(f));
+        }
+    }
+    forms
+}
+
+/// The bytes whose canonical text (Python's `repr` of bytes: `b'…'`) is
+/// exactly `key`, if any.
+fn bytes_of_repr(key: &str) -> Option<Vec<u8>> {
+    let body = key.strip_prefix('b')?;
+    let quote = body.chars().next().filter(|q| *q == '\'' || *q == '"')?;
+    let inner = body.strip_prefix(quote)?.strip_suffix(quote)?;
+    let mut out = Vec::new();
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(u8::try_from(c).ok()?);
+            continue;
+        }
+        match chars.next()? {
+            '\\' => out.push(b'\\'),
+            't' => out.push(b'\t'),
+            'n' => out.push(b'\n'),
+            'r' => out.push(b'\r'),
+            'x' => {
+                let hex: String = chars.by_ref().take(2).collect();
+                out.push(u8::from_str_radix(&hex, 16).ok()?);
+            }
+            q => out.push(u8::try_from(q).ok()?),
+        }
+    }
+    // Only a text that is exactly the bytes' canonical text.
+    (crate::value::Val::Blob(&out).canon() == key).then_some(out)
+}
+
+/// The integers whose canonical text `key` could be, for a column of an
+/// integer type (PostgreSQL's `pid`): the integer it reads as, or the
+/// integral real it reads as.
+pub fn integer_form(key: &str) -> Option<i64> {
+    if let Ok(i) = key.parse::<i64>() {
+        return Some(i);
+    }
+    let f = key.parse::<f64>().ok()?;
+    (f.is_finite() && f.fract() == 0.0 && f.abs() < 9.2e18).then_some(f as i64)
+}
+
+/// The indexes a scoped read goes through, each: its name, its columns,
+/// and whether it holds only active rows (`status = 'active'`, the only
+/// rows a peer of those kinds can be). `worker_identity` is the table's
+/// key. Made by `registry create`, `registry copy`, `registry versions`
+/// and the first apply's bookkeeping install; checked before every scoped
+/// read (a missing one, or one of another shape, is named, never trusted).
+pub const INDEXES: [(&str, &str, bool); 6] = [
+    ("fleet_retire_scope_host", "host_id, status", false),
+    ("fleet_retire_scope_session", "session_id", true),
+    ("fleet_retire_scope_generation", "generation_id", true),
+    ("fleet_retire_scope_process", "process_identity", true),
+    ("fleet_retire_scope_pid", "pid", true),
+    ("fleet_retire_scope_instance", "client_instance_id", true),
+];
+
+/// The statement that creates one of [`INDEXES`] when it does not exist
+/// (SQL both engines read alike; `CONCURRENTLY` is PostgreSQL's, outside
+/// any transaction).
+pub fn index_sql(name: &str, columns: &str, active_only: bool, concurrently: bool) -> String {
+    format!(
+        "CREATE INDEX {}IF NOT EXISTS {name} ON {} ({columns}){}",
+        if concurrently { "CONCURRENTLY " } else { "" },
+        crate::store::registry::TABLE,
+        if active_only {
+            " WHERE status = 'active'"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Why an index of ours is not to be trusted, in words for the operator:
+/// `found` is what the engine holds under its name (`None`: nothing).
+pub fn index_words(name: &str, found: Option<&str>, expected: &str, fix: &str) -> String {
+    match found {
+        None => format!("the index {name} is missing ({fix})"),
+        Some(found) => format!(
+            "the index {name} is not ours: it is `{found}` where `{expected}` is expected \
+             (drop it, then {fix})"
+        ),
+    }
+}
+
+/// The error a scoped read gives when the registry cannot be read through
+/// its scope: what was found, and the way out.
+pub fn unreadable_scope(why: &str) -> String {
+    format!(
+        "cannot be read by host scope: {why}. Plan without `--scope host` (the whole registry \
+         is read then), or let `fleet-retire registry versions` / a newer `registry copy` \
+         make the registry's indexes"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Val;
+
+    /// Every key is offered in each storage class whose canonical text it
+    /// is: a value of any class is found by its own canonical text.
+    #[test]
+    fn a_value_of_any_class_is_found_by_its_canonical_text() {
+        let values = [
+            Val::Int(42),
+            Val::Int(-7),
+            Val::Real(42.0),
+            Val::Real(1e23),
+            Val::Real(1e-5),
+            Val::Real(-0.0),
+            Val::Text("s-1"),
+            Val::Text("42"),
+            Val::Blob(b"ab'c\n\x00\\"),
+            Val::Blob(b"say \"hi\""),
+            Val::Blob(b"both ' and \""),
+        ];
+        for v in values {
+            let forms = stored_forms(&v.canon());
+            assert!(
+                forms.iter().any(|f| f.as_val() == v
+                    || (matches!(
+                        (f.as_val(), v),
+                        (Val::Int(_) | Val::Real(_), Val::Int(_) | Val::Real(_))
+                    ) && f.as_val().canon() == v.canon())),
+                "{v:?} not among {forms:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! `plan --scope host` (issue 54): every host's scoped plan is the
+//! whole-registry plan restricted to that host's active rows, verdict by
+//! verdict, and counts its other rows without reading them; an index the
+//! scoped read relies on that is not ours stops it. Hosts are simulated as
+//! `tests/multi_host.rs` does (`common::hosts`).
+
+mod common;
+
+use common::hosts::*;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// For every host: its scoped plan's entries are the whole plan's entries
+/// of its active rows, verdict by verdict (every reason code); it counts
+/// its other rows; its tokens are scoped and the whole plan's are not; and
+/// it reads fewer rows than the registry holds. Across the hosts, the
+/// verdicts compared have candidates and rest on every kind of peer fact.
+fn each_host_plans_its_scope_as_the_whole_plan_does(
+    registry: &Path,
+    leases: &Path,
+    profiles: &Path,
+    seed: u64,
+) {
+    let mut candidates = 0;
+    let mut reasons = std::collections::BTreeSet::new();
+    for host in HOSTS {
+        let whole = plan_as(host, registry, leases, profiles, false);
+        let scoped = plan_as(host, registry, leases, profiles, true);
+        let expected: BTreeMap<_, _> = entries(&whole)
+            .into_iter()
+            .filter(|(_, (_, h, s))| h == host && s == "active")
+            .collect();
+        let terminal = entries(&whole)
+            .values()
+            .filter(|(_, h, s)| h == host && s != "active")
+            .count();
+        let got = entries(&scoped);
+        let differ: Vec<_> = got
+            .keys()
+            .chain(expected.keys())
+            .filter(|k| got.get(*k) != expected.get(*k))
+            .map(|k| (k, got.get(k), expected.get(k)))
+            .collect();
+        assert!(differ.is_empty(), "host {host}, seed {seed}: {differ:?}");
+        assert_eq!(
+            scoped["scope"]["terminal_rows"],
+            json!(terminal),
+            "host {host}"
+        );
+        assert_eq!(scoped["scope"]["host_id"], json!(host));
+        for token in ["registry_fingerprint", "candidate_fingerprint"] {
+            assert!(scoped[token].as_str().unwrap().starts_with("host-scope:"));
+            assert!(!whole[token].as_str().unwrap().starts_with("host-scope:"));
+        }
+        candidates += scoped["candidate_count"].as_u64().unwrap();
+        reasons.extend(
+            entries(&scoped)
+                .into_values()
+                .flat_map(|(codes, _, _)| codes),
+        );
+        let read = scoped["scope"]["own_rows"].as_u64().unwrap()
+            + scoped["scope"]["peer_rows"].as_u64().unwrap();
+        assert!(
+            read < whole["assessed_count"].as_u64().unwrap(),
+            "host {host}"
+        );
+    }
+    assert!(
+        candidates > 0,
+        "the registry has candidates to compare (seed {seed}): {reasons:?}"
+    );
+    for peer_fact in [
+        "conflicting_identity_evidence",
+        "client_instance_conflict",
+        "protected_active_workflow_owner",
+    ] {
+        assert!(reasons.contains(peer_fact), "{peer_fact} in {reasons:?}");
+    }
+}
+
+#[test]
+fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    each_host_plans_its_scope_as_the_whole_plan_does(&registry, &leases, &profiles, seed());
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn every_hosts_scoped_plan_is_the_whole_plan_restricted_to_its_rows_on_postgres() {
+    let Some((_db, dir, url)) = on_postgres("host_scope") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    each_host_plans_its_scope_as_the_whole_plan_does(url, url, &profiles, seed());
+}
+
+/// A scoped read trusts no index it did not make: one missing, one of
+/// another shape (other columns; over an expression) is named in the error,
+/// with the step that makes it; plan without --scope still runs.
+fn an_index_not_ours_stops_the_scoped_plan(stores: (&Path, &Path, &Path), ddl: &dyn Fn(&str)) {
+    let cases = [
+        (
+            "DROP INDEX fleet_retire_scope_pid",
+            "fleet_retire_scope_pid is missing",
+        ),
+        (
+            "CREATE INDEX fleet_retire_scope_pid ON worker_registrations (pid, status)",
+            "fleet_retire_scope_pid is not ours",
+        ),
+        (
+            "DROP INDEX fleet_retire_scope_session",
+            "fleet_retire_scope_session is missing",
+        ),
+        (
+            "CREATE INDEX fleet_retire_scope_session ON worker_registrations (lower(session_id)) \
+             WHERE status = 'active'",
+            "fleet_retire_scope_session is not ours",
+        ),
+    ];
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+    ];
+    let scoped = [&args[..], &["--scope", "host"]].concat();
+    for (sql, named) in cases {
+        ddl(sql);
+        let out = run_as(HOSTS[0], &scoped, stores);
+        assert_eq!(out.status.code(), Some(1), "{sql}: {}", common::text(&out));
+        let text = common::text(&out);
+        assert!(text.contains(named), "{sql}: {text}");
+        assert!(text.contains("registry versions"), "{sql}: {text}");
+        let whole = run_as(HOSTS[0], &args, stores);
+        assert!(whole.status.success(), "{}", common::text(&whole));
+    }
+}
+
+#[test]
+fn an_index_not_ours_stops_the_scoped_plan_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let ddl = sqlite_exec(&registry);
+    an_index_not_ours_stops_the_scoped_plan((&registry, &leases, &profiles), &ddl);
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn an_index_not_ours_stops_the_scoped_plan_on_postgres() {
+    let Some((db, dir, url)) = on_postgres("host_scope_index") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    // As the tables' owner: only it may make or drop their indexes.
+    let owner = db.documented_roles().owner;
+    let ddl = |sql: &str| {
+        ::postgres::Client::connect(&owner, ::postgres::NoTls)
+            .unwrap()
+            .batch_execute(sql)
+            .unwrap()
+    };
+    an_index_not_ours_stops_the_scoped_plan((url, url, &profiles), &ddl);
+}

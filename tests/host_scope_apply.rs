@@ -1,0 +1,137 @@
+//! Applying a host-scoped plan (issue 54): the scope is read and judged
+//! again under the lock, a write to another host's rows outside it moves
+//! nothing, a replay is `already_retired`, and only the plan's host may
+//! apply it. Hosts are simulated as `tests/multi_host.rs` does
+//! (`common::hosts`).
+
+mod common;
+
+use common::hosts::*;
+use serde_json::Value;
+use std::path::Path;
+
+/// A row of host scope-b sharing no key with any other row: outside every
+/// other host's scope.
+const OUTSIDER: &str = "INSERT INTO worker_registrations (worker_identity, session_id, \
+    generation_id, pid, status, host_id, last_heartbeat_at) VALUES ('w-outsider', 's-outsider', \
+    'g-outsider', 999999999, 'active', 'scope-b', '2026-01-01T00:00:00Z')";
+const OUTSIDER_BEATS: &str = "UPDATE worker_registrations SET last_heartbeat_at = \
+    '2026-06-01T00:00:00Z', session_id = 's-outsider-2' WHERE worker_identity = 'w-outsider'";
+
+/// Host scope-a plans its scope and saves it; another host's row outside
+/// it is inserted and written; scope-a's scoped tokens do not move, and
+/// its apply of the saved plan retires exactly the plan's candidates,
+/// reading its scope under the lock; the same apply again is a replay.
+fn a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
+    stores: (&Path, &Path, &Path),
+    dir: &Path,
+    write: &dyn Fn(&str),
+) {
+    let host = HOSTS[0];
+    let saved = dir.join("plan.json");
+    let saved_arg = saved.to_str().unwrap();
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--scope",
+        "host",
+        "--out",
+        saved_arg,
+    ];
+    let out = run_as(host, &args, stores);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let candidates: Vec<String> = plan["candidate_worker_identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    assert!(!candidates.is_empty());
+    write(OUTSIDER);
+    write(OUTSIDER_BEATS);
+    let again = plan_as(host, stores.0, stores.1, stores.2, true);
+    for token in ["registry_fingerprint", "candidate_fingerprint"] {
+        assert_eq!(
+            again[token], plan[token],
+            "{token} moved by another host's row"
+        );
+    }
+    let apply = [
+        "apply",
+        saved_arg,
+        "--format",
+        "json",
+        "--max-retire",
+        "1000",
+    ];
+    let out = run_as(host, &apply, stores);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "applied", "{report}");
+    assert_eq!(report["read_under_lock"]["scope"], "host_scope", "{report}");
+    let mut retired: Vec<String> = report["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["worker_identity"].as_str().unwrap().to_string())
+        .collect();
+    retired.sort();
+    let mut expected = candidates.clone();
+    expected.sort();
+    assert_eq!(retired, expected);
+    // The same plan again: every requested worker is retired.
+    let out = run_as(host, &apply, stores);
+    let replay: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        replay["outcome"],
+        "already_retired",
+        "{}",
+        common::text(&out)
+    );
+    // Another host may not apply scope-a's plan.
+    let out = run_as(HOSTS[1], &apply, stores);
+    let elsewhere: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(elsewhere["outcome"], "registry_revision_moved");
+    assert!(
+        common::text(&out).contains("applies only its own scope"),
+        "{}",
+        common::text(&out)
+    );
+}
+
+#[test]
+fn a_scoped_apply_on_sqlite_retires_its_plan_whatever_other_hosts_write() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let write = sqlite_exec(&registry);
+    a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
+        (&registry, &leases, &profiles),
+        dir.path(),
+        &write,
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn a_scoped_apply_on_postgres_retires_its_plan_whatever_other_hosts_write() {
+    let Some((db, dir, url)) = on_postgres("host_scope_apply") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    let write = |sql: &str| db.client().batch_execute(sql).unwrap();
+    a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
+        (url, url, &profiles),
+        dir.path(),
+        &write,
+    );
+}
