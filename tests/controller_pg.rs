@@ -178,3 +178,55 @@ fn a_registry_with_the_controllers_tables_copies_to_postgres_and_a_controller_ru
         );
     }
 }
+
+/// Attack (review of issue 53): a role that may create tables in the
+/// registry's schema, but owns nothing of the fleet's, plants
+/// `fleet_retire_controller_leases` with exactly our columns and a
+/// trigger, before the first controller starts. Unchecked, the trigger
+/// runs as the controller's role at every renewal (here it records
+/// `current_user` in a table of the attacker's). The controller refuses
+/// to start, naming the foreign owner and the trigger, and the trigger
+/// never fires.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn a_planted_lease_table_with_a_trigger_is_refused_and_never_fires() {
+    let Some((stores, db)) = pg_stores("ctl_planted") else {
+        return;
+    };
+    let _workers: Vec<KillOnDrop> = (1..=1).map(|n| worker(&stores, n)).collect();
+    let role = format!("mallory_{}", std::process::id());
+    let mut c = db.client();
+    c.batch_execute(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN; \
+         GRANT CREATE ON SCHEMA public TO {role}; SET ROLE {role}; \
+         CREATE TABLE pwned (who text); GRANT INSERT ON pwned TO PUBLIC; \
+         CREATE TABLE fleet_retire_controller_leases (scope TEXT PRIMARY KEY, \
+           holder TEXT NOT NULL, term BIGINT NOT NULL, acquired_at_ms BIGINT NOT NULL, \
+           renewed_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL); \
+         GRANT SELECT, INSERT, UPDATE ON fleet_retire_controller_leases TO PUBLIC; \
+         CREATE FUNCTION public.steal() RETURNS trigger LANGUAGE plpgsql AS \
+           $$BEGIN INSERT INTO public.pwned VALUES (current_user); RETURN NEW; END$$; \
+         CREATE TRIGGER steal AFTER INSERT OR UPDATE ON fleet_retire_controller_leases \
+           FOR EACH ROW EXECUTE FUNCTION public.steal(); RESET ROLE"
+    ))
+    .unwrap();
+    let out = once(&stores, "controller-prgs", &["--dry-run"]);
+    let said = common::text(&out);
+    let pwned: i64 = c
+        .query_one("SELECT count(*) FROM pwned", &[])
+        .unwrap()
+        .get(0);
+    // As the fleet's owner would: drop the attacker's objects, then the role.
+    c.batch_execute(&format!("DROP OWNED BY {role} CASCADE; DROP ROLE {role}"))
+        .unwrap();
+    assert_eq!(
+        pwned, 0,
+        "the planted trigger ran as the controller: {said}"
+    );
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains(&format!("is owned by {role}")), "{said}");
+    assert!(said.contains("trigger steal"), "{said}");
+}

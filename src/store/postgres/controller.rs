@@ -109,6 +109,7 @@ impl Rows {
                 problems.extend(foreign_columns(table, cols, &found));
             }
         }
+        problems.extend(super::shape::controller_untrusted(&mut client, &label)?);
         if !problems.is_empty() {
             return Err(super::registry_error(&label, problems.join("; ")));
         }
@@ -241,6 +242,19 @@ pub fn holds(tx: &mut impl GenericClient, label: &str, stamp: &Stamp) -> Result<
     let (found, _) = shape_of(tx, LEASES, label)?;
     if found.is_empty() {
         return Ok(Some(format!("the registry holds no {LEASES} table")));
+    }
+    // Checked in every controller's apply, as the registry's own tables
+    // are: the budget and apply rows are written inside it.
+    let untrusted = super::shape::controller_untrusted(tx, label)?;
+    if !untrusted.is_empty() {
+        return Err(super::registry_error(
+            label,
+            format!(
+                "the controller's tables could run code of someone else's: {}. Nothing was \
+                 written; have the registry's owner drop them (the controller makes them anew)",
+                untrusted.join("; ")
+            ),
+        ));
     }
     let row = tx
         .query_opt(
