@@ -230,3 +230,85 @@ fn a_planted_lease_table_with_a_trigger_is_refused_and_never_fires() {
     assert!(said.contains(&format!("is owned by {role}")), "{said}");
     assert!(said.contains("trigger steal"), "{said}");
 }
+
+/// Attack (review of issue 53): the deposed leader frozen *between its
+/// last write and COMMIT* on PostgreSQL. Its apply has spent the budget
+/// (the budget row is locked to COMMIT) and waits to retire a row another
+/// session holds `FOR UPDATE`; it is frozen, the row is let go, so its
+/// write completes and the server waits on the frozen client, idle in
+/// transaction. The server must end that session after the lease's ttl
+/// (`idle_in_transaction_session_timeout`), so a dry-run controller takes
+/// the lease; thawed, the old leader commits nothing and says so
+/// (`transaction_failed`, or `outcome_unknown` then resolved as not
+/// committed), never `applied`.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn on_postgres_a_leader_frozen_before_commit_is_ended_by_the_server_and_commits_nothing() {
+    let Some((stores, db)) = pg_stores("ctl_precommit") else {
+        return;
+    };
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    install_versions(&stores);
+    let a = Controller::start(&stores, "a", &["--busy-timeout-ms", "60000"]);
+    wait_for(Duration::from_secs(20), "a to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == a.pid())
+    });
+    let mut locker = db.client();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("SELECT 1 FROM worker_registrations FOR UPDATE")
+        .unwrap();
+    kill_and_expire(&mut workers);
+    let mut probe = db.client();
+    wait_for(
+        Duration::from_secs(20),
+        "a's apply to spend its budget and wait",
+        || {
+            let spent: i64 = probe
+                .query_one(
+                    "SELECT count(*) FROM pg_catalog.pg_locks \
+                 WHERE locktype = 'transactionid' AND NOT granted",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            spent > 0
+        },
+    );
+    a.signal(Signal::SIGSTOP);
+    lock.rollback().unwrap();
+    let b = Controller::start(&stores, "b", &["--dry-run"]);
+    wait_for(Duration::from_secs(30), "b to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == b.pid())
+    });
+    a.signal(Signal::SIGCONT);
+    wait_for(Duration::from_secs(30), "a's apply to end", || {
+        a.outcomes().iter().any(|o| o != "idle")
+    });
+    let ended: Vec<String> = a.outcomes().into_iter().filter(|o| o != "idle").collect();
+    let said: Vec<String> = a
+        .lines()
+        .iter()
+        .filter(|l| l["fields"]["outcome"].as_str().is_some_and(|o| o != "idle"))
+        .map(|l| l["fields"]["message"].to_string())
+        .collect();
+    eprintln!("the leader frozen before COMMIT ended: {ended:?} {said:?}");
+    assert!(
+        ["transaction_failed", "outcome_unknown"].contains(&ended[0].as_str()),
+        "{ended:?}"
+    );
+    for n in 1..=2 {
+        assert_eq!(
+            status(&stores.registry, &format!("w-{n}")).as_deref(),
+            Some("active")
+        );
+    }
+    let applies: i64 = db
+        .client()
+        .query_one("SELECT count(*) FROM fleet_retire_controller_applies", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(applies, 0, "a deposed leader recorded an apply");
+}
