@@ -312,3 +312,58 @@ fn on_postgres_a_leader_frozen_before_commit_is_ended_by_the_server_and_commits_
         .get(0);
     assert_eq!(applies, 0, "a deposed leader recorded an apply");
 }
+
+/// Attack (review of issue 53): a controller frozen (SIGSTOP) inside its
+/// lease renewal's transaction, after the upsert has locked the lease row
+/// and before COMMIT (the window widened here by holding the budget table,
+/// which the renewal's second statement waits for). Before the fix the
+/// frozen session kept the lease row locked for as long as the process
+/// stayed frozen, so no other controller of the host could ever lead; and
+/// a controller whose connection the server had closed never led again.
+/// Now the server ends the idle renewal after the ttl, another leads, and
+/// the thawed one connects again and leads once that one is gone.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn on_postgres_a_leader_frozen_inside_its_renewal_does_not_hold_the_lease_for_ever() {
+    let Some((stores, db)) = pg_stores("ctl_renewal") else {
+        return;
+    };
+    let _workers: Vec<KillOnDrop> = (1..=1).map(|n| worker(&stores, n)).collect();
+    install_versions(&stores);
+    let a = Controller::start(&stores, "a", &[]);
+    wait_for(Duration::from_secs(20), "a to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == a.pid())
+    });
+    let mut locker = db.client();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE fleet_retire_controller_budgets IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let mut probe = db.client();
+    wait_for(Duration::from_secs(10), "a's renewal to wait", || {
+        probe
+            .query_one(
+                "SELECT count(*) FROM pg_catalog.pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                 AND query LIKE 'INSERT INTO fleet_retire_controller_budgets%'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            > 0
+    });
+    a.signal(Signal::SIGSTOP);
+    lock.rollback().unwrap();
+    let b = Controller::start(&stores, "b", &["--dry-run"]);
+    let took = wait_for(Duration::from_secs(20), "b to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == b.pid())
+    });
+    eprintln!("b led {took:?} after a froze inside its renewal");
+    a.signal(Signal::SIGCONT);
+    let mut cs = vec![b, a];
+    // b killed: the thawed a, its connection closed by the server while
+    // it was frozen, leads again.
+    kill_the_leader(&stores, &mut cs);
+}

@@ -28,6 +28,10 @@ const NOW_MS: &str =
 pub struct Rows {
     client: postgres::Client,
     label: String,
+    /// Where and how to connect again once the server closed the
+    /// connection (a failover, or an idle transaction ended by it).
+    url: PgUrl,
+    busy: Duration,
 }
 
 /// The columns of `table` in the session's schema (none when it is absent),
@@ -128,7 +132,22 @@ impl Rows {
                 ));
             }
         }
-        Ok(Rows { client, label })
+        Ok(Rows {
+            client,
+            label,
+            url: url.clone(),
+            busy,
+        })
+    }
+
+    /// The connection, opened again (and the tables checked again) when
+    /// the server closed it: without this a controller whose connection
+    /// broke once would never lead again.
+    fn live(&mut self) -> Result<()> {
+        if self.client.is_closed() {
+            *self = Rows::open(&self.url, self.busy)?;
+        }
+        Ok(())
     }
 
     fn err(&self, doing: &'static str) -> impl Fn(postgres::Error) -> Error + '_ {
@@ -146,6 +165,7 @@ impl ControllerRows for Rows {
         ttl: Duration,
         bucket: Bucket,
     ) -> Result<Acquired> {
+        self.live()?;
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
         let label = self.label.clone();
         let err = |doing| Error::postgres(Store::Registry, &label, doing);
@@ -153,6 +173,14 @@ impl ControllerRows for Rows {
             .client
             .transaction()
             .map_err(err("cannot begin the controller's lease"))?;
+        // The upsert locks the lease row to COMMIT: a process frozen
+        // before COMMIT must not keep every other controller from taking
+        // it, so the server ends this transaction once idle for the ttl.
+        tx.execute(
+            "SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', $1, true)",
+            &[&ttl_ms.to_string()],
+        )
+        .map_err(err("cannot bound an idle transaction"))?;
         let row = tx
             .query_opt(&upsert_sql(), &[&scope, &holder, &ttl_ms])
             .map_err(err("cannot write the controller's lease"))?;
@@ -188,6 +216,7 @@ impl ControllerRows for Rows {
     }
 
     fn release(&mut self, scope: &str, holder: &str, term: i64) -> Result<bool> {
+        self.live()?;
         let n = self
             .client
             .execute(
@@ -202,6 +231,7 @@ impl ControllerRows for Rows {
     }
 
     fn budget(&mut self, scope: &str, bucket: Bucket) -> Result<f64> {
+        self.live()?;
         let row = self
             .client
             .query_opt(
@@ -217,6 +247,7 @@ impl ControllerRows for Rows {
     /// The newest stamp of the change record (`versions`), which every
     /// write to the registry or audit table moves; `None` without one.
     fn change_signal(&mut self) -> Result<Option<String>> {
+        self.live()?;
         let (found, _) = shape_of(&mut self.client, super::versions::CHANGES, &self.label)?;
         if found.is_empty() {
             return Ok(None);
