@@ -355,3 +355,36 @@ fn a_trigger_on_the_controllers_lease_table_is_refused_before_any_lease_write() 
     assert_ne!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("trigger \"retire_all\""), "{said}");
 }
+
+/// Attack (review of issue 53): the same trigger planted while a
+/// controller runs, on UPDATE, then SIGTERM at once: its next renewal or
+/// its release at exit would run it. Neither may: the release checks
+/// under the write lock as a renewal does.
+#[test]
+fn a_trigger_planted_while_it_runs_never_fires_at_renewal_or_release() {
+    let stores = stores();
+    let _w = worker_with_ttl(&stores, 1, 600);
+    wait_for(Duration::from_secs(10), "the worker to register", || {
+        status(&stores.registry, "w-1").is_some()
+    });
+    let c = Controller::start(&stores, "c", &[]);
+    wait_for(Duration::from_secs(10), "c to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == c.pid())
+    });
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch(
+        "CREATE TRIGGER retire_all AFTER UPDATE ON fleet_retire_controller_leases \
+         BEGIN UPDATE worker_registrations SET status = 'retired'; END;",
+    )
+    .unwrap();
+    c.signal(Signal::SIGTERM);
+    let mut c = c;
+    let _ = c.child.0.wait();
+    assert_eq!(
+        status(&stores.registry, "w-1").as_deref(),
+        Some("active"),
+        "{:?}",
+        c.lines()
+    );
+}
