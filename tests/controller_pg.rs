@@ -347,7 +347,7 @@ fn on_postgres_a_leader_frozen_inside_its_renewal_does_not_hold_the_lease_for_ev
             .query_one(
                 "SELECT count(*) FROM pg_catalog.pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                 AND query LIKE 'INSERT INTO fleet_retire_controller_budgets%'",
+                 AND query LIKE '%FROM fleet_retire_controller_budgets WHERE%'",
                 &[],
             )
             .unwrap()
@@ -366,4 +366,58 @@ fn on_postgres_a_leader_frozen_inside_its_renewal_does_not_hold_the_lease_for_ev
     // b killed: the thawed a, its connection closed by the server while
     // it was frozen, leads again.
     kill_the_leader(&stores, &mut cs);
+}
+
+/// Attack (review of issue 53): a controller's own apply that holds the
+/// budget row (spent, to COMMIT) for longer than the renew deadline, here
+/// waiting 4 s for a worker row another session holds `FOR UPDATE`. Its
+/// renewals must go on meanwhile ("renewals never conflict with its
+/// applies"). Before the fix every renewal's budget upsert waited for that
+/// row and failed, so the controller cancelled its own apply.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn on_postgres_renewals_go_on_while_the_leaders_own_apply_holds_the_budget() {
+    let Some((stores, db)) = pg_stores("ctl_renew_apply") else {
+        return;
+    };
+    let mut workers: Vec<KillOnDrop> = (1..=2).map(|n| worker(&stores, n)).collect();
+    install_versions(&stores);
+    let a = Controller::start(&stores, "a", &["--busy-timeout-ms", "60000"]);
+    wait_for(Duration::from_secs(20), "a to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == a.pid())
+    });
+    let mut locker = db.client();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("SELECT 1 FROM worker_registrations FOR UPDATE")
+        .unwrap();
+    kill_and_expire(&mut workers);
+    let mut probe = db.client();
+    wait_for(
+        Duration::from_secs(20),
+        "a's apply to wait for a row",
+        || {
+            probe
+                .query_one(
+                    "SELECT count(*) FROM pg_catalog.pg_locks \
+                 WHERE locktype = 'transactionid' AND NOT granted",
+                    &[],
+                )
+                .unwrap()
+                .get::<_, i64>(0)
+                > 0
+        },
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    lock.rollback().unwrap();
+    wait_for(Duration::from_secs(20), "a's apply to end", || {
+        a.outcomes().iter().any(|o| o != "idle")
+    });
+    let ended: Vec<String> = a.outcomes().into_iter().filter(|o| o != "idle").collect();
+    assert_eq!(ended[0], "applied", "{ended:?}");
+    assert!(!a.lines().iter().any(|l| l["fields"]["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("cannot reach the controller lease"))));
 }

@@ -87,7 +87,7 @@ fn upsert_sql() -> String {
                 THEN l.acquired_at_ms ELSE EXCLUDED.renewed_at_ms END, \
          renewed_at_ms = EXCLUDED.renewed_at_ms, expires_at_ms = EXCLUDED.expires_at_ms \
          WHERE l.holder = EXCLUDED.holder OR l.expires_at_ms <= EXCLUDED.renewed_at_ms \
-         RETURNING term, expires_at_ms, renewed_at_ms"
+         RETURNING term, expires_at_ms, renewed_at_ms, acquired_at_ms = renewed_at_ms"
     )
 }
 
@@ -197,7 +197,28 @@ impl ControllerRows for Rows {
             });
         };
         let (term, expires_at_ms, now): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        // A renewal writes nothing here: only a new term takes the budget.
+        // Only a new term (acquired now) takes the budget. A renewal must
+        // not even try: an upsert locks the conflicting row whatever its
+        // WHERE says, so it would wait for the controller's own apply,
+        // which holds the budget row to COMMIT, and fail to renew.
+        let new_term: bool = row.get(3);
+        // A plain read waits for no lock: the budget row is there (the
+        // usual case) unless someone removed it since this term began.
+        let budgeted = tx
+            .query_opt(
+                &format!("SELECT 1 FROM {BUDGETS} WHERE scope = $1"),
+                &[&scope],
+            )
+            .map_err(err("cannot read the controller's budget"))?
+            .is_some();
+        if !new_term && budgeted {
+            tx.commit()
+                .map_err(err("cannot commit the controller's lease"))?;
+            return Ok(Acquired::Leading {
+                term,
+                expires_at_ms,
+            });
+        }
         tx.execute(
             &format!(
                 "INSERT INTO {BUDGETS} AS b (scope, term, budget_tokens, budget_at_ms) \
