@@ -321,3 +321,70 @@ fn a_hand_apply_beside_the_controllers_tables_works_and_has_no_term() {
         .unwrap();
     assert_eq!(terms, vec![None, None]);
 }
+
+/// Attack (review of issue 53): someone who may write the registry file
+/// plants the controller's lease table, its columns exactly ours, with a
+/// trigger that retires every worker. The controller's lease writes (made
+/// every retry period, even in a dry run) would run it outside apply's
+/// guard, with no audit row. The controller refuses the lease write and
+/// retires nothing.
+#[test]
+fn a_trigger_on_the_controllers_lease_table_is_refused_before_any_lease_write() {
+    let stores = stores();
+    let _w = worker(&stores, 1);
+    wait_for(Duration::from_secs(10), "the worker to register", || {
+        status(&stores.registry, "w-1").is_some()
+    });
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE fleet_retire_controller_leases (scope TEXT PRIMARY KEY, \
+           holder TEXT NOT NULL, term BIGINT NOT NULL, acquired_at_ms BIGINT NOT NULL, \
+           renewed_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL); \
+         CREATE TRIGGER retire_all AFTER INSERT ON fleet_retire_controller_leases \
+         BEGIN UPDATE worker_registrations SET status = 'retired'; END;",
+    )
+    .unwrap();
+    drop(conn);
+    let out = once(&stores, "controller-prgs", &["--dry-run"]);
+    let said = text(&out);
+    assert_eq!(
+        status(&stores.registry, "w-1").as_deref(),
+        Some("active"),
+        "{said}"
+    );
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("trigger \"retire_all\""), "{said}");
+}
+
+/// Attack (review of issue 53): the same trigger planted while a
+/// controller runs, on UPDATE, then SIGTERM at once: its next renewal or
+/// its release at exit would run it. Neither may: the release checks
+/// under the write lock as a renewal does.
+#[test]
+fn a_trigger_planted_while_it_runs_never_fires_at_renewal_or_release() {
+    let stores = stores();
+    let _w = worker_with_ttl(&stores, 1, 600);
+    wait_for(Duration::from_secs(10), "the worker to register", || {
+        status(&stores.registry, "w-1").is_some()
+    });
+    let c = Controller::start(&stores, "c", &[]);
+    wait_for(Duration::from_secs(10), "c to lead", || {
+        leader(&stores.registry).is_some_and(|(p, _)| p == c.pid())
+    });
+    let conn = rusqlite::Connection::open(&stores.registry).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch(
+        "CREATE TRIGGER retire_all AFTER UPDATE ON fleet_retire_controller_leases \
+         BEGIN UPDATE worker_registrations SET status = 'retired'; END;",
+    )
+    .unwrap();
+    c.signal(Signal::SIGTERM);
+    let mut c = c;
+    let _ = c.child.0.wait();
+    assert_eq!(
+        status(&stores.registry, "w-1").as_deref(),
+        Some("active"),
+        "{:?}",
+        c.lines()
+    );
+}

@@ -324,3 +324,60 @@ fn a_tick_runs_when_a_kept_heartbeat_expires() {
     eprintln!("retired {took:?} after registering with a 3 s TTL");
     assert!(took < Duration::from_secs(8), "{took:?}");
 }
+
+/// Attack (review of issue 53): the brake holds a mass death for a
+/// heartbeat TTL (6 s here), and the host goes blind (its `/proc` cannot
+/// be read) for longer than that. When it sees again, the held rows must
+/// wait a full TTL more ("visibility regained restarts every grace
+/// period", issue 53 §4): the workers could not be seen meanwhile either.
+/// Before the fix the first tick that saw again retired them at once.
+#[test]
+fn a_brake_held_through_blindness_waits_a_full_ttl_after_sight_returns() {
+    const WORKER_TTL: Duration = Duration::from_secs(6);
+    let stores = stores();
+    let mut workers: Vec<KillOnDrop> = (1..=12).map(|n| worker_with_ttl(&stores, n, 6)).collect();
+    for w in &mut workers {
+        w.0.kill().unwrap();
+        w.0.wait().unwrap();
+    }
+    std::thread::sleep(WORKER_TTL + Duration::from_millis(200));
+    // A `/proc` we can take away: a symlink swapped for a directory
+    // holding only the host's name and boot id.
+    let proc_root = stores.dir.path().join("proc");
+    let blind = stores.dir.path().join("blind");
+    for file in ["sys/kernel/hostname", "sys/kernel/random/boot_id"] {
+        let to = blind.join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(Path::new("/proc").join(file), &to).unwrap();
+    }
+    std::os::unix::fs::symlink("/proc", &proc_root).unwrap();
+    let root = proc_root.display().to_string();
+    let c = Controller::start(&stores, "c", &["--proc-root", &root]);
+    wait_for(Duration::from_secs(10), "the brake", || {
+        c.outcomes().iter().any(|o| o == "braked")
+    });
+    let swap = stores.dir.path().join("swap");
+    std::os::unix::fs::symlink(&blind, &swap).unwrap();
+    std::fs::rename(&swap, &proc_root).unwrap();
+    std::thread::sleep(WORKER_TTL + Duration::from_secs(3));
+    assert!(
+        c.outcomes().iter().any(|o| o == "blind"),
+        "{:?}",
+        c.outcomes()
+    );
+    std::os::unix::fs::symlink("/proc", &swap).unwrap();
+    std::fs::rename(&swap, &proc_root).unwrap();
+    let regained = std::time::Instant::now();
+    wait_for(Duration::from_secs(40), "the workers to be retired", || {
+        (1..=12).all(|n| status(&stores.registry, &format!("w-{n}")).as_deref() == Some("retired"))
+    });
+    let after = regained.elapsed();
+    let outcomes = c.outcomes();
+    let last_blind = outcomes.iter().rposition(|o| o == "blind").unwrap();
+    assert_eq!(
+        outcomes[last_blind + 1],
+        "braked",
+        "the first tick that saw again retired ({after:?} after sight returned): {outcomes:?}"
+    );
+    assert!(after >= WORKER_TTL, "{after:?}: {outcomes:?}");
+}

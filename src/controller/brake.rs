@@ -22,6 +22,9 @@ const DEFAULT_TTL: Duration = Duration::from_secs(900);
 pub struct Brake {
     prev_active: Option<usize>,
     held: Option<Held>,
+    /// A tick could not see since the brake engaged: its grace period
+    /// restarts at the next tick that sees.
+    blinded: bool,
 }
 
 struct Held {
@@ -35,7 +38,13 @@ impl Brake {
     pub fn allow(&mut self, plan: &Plan, candidates: &[String], fraction: f64) -> Vec<String> {
         let active = active_here(plan);
         let base = self.prev_active.replace(active).unwrap_or(active);
-        if let Some(held) = &self.held {
+        if let Some(held) = &mut self.held {
+            if std::mem::take(&mut self.blinded) {
+                // Visibility regained: the rows' workers could not be
+                // seen either, so a full heartbeat TTL from now.
+                held.since = Instant::now();
+                return Vec::new();
+            }
             if held.since.elapsed() < held.wait {
                 return Vec::new();
             }
@@ -69,6 +78,12 @@ impl Brake {
     }
 
     /// Whether it holds rows back now.
+    /// A tick could not see (`/proc`, the registry, the lease store, the
+    /// clock): a held brake's grace period restarts once it sees again.
+    pub fn blinded(&mut self) {
+        self.blinded = self.held.is_some();
+    }
+
     pub fn engaged(&self) -> bool {
         self.held.is_some()
     }

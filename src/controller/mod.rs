@@ -309,6 +309,9 @@ fn timed_tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> tick::Ende
             | "transaction_failed"
             | "outcome_unknown"
     );
+    if !sees {
+        run.brake.blinded();
+    }
     if sees {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -28,6 +28,10 @@ const NOW_MS: &str =
 pub struct Rows {
     client: postgres::Client,
     label: String,
+    /// Where and how to connect again once the server closed the
+    /// connection (a failover, or an idle transaction ended by it).
+    url: PgUrl,
+    busy: Duration,
 }
 
 /// The columns of `table` in the session's schema (none when it is absent),
@@ -83,7 +87,7 @@ fn upsert_sql() -> String {
                 THEN l.acquired_at_ms ELSE EXCLUDED.renewed_at_ms END, \
          renewed_at_ms = EXCLUDED.renewed_at_ms, expires_at_ms = EXCLUDED.expires_at_ms \
          WHERE l.holder = EXCLUDED.holder OR l.expires_at_ms <= EXCLUDED.renewed_at_ms \
-         RETURNING term, expires_at_ms, renewed_at_ms"
+         RETURNING term, expires_at_ms, renewed_at_ms, acquired_at_ms = renewed_at_ms"
     )
 }
 
@@ -109,6 +113,7 @@ impl Rows {
                 problems.extend(foreign_columns(table, cols, &found));
             }
         }
+        problems.extend(super::shape::controller_untrusted(&mut client, &label)?);
         if !problems.is_empty() {
             return Err(super::registry_error(&label, problems.join("; ")));
         }
@@ -127,7 +132,22 @@ impl Rows {
                 ));
             }
         }
-        Ok(Rows { client, label })
+        Ok(Rows {
+            client,
+            label,
+            url: url.clone(),
+            busy,
+        })
+    }
+
+    /// The connection, opened again (and the tables checked again) when
+    /// the server closed it: without this a controller whose connection
+    /// broke once would never lead again.
+    fn live(&mut self) -> Result<()> {
+        if self.client.is_closed() {
+            *self = Rows::open(&self.url, self.busy)?;
+        }
+        Ok(())
     }
 
     fn err(&self, doing: &'static str) -> impl Fn(postgres::Error) -> Error + '_ {
@@ -145,6 +165,7 @@ impl ControllerRows for Rows {
         ttl: Duration,
         bucket: Bucket,
     ) -> Result<Acquired> {
+        self.live()?;
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
         let label = self.label.clone();
         let err = |doing| Error::postgres(Store::Registry, &label, doing);
@@ -152,6 +173,14 @@ impl ControllerRows for Rows {
             .client
             .transaction()
             .map_err(err("cannot begin the controller's lease"))?;
+        // The upsert locks the lease row to COMMIT: a process frozen
+        // before COMMIT must not keep every other controller from taking
+        // it, so the server ends this transaction once idle for the ttl.
+        tx.execute(
+            "SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', $1, true)",
+            &[&ttl_ms.to_string()],
+        )
+        .map_err(err("cannot bound an idle transaction"))?;
         let row = tx
             .query_opt(&upsert_sql(), &[&scope, &holder, &ttl_ms])
             .map_err(err("cannot write the controller's lease"))?;
@@ -168,7 +197,28 @@ impl ControllerRows for Rows {
             });
         };
         let (term, expires_at_ms, now): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        // A renewal writes nothing here: only a new term takes the budget.
+        // Only a new term (acquired now) takes the budget. A renewal must
+        // not even try: an upsert locks the conflicting row whatever its
+        // WHERE says, so it would wait for the controller's own apply,
+        // which holds the budget row to COMMIT, and fail to renew.
+        let new_term: bool = row.get(3);
+        // A plain read waits for no lock: the budget row is there (the
+        // usual case) unless someone removed it since this term began.
+        let budgeted = tx
+            .query_opt(
+                &format!("SELECT 1 FROM {BUDGETS} WHERE scope = $1"),
+                &[&scope],
+            )
+            .map_err(err("cannot read the controller's budget"))?
+            .is_some();
+        if !new_term && budgeted {
+            tx.commit()
+                .map_err(err("cannot commit the controller's lease"))?;
+            return Ok(Acquired::Leading {
+                term,
+                expires_at_ms,
+            });
+        }
         tx.execute(
             &format!(
                 "INSERT INTO {BUDGETS} AS b (scope, term, budget_tokens, budget_at_ms) \
@@ -187,6 +237,7 @@ impl ControllerRows for Rows {
     }
 
     fn release(&mut self, scope: &str, holder: &str, term: i64) -> Result<bool> {
+        self.live()?;
         let n = self
             .client
             .execute(
@@ -201,6 +252,7 @@ impl ControllerRows for Rows {
     }
 
     fn budget(&mut self, scope: &str, bucket: Bucket) -> Result<f64> {
+        self.live()?;
         let row = self
             .client
             .query_opt(
@@ -216,6 +268,7 @@ impl ControllerRows for Rows {
     /// The newest stamp of the change record (`versions`), which every
     /// write to the registry or audit table moves; `None` without one.
     fn change_signal(&mut self) -> Result<Option<String>> {
+        self.live()?;
         let (found, _) = shape_of(&mut self.client, super::versions::CHANGES, &self.label)?;
         if found.is_empty() {
             return Ok(None);
@@ -241,6 +294,19 @@ pub fn holds(tx: &mut impl GenericClient, label: &str, stamp: &Stamp) -> Result<
     let (found, _) = shape_of(tx, LEASES, label)?;
     if found.is_empty() {
         return Ok(Some(format!("the registry holds no {LEASES} table")));
+    }
+    // Checked in every controller's apply, as the registry's own tables
+    // are: the budget and apply rows are written inside it.
+    let untrusted = super::shape::controller_untrusted(tx, label)?;
+    if !untrusted.is_empty() {
+        return Err(super::registry_error(
+            label,
+            format!(
+                "the controller's tables could run code of someone else's: {}. Nothing was \
+                 written; have the registry's owner drop them (the controller makes them anew)",
+                untrusted.join("; ")
+            ),
+        ));
     }
     let row = tx
         .query_opt(

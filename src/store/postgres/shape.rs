@@ -331,3 +331,77 @@ fn columns_of_foreign_types(
         ))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
+
+/// Why the controller's tables (`store::controller`), where they exist,
+/// could run code of someone else's as whoever writes them, one phrase
+/// each; empty when each is absent or plainly ours. The controller writes
+/// its lease every retry period and its budget inside apply's transaction,
+/// so a table of our name that another role made (its owner can add a
+/// trigger at any time, run as the controller's role: issue 50's rule,
+/// `versions::not_ours`), or that carries a trigger, a rule, row-level
+/// security, a grant of `TRIGGER`, or code in a default, constraint or
+/// column type, is refused, never adopted. Their owner must be the
+/// registry table's (the role connected when there is none yet).
+pub fn controller_untrusted(client: &mut impl GenericClient, label: &str) -> Result<Vec<String>> {
+    let err = Error::postgres(
+        Store::Registry,
+        label,
+        "cannot inspect the controller's tables",
+    );
+    let tables: Vec<&str> = crate::store::controller::TABLES
+        .iter()
+        .map(|(t, _)| *t)
+        .collect();
+    let owner = format!(
+        "{OURS} SELECT pg_catalog.format('%I is owned by %s, not by %s, the owner of %I', \
+             c.relname, c.relowner::pg_catalog.regrole, w.o::pg_catalog.regrole, $2::text) \
+             FROM pg_catalog.pg_class c JOIN ours USING (oid), \
+             (SELECT COALESCE((SELECT r.relowner FROM pg_catalog.pg_class r \
+               WHERE r.relname = $2 \
+               AND r.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace), \
+              (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)) AS o) w \
+             WHERE c.relowner <> w.o ORDER BY 1"
+    );
+    let registry = crate::store::registry::TABLE;
+    let mut problems: Vec<String> = client
+        .query(owner.as_str(), &[&tables, &registry])
+        .map_err(err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let queries = [
+        "SELECT pg_catalog.format('trigger %I on %I', t.tgname, c.relname) \
+         FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
+         WHERE NOT t.tgisinternal AND c.relname = ANY($1) \
+         AND c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace ORDER BY 1"
+            .into(),
+        "SELECT pg_catalog.format('rule %I on %I', rulename, tablename) FROM pg_catalog.pg_rules \
+         WHERE schemaname = pg_catalog.current_schema() AND tablename = ANY($1) ORDER BY 1"
+            .into(),
+        format!(
+            "{OURS} SELECT pg_catalog.format('%I has row-level security', c.relname) \
+             FROM pg_catalog.pg_class c JOIN ours USING (oid) \
+             WHERE c.relrowsecurity ORDER BY 1"
+        ),
+        format!(
+            "{OURS} SELECT DISTINCT pg_catalog.format('%s may put triggers on %I', \
+             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::text END, \
+             c.relname) FROM pg_catalog.pg_class c JOIN ours USING (oid), \
+             pg_catalog.aclexplode(c.relacl) a \
+             WHERE a.privilege_type = 'TRIGGER' AND a.grantee <> c.relowner ORDER BY 1"
+        ),
+    ];
+    for q in &queries {
+        for r in client.query(q.as_str(), &[&tables]).map_err(err)? {
+            problems.push(r.get(0));
+        }
+    }
+    problems.extend(code_that_writes_can_run(client, &tables, label)?);
+    problems.extend(columns_of_foreign_types(
+        client,
+        &tables,
+        Store::Registry,
+        label,
+    )?);
+    Ok(problems)
+}

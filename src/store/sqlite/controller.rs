@@ -116,6 +116,47 @@ fn lease_of(conn: &Connection, scope: &str) -> rusqlite::Result<Option<(String, 
     .optional()
 }
 
+/// Triggers on our tables: a write of the lease (every retry period, even
+/// in a dry run) would run their code outside apply's guard and audit.
+/// Read under the write lock, so none is added before the write.
+fn triggers_on_ours(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let names: Vec<&str> = TABLES.iter().map(|(t, _)| *t).collect();
+    let mut stmt = conn.prepare(
+        "SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' \
+         AND tbl_name IN (?1, ?2, ?3) ORDER BY name",
+    )?;
+    let found = stmt
+        .query_map(rusqlite::params_from_iter(names), |r| {
+            Ok(format!(
+                "trigger {:?} on {:?}",
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?
+            ))
+        })?
+        .collect();
+    found
+}
+
+/// [`triggers_on_ours`] as the refusal a lease write gives.
+fn refuse_triggers(conn: &Connection, path: &Path) -> Result<()> {
+    let triggers = triggers_on_ours(conn).map_err(Error::sqlite(
+        Store::Registry,
+        path,
+        "cannot read the schema",
+    ))?;
+    if triggers.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Registry {
+        shown: path.display().to_string(),
+        message: format!(
+            "the controller's tables carry {}, whose code would run at every lease write; \
+             nothing was written. Drop it (sqlite3 REGISTRY '.schema')",
+            triggers.join(", ")
+        ),
+    })
+}
+
 /// The compare-and-set, inside the write lock: take a lease that is free
 /// or expired (a new term), renew our own while it has not expired.
 fn acquire_in(
@@ -193,6 +234,7 @@ impl ControllerRows for Rows {
                 &self.path,
                 "cannot take the write lock for the controller's lease",
             ))?;
+        refuse_triggers(&tx, &self.path)?;
         let got = acquire_in(&tx, scope, holder, ttl_ms, bucket).map_err(Error::sqlite(
             Store::Registry,
             &self.path,
@@ -206,9 +248,18 @@ impl ControllerRows for Rows {
         Ok(got)
     }
 
+    /// Under the write lock, after the same check of triggers as a renewal.
     fn release(&mut self, scope: &str, holder: &str, term: i64) -> Result<bool> {
-        let n = self
+        let tx = self
             .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(Error::sqlite(
+                Store::Registry,
+                &self.path,
+                "cannot take the write lock to release the controller's lease",
+            ))?;
+        refuse_triggers(&tx, &self.path)?;
+        let n = tx
             .execute(
                 &format!(
                     "UPDATE {LEASES} SET holder = '', expires_at_ms = 0 \
@@ -216,7 +267,16 @@ impl ControllerRows for Rows {
                 ),
                 params![scope, holder, term],
             )
-            .map_err(self.err("cannot release the controller's lease"))?;
+            .map_err(Error::sqlite(
+                Store::Registry,
+                &self.path,
+                "cannot release the controller's lease",
+            ))?;
+        tx.commit().map_err(Error::sqlite(
+            Store::Registry,
+            &self.path,
+            "cannot release the controller's lease",
+        ))?;
         Ok(n == 1)
     }
 
