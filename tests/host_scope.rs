@@ -176,3 +176,41 @@ fn an_index_not_ours_stops_the_scoped_plan_on_postgres() {
     };
     an_index_not_ours_stops_the_scoped_plan((url, url, &profiles), &ddl);
 }
+
+/// A peer the scoped read must find in another storage class: a row of
+/// another host whose `pid` is a real infinity (SQLite keeps it a real in
+/// an INTEGER column) derives the process identity `pid-inf`, which a
+/// candidate of this host gives as text. The whole plan sees the two
+/// share evidence and keeps the candidate; the scoped plan must too.
+#[test]
+fn a_peer_whose_pid_is_an_infinite_real_is_read_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let exec = sqlite_exec(&registry);
+    let scoped = plan_as(HOSTS[0], &registry, &leases, &profiles, true);
+    let candidate = scoped["candidates"][0]["worker_identity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    exec(&format!(
+        "UPDATE worker_registrations SET process_identity = 'pid-inf' \
+         WHERE worker_identity = '{candidate}';
+         CREATE TEMP TABLE peer AS SELECT * FROM worker_registrations \
+         WHERE worker_identity = '{candidate}';
+         UPDATE peer SET worker_identity = 'w-peer-inf', host_id = '{}', pid = 9e999, \
+         process_identity = NULL, session_id = 's-peer-inf', generation_id = 'g-peer-inf', \
+         client_instance_id = '', last_heartbeat_at = '2126-01-01T00:10:00Z';
+         INSERT INTO worker_registrations SELECT * FROM peer;",
+        HOSTS[1]
+    ));
+    let whole = plan_as(HOSTS[0], &registry, &leases, &profiles, false);
+    let kept = &entries(&whole)[&candidate].0;
+    assert!(
+        kept.contains(&"conflicting_identity_evidence".to_string()),
+        "{kept:?}"
+    );
+    each_host_plans_its_scope_as_the_whole_plan_does(&registry, &leases, &profiles, seed());
+}
