@@ -214,3 +214,80 @@ fn a_peer_whose_pid_is_an_infinite_real_is_read_on_sqlite() {
     );
     each_host_plans_its_scope_as_the_whole_plan_does(&registry, &leases, &profiles, seed());
 }
+
+/// A policy folder that passes a weaker reading of the scope's
+/// precondition: a forbid on `hold_session_id` that fails (overflows) on
+/// every row with a past heartbeat, so every such row, a terminal one
+/// too, holds its session (an evaluation error is a yes). A candidate of
+/// this host shares its session with a released row of another host only:
+/// the whole plan keeps it; a scoped read never fetches the released row,
+/// so `--scope host` must refuse the set rather than retire the candidate.
+#[test]
+fn a_policy_that_can_fail_on_a_terminal_peer_is_refused_for_the_scope_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let candidate = plan_as(HOSTS[0], &registry, &leases, &profiles, true)["candidates"][0]
+        ["worker_identity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    sqlite_exec(&registry)(&format!(
+        "UPDATE worker_registrations SET session_id = 's-attack' \
+         WHERE worker_identity = '{candidate}';
+         CREATE TEMP TABLE peer AS SELECT * FROM worker_registrations \
+         WHERE worker_identity = '{candidate}';
+         UPDATE peer SET worker_identity = 'w-released', host_id = '{}', status = 'released', \
+         pid = 7, process_identity = 'proc-released', generation_id = 'g-released', \
+         client_instance_id = '';
+         INSERT INTO worker_registrations SELECT * FROM peer;",
+        HOSTS[1]
+    ));
+    let folder = dir.path().join("policies");
+    std::fs::create_dir(&folder).unwrap();
+    for name in [
+        "schema.cedarschema",
+        "capabilities.cedar",
+        "retirement.cedar",
+    ] {
+        let mut text = fleet_retire::policy::embedded(name).to_string();
+        if name == "retirement.cedar" {
+            text.push_str(
+                "\n@id(\"hold-fails-on-old-heartbeats\")\n\
+                 @reason(\"conflicting_identity_evidence\")\n@order(\"10\")\n\
+                 @description(\"fails on a past heartbeat\")\n\
+                 forbid (principal, action == FleetRetire::Action::\"hold_session_id\", resource)\n\
+                 when { resource.heartbeat_age_us + 9223372036854775807 > 0 };\n",
+            );
+        }
+        std::fs::write(folder.join(name), text).unwrap();
+    }
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--policies",
+        folder.to_str().unwrap(),
+    ];
+    let stores = (&*registry, &*leases, &*profiles);
+    let whole = run_as(HOSTS[0], &args, stores);
+    assert!(whole.status.success(), "{}", common::text(&whole));
+    let whole: serde_json::Value = serde_json::from_slice(&whole.stdout).unwrap();
+    let kept = &entries(&whole)[&candidate].0;
+    assert!(
+        kept.contains(&"conflicting_identity_evidence".to_string()),
+        "{kept:?}"
+    );
+    let scoped = run_as(
+        HOSTS[0],
+        &[&args[..], &["--scope", "host"]].concat(),
+        stores,
+    );
+    let text = common::text(&scoped);
+    assert_eq!(scoped.status.code(), Some(1), "{text}");
+    assert!(text.contains("hold-fails-on-old-heartbeats"), "{text}");
+}
