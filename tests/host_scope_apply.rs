@@ -135,3 +135,95 @@ fn a_scoped_apply_on_postgres_retires_its_plan_whatever_other_hosts_write() {
         &write,
     );
 }
+
+/// Between a scoped plan and its apply, a live row of another host takes
+/// the session of the plan's first candidate (copied from it, so every
+/// storage class is the candidate's). The whole plan now keeps the
+/// candidate (`conflicting_identity_evidence`); the scoped apply, reading
+/// its scope again under the lock, must not retire it: it refuses, the
+/// candidate set having moved.
+fn a_peer_written_after_the_plan_stops_the_scoped_apply(
+    stores: (&Path, &Path, &Path),
+    dir: &Path,
+    write: &dyn Fn(&str),
+) {
+    let saved = dir.join("plan.json");
+    let saved_arg = saved.to_str().unwrap();
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--scope",
+        "host",
+        "--out",
+        saved_arg,
+    ];
+    let out = run_as(HOSTS[0], &args, stores);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let candidate = plan["candidate_worker_identities"][0].as_str().unwrap();
+    write(&format!(
+        "CREATE TEMP TABLE peer AS SELECT * FROM worker_registrations \
+         WHERE worker_identity = '{candidate}';
+         UPDATE peer SET worker_identity = 'w-late-peer', host_id = '{}', status = 'active', \
+         pid = 7, process_identity = 'proc-late', generation_id = 'g-late', \
+         client_instance_id = '', last_heartbeat_at = '2126-01-01T00:10:00Z';
+         INSERT INTO worker_registrations SELECT * FROM peer;
+         DROP TABLE peer;",
+        HOSTS[1]
+    ));
+    let whole = plan_as(HOSTS[0], stores.0, stores.1, stores.2, false);
+    let kept = &entries(&whole)[candidate].0;
+    assert!(
+        kept.contains(&"conflicting_identity_evidence".to_string()),
+        "{kept:?}"
+    );
+    let apply = [
+        "apply",
+        saved_arg,
+        "--format",
+        "json",
+        "--max-retire",
+        "1000",
+    ];
+    let out = run_as(HOSTS[0], &apply, stores);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["outcome"],
+        "candidate_set_moved",
+        "{}",
+        common::text(&out)
+    );
+    assert!(report["retired"].as_array().is_none_or(|r| r.is_empty()));
+}
+
+#[test]
+fn a_peer_written_after_the_plan_stops_the_scoped_apply_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let write = sqlite_exec(&registry);
+    a_peer_written_after_the_plan_stops_the_scoped_apply(
+        (&registry, &leases, &profiles),
+        dir.path(),
+        &write,
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn a_peer_written_after_the_plan_stops_the_scoped_apply_on_postgres() {
+    let Some((db, dir, url)) = on_postgres("host_scope_late_peer") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    let write = |sql: &str| db.client().batch_execute(sql).unwrap();
+    a_peer_written_after_the_plan_stops_the_scoped_apply((url, url, &profiles), dir.path(), &write);
+}
