@@ -227,3 +227,55 @@ fn a_peer_written_after_the_plan_stops_the_scoped_apply_on_postgres() {
     let write = |sql: &str| db.client().batch_execute(sql).unwrap();
     a_peer_written_after_the_plan_stops_the_scoped_apply((url, url, &profiles), dir.path(), &write);
 }
+
+/// Tokens cannot cross between the scoped and the whole apply: a scoped
+/// plan's tokens given as flags (the whole-registry apply) are refused
+/// before any store is opened, and a whole plan's file made to name a
+/// scope is refused as it is read (its tokens are not the scope's).
+/// Nothing is retired either way.
+#[test]
+fn tokens_do_not_cross_between_scoped_and_whole_applies_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let stores = (&*registry, &*leases, &*profiles);
+    let scoped = plan_as(HOSTS[0], &registry, &leases, &profiles, true);
+    let workers = scoped["candidate_worker_identities"][0].as_str().unwrap();
+    let text = |v: &Value| v.as_str().unwrap().to_string();
+    let flags = [
+        "apply".to_string(),
+        "--format".into(),
+        "json".into(),
+        "--registry-fingerprint".into(),
+        text(&scoped["registry_fingerprint"]),
+        "--candidate-fingerprint".into(),
+        text(&scoped["candidate_fingerprint"]),
+        "--policy-fingerprint".into(),
+        text(&scoped["policy_fingerprint"]),
+        "--workers".into(),
+        workers.into(),
+        "--canonical-repository".into(),
+        "prgs/gitea-tools".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let out = run_as(HOSTS[0], &flags, stores);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "registry_revision_moved", "{report}");
+    // A whole plan's file, made to name this host's scope.
+    let mut whole = plan_as(HOSTS[0], &registry, &leases, &profiles, false);
+    whole["scope"] = scoped["scope"].clone();
+    let forged = dir.path().join("forged.json");
+    std::fs::write(&forged, whole.to_string()).unwrap();
+    let args = ["apply", forged.to_str().unwrap(), "--format", "json"];
+    let out = run_as(HOSTS[0], &args, stores);
+    assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
+    assert!(
+        common::text(&out).contains("its `scope` and its tokens disagree"),
+        "{}",
+        common::text(&out)
+    );
+    let again = plan_as(HOSTS[0], &registry, &leases, &profiles, true);
+    assert_eq!(again["candidate_count"], scoped["candidate_count"]);
+}
