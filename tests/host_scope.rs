@@ -291,3 +291,49 @@ fn a_policy_that_can_fail_on_a_terminal_peer_is_refused_for_the_scope_on_sqlite(
     assert_eq!(scoped.status.code(), Some(1), "{text}");
     assert!(text.contains("hold-fails-on-old-heartbeats"), "{text}");
 }
+
+/// Indexes of our names that are not to be trusted although their
+/// statement is ours or nearly: one left invalid (as a failed `CREATE
+/// INDEX CONCURRENTLY` leaves it; set so here by the superuser), one over
+/// an expression of a user's function that returns its argument. Each is
+/// named before the scoped read trusts it.
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn an_invalid_index_or_one_over_a_users_function_stops_the_scoped_plan_on_postgres() {
+    let Some((db, dir, url)) = on_postgres("host_scope_index_invalid") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--scope",
+        "host",
+    ];
+    for (sql, named) in [
+        (
+            "UPDATE pg_catalog.pg_index SET indisvalid = false \
+             WHERE indexrelid = 'fleet_retire_scope_pid'::regclass",
+            "invalid",
+        ),
+        (
+            "CREATE FUNCTION same(text) RETURNS text IMMUTABLE LANGUAGE sql AS 'SELECT $1'; \
+             DROP INDEX fleet_retire_scope_session; \
+             CREATE INDEX fleet_retire_scope_session ON worker_registrations (same(session_id)) \
+             WHERE status = 'active'",
+            "same(session_id)",
+        ),
+    ] {
+        db.client().batch_execute(sql).unwrap();
+        let out = run_as(HOSTS[0], &args, (url, url, &profiles));
+        let text = common::text(&out);
+        assert_eq!(out.status.code(), Some(1), "{sql}: {text}");
+        assert!(text.contains(named), "{sql}: {text}");
+    }
+}
