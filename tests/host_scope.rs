@@ -337,3 +337,48 @@ fn an_invalid_index_or_one_over_a_users_function_stops_the_scoped_plan_on_postgr
         assert!(text.contains(named), "{sql}: {text}");
     }
 }
+
+/// Two rows of one identity by canonical text that SQLite's key holds
+/// apart: a candidate's identity the text `b'x'`, and a released row of
+/// another host whose identity is the blob `x` (its canonical text is
+/// that very `b'x'`). The whole plan counts two rows and keeps the
+/// candidate; the scoped read must fetch the blob row too.
+#[test]
+fn a_row_whose_identity_is_a_blob_of_the_same_text_is_read_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let scoped = plan_as(HOSTS[0], &registry, &leases, &profiles, true);
+    let candidate = scoped["candidates"][0]["worker_identity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    sqlite_exec(&registry)(&format!(
+        "UPDATE worker_registrations SET worker_identity = 'b''x''' \
+         WHERE worker_identity = '{candidate}';
+         INSERT INTO worker_registrations (worker_identity, status, host_id, session_id) \
+         VALUES (X'78', 'released', '{}', 's-blob');",
+        HOSTS[1]
+    ));
+    // Both rows render as `b'x'`: each plan's entry of this host's row.
+    let mine = |plan: &serde_json::Value| -> Vec<serde_json::Value> {
+        ["candidates", "preserved"]
+            .iter()
+            .flat_map(|list| plan[*list].as_array().unwrap().clone())
+            .filter(|e| e["worker_identity"] == "b'x'" && e["evidence"]["host_id"] == HOSTS[0])
+            .map(|e| e["reason_codes"].clone())
+            .collect()
+    };
+    let whole = mine(&plan_as(HOSTS[0], &registry, &leases, &profiles, false));
+    assert_eq!(whole.len(), 1, "{whole:?}");
+    assert!(
+        whole[0]
+            .to_string()
+            .contains("conflicting_identity_evidence"),
+        "{whole:?}"
+    );
+    let scoped = mine(&plan_as(HOSTS[0], &registry, &leases, &profiles, true));
+    assert_eq!(scoped, whole);
+}
