@@ -135,3 +135,147 @@ fn a_scoped_apply_on_postgres_retires_its_plan_whatever_other_hosts_write() {
         &write,
     );
 }
+
+/// Between a scoped plan and its apply, a live row of another host takes
+/// the session of the plan's first candidate (copied from it, so every
+/// storage class is the candidate's). The whole plan now keeps the
+/// candidate (`conflicting_identity_evidence`); the scoped apply, reading
+/// its scope again under the lock, must not retire it: it refuses, the
+/// candidate set having moved.
+fn a_peer_written_after_the_plan_stops_the_scoped_apply(
+    stores: (&Path, &Path, &Path),
+    dir: &Path,
+    write: &dyn Fn(&str),
+) {
+    let saved = dir.join("plan.json");
+    let saved_arg = saved.to_str().unwrap();
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--scope",
+        "host",
+        "--out",
+        saved_arg,
+    ];
+    let out = run_as(HOSTS[0], &args, stores);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let candidate = plan["candidate_worker_identities"][0].as_str().unwrap();
+    write(&format!(
+        "CREATE TEMP TABLE peer AS SELECT * FROM worker_registrations \
+         WHERE worker_identity = '{candidate}';
+         UPDATE peer SET worker_identity = 'w-late-peer', host_id = '{}', status = 'active', \
+         pid = 7, process_identity = 'proc-late', generation_id = 'g-late', \
+         client_instance_id = '', last_heartbeat_at = '2126-01-01T00:10:00Z';
+         INSERT INTO worker_registrations SELECT * FROM peer;
+         DROP TABLE peer;",
+        HOSTS[1]
+    ));
+    let whole = plan_as(HOSTS[0], stores.0, stores.1, stores.2, false);
+    let kept = &entries(&whole)[candidate].0;
+    assert!(
+        kept.contains(&"conflicting_identity_evidence".to_string()),
+        "{kept:?}"
+    );
+    let apply = [
+        "apply",
+        saved_arg,
+        "--format",
+        "json",
+        "--max-retire",
+        "1000",
+    ];
+    let out = run_as(HOSTS[0], &apply, stores);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["outcome"],
+        "candidate_set_moved",
+        "{}",
+        common::text(&out)
+    );
+    assert!(report["retired"].as_array().is_none_or(|r| r.is_empty()));
+}
+
+#[test]
+fn a_peer_written_after_the_plan_stops_the_scoped_apply_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let write = sqlite_exec(&registry);
+    a_peer_written_after_the_plan_stops_the_scoped_apply(
+        (&registry, &leases, &profiles),
+        dir.path(),
+        &write,
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn a_peer_written_after_the_plan_stops_the_scoped_apply_on_postgres() {
+    let Some((db, dir, url)) = on_postgres("host_scope_late_peer") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    let write = |sql: &str| db.client().batch_execute(sql).unwrap();
+    a_peer_written_after_the_plan_stops_the_scoped_apply((url, url, &profiles), dir.path(), &write);
+}
+
+/// Tokens cannot cross between the scoped and the whole apply: a scoped
+/// plan's tokens given as flags (the whole-registry apply) are refused
+/// before any store is opened, and a whole plan's file made to name a
+/// scope is refused as it is read (its tokens are not the scope's).
+/// Nothing is retired either way.
+#[test]
+fn tokens_do_not_cross_between_scoped_and_whole_applies_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let stores = (&*registry, &*leases, &*profiles);
+    let scoped = plan_as(HOSTS[0], &registry, &leases, &profiles, true);
+    let workers = scoped["candidate_worker_identities"][0].as_str().unwrap();
+    let text = |v: &Value| v.as_str().unwrap().to_string();
+    let flags = [
+        "apply".to_string(),
+        "--format".into(),
+        "json".into(),
+        "--registry-fingerprint".into(),
+        text(&scoped["registry_fingerprint"]),
+        "--candidate-fingerprint".into(),
+        text(&scoped["candidate_fingerprint"]),
+        "--policy-fingerprint".into(),
+        text(&scoped["policy_fingerprint"]),
+        "--workers".into(),
+        workers.into(),
+        "--canonical-repository".into(),
+        "prgs/gitea-tools".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let out = run_as(HOSTS[0], &flags, stores);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "registry_revision_moved", "{report}");
+    // A whole plan's file, made to name this host's scope.
+    let mut whole = plan_as(HOSTS[0], &registry, &leases, &profiles, false);
+    whole["scope"] = scoped["scope"].clone();
+    let forged = dir.path().join("forged.json");
+    std::fs::write(&forged, whole.to_string()).unwrap();
+    let args = ["apply", forged.to_str().unwrap(), "--format", "json"];
+    let out = run_as(HOSTS[0], &args, stores);
+    assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
+    assert!(
+        common::text(&out).contains("its `scope` and its tokens disagree"),
+        "{}",
+        common::text(&out)
+    );
+    let again = plan_as(HOSTS[0], &registry, &leases, &profiles, true);
+    assert_eq!(again["candidate_count"], scoped["candidate_count"]);
+}

@@ -8,9 +8,12 @@
 //!
 //! 1. a row holds identity evidence (`hold_<kind>`) or claims its slot
 //!    (`claim_instance_slot`) only when its status is exactly `active`:
-//!    every `permit` that can answer one of those actions has
-//!    `resource.status == "active"` among the top-level conjuncts of a
-//!    `when` clause (a `forbid` only ever takes answers away);
+//!    every policy, permit or forbid, that can answer one of those actions
+//!    opens its first `when` with `resource.status == "active" && …`, so it
+//!    is false on any other row before anything that could fail is
+//!    evaluated (an evaluation error counts as a yes in the first stage);
+//!    and no first-stage policy reads `identity_row_count`, which the
+//!    scoped read makes exact only for this host's rows;
 //! 2. a row whose status is not exactly `active` is never a candidate: a
 //!    `forbid` on `retire` whose whole condition is
 //!    `resource.status != "active"`.
@@ -73,26 +76,12 @@ pub fn scope_assumptions(policies: &Policies) -> Result<(), String> {
             .to_json()
             .map_err(|e| format!("policy {id} cannot be read as JSON: {e}"))?;
         let actions = actions_of(&json["action"], &groups);
-        let conjuncts = when_conjuncts(&json);
-        match policy.effect() {
-            cedar_policy::Effect::Permit => {
-                if let Some(action) = actions.iter().find(|a| NEEDS_ACTIVE.contains(&a.as_str())) {
-                    if !conjuncts.iter().any(|c| is_status_active(c, "==")) {
-                        return Err(format!(
-                            "policy {id} permits {action} without requiring \
-                             resource.status == \"active\" in its `when`: a row of another \
-                             status could then hold evidence or claim a slot, and a host's \
-                             scoped read does not fetch such rows"
-                        ));
-                    }
-                }
-            }
-            cedar_policy::Effect::Forbid => {
-                let only_when = json["conditions"].as_array().is_some_and(|c| {
-                    c.len() == 1 && c[0]["kind"] == "when" && is_status_active(&c[0]["body"], "!=")
-                });
-                terminal_forbidden |= only_when && actions.iter().any(|a| a == "retire");
-            }
+        first_stage_policy(&id, &json, &actions)?;
+        if policy.effect() == cedar_policy::Effect::Forbid {
+            let only_when = json["conditions"].as_array().is_some_and(|c| {
+                c.len() == 1 && c[0]["kind"] == "when" && is_status_active(&c[0]["body"], "!=")
+            });
+            terminal_forbidden |= only_when && actions.iter().any(|a| a == "retire");
         }
     }
     if !terminal_forbidden {
@@ -137,24 +126,59 @@ fn actions_of(scope: &Json, groups: &[(&'static str, Vec<String>)]) -> Vec<Strin
         .collect()
 }
 
-/// The top-level `&&` conjuncts of every `when` clause of a policy.
-fn when_conjuncts(policy: &Json) -> Vec<&Json> {
-    fn flatten<'a>(e: &'a Json, out: &mut Vec<&'a Json>) {
-        match e.get("&&") {
-            Some(and) => {
-                flatten(&and["left"], out);
-                flatten(&and["right"], out);
-            }
-            None => out.push(e),
+/// What a policy answering a first-stage action must show:
+///
+/// * one answering an action of [`NEEDS_ACTIVE`], permit or forbid alike,
+///   opens its first condition with `when { resource.status == "active" &&
+///   …`, so that on a row of another status it is false before anything
+///   else is evaluated. An evaluation error counts as a yes in the first
+///   stage (fail closed), so a policy that could *error* on a terminal row
+///   would make it a holder the scoped read never fetches;
+/// * none reads `identity_row_count`: the scoped read counts a peer row's
+///   identity only over the rows it fetched, not over the registry.
+fn first_stage_policy(id: &str, json: &Json, actions: &[String]) -> Result<(), String> {
+    let first_stage = |a: &&String| FIRST_STAGE_ACTIONS.contains(&a.as_str());
+    if let Some(action) = actions.iter().find(first_stage) {
+        if reads_attr(json, "identity_row_count") {
+            return Err(format!(
+                "policy {id} answers {action} and reads resource.identity_row_count: a host's \
+                 scoped read counts a peer row's identity over the rows it fetched, not over \
+                 the registry"
+            ));
         }
     }
-    let mut out = Vec::new();
-    for c in policy["conditions"].as_array().into_iter().flatten() {
-        if c["kind"] == "when" {
-            flatten(&c["body"], &mut out);
-        }
+    let Some(action) = actions.iter().find(|a| NEEDS_ACTIVE.contains(&a.as_str())) else {
+        return Ok(());
+    };
+    let first = &json["conditions"][0];
+    if first["kind"] == "when" && is_status_active(leftmost(&first["body"]), "==") {
+        return Ok(());
     }
-    out
+    Err(format!(
+        "policy {id} answers {action} without opening its first `when` with \
+         resource.status == \"active\" &&: a row of another status could then hold \
+         evidence or claim a slot (an evaluation error counts as a yes), and a host's scoped \
+         read does not fetch such rows"
+    ))
+}
+
+/// The first operand Cedar evaluates of a chain of `&&`.
+fn leftmost(e: &Json) -> &Json {
+    match e.get("&&") {
+        Some(and) => leftmost(&and["left"]),
+        None => e,
+    }
+}
+
+/// Whether any part of `e` reads (or tests for) the attribute `attr`.
+fn reads_attr(e: &Json, attr: &str) -> bool {
+    match e {
+        Json::Object(map) => map
+            .iter()
+            .any(|(k, v)| ((k == "." || k == "has") && v["attr"] == attr) || reads_attr(v, attr)),
+        Json::Array(list) => list.iter().any(|v| reads_attr(v, attr)),
+        _ => false,
+    }
 }
 
 /// `e` is `resource.status <op> "active"` (either side first).
@@ -234,6 +258,60 @@ mod tests {
             let base = embedded("retirement.cedar");
             assert!(base.contains(from), "{what}: the built-in text changed");
             let policies = edited(|t| t.replacen(from, to, 1));
+            let refused = scope_assumptions(&policies).expect_err(what);
+            assert!(refused.contains(names), "{what}: {refused}");
+        }
+    }
+
+    /// Attacks on the check: a set that passes a weaker reading of it yet
+    /// lets a row the scoped read does not fetch change a verdict.
+    /// * the status test not first: `heartbeat_age_us + 1` overflows on a
+    ///   terminal row whose age is the largest long, the error counts as a
+    ///   yes, and that terminal row holds evidence;
+    /// * a forbid on `hold_pid` that errors on a terminal row (the same);
+    /// * a hold that reads `identity_row_count`, which a peer row has
+    ///   counted over the scope alone.
+    #[test]
+    fn a_first_stage_policy_that_can_count_an_unfetched_row_is_refused() {
+        let holds = "  resource.status == \"active\" &&\n  ((resource.heartbeat_parsed";
+        let forbid = "\n@id(\"attack-forbid\")\n@reason(\"conflicting_identity_evidence\")\n\
+            @order(\"10\")\n@description(\"x\")\nforbid (principal, \
+            action == FleetRetire::Action::\"hold_pid\", resource)\n\
+            when { resource.heartbeat_age_us + 9223372036854775807 > 0 };\n";
+        type Edit = Box<dyn Fn(&str) -> String>;
+        let attacks: [(&str, Edit, &str); 3] = [
+            (
+                "status not first",
+                Box::new(move |t: &str| {
+                    t.replacen(
+                        holds,
+                        "  (resource.heartbeat_age_us + 1 > 0 || true) &&\n  \
+                         resource.status == \"active\" &&\n  ((resource.heartbeat_parsed",
+                        1,
+                    )
+                }),
+                "may-hold-identity-evidence",
+            ),
+            (
+                "erring forbid",
+                Box::new(move |t: &str| format!("{t}{forbid}")),
+                "attack-forbid",
+            ),
+            (
+                "identity count",
+                Box::new(move |t: &str| {
+                    t.replacen(
+                        holds,
+                        "  resource.status == \"active\" &&\n  \
+                         resource.identity_row_count < 2 &&\n  ((resource.heartbeat_parsed",
+                        1,
+                    )
+                }),
+                "identity_row_count",
+            ),
+        ];
+        for (what, edit, names) in attacks {
+            let policies = edited(|t| edit(t));
             let refused = scope_assumptions(&policies).expect_err(what);
             assert!(refused.contains(names), "{what}: {refused}");
         }

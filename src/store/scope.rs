@@ -147,8 +147,11 @@ pub fn stored_forms(key: &str) -> Vec<crate::value::Value> {
     if let Ok(i) = key.parse::<i64>() {
         forms.push(Value::Int(i));
     }
+    // An infinite real too: its canonical text is `inf` / `-inf`, which
+    // a text elsewhere (a given `pid-inf`, whose pid is `inf`) can equal.
+    // NaN is no stored value (SQLite stores NULL).
     if let Ok(f) = key.parse::<f64>() {
-        if f.is_finite() {
+        if !f.is_nan() {
             forms.push(Value::Real(f));
         }
     }
@@ -264,6 +267,8 @@ mod tests {
             Val::Real(1e23),
             Val::Real(1e-5),
             Val::Real(-0.0),
+            Val::Real(f64::INFINITY),
+            Val::Real(f64::NEG_INFINITY),
             Val::Text("s-1"),
             Val::Text("42"),
             Val::Blob(b"ab'c\n\x00\\"),

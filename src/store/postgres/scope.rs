@@ -293,6 +293,9 @@ pub fn index_problem(client: &mut impl GenericClient, label: &str) -> Result<Opt
             None => return Ok(Some(index_words(name, None, &expected, fix))),
         }
     }
+    if let Some(why) = collation_problem(client, label)? {
+        return Ok(Some(why));
+    }
     let keyed: bool = client
         .query_one(
             &format!(
@@ -313,5 +316,68 @@ pub fn index_problem(client: &mut impl GenericClient, label: &str) -> Result<Opt
         "no valid unique index on `worker_identity` alone (the table's key in every registry \
          `fleet-retire registry copy` makes): rows of one identity could only be found by a scan"
             .to_string()
+    }))
+}
+
+/// A text index is ordered by its collation: built under one version of
+/// the operating system's collation and searched under another (an
+/// upgrade of the C library or ICU), it can miss equal keys, and the
+/// scoped read would miss the peers they name while the whole plan,
+/// reading the table, sees them. So the versions the database and the
+/// registry's index collations were recorded under must be the ones in
+/// use (PostgreSQL 15 and later record the database's; older servers
+/// record only explicit collations'). `None` when they are.
+fn collation_problem(client: &mut impl GenericClient, label: &str) -> Result<Option<String>> {
+    let err = Error::postgres(
+        Store::Registry,
+        label,
+        "cannot read the collations' versions",
+    );
+    let version: i32 = client
+        .query_one(
+            "SELECT pg_catalog.current_setting('server_version_num')::int",
+            &[],
+        )
+        .map_err(err)?
+        .get(0);
+    let database: Option<String> = if version < 150000 {
+        None
+    } else {
+        client
+            .query_opt(
+                "SELECT pg_catalog.format('the database''s collation is recorded as version %s \
+                 and the server now has %s', coalesce(d.datcollversion, 'none'), \
+                 coalesce(pg_catalog.pg_database_collation_actual_version(d.oid), 'none')) \
+                 FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database() \
+                 AND d.datcollversion IS DISTINCT FROM \
+                 pg_catalog.pg_database_collation_actual_version(d.oid)",
+                &[],
+            )
+            .map_err(err)?
+            .map(|r| r.get(0))
+    };
+    let explicit: Option<String> = client
+        .query_opt(
+            &format!(
+                "SELECT pg_catalog.format('the collation %s is recorded as version %s and the \
+                 server now has %s', c.collname, coalesce(c.collversion, 'none'), \
+                 coalesce(pg_catalog.pg_collation_actual_version(c.oid), 'none')) \
+                 FROM pg_catalog.pg_collation c WHERE c.oid IN (SELECT pg_catalog.unnest(\
+                 i.indcollation::pg_catalog.oid[]) FROM pg_catalog.pg_index i \
+                 WHERE i.indrelid = '{TABLE}'::regclass) AND c.oid <> 100 \
+                 AND c.collversion IS DISTINCT FROM pg_catalog.pg_collation_actual_version(c.oid) \
+                 LIMIT 1"
+            ),
+            &[],
+        )
+        .map_err(err)?
+        .map(|r| r.get(0));
+    Ok(database.or(explicit).map(|why| {
+        format!(
+            "{why}: an index built under another ordering can miss rows, and the scoped read \
+             would miss the peers they are. Rebuild the registry's indexes as the tables' \
+             owner (`REINDEX TABLE worker_registrations`), then `ALTER DATABASE … REFRESH \
+             COLLATION VERSION` (or `ALTER COLLATION … REFRESH VERSION`)"
+        )
     }))
 }
