@@ -137,21 +137,31 @@ fn triggers_on_ours(conn: &Connection) -> rusqlite::Result<Vec<String>> {
     found
 }
 
-/// [`triggers_on_ours`] as the refusal a lease write gives.
-fn refuse_triggers(conn: &Connection, path: &Path) -> Result<()> {
-    let triggers = triggers_on_ours(conn).map_err(Error::sqlite(
+/// The write lock for a lease write (`doing` names it in an error), taken
+/// only while no trigger stands on the controller's tables: a trigger's
+/// code would run as this process at every renewal and release.
+fn lease_write<'c>(
+    conn: &'c mut Connection,
+    path: &Path,
+    doing: &str,
+) -> Result<rusqlite::Transaction<'c>> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(Error::sqlite(Store::Registry, path, doing))?;
+    let triggers = triggers_on_ours(&tx).map_err(Error::sqlite(
         Store::Registry,
         path,
         "cannot read the schema",
     ))?;
     if triggers.is_empty() {
-        return Ok(());
+        return Ok(tx);
     }
     Err(Error::Registry {
         shown: path.display().to_string(),
         message: format!(
             "the controller's tables carry {}, whose code would run at every lease write; \
-             nothing was written. Drop it (sqlite3 REGISTRY '.schema')",
+             nothing was written. Read what each does (sqlite3 REGISTRY '.schema'), drop it \
+             (sqlite3 REGISTRY 'DROP TRIGGER NAME') and start the controller again",
             triggers.join(", ")
         ),
     })
@@ -226,15 +236,11 @@ impl ControllerRows for Rows {
         bucket: Bucket,
     ) -> Result<Acquired> {
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(Error::sqlite(
-                Store::Registry,
-                &self.path,
-                "cannot take the write lock for the controller's lease",
-            ))?;
-        refuse_triggers(&tx, &self.path)?;
+        let tx = lease_write(
+            &mut self.conn,
+            &self.path,
+            "cannot take the write lock for the controller's lease",
+        )?;
         let got = acquire_in(&tx, scope, holder, ttl_ms, bucket).map_err(Error::sqlite(
             Store::Registry,
             &self.path,
@@ -250,15 +256,11 @@ impl ControllerRows for Rows {
 
     /// Under the write lock, after the same check of triggers as a renewal.
     fn release(&mut self, scope: &str, holder: &str, term: i64) -> Result<bool> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(Error::sqlite(
-                Store::Registry,
-                &self.path,
-                "cannot take the write lock to release the controller's lease",
-            ))?;
-        refuse_triggers(&tx, &self.path)?;
+        let tx = lease_write(
+            &mut self.conn,
+            &self.path,
+            "cannot take the write lock to release the controller's lease",
+        )?;
         let n = tx
             .execute(
                 &format!(
