@@ -91,6 +91,42 @@ fn upsert_sql() -> String {
     )
 }
 
+/// The key of the advisory lock under which controllers create their
+/// tables, so two starting at once do not race (the loser of two
+/// concurrent `CREATE TABLE IF NOT EXISTS` gets a unique-key error).
+const CREATE_LOCK: i64 = 0x6672_5f63_746c_0001;
+
+/// Create the missing tables in one transaction, under [`CREATE_LOCK`].
+fn create_missing(
+    client: &mut postgres::Client,
+    label: &str,
+    missing: &[(&str, &[(&str, &str)])],
+) -> Result<()> {
+    let cannot = |e: postgres::Error| {
+        super::registry_error(
+            label,
+            format!(
+                "lacks the controller's tables and this role may not create them ({e}): start \
+                 the controller once as a role that may create tables in the registry's schema \
+                 (its owner), then grant this role SELECT, INSERT and UPDATE on {LEASES}, \
+                 {BUDGETS} and {APPLIES} (docs/controller.md)"
+            ),
+        )
+    };
+    let mut tx = client.transaction().map_err(cannot)?;
+    tx.execute(
+        "SELECT pg_catalog.pg_advisory_xact_lock($1)",
+        &[&CREATE_LOCK],
+    )
+    .map_err(cannot)?;
+    for (table, cols) in missing {
+        let create =
+            create_sql(table, cols).replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
+        tx.batch_execute(&create).map_err(cannot)?;
+    }
+    tx.commit().map_err(cannot)
+}
+
 impl Rows {
     /// Connect, refuse tables of our names that are not ours, and create
     /// the missing ones: only a role allowed to create tables in the
@@ -117,20 +153,11 @@ impl Rows {
         if !problems.is_empty() {
             return Err(super::registry_error(&label, problems.join("; ")));
         }
-        for (table, cols) in missing {
-            let create =
-                create_sql(table, cols).replacen("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1);
-            if let Err(e) = client.batch_execute(&create) {
-                return Err(super::registry_error(
-                    &label,
-                    format!(
-                        "lacks the controller's table {table} and this role may not create it \
-                         ({e}): start the controller once as a role that may create tables in \
-                         the registry's schema (its owner), then grant this role SELECT, INSERT \
-                         and UPDATE on {LEASES}, {BUDGETS} and {APPLIES} (docs/controller.md)"
-                    ),
-                ));
-            }
+        if !missing.is_empty() {
+            create_missing(&mut client, &label, &missing)?;
+            // What stands now (ours, or a racing controller's) is checked
+            // as any table found at start.
+            return Rows::open(url, busy);
         }
         Ok(Rows {
             client,
