@@ -12,7 +12,8 @@
 //! * `apply`: one host's scoped apply of `HOST_SCALE_CANDIDATES` (2,000)
 //!   candidates in one transaction, `HOST_SCALE_APPLY_RUNS` (10) times,
 //!   beside `HOST_SCALE_WRITERS` (20) writers heartbeating other hosts;
-//! * `hosts`: `HOST_SCALE_APPLYING` (50) hosts applying at once;
+//! * `hosts`: `HOST_SCALE_APPLYING` (50) hosts applying at once, each
+//!   trying again after a refusal up to `HOST_SCALE_TRIES` (3) tries;
 //! * `beats`: heartbeats a second with the change record's trigger and
 //!   without it (`HOST_SCALE_BEAT_WRITERS` 8, `HOST_SCALE_BEAT_SECS` 20).
 //!
@@ -139,7 +140,8 @@ fn parts(url: &str, rows: u64, hosts: u64, dir: &Path) {
         apply::run(&s, &p, dir);
     }
     if want.contains(&"hosts") {
-        many::run(&s, env_or("HOST_SCALE_APPLYING", 50), hosts, dir);
+        let tries = env_or("HOST_SCALE_TRIES", 3);
+        many::run(&s, env_or("HOST_SCALE_APPLYING", 50), hosts, tries, dir);
     }
     if want.contains(&"beats") {
         beats::run(

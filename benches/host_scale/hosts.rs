@@ -93,6 +93,10 @@ pub fn apply(host: &str, s: &Stores, plan: &Path, max: usize) -> serde_json::Val
     )
     .output()
     .unwrap();
+    // With FLEET_RETIRE_LOG=debug, the apply's own timings (its log).
+    if std::env::var_os("FLEET_RETIRE_LOG").is_some() {
+        eprint!("{}", String::from_utf8_lossy(&o.stderr));
+    }
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|_| panic!("apply as {host} printed no JSON: {}", text(&o)))
 }
