@@ -11,7 +11,8 @@
 //!   peak RSS of `HOST_SCALE_RUNS` (default 3);
 //! * `apply`: one host's scoped apply of `HOST_SCALE_CANDIDATES` (2,000)
 //!   candidates in one transaction, `HOST_SCALE_APPLY_RUNS` (10) times,
-//!   beside `HOST_SCALE_WRITERS` (20) writers heartbeating other hosts;
+//!   beside `HOST_SCALE_WRITERS` (20) writers heartbeating other hosts,
+//!   each every `HOST_SCALE_WRITER_MS` ms (default 0: flat out);
 //! * `hosts`: `HOST_SCALE_APPLYING` (50) hosts applying at once, each
 //!   trying again after a refusal up to `HOST_SCALE_TRIES` (3) tries;
 //! * `beats`: heartbeats a second with the change record's trigger and
@@ -136,6 +137,7 @@ fn parts(url: &str, rows: u64, hosts: u64, dir: &Path) {
             candidates: env_or("HOST_SCALE_CANDIDATES", 2000),
             runs: env_or("HOST_SCALE_APPLY_RUNS", 10),
             writers: env_or("HOST_SCALE_WRITERS", 20),
+            every: std::time::Duration::from_millis(env_or("HOST_SCALE_WRITER_MS", 0)),
         };
         apply::run(&s, &p, dir);
     }

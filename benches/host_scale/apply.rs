@@ -15,6 +15,8 @@ pub struct Params {
     pub candidates: u64,
     pub runs: usize,
     pub writers: usize,
+    /// Each writer's interval between heartbeats (zero: flat out).
+    pub every: std::time::Duration,
 }
 
 /// One run's result.
@@ -43,7 +45,7 @@ fn one(s: &Stores, p: &Params, seed: u64, dir: &std::path::Path) -> Run {
 /// `p.runs` runs beside `p.writers` writers; a line each, then a summary.
 pub fn run(s: &Stores, p: &Params, dir: &std::path::Path) {
     let rows = Arc::new(live_rows(s.url, APPLY_HOST));
-    let writers = Writers::start(s.url, p.writers, rows);
+    let writers = Writers::start(s.url, p.writers, rows, p.every);
     let mut locks = Vec::new();
     let mut refused = 0;
     for i in 0..p.runs {
@@ -71,12 +73,13 @@ pub fn run(s: &Stores, p: &Params, dir: &std::path::Path) {
     locks.sort();
     println!(
         "apply   {} of {} applied, {refused} refused; transaction median {:.0} ms, max {:.0} ms; \
-         beside {} writers: {:.0} heartbeats/s, p99 {:.2} ms, {} failed",
+         beside {} writers ({} ms apart): {:.0} heartbeats/s, p99 {:.2} ms, {} failed",
         locks.len(),
         p.runs,
         crate::common::percentile(&locks, 0.5),
         crate::common::percentile(&locks, 1.0),
         p.writers,
+        p.every.as_millis(),
         beats.rate,
         beats.p99_ms,
         beats.failed

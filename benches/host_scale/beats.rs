@@ -56,8 +56,9 @@ pub struct Beats {
 }
 
 impl Writers {
-    /// `n` writers over `rows` (each its own share), flat out.
-    pub fn start(url: &str, n: usize, rows: Arc<Vec<(String, i64)>>) -> Writers {
+    /// `n` writers over `rows` (each its own share), each beating every
+    /// `every` (zero: flat out).
+    pub fn start(url: &str, n: usize, rows: Arc<Vec<(String, i64)>>, every: Duration) -> Writers {
         let stop = Arc::new(AtomicBool::new(false));
         let threads = (0..n)
             .map(|w| {
@@ -72,6 +73,7 @@ impl Writers {
                             failed += 1;
                         }
                         took.push(t.elapsed());
+                        std::thread::sleep(every.saturating_sub(t.elapsed()));
                         i += n * 7 + 1;
                     }
                     (took, failed)
@@ -120,7 +122,7 @@ fn durability(url: &str) -> String {
 }
 
 fn measure(url: &str, writers: usize, secs: u64, rows: &Arc<Vec<(String, i64)>>) -> Beats {
-    let w = Writers::start(url, writers, rows.clone());
+    let w = Writers::start(url, writers, rows.clone(), Duration::ZERO);
     std::thread::sleep(Duration::from_secs(secs));
     w.stop()
 }
