@@ -2,7 +2,8 @@
 //! issue 54): each batch after the first finds the scope moved by the
 //! plan's own earlier batches alone, recognises them (`retired_since_plan`)
 //! and retires the next candidates; a write by anyone else to this host's
-//! rows, or to a peer that moves a candidate's verdict, still refuses.
+//! rows, or to a peer that moves a candidate's verdict, still refuses;
+//! `--all-batches` runs them all.
 //! Hosts are simulated as `tests/multi_host.rs` does (`common::hosts`).
 
 mod common;
@@ -110,6 +111,30 @@ fn batches_of_a_scoped_plan(stores: (&Path, &Path, &Path), dir: &Path, write: &d
     let report = one_batch(stores, saved);
     assert_eq!(report["outcome"], "candidate_set_moved", "{report}");
     assert!(retired(&report).is_empty());
+    // A fresh plan, every batch of one in a row (`--all-batches`): each
+    // candidate retired, none left in the scope.
+    let before = save_plan(stores, saved);
+    for n in 10..12 {
+        write(&clone_of(&before[0], n));
+    }
+    let candidates = save_plan(stores, saved);
+    assert!(candidates.len() >= 3, "{candidates:?}");
+    let args = [
+        "apply",
+        saved,
+        "--format",
+        "json",
+        "--first",
+        "1",
+        "--all-batches",
+    ];
+    let out = run_as(HOSTS[0], &args, stores);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let left = save_plan(stores, &format!("{saved}.after"));
+    assert!(
+        left.iter().all(|w| !candidates.contains(w)),
+        "{left:?} {candidates:?}"
+    );
 }
 
 /// A copy of `candidate`'s row sharing no key with any other row: one
