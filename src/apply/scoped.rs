@@ -14,13 +14,23 @@
 //! rows live then and now; a peer may change in any way that leaves this
 //! host's candidates and their rows exactly as planned (the candidate
 //! token, recomputed from the peers read now, must match); anything else
-//! refuses, plan again. A batch of a scoped plan after the first is
-//! refused too (its retired targets left the scope).
+//! refuses, plan again.
+//!
+//! A batch of a scoped plan after the first: the plan's candidates an
+//! earlier batch retired are no longer this host's active rows, so the
+//! scope moved. They are read anyway (by identity, as every requested
+//! worker is) and judged beside the own rows, so the plan's rows recognise
+//! them (`retired_since_plan`, as for the whole registry); the candidate
+//! token must then be the plan's once they are put back as they were
+//! planned (active, and counted out of the host's other rows). Anything
+//! else that moved the scope still refuses.
 
 use super::{refuse_if_all_retired, select_targets, Abort, Context, Outcome, Report, Request, Txn};
 use crate::evidence::leases::Lease;
 use crate::observe::RunFacts;
 use crate::plan::Plan;
+use crate::row::Col;
+use crate::value::{Val, Value};
 
 /// Before any store is opened: a scoped plan names this host (the kernel's
 /// node name), and scoped tokens come only with a scoped plan.
@@ -79,6 +89,10 @@ pub(super) fn judge_scope(
     drop(read);
     // The requested workers' positions among this host's active rows,
     // which are the re-plan's entries (none of them retired: no refusal).
+    let mut scope = scope;
+    if t.req.planned.is_some() {
+        judge_retired_requests_as_own(&mut scope, &t.req.workers);
+    }
     let by_identity = refuse_if_all_retired(t.req, &scope.own)?;
     let facts = RunFacts::of_this_host(
         t.ctx.proc_root,
@@ -94,9 +108,28 @@ pub(super) fn judge_scope(
     Ok((fresh, targets))
 }
 
+/// This host's rows among the peers that are requested workers and
+/// `retired` (an earlier batch of the plan, or another apply of it),
+/// moved to the own rows so the re-plan has an entry for each: a terminal
+/// row holds no evidence and claims no slot (`policy::scope_check`), so no
+/// other row's peer facts move, and the tokens hash the same rows.
+fn judge_retired_requests_as_own(scope: &mut crate::store::scope::Scope, workers: &[String]) {
+    let wanted: std::collections::HashSet<&str> = workers.iter().map(String::as_str).collect();
+    let (retired, peers): (Vec<_>, Vec<_>) = std::mem::take(&mut scope.peers)
+        .into_iter()
+        .partition(|row| {
+            matches!(row.get(Col::HostId), Val::Text(h) if h == scope.host_id)
+                && row.get(Col::Status).as_text() == Some("retired")
+                && wanted.contains(row.get(Col::WorkerIdentity).canon_cow().as_ref())
+        });
+    scope.peers = peers;
+    scope.own.extend(retired);
+}
+
 /// The scope's tokens: the registry token equal, or differing only by
 /// heartbeats of this host's rows live then and now (given the plan's
-/// rows), or by peers; the candidate token equal.
+/// rows), by the plan's candidates an earlier batch retired, or by peers;
+/// the candidate token equal, once those are put back as planned.
 fn hold_to_tokens(req: &Request, fresh: &Plan, report: &mut Report) -> Result<(), Abort> {
     let moved = |why: String| {
         Abort::Refuse(
@@ -116,21 +149,20 @@ fn hold_to_tokens(req: &Request, fresh: &Plan, report: &mut Report) -> Result<()
         let tolerance = planned
             .tolerated(fresh)
             .map_err(|w| moved(format!(": {w}")))?;
-        if let Some(first) = tolerance
-            .changed
-            .first()
-            .or(tolerance.retired_since_plan.first())
-        {
+        if let Some(first) = tolerance.changed.first() {
             return Err(moved(format!(
                 ": {} of this host's rows were added, changed or retired (the first: {})",
-                tolerance.changed.len() + tolerance.retired_since_plan.len(),
+                tolerance.changed.len(),
                 crate::text::esc(first)
             )));
         }
         report.heartbeats_tolerated = tolerance.heartbeats.len();
         report.heartbeats_tolerated_workers = tolerance.heartbeats;
+        report.retired_since_plan = tolerance.retired_since_plan;
     }
-    if fresh.candidate_fingerprint != req.candidate_fingerprint {
+    if candidate_token_as_planned(fresh, &report.retired_since_plan).as_deref()
+        != Some(req.candidate_fingerprint.as_str())
+    {
         return Err(Abort::Refuse(
             Outcome::CandidateSetMoved,
             format!(
@@ -141,4 +173,32 @@ fn hold_to_tokens(req: &Request, fresh: &Plan, report: &mut Report) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// The scope's candidate token as the plan saw it: today's candidates and
+/// the plan's candidates retired since (`retired`), put back as they were
+/// (`active`, and not among the host's other rows). `None` when the
+/// re-plan has no scope.
+fn candidate_token_as_planned(fresh: &Plan, retired: &[String]) -> Option<String> {
+    let head = fresh.scope.as_ref()?;
+    if retired.is_empty() {
+        return Some(fresh.candidate_fingerprint.clone());
+    }
+    let retired: std::collections::HashSet<&str> = retired.iter().map(String::as_str).collect();
+    let planned: Vec<crate::row::Row> = fresh
+        .entries
+        .iter()
+        .filter_map(|e| {
+            let row = &fresh.rows[e.index];
+            if retired.contains(row.get(Col::WorkerIdentity).canon_cow().as_ref()) {
+                let mut before = row.clone();
+                before.set(Col::Status, Value::Text("active".into()));
+                return Some(before);
+            }
+            e.is_candidate().then(|| row.clone())
+        })
+        .collect();
+    let terminal = head.terminal_rows.checked_sub(retired.len() as u64)?;
+    let (_, token) = crate::fingerprint::scoped_tokens(&planned, &head.host_id, terminal, |_| true);
+    Some(token)
 }

@@ -70,7 +70,7 @@ pub const COLUMNS: &[(&str, &str)] = &[
     ("retirement_reason", "TEXT"),
 ];
 
-fn sql_value(v: &Value) -> rusqlite::types::Value {
+pub fn sql_value(v: &Value) -> rusqlite::types::Value {
     use rusqlite::types::Value as S;
     match v {
         Value::Null => S::Null,
