@@ -106,10 +106,10 @@ fn create_missing(
         super::registry_error(
             label,
             format!(
-                "lacks the controller's tables and this role may not create them ({e}): start \
-                 the controller once as a role that may create tables in the registry's schema \
-                 (its owner), then grant this role SELECT, INSERT and UPDATE on {LEASES}, \
-                 {BUDGETS} and {APPLIES} (docs/controller.md)"
+                "lacks the controller's tables and this role may not create them ({e}): run \
+                 `fleet-retire registry versions` once as the registry's owner (it makes them), \
+                 then grant this role SELECT, INSERT and UPDATE on {LEASES}, {BUDGETS} and \
+                 {APPLIES} (docs/multi-host.md, \"The roles, and exactly their grants\")"
             ),
         )
     };
@@ -125,6 +125,32 @@ fn create_missing(
         tx.batch_execute(&create).map_err(cannot)?;
     }
     tx.commit().map_err(cannot)
+}
+
+/// `registry versions`: the controller's tables made when missing, as a
+/// controller's start makes them (under [`CREATE_LOCK`], tables of our
+/// names that are not ours refused), when the connected role owns the
+/// registry table (tables another role made would be refused as not the
+/// owner's); by any other role, nothing.
+pub fn make_tables(url: &PgUrl) -> Result<()> {
+    let label = url.to_string();
+    let owner = super::connect_to(url, Store::Registry)?
+        .query_opt(
+            "SELECT pg_catalog.pg_get_userbyid(relowner) = current_user FROM pg_catalog.pg_class \
+             WHERE relname = $1 AND relkind = 'r' \
+             AND relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace",
+            &[&crate::store::registry::TABLE],
+        )
+        .map_err(Error::postgres(
+            Store::Registry,
+            &label,
+            "cannot read who owns the registry table",
+        ))?
+        .is_some_and(|r| r.get::<_, bool>(0));
+    if owner {
+        Rows::open(url, Duration::from_secs(5))?;
+    }
+    Ok(())
 }
 
 impl Rows {

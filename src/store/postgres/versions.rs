@@ -465,7 +465,9 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
         ))?;
         tx.commit()
             .map_err(err(&label, "cannot commit the grants"))?;
-        return Ok(super::scope::create_indexes(&mut client, &label, true)? > 0);
+        let made = super::scope::create_indexes(&mut client, &label, true)? > 0;
+        super::controller::make_tables(url)?;
+        return Ok(made);
     }
     if let Some(why) = super::untrusted_objects(&mut tx, &label)? {
         return Err(super::registry_error(&label, why));
@@ -492,6 +494,7 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
     // The host scope's indexes, each built without holding up the writers
     // (`CREATE INDEX CONCURRENTLY`, outside any transaction).
     super::scope::create_indexes(&mut client, &label, true)?;
+    super::controller::make_tables(url)?;
     Ok(true)
 }
 
