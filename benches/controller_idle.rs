@@ -5,7 +5,9 @@
 //! (`CONTROLLER_IDLE_ROWS`, default 1,000,000; about 90 % of the rows on
 //! this host), its row versions and scope indexes made by `registry
 //! versions`, recent heartbeats moved to 2099 (still fresh, so no expiry
-//! drives a tick: nothing changes). One real controller process at the
+//! drives a tick: nothing changes), and the other active rows of this host
+//! retired (the state after a controller worked off its backlog: no
+//! candidate). One real controller process at the
 //! default times (interval 30 s, retry 2 s, lease 15 s), serving
 //! `/metrics`. Once it leads and its first ticks have settled (its first
 //! applies spend the budget or engage the brake):
@@ -67,6 +69,18 @@ fn generate(dir: &Path, rows: usize) {
             [],
         )
         .unwrap();
+    // A fleet whose controller has worked off its backlog: every active row
+    // of this host whose heartbeat is not fresh is retired (nothing is a
+    // candidate), so nothing changes while it is measured.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let backlog = conn
+        .execute(
+            "UPDATE worker_registrations SET status = 'retired'
+             WHERE status = 'active' AND host_id = ?1
+               AND last_heartbeat_at < '2099-01-01T00:00:00Z'",
+            [host.trim()],
+        )
+        .unwrap();
     drop(conn);
     let out = Command::new(BIN)
         .args(["registry", "versions", "--registry"])
@@ -85,7 +99,7 @@ fn generate(dir: &Path, rows: usize) {
     .unwrap();
     println!(
         "generated {rows} rows, row versions and indexes made, in {:.1?} ({frozen} recent \
-         heartbeats moved to 2099)",
+         heartbeats moved to 2099, {backlog} stale active rows of this host retired)",
         started.elapsed()
     );
 }
