@@ -143,3 +143,27 @@ fn a_policy_set_the_scope_cannot_keep_exact_is_refused_at_start() {
     );
     assert_eq!(whole.status.code(), Some(0), "{}", text(&whole));
 }
+
+/// While the checks find nothing of the scope changed, a resync plans the
+/// scope the last tick read again without reading it (0 rows), and what it
+/// finds is the registry's: a worker that dies is retired by such a tick
+/// (its process probed afresh), through the apply that reads the scope
+/// under its lock.
+#[test]
+fn a_resync_with_nothing_changed_reads_nothing_and_still_retires_the_dead() {
+    let stores = stores();
+    let mut w = worker(&stores, 1);
+    let (c, port) = start_listening_with(&stores, "r", &["--interval", "1s"]);
+    wait_for(Duration::from_secs(20), "three ticks", || ticks(&c) >= 3);
+    let scrape = || get(port, "/metrics", None).1;
+    assert_eq!(
+        sample(&scrape(), "fleet_retire_controller_last_tick_rows_read"),
+        Some(0.0),
+        "{}",
+        std::fs::read_to_string(&c.log).unwrap()
+    );
+    kill_and_expire(std::slice::from_mut(&mut w));
+    wait_for(Duration::from_secs(15), "the retirement", || {
+        status(&stores.registry, "w-1").as_deref() == Some("retired")
+    });
+}

@@ -141,6 +141,8 @@ pub struct Run {
     /// What the last tick read, to judge the registry's changes against
     /// (`None`: any change makes a tick due).
     interest: Option<watch::Interest>,
+    /// The scope the last tick read, while nothing of it changed.
+    cache: watch::Cache,
 }
 
 /// Run the controller until `stop` is set (or one tick with `--once`);
@@ -183,6 +185,7 @@ pub fn run(
         sight: sight::Sight::default(),
         brake: brake::Brake::default(),
         interest: None,
+        cache: watch::Cache::default(),
     };
     let code = run_loop(cfg, &mut run);
     run.metrics.leader.set(0);
@@ -230,10 +233,12 @@ fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) 
         Err(e) => {
             tracing::debug!("the change signal cannot be read: {e}");
             schedule.next_mark = None;
+            run.cache.forget();
             return true;
         }
         Ok(None) => {
             schedule.next_mark = None;
+            run.cache.forget();
             return timely;
         }
         Ok(Some((mark, changes))) => {
@@ -241,13 +246,16 @@ fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) 
                 .rows_read
                 .inc_by(watch::rows_read(&changes) as u64);
             schedule.next_mark = Some(mark);
-            watch::judge(&changes, run.interest.as_ref())
+            let (found, heartbeats) = watch::judge(&changes, run.interest.as_ref());
+            run.cache.patch(&heartbeats);
+            found
         }
     };
     run.metrics.check(&found);
     match found {
         watch::Found::Here(why) => {
             tracing::debug!("a tick is due: {why}");
+            run.cache.forget();
             true
         }
         watch::Found::Quiet | watch::Found::Elsewhere => {

@@ -62,7 +62,7 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
     }
     // Until this tick has read, any change makes the next one due.
     run.interest = None;
-    let (plan, interest, read) = match plan_tick(cfg) {
+    let (plan, interest, read) = match plan_tick(cfg, run) {
         Ok(p) => p,
         Err(e) => {
             let code = e.envelope()["error"]["reason_code"]
@@ -86,8 +86,10 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
 
 /// This host's scope (its active rows and their peers, `plan --scope
 /// host`) or the whole registry, planned; what a scoped plan read, for the
-/// checks until the next tick; the rows read.
-fn plan_tick(cfg: &Config) -> crate::error::Result<(Plan, Option<Interest>, usize)> {
+/// checks until the next tick; the rows read. The scope the last tick read
+/// is planned again without a read while the checks found nothing of it
+/// changed (`watch::Cache`).
+fn plan_tick(cfg: &Config, run: &mut Run) -> crate::error::Result<(Plan, Option<Interest>, usize)> {
     if cfg.scope == TickScope::Registry {
         let plan = crate::plan::plan_from_files(
             &cfg.registry,
@@ -102,8 +104,17 @@ fn plan_tick(cfg: &Config) -> crate::error::Result<(Plan, Option<Interest>, usiz
     // `plan --scope host`'s steps (plan::scoped), keeping the peers'
     // identities, which the plan drops.
     let host = crate::plan::scoped::this_host(&RunFacts::of_this_host(&cfg.proc_root, None, &[]))?;
-    let scope = crate::evidence::registry::load_scope(&cfg.registry, &host)?;
-    let read = scope.own.len() + scope.peers.len();
+    let max_age = cfg.interval * super::watch::Cache::MAX_AGE_INTERVALS;
+    let (scope, read) = match run.cache.fresh(max_age) {
+        Some((scope, _)) if scope.host_id == host => (scope, 0),
+        _ => {
+            run.cache.forget();
+            let scope = crate::evidence::registry::load_scope(&cfg.registry, &host)?;
+            run.cache.keep(scope.clone(), std::time::Instant::now());
+            let read = scope.own.len() + scope.peers.len();
+            (scope, read)
+        }
+    };
     let peers = scope.peers.clone();
     let lease_rows = crate::evidence::leases::load(&cfg.leases)?;
     let facts = RunFacts::of_this_host(

@@ -19,7 +19,9 @@
 use crate::plan::Plan;
 use crate::row::{Col, Row};
 use crate::store::controller::{Changed, ChangesSince};
+use crate::store::scope::Scope;
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 /// At most this many changed rows are read by one check; beyond it the
 /// check gives up and a tick runs.
@@ -76,12 +78,14 @@ impl Interest {
         i
     }
 
-    /// Whether `row` (as it is now) concerns the scope.
-    fn concerns(&self, row: &Row) -> Option<String> {
+    /// Why `row` (as it is now) concerns the scope, if it does; `None`
+    /// with `heartbeat` set when only a live own row's heartbeat moved.
+    fn concerns(&self, row: &Row, heartbeat: &mut bool) -> Option<String> {
         let identity = row.get(Col::WorkerIdentity).canon();
         if let Some(quiet) = self.live.get(&identity) {
             if crate::plan::planned::row_digests(row).1 == *quiet {
                 // A live row's heartbeat moved, and nothing else.
+                *heartbeat = true;
                 return None;
             }
         }
@@ -110,21 +114,31 @@ impl Interest {
 }
 
 /// Judge what the store says changed against `interest` (`None`: the last
-/// tick read the whole registry, or there was none: any change counts).
-pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> Found {
+/// tick read the whole registry, or there was none: any change counts);
+/// with it, the own rows whose heartbeat alone moved (to keep the scope
+/// read last exact, [`Cache::patch`]).
+pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> (Found, Vec<Row>) {
     let rows = match changes {
         ChangesSince::Unknown(why) => {
-            return Found::Here(format!("the store cannot list the changes: {why}"))
+            return (
+                Found::Here(format!("the store cannot list the changes: {why}")),
+                Vec::new(),
+            )
         }
-        ChangesSince::Rows(rows) if rows.is_empty() => return Found::Quiet,
+        ChangesSince::Rows(rows) if rows.is_empty() => return (Found::Quiet, Vec::new()),
         ChangesSince::Rows(rows) => rows,
     };
     let Some(interest) = interest else {
-        return Found::Here(format!("{} row(s) changed", rows.len()));
+        return (
+            Found::Here(format!("{} row(s) changed", rows.len())),
+            Vec::new(),
+        );
     };
+    let mut heartbeats = Vec::new();
     for changed in rows {
+        let mut heartbeat = false;
         let why = match changed {
-            Changed::Row(row) => interest.concerns(row),
+            Changed::Row(row) => interest.concerns(row, &mut heartbeat),
             Changed::Gone(None) => Some("a row was deleted".into()),
             Changed::Gone(Some(identity)) => interest.identities.contains(identity).then(|| {
                 format!(
@@ -134,10 +148,74 @@ pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> Found {
             }),
         };
         if let Some(why) = why {
-            return Found::Here(why);
+            return (Found::Here(why), Vec::new());
+        }
+        if let (true, Changed::Row(row)) = (heartbeat, changed) {
+            heartbeats.push(row.clone());
         }
     }
-    Found::Elsewhere
+    (Found::Elsewhere, heartbeats)
+}
+
+/// The scope the last tick read, kept while the change record shows that
+/// nothing of it changed but live rows' heartbeats (patched in): a tick
+/// then plans it again without reading it (a resync, a heartbeat's
+/// expiry), probing this host's processes afresh. Read again after any
+/// change that concerns it, when the store keeps no change record or
+/// cannot be read, and at least every [`Cache::MAX_AGE_INTERVALS`]
+/// intervals (a backstop for a write no trigger stamped).
+#[derive(Default)]
+pub struct Cache {
+    kept: Option<(Scope, Instant)>,
+}
+
+impl Cache {
+    /// How many resync intervals a kept scope serves at most.
+    pub const MAX_AGE_INTERVALS: u32 = 10;
+
+    /// The kept scope, if it still stands and is younger than `max_age`.
+    pub fn fresh(&self, max_age: Duration) -> Option<(Scope, Instant)> {
+        self.kept
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < max_age)
+            .map(|(s, at)| (s.clone(), *at))
+    }
+
+    /// Keep `scope`, read at `at`.
+    pub fn keep(&mut self, scope: Scope, at: Instant) {
+        self.kept = Some((scope, at));
+    }
+
+    /// Read it again at the next tick.
+    pub fn forget(&mut self) {
+        self.kept = None;
+    }
+
+    /// Own rows whose heartbeat alone moved, as they are now.
+    pub fn patch(&mut self, rows: &[Row]) {
+        let Some((scope, _)) = &mut self.kept else {
+            return;
+        };
+        if rows.is_empty() {
+            return;
+        }
+        let at: HashMap<String, usize> = scope
+            .own
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.get(Col::WorkerIdentity).canon(), i))
+            .collect();
+        for row in rows {
+            match at.get(&row.get(Col::WorkerIdentity).canon()) {
+                Some(i) => scope.own[*i] = row.clone(),
+                None => {
+                    // Not found where it was: read the scope again.
+                    self.kept = None;
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The rows a check read.
