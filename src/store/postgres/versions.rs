@@ -465,9 +465,7 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
         ))?;
         tx.commit()
             .map_err(err(&label, "cannot commit the grants"))?;
-        let made = super::scope::create_indexes(&mut client, &label, true)? > 0;
-        super::controller::make_tables(url)?;
-        return Ok(made);
+        return Ok(super::scope::create_indexes(&mut client, &label, true)? > 0);
     }
     if let Some(why) = super::untrusted_objects(&mut tx, &label)? {
         return Err(super::registry_error(&label, why));
@@ -494,7 +492,6 @@ pub fn install_checked(url: &super::PgUrl) -> Result<bool> {
     // The host scope's indexes, each built without holding up the writers
     // (`CREATE INDEX CONCURRENTLY`, outside any transaction).
     super::scope::create_indexes(&mut client, &label, true)?;
-    super::controller::make_tables(url)?;
     Ok(true)
 }
 
