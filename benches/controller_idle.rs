@@ -15,8 +15,9 @@
 //! 1. **idle cost**: its CPU time (utime + stime of `/proc/PID/stat`) over
 //!    `CONTROLLER_IDLE_SECONDS` (default 60), as a share of one core;
 //!    the ticks and checks it made meanwhile;
-//! 2. **one row of another host changed** (`generation_id`): the rows the
-//!    next check read, and whether a tick ran;
+//! 2. **one row of another host added** (a worker registering there, no
+//!    key shared with this host's rows): the rows the next check read, and
+//!    whether a tick ran;
 //! 3. **one row of this host changed** (`generation_id` of an active row):
 //!    the rows the check read, and the rows the tick it caused read
 //!    (`fleet_retire_controller_last_tick_rows_read`).
@@ -266,15 +267,19 @@ fn main() {
         "ticks so far: {count}, {:.2} s wall each on average",
         took / count.max(1.0)
     );
+    // A worker registering on another host: a row no key of this host's
+    // rows names (a row of another host already there may be a peer).
     let elsewhere = one_change(
         &dir,
         port,
-        "UPDATE worker_registrations SET generation_id = generation_id || '-x' \
-         WHERE rowid = (SELECT rowid FROM worker_registrations \
-         WHERE host_id = 'build-02' LIMIT 1)",
+        "INSERT INTO worker_registrations (worker_identity, host_id, status, session_id, \
+         generation_id, pid, client_instance_id, last_heartbeat_at) VALUES ('w-elsewhere', \
+         'build-02', 'active', 's-elsewhere', 'g-elsewhere', 4999999, 'inst-elsewhere', \
+         '2099-01-01T00:00:00Z')",
     );
     println!(
-        "one row of another host changed: the check read {} row(s); tick: {:?}",
+        "one row of another host added: the check read {} row(s); a tick ran (rows it read): \
+         {:?}",
         elsewhere.0, elsewhere.1
     );
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
