@@ -6,7 +6,7 @@
 use crate::capability::Operation;
 use crate::cli::{Cli, OperatorArgs, StoreArgs};
 use crate::controller::lease::LeaseTimes;
-use crate::controller::{http, metrics::Metrics, Config, Health};
+use crate::controller::{http, metrics::Metrics, Config, Health, TickScope};
 use crate::error::{About, Error, ExitCode, Result};
 use crate::store::controller::Bucket;
 use clap::{Args, ValueEnum};
@@ -22,6 +22,15 @@ pub enum LogFormat {
     /// One JSON object per line, the tick's number and term in each line
     /// of that tick.
     Json,
+}
+
+/// What a controller's tick reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ControllerScope {
+    /// This host's active rows and the peer rows their verdicts need.
+    Host,
+    /// The whole registry.
+    Registry,
 }
 
 /// Arguments of `controller`.
@@ -74,6 +83,11 @@ pub struct ControllerArgs {
     #[arg(long, default_value_t = 3_000, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub busy_timeout_ms: u64,
+    /// What a tick reads and judges: this host's scope (its active rows
+    /// and the peer rows their verdicts need, as `plan --scope host`), or
+    /// the whole registry.
+    #[arg(long, value_enum, default_value_t = ControllerScope::Host)]
+    pub scope: ControllerScope,
     /// Log lines as human text or JSON, on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
@@ -144,6 +158,13 @@ fn config(cli: &Cli, args: &ControllerArgs) -> Result<Config> {
         Operation::Apply
     };
     args.operator.require(&policies, operation)?;
+    let scope = match args.scope {
+        ControllerScope::Host => {
+            scope_precondition(&policies)?;
+            TickScope::Host
+        }
+        ControllerScope::Registry => TickScope::Registry,
+    };
     let (profiles, profile) = args.operator.given(operation)?;
     let canonical_repository = args.store.canonical_repository.clone().ok_or_else(|| {
         Error::input(
@@ -168,6 +189,22 @@ fn config(cli: &Cli, args: &ControllerArgs) -> Result<Config> {
         max_retire: args.max_retire,
         busy_timeout: Duration::from_millis(args.busy_timeout_ms),
         brake_fraction: args.brake_fraction,
+        scope,
+    })
+}
+
+/// A tick of this host's scope judges only what the scoped read fetches:
+/// a policy set that does not show what that read assumes of it is refused
+/// before anything starts (failing closed), saying the way out.
+fn scope_precondition(policies: &crate::policy::Policies) -> Result<()> {
+    crate::policy::scope_check::scope_assumptions(policies).map_err(|why| {
+        Error::input(
+            About::Option("--scope"),
+            format!(
+                "the controller plans this host's scope by default, and the policy set ({})                  does not keep a host's scope exact: {why}. Fix the policy set, or start the                  controller with --scope registry (every tick then reads and judges the whole                  registry)",
+                policies.origin
+            ),
+        )
     })
 }
 

@@ -34,8 +34,13 @@ pub struct Metrics {
     pub candidates: Gauge,
     /// How long each tick took.
     pub tick_duration: Histogram,
-    /// Registry rows read by ticks.
+    /// Registry rows read by ticks and by the checks between them.
     pub rows_read: Counter,
+    /// Registry rows the last tick read (its plan, and its apply under
+    /// the lock).
+    pub last_tick_rows_read: Gauge,
+    /// Checks of the change signal, by what they found.
+    pub checks: Family<Outcome, Counter>,
     /// When the last tick that saw everything ended (Unix seconds).
     pub last_success: Gauge<f64, AtomicU64>,
 }
@@ -55,6 +60,8 @@ impl Metrics {
             candidates: Gauge::default(),
             tick_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             rows_read: Counter::default(),
+            last_tick_rows_read: Gauge::default(),
+            checks: Family::default(),
             last_success: Gauge::default(),
             registry: Registry::default(),
         };
@@ -103,8 +110,19 @@ impl Metrics {
         );
         r.register(
             format!("{p}_rows_read"),
-            "Registry rows read by ticks",
+            "Registry rows read by ticks and by the checks of the change signal between them",
             m.rows_read.clone(),
+        );
+        r.register(
+            format!("{p}_last_tick_rows_read"),
+            "Registry rows the last tick read (its plan, and its apply under the lock)",
+            m.last_tick_rows_read.clone(),
+        );
+        r.register(
+            format!("{p}_checks"),
+            "Checks of the registry's change signal between ticks, by what they found: quiet \
+             (nothing changed), elsewhere (nothing of this host's scope), here (a tick is due)",
+            m.checks.clone(),
         );
         r.register(
             format!("{p}_last_success_timestamp_seconds"),
@@ -118,6 +136,18 @@ impl Metrics {
     pub fn tick(&self, outcome: &str) {
         self.ticks
             .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
+            .inc();
+    }
+
+    /// Count a check of the change signal.
+    pub fn check(&self, found: &super::watch::Found) {
+        let label = match found {
+            super::watch::Found::Quiet => "quiet",
+            super::watch::Found::Elsewhere => "elsewhere",
+            super::watch::Found::Here(_) => "here",
+        };
+        self.checks
+            .get_or_create(&vec![("found".to_string(), label.to_string())])
             .inc();
     }
 

@@ -14,6 +14,7 @@ pub mod lease;
 pub mod metrics;
 mod sight;
 mod tick;
+mod watch;
 
 use crate::error::{Error, ExitCode, Result};
 use crate::policy::Policies;
@@ -58,6 +59,18 @@ pub struct Config {
     pub busy_timeout: Duration,
     /// The brake's fraction of the host's active rows.
     pub brake_fraction: f64,
+    /// What a tick reads and judges.
+    pub scope: TickScope,
+}
+
+/// What a tick reads and judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TickScope {
+    /// This host's active rows and the peer rows their verdicts need
+    /// (`plan --scope host`), applied as a scoped plan is: the default.
+    Host,
+    /// The whole registry, as `plan` without `--scope`.
+    Registry,
 }
 
 /// What `/livez` and `/readyz` read.
@@ -125,6 +138,11 @@ pub struct Run {
     stop: Arc<AtomicBool>,
     sight: sight::Sight,
     brake: brake::Brake,
+    /// What the last tick read, to judge the registry's changes against
+    /// (`None`: any change makes a tick due).
+    interest: Option<watch::Interest>,
+    /// The scope the last tick read, while nothing of it changed.
+    cache: watch::Cache,
 }
 
 /// Run the controller until `stop` is set (or one tick with `--once`);
@@ -166,6 +184,8 @@ pub fn run(
         stop,
         sight: sight::Sight::default(),
         brake: brake::Brake::default(),
+        interest: None,
+        cache: watch::Cache::default(),
     };
     let code = run_loop(cfg, &mut run);
     run.metrics.leader.set(0);
@@ -177,24 +197,72 @@ pub fn run(
 /// When the next tick is due.
 #[derive(Default)]
 struct Schedule {
-    last: Option<(Instant, i64, Option<String>)>,
+    last: Option<(Instant, i64)>,
     /// The next heartbeat expiry of a kept row (µs since the epoch).
     expiry_us: Option<i64>,
+    /// The change record's mark the changes are read since: taken before
+    /// the last tick, or moved past changes that did not concern it.
+    mark: Option<String>,
+    /// The mark the last check read.
+    next_mark: Option<String>,
 }
 
 impl Schedule {
-    /// Due when newly leading (a new term: judged afresh), when the change
-    /// signal moved, when a kept row's heartbeat expires, or when the
-    /// interval has passed.
-    fn due(&self, term: i64, signal: Option<&String>, interval: Duration) -> bool {
+    /// Due by time alone: when newly leading (a new term: judged afresh),
+    /// when a kept row's heartbeat expires, or when the interval has
+    /// passed.
+    fn due(&self, term: i64, interval: Duration) -> bool {
         if self.expiry_us.is_some_and(|at| crate::time::now() >= at) {
             return true;
         }
         match &self.last {
             None => true,
-            Some((at, t, was)) => {
-                *t != term || at.elapsed() >= interval || signal.is_some() && signal != was.as_ref()
+            Some((at, t)) => *t != term || at.elapsed() >= interval,
+        }
+    }
+}
+
+/// Whether a tick is due: by time, or because the registry changed in a
+/// way that concerns what the last tick read (`watch.rs`). Changes that do
+/// not are passed over (the mark moves past them) while no tick is due.
+fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) -> bool {
+    let timely = schedule.due(term, interval);
+    let found = match run.rows.changes(schedule.mark.as_deref(), watch::LIMIT) {
+        // A signal that cannot be read makes a tick due: it will say why
+        // it cannot see, and back off.
+        Err(e) => {
+            tracing::debug!("the change signal cannot be read: {e}");
+            schedule.next_mark = None;
+            run.cache.forget();
+            return true;
+        }
+        Ok(None) => {
+            schedule.next_mark = None;
+            run.cache.forget();
+            return timely;
+        }
+        Ok(Some((mark, changes))) => {
+            run.metrics
+                .rows_read
+                .inc_by(watch::rows_read(&changes) as u64);
+            schedule.next_mark = Some(mark);
+            let (found, heartbeats) = watch::judge(&changes, run.interest.as_ref());
+            run.cache.patch(&heartbeats);
+            found
+        }
+    };
+    run.metrics.check(&found);
+    match found {
+        watch::Found::Here(why) => {
+            tracing::debug!("a tick is due: {why}");
+            run.cache.forget();
+            true
+        }
+        watch::Found::Quiet | watch::Found::Elsewhere => {
+            if !timely {
+                schedule.mark = schedule.next_mark.clone();
             }
+            timely
         }
     }
 }
@@ -214,12 +282,7 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
             sleep_unless(&run.stop, cfg.times.retry.min(Duration::from_millis(200)));
             continue;
         };
-        // A signal that cannot be read makes a tick due: it will say why
-        // it cannot see, and back off.
-        let read = run.rows.change_signal();
-        let unreadable = read.is_err();
-        let signal = read.ok().flatten();
-        let due = unreadable || schedule.due(term, signal.as_ref(), cfg.interval);
+        let due = check(run, &mut schedule, term, cfg.interval);
         if !due || !backoff.ready() {
             sleep_unless(&run.stop, cfg.times.retry);
             continue;
@@ -227,7 +290,8 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
         number += 1;
         let span = tracing::info_span!("tick", tick = number, term);
         let ended = span.in_scope(|| timed_tick(cfg, run, term, number));
-        schedule.last = Some((Instant::now(), term, signal));
+        schedule.last = Some((Instant::now(), term));
+        schedule.mark = schedule.next_mark.take();
         schedule.expiry_us = ended.next_expiry_us;
         let unreadable = matches!(
             ended.outcome.as_str(),
@@ -301,6 +365,7 @@ fn timed_tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> tick::Ende
         .observe(t0.elapsed().as_secs_f64());
     run.metrics.tick(&ended.outcome);
     run.metrics.retired.inc_by(ended.retired as u64);
+    run.metrics.last_tick_rows_read.set(ended.rows_read as i64);
     let sees = !matches!(
         ended.outcome.as_str(),
         "blind"
@@ -319,9 +384,9 @@ fn timed_tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> tick::Ende
         run.metrics.last_success.set(now);
     }
     if ended.exit == ExitCode::Ok {
-        tracing::info!(outcome = %ended.outcome, retired = ended.retired, "tick: {}", ended.detail);
+        tracing::info!(outcome = %ended.outcome, retired = ended.retired, rows_read = ended.rows_read, "tick: {}", ended.detail);
     } else {
-        tracing::warn!(outcome = %ended.outcome, retired = ended.retired, "tick: {}", ended.detail);
+        tracing::warn!(outcome = %ended.outcome, retired = ended.retired, rows_read = ended.rows_read, "tick: {}", ended.detail);
     }
     ended
 }

@@ -3,10 +3,12 @@
 //! plan's rows given to it, as a saved plan would be). A tick that cannot
 //! see everything (`sight.rs`) retires nothing.
 
-use super::{Config, Run};
+use super::watch::Interest;
+use super::{Config, Run, TickScope};
 use crate::apply::{apply, Context, Hooks, Outcome, Request, Tokens};
 use crate::error::ExitCode;
 use crate::evidence::probe::SystemProbe;
+use crate::observe::RunFacts;
 use crate::plan::planned::PlannedRows;
 use crate::plan::Plan;
 use crate::store::controller::Stamp;
@@ -30,6 +32,9 @@ pub struct Ended {
     /// When the first heartbeat the plan kept a row for expires
     /// (microseconds since the Unix epoch): the next tick is due then.
     pub next_expiry_us: Option<i64>,
+    /// Registry rows this tick read: its plan's, and its apply's under
+    /// the lock.
+    pub rows_read: usize,
 }
 
 impl Ended {
@@ -41,6 +46,7 @@ impl Ended {
             retired: 0,
             apply_id: None,
             next_expiry_us: None,
+            rows_read: 0,
         }
     }
 }
@@ -54,13 +60,9 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
             format!("cannot see: {why}; retiring nothing"),
         );
     }
-    let plan = match crate::plan::plan_from_files(
-        &cfg.registry,
-        &cfg.leases,
-        &cfg.proc_root,
-        cfg.canonical_repository.clone(),
-        &cfg.policies,
-    ) {
+    // Until this tick has read, any change makes the next one due.
+    run.interest = None;
+    let (plan, interest, read) = match plan_tick(cfg, run) {
         Ok(p) => p,
         Err(e) => {
             let code = e.envelope()["error"]["reason_code"]
@@ -74,10 +76,56 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
             );
         }
     };
-    run.metrics.rows_read.inc_by(plan.rows.len() as u64);
+    run.interest = interest;
+    run.metrics.rows_read.inc_by(read as u64);
     let mut ended = act(cfg, run, term, number, &plan);
     ended.next_expiry_us = next_expiry(&plan);
+    ended.rows_read += read;
     ended
+}
+
+/// This host's scope (its active rows and their peers, `plan --scope
+/// host`) or the whole registry, planned; what a scoped plan read, for the
+/// checks until the next tick; the rows read. The scope the last tick read
+/// is planned again without a read while the checks found nothing of it
+/// changed (`watch::Cache`).
+fn plan_tick(cfg: &Config, run: &mut Run) -> crate::error::Result<(Plan, Option<Interest>, usize)> {
+    if cfg.scope == TickScope::Registry {
+        let plan = crate::plan::plan_from_files(
+            &cfg.registry,
+            &cfg.leases,
+            &cfg.proc_root,
+            cfg.canonical_repository.clone(),
+            &cfg.policies,
+        )?;
+        let read = plan.rows.len();
+        return Ok((plan, None, read));
+    }
+    // `plan --scope host`'s steps (plan::scoped), keeping the peers'
+    // identities, which the plan drops.
+    let host = crate::plan::scoped::this_host(&RunFacts::of_this_host(&cfg.proc_root, None, &[]))?;
+    let max_age = cfg.interval * super::watch::Cache::MAX_AGE_INTERVALS;
+    let (scope, read) = match run.cache.fresh(max_age) {
+        Some((scope, _)) if scope.host_id == host => (scope, 0),
+        _ => {
+            run.cache.forget();
+            let scope = crate::evidence::registry::load_scope(&cfg.registry, &host)?;
+            run.cache.keep(scope.clone(), std::time::Instant::now());
+            let read = scope.own.len() + scope.peers.len();
+            (scope, read)
+        }
+    };
+    let peers = scope.peers.clone();
+    let lease_rows = crate::evidence::leases::load(&cfg.leases)?;
+    let facts = RunFacts::of_this_host(
+        &cfg.proc_root,
+        Some(cfg.canonical_repository.clone()),
+        &lease_rows,
+    );
+    let probe = SystemProbe::new(&cfg.proc_root);
+    let plan = crate::plan::scoped::plan_scope(scope, facts, &probe, &cfg.policies)?;
+    let interest = Interest::of(&plan, &host, &peers);
+    Ok((plan, Some(interest), read))
 }
 
 /// What a tick that sees does with its plan.
@@ -175,6 +223,9 @@ fn apply_allowed(
                 r.first = Some(n);
                 r.skip_fleet_summary = true;
                 r.controller = Some(stamp);
+                // A scoped plan is applied as `apply PLAN.json` applies
+                // one: its scope read and judged again under the lock.
+                r.scope = plan.scope.as_ref().map(|s| s.host_id.clone());
                 r
             }
             Err(why) => return Ended::new("transaction_failed", ExitCode::Error, why),
@@ -201,11 +252,14 @@ fn apply_allowed(
     };
     match apply(&req, &ctx, hooks) {
         Ok(report) => {
+            let under_lock = report.read_under_lock.as_ref().map_or(0, |r| r.rows);
+            run.metrics.rows_read.inc_by(under_lock as u64);
             let mut e = Ended::new(
                 report.outcome.code(),
                 report.outcome.exit_code(),
                 report.detail.clone(),
             );
+            e.rows_read = under_lock;
             e.retired = report.retired_count;
             if report.outcome == Outcome::OutcomeUnknown {
                 e.apply_id = report.apply_id.clone();

@@ -145,6 +145,26 @@ pub enum Acquired {
     },
 }
 
+/// A registry row the change record names as changed since a mark
+/// (`ControllerRows::changes`).
+#[derive(Debug, Clone)]
+pub enum Changed {
+    /// The row as it is now.
+    Row(crate::row::Row),
+    /// No longer there, with its identity when the record names it.
+    Gone(Option<String>),
+}
+
+/// What changed in the registry since a mark.
+#[derive(Debug, Clone)]
+pub enum ChangesSince {
+    /// These rows (none: nothing changed).
+    Rows(Vec<Changed>),
+    /// The store cannot say which rows (no earlier mark, its schema
+    /// changed, another server, more rows than asked for): any may have.
+    Unknown(String),
+}
+
 /// The now of a store without a clock of its own: the host's, in
 /// milliseconds since the Unix epoch.
 pub fn host_now_ms() -> i64 {

@@ -32,12 +32,18 @@ pub fn create_registry(location: &Path) -> Result<bool> {
 }
 
 /// `registry versions`: the change record installed in an existing
-/// PostgreSQL registry (`store::postgres::versions`); `Ok(false)` when it
-/// was whole already. A SQLite registry gains its row versions from
+/// PostgreSQL registry (`store::postgres::versions`), and the controller's
+/// tables made when its owner runs it; `Ok(false)` when the record was
+/// whole already. A SQLite registry gains its row versions from
 /// `registry create` or its first apply.
 pub fn install_versions(location: &Path) -> Result<bool> {
     match Location::parse(location)? {
-        Location::Postgres(url) => super::postgres::versions::install_checked(&url),
+        Location::Postgres(url) => {
+            let made = super::postgres::versions::install_checked(&url)?;
+            // The controller's tables, when the owner runs it.
+            super::postgres::controller::make_tables(&url)?;
+            Ok(made)
+        }
         // A SQLite registry gains its row versions from `registry create`
         // or its first apply; here, the host scope's indexes.
         Location::Sqlite(path) => super::sqlite::scope::install_indexes(&path),

@@ -20,7 +20,7 @@
 //!    [`ApplyTx::controller_holds`] and [`ApplyTx::controller_record`].
 
 use super::audit::AuditRow;
-use super::controller::{Acquired, Bucket, Stamp};
+use super::controller::{Acquired, Bucket, ChangesSince, Stamp};
 use super::leases::Lease;
 use crate::error::Result;
 use crate::row::Row;
@@ -381,9 +381,17 @@ pub trait ControllerRows: Send {
     /// The tokens the host's budget holds now (0 without a lease row).
     fn budget(&mut self, scope: &str, bucket: Bucket) -> Result<f64>;
 
-    /// Something that changes whenever the registry's rows may have;
-    /// `None` when the engine cannot tell cheaply for this registry.
-    fn change_signal(&mut self) -> Result<Option<String>>;
+    /// Where the registry's change record stands now (a mark), and what
+    /// changed since `since` (a mark this store gave before; `None`:
+    /// nothing to compare with), each changed row read as it is now, at
+    /// most `limit` of them. `None` when the registry keeps no change
+    /// record (then only time drives ticks). The controller's own rows
+    /// never count as a change.
+    fn changes(
+        &mut self,
+        since: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<(String, ChangesSince)>>;
 }
 
 /// Why a controller's apply may not spend its host's budget.

@@ -314,10 +314,16 @@ pub fn exit_within(
 /// port: started again on another port when the one picked was taken
 /// meanwhile (by a test beside it) and the controller could not listen.
 pub fn start_listening(stores: &Stores, name: &str) -> (Controller, u16) {
+    start_listening_with(stores, name, &[])
+}
+
+/// [`start_listening`] with more arguments.
+pub fn start_listening_with(stores: &Stores, name: &str, extra: &[&str]) -> (Controller, u16) {
     for _ in 0..5 {
         let port = super::free_port();
         let listen = format!("127.0.0.1:{port}");
-        let mut c = Controller::start(stores, name, &["--listen", &listen]);
+        let args = [&["--listen", listen.as_str()][..], extra].concat();
+        let mut c = Controller::start(stores, name, &args);
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {

@@ -14,6 +14,9 @@
 //! `serve`, in every file under the test's folder (saved plans, captured
 //! cases, kept plans) and in every row of the database (the audit rows).
 
+#[path = "secret_sweep_controller.rs"]
+mod controller;
+
 use crate::common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -500,9 +503,18 @@ fn a_secret_is_never_printed_by_any_command_output_file_or_audit_row() {
             }
             copy_into(&mut sweep, case, &ctx, &copies[i], &target);
             serve(&mut sweep, case, &ctx, &format!("{i}"), true);
+            controller::once(
+                &mut sweep,
+                case,
+                &ctx,
+                &format!("password {}", case.name),
+                &[0],
+            );
         }
         sweep.absorb(diffs.join().unwrap());
     });
+    controller::serving(&mut sweep, &cases[0], &ctx);
+    controller::serving(&mut sweep, &cases[4], &ctx);
     // The broken URLs reach no table a run above holds to: all at once.
     let broken = target.broken();
     std::thread::scope(|scope| {
@@ -874,6 +886,7 @@ fn broken_url(
             }
         }
         policy_diff(sweep, &case, &["human", "json"], 1);
+        controller::once(sweep, &case, ctx, &format!("{what} as the {place}"), &[1]);
         let tag = format!("broken{n}-{leases_broken}");
         serve(sweep, &case, ctx, &tag, false);
     }

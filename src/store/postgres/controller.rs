@@ -13,8 +13,8 @@
 use super::PgUrl;
 use crate::error::{Error, Result, Store};
 use crate::store::controller::{
-    create_sql, foreign_columns, not_held, Acquired, Bucket, Stamp, APPLIES, BUDGETS, LEASES,
-    TABLES,
+    create_sql, foreign_columns, not_held, Acquired, Bucket, Changed, ChangesSince, Stamp, APPLIES,
+    BUDGETS, LEASES, TABLES,
 };
 use crate::store::seam::{ControllerRows, Refused};
 use postgres::GenericClient;
@@ -106,10 +106,10 @@ fn create_missing(
         super::registry_error(
             label,
             format!(
-                "lacks the controller's tables and this role may not create them ({e}): start \
-                 the controller once as a role that may create tables in the registry's schema \
-                 (its owner), then grant this role SELECT, INSERT and UPDATE on {LEASES}, \
-                 {BUDGETS} and {APPLIES} (docs/controller.md)"
+                "lacks the controller's tables and this role may not create them ({e}): run \
+                 `fleet-retire registry versions` once as the registry's owner (it makes them), \
+                 then grant this role SELECT, INSERT and UPDATE on {LEASES}, {BUDGETS} and \
+                 {APPLIES} (docs/multi-host.md, \"The roles, and exactly their grants\")"
             ),
         )
     };
@@ -125,6 +125,32 @@ fn create_missing(
         tx.batch_execute(&create).map_err(cannot)?;
     }
     tx.commit().map_err(cannot)
+}
+
+/// `registry versions`: the controller's tables made when missing, as a
+/// controller's start makes them (under [`CREATE_LOCK`], tables of our
+/// names that are not ours refused), when the connected role owns the
+/// registry table (tables another role made would be refused as not the
+/// owner's); by any other role, nothing.
+pub fn make_tables(url: &PgUrl) -> Result<()> {
+    let label = url.to_string();
+    let owner = super::connect_to(url, Store::Registry)?
+        .query_opt(
+            "SELECT pg_catalog.pg_get_userbyid(relowner) = current_user FROM pg_catalog.pg_class \
+             WHERE relname = $1 AND relkind = 'r' \
+             AND relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace",
+            &[&crate::store::registry::TABLE],
+        )
+        .map_err(Error::postgres(
+            Store::Registry,
+            &label,
+            "cannot read who owns the registry table",
+        ))?
+        .is_some_and(|r| r.get::<_, bool>(0));
+    if owner {
+        Rows::open(url, Duration::from_secs(5))?;
+    }
+    Ok(())
 }
 
 impl Rows {
@@ -292,25 +318,73 @@ impl ControllerRows for Rows {
         Ok(row.map_or(0.0, |r| bucket.refill(r.get(0), r.get(1), r.get(2))))
     }
 
-    /// The newest stamp of the change record (`versions`), which every
-    /// write to the registry or audit table moves; `None` without one.
-    fn change_signal(&mut self) -> Result<Option<String>> {
+    /// The server and a snapshot (the mark): the rows changed since are
+    /// those the change record (`versions`) stamped by a transaction that
+    /// snapshot did not see, read by their identities, in one read-only
+    /// transaction whose snapshot is the new mark. Every write to the
+    /// registry or audit table is stamped; the controller's own rows are
+    /// not. `None` without a change record.
+    fn changes(
+        &mut self,
+        since: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<(String, ChangesSince)>> {
         self.live()?;
         let (found, _) = shape_of(&mut self.client, super::versions::CHANGES, &self.label)?;
         if found.is_empty() {
             return Ok(None);
         }
-        let row = self
+        let label = self.label.clone();
+        let mut tx = self
             .client
-            .query_one(
-                &format!(
-                    "SELECT max(xid)::pg_catalog.text FROM {}",
-                    super::versions::CHANGES
-                ),
-                &[],
-            )
-            .map_err(self.err("cannot read the change signal"))?;
-        Ok(Some(row.get::<_, Option<String>>(0).unwrap_or_default()))
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(Error::postgres(
+                Store::Registry,
+                &label,
+                "cannot read the change signal",
+            ))?;
+        let snapshot = super::versions::snapshot(&mut tx, &label)?;
+        let server = super::versions::server(&mut tx, &label)?;
+        let mark = format!("{server}|{snapshot}");
+        let unknown = |why: &str| Ok(Some((mark.clone(), ChangesSince::Unknown(why.into()))));
+        let Some((then_server, then)) = since.and_then(|s| s.split_once('|')) else {
+            return unknown("no earlier mark");
+        };
+        if then_server != server {
+            return unknown("another server, or the database was recreated");
+        }
+        let keys = super::versions::changed_keys(&mut tx, then, &label)?;
+        if keys.len() > limit {
+            return unknown("more rows changed than a check reads");
+        }
+        let mut identities = Vec::new();
+        for key in keys {
+            if let Some(identity) = key.strip_prefix("i:") {
+                identities.push(identity.to_string());
+            } else if !key.starts_with("a:") {
+                return unknown("a table of the registry was truncated");
+            }
+        }
+        let rows = super::read::read_identities(&mut tx, &label, &identities)?;
+        let _ = tx.commit();
+        let mut changed: Vec<Changed> = rows.into_iter().map(Changed::Row).collect();
+        let present: std::collections::BTreeSet<String> = changed
+            .iter()
+            .filter_map(|c| match c {
+                Changed::Row(r) => Some(r.get(crate::row::Col::WorkerIdentity).canon()),
+                Changed::Gone(_) => None,
+            })
+            .collect();
+        changed.extend(
+            identities
+                .into_iter()
+                .filter(|i| !present.contains(i))
+                .map(|i| Changed::Gone(Some(i))),
+        );
+        Ok(Some((mark, ChangesSince::Rows(changed))))
     }
 }
 

@@ -7,8 +7,8 @@
 
 use crate::error::{Error, Result, Store};
 use crate::store::controller::{
-    create_sql, foreign_columns, host_now_ms, not_held, Acquired, Bucket, Stamp, Table, APPLIES,
-    BUDGETS, LEASES, TABLES,
+    create_sql, foreign_columns, host_now_ms, not_held, Acquired, Bucket, Changed, ChangesSince,
+    Stamp, Table, APPLIES, BUDGETS, LEASES, TABLES,
 };
 use crate::store::seam::{ControllerRows, Refused};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -295,34 +295,89 @@ impl ControllerRows for Rows {
         Ok(row.map_or(0.0, |(t, at)| bucket.refill(t, at, host_now_ms())))
     }
 
-    /// The registry's row-version clock and schema version: every write to
-    /// the registry table moves the first (our triggers), any DDL the
-    /// second; the controller's own lease writes move neither. `None` when
-    /// the registry keeps no row versions (then only time drives ticks).
-    fn change_signal(&mut self) -> Result<Option<String>> {
-        let read = |c: &Connection| -> rusqlite::Result<Option<String>> {
-            if !super::versions::installed(c)? {
-                return Ok(None);
-            }
-            let clock: i64 = c.query_row(
-                &format!(
-                    "SELECT version FROM {} WHERE id = 1",
-                    super::versions::CLOCK
-                ),
-                [],
-                |r| r.get(0),
-            )?;
-            Ok(Some(format!(
-                "{clock}/{}",
-                super::versions::schema_version(c)?
-            )))
-        };
-        read(&self.watch).map_err(Error::sqlite(
-            Store::Registry,
-            &self.path,
-            "cannot read the change signal",
-        ))
+    /// The registry's row-version clock and schema version (the mark):
+    /// every write to the registry table moves the first (our triggers),
+    /// any DDL the second; the controller's own lease writes move neither.
+    /// The rows changed since are those stamped with a later clock, read
+    /// by their row ids. `None` when the registry keeps no row versions.
+    fn changes(
+        &mut self,
+        since: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<(String, ChangesSince)>> {
+        let err = Error::sqlite(Store::Registry, &self.path, "cannot read the change signal");
+        let c = &self.watch;
+        // One read transaction: the mark and the rows are of one snapshot.
+        c.execute_batch("BEGIN").map_err(&err)?;
+        let read = changes_on(c, &self.path, since, limit);
+        let _ = c.execute_batch("COMMIT");
+        read
     }
+}
+
+/// [`ControllerRows::changes`] on `c`, inside a read transaction.
+fn changes_on(
+    c: &Connection,
+    path: &Path,
+    since: Option<&str>,
+    limit: usize,
+) -> Result<Option<(String, ChangesSince)>> {
+    let err = Error::sqlite(Store::Registry, path, "cannot read the change signal");
+    if !super::versions::installed(c).map_err(&err)? {
+        return Ok(None);
+    }
+    let clock: i64 = c
+        .query_row(
+            &format!(
+                "SELECT version FROM {} WHERE id = 1",
+                super::versions::CLOCK
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .map_err(&err)?;
+    let schema = super::versions::schema_version(c).map_err(&err)?;
+    let mark = format!("{clock}/{schema}");
+    let then = since.and_then(|s| {
+        let (clock, schema) = s.split_once('/')?;
+        Some((clock.parse::<i64>().ok()?, schema.parse::<i64>().ok()?))
+    });
+    let unknown = |why: &str| Ok(Some((mark.clone(), ChangesSince::Unknown(why.into()))));
+    let Some((then_clock, then_schema)) = then else {
+        return unknown("no earlier mark");
+    };
+    if then_schema != schema {
+        return unknown("the registry's schema changed");
+    }
+    if clock == then_clock {
+        return Ok(Some((mark, ChangesSince::Rows(Vec::new()))));
+    }
+    if clock < then_clock {
+        return unknown("the registry's row-version clock went back");
+    }
+    let mut stmt = c
+        .prepare_cached(&format!(
+            "SELECT row_id FROM {} WHERE version > ?1 ORDER BY row_id LIMIT ?2",
+            super::versions::CHANGES
+        ))
+        .map_err(&err)?;
+    let stamped: Vec<i64> = stmt
+        .query_map(params![then_clock, limit as i64 + 1], |r| r.get(0))
+        .map_err(&err)?
+        .collect::<rusqlite::Result<_>>()
+        .map_err(&err)?;
+    if stamped.len() > limit {
+        return unknown("more rows changed than a check reads");
+    }
+    let found = super::scope::rows_by_rowid(c, path, &stamped)?;
+    let mut rows: Vec<Changed> = Vec::with_capacity(stamped.len());
+    for id in &stamped {
+        rows.push(match found.iter().find(|(at, _)| at == id) {
+            Some((_, row)) => Changed::Row(row.clone()),
+            None => Changed::Gone(None),
+        });
+    }
+    Ok(Some((mark, ChangesSince::Rows(rows))))
 }
 
 /// Inside apply's transaction: why `stamp` may not act, if it may not.

@@ -165,6 +165,26 @@ pub fn read_on(conn: &Connection, path: &Path, host_id: &str, also: &[String]) -
     })
 }
 
+/// The registry rows of `rowids` (a few hundred a statement), with their
+/// rowids, on `conn` inside the caller's transaction: the rows a change
+/// record names (`fleet-retire controller`).
+pub fn rows_by_rowid(conn: &Connection, path: &Path, rowids: &[i64]) -> Result<Vec<(i64, Row)>> {
+    let (present, list) = present_columns(conn, path)?;
+    let mut out = Vec::with_capacity(rowids.len());
+    for chunk in rowids.chunks(CHUNK) {
+        let marks = vec!["?"; chunk.len()].join(", ");
+        let params: Vec<SqlValue> = chunk.iter().map(|i| SqlValue::Integer(*i)).collect();
+        out.extend(read(
+            conn,
+            path,
+            &present,
+            &select(&list, &format!("rowid IN ({marks})")),
+            &params,
+        )?);
+    }
+    Ok(out)
+}
+
 /// Our value as SQLite binds it (a boolean is SQLite's integer).
 fn sql_value(v: Value) -> SqlValue {
     match v {

@@ -1,0 +1,227 @@
+//! Whether a change of the registry concerns this host's scope: the cheap
+//! check a controller makes every retry period between ticks
+//! (docs/controller.md, "Ticks").
+//!
+//! The store says which rows changed since the mark taken before the last
+//! tick (`ControllerRows::changes`: SQLite's row versions, PostgreSQL's
+//! change record), each read as it is now: only those rows are read. A
+//! change concerns the scope when the row is, or was at the last tick, one
+//! of the rows that tick read (this host's active rows and their peers),
+//! when it is now this host's, or when it shares a key with this host's
+//! rows (it may have become a peer). A row gone whose identity the store
+//! cannot name, or a change the store cannot list, concerns it too. One
+//! change is let pass: an own row that was live at the last tick and
+//! whose only difference is its heartbeat (a live worker heartbeating
+//! makes nothing a candidate; its expiry moved later). A change let pass
+//! by mistake only delays a retirement to the next resync: every tick
+//! judges afresh and the apply re-judges under its lock.
+
+use crate::plan::Plan;
+use crate::row::{Col, Row};
+use crate::store::controller::{Changed, ChangesSince};
+use crate::store::scope::Scope;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// At most this many changed rows are read by one check; beyond it the
+/// check gives up and a tick runs.
+pub const LIMIT: usize = 10_000;
+
+/// What the last tick read, to judge changes against.
+#[derive(Debug, Default)]
+pub struct Interest {
+    /// This host's id.
+    host: String,
+    /// The identities of every row the tick read (own and peers).
+    identities: HashSet<String>,
+    /// Every key a peer is fetched by (any column: a superset).
+    keys: HashSet<String>,
+    /// Own rows live at the tick: identity → digest without heartbeat.
+    live: HashMap<String, u128>,
+}
+
+/// What a check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// Nothing changed.
+    Quiet,
+    /// Rows changed, none of this host's scope.
+    Elsewhere,
+    /// A change of this host's scope (or any, when the tick read the whole
+    /// registry): a tick is due. Why, for the log.
+    Here(String),
+}
+
+impl Interest {
+    /// What a scoped plan read: its own rows (the plan's) and the peers'
+    /// identities (`peers`, which the plan dropped).
+    pub fn of(plan: &Plan, host: &str, peers: &[Row]) -> Interest {
+        let mut i = Interest {
+            host: host.to_string(),
+            ..Interest::default()
+        };
+        for row in plan.rows.iter().chain(peers) {
+            i.identities.insert(row.get(Col::WorkerIdentity).canon());
+        }
+        let own_keys = crate::store::scope::PeerKeys::of(&plan.rows);
+        for (_, _, set) in own_keys.columns() {
+            i.keys.extend(set.iter().cloned());
+        }
+        for e in &plan.entries {
+            let row = &plan.rows[e.index];
+            if crate::plan::planned::live_now(&plan.facts, row, plan.observation(e)) {
+                let identity = row.get(Col::WorkerIdentity).canon();
+                i.live
+                    .insert(identity, crate::plan::planned::row_digests(row).1);
+            }
+        }
+        i
+    }
+
+    /// Why `row` (as it is now) concerns the scope, if it does; `None`
+    /// with `heartbeat` set when only a live own row's heartbeat moved.
+    fn concerns(&self, row: &Row, heartbeat: &mut bool) -> Option<String> {
+        let identity = row.get(Col::WorkerIdentity).canon();
+        if let Some(quiet) = self.live.get(&identity) {
+            if crate::plan::planned::row_digests(row).1 == *quiet {
+                // A live row's heartbeat moved, and nothing else.
+                *heartbeat = true;
+                return None;
+            }
+        }
+        let why = |what: &str| Some(format!("{what} {}", crate::text::esc(&identity)));
+        if self.identities.contains(&identity) {
+            return why("a row the last tick read changed:");
+        }
+        if row.get(Col::HostId).canon() == self.host {
+            return why("a row of this host changed:");
+        }
+        let mut keys = crate::store::scope::PeerKeys::of(std::slice::from_ref(row));
+        // A peer is fetched by its instance whatever its namespace.
+        keys.instances
+            .insert(row.get(Col::ClientInstanceId).canon());
+        let shares = keys
+            .columns()
+            .iter()
+            .any(|(_, _, set)| set.iter().any(|k| !k.is_empty() && self.keys.contains(k)));
+        shares.then(|| {
+            format!(
+                "a row sharing a key with this host's rows changed: {}",
+                crate::text::esc(&identity)
+            )
+        })
+    }
+}
+
+/// Judge what the store says changed against `interest` (`None`: the last
+/// tick read the whole registry, or there was none: any change counts);
+/// with it, the own rows whose heartbeat alone moved (to keep the scope
+/// read last exact, [`Cache::patch`]).
+pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> (Found, Vec<Row>) {
+    let rows = match changes {
+        ChangesSince::Unknown(why) => {
+            return (
+                Found::Here(format!("the store cannot list the changes: {why}")),
+                Vec::new(),
+            )
+        }
+        ChangesSince::Rows(rows) if rows.is_empty() => return (Found::Quiet, Vec::new()),
+        ChangesSince::Rows(rows) => rows,
+    };
+    let Some(interest) = interest else {
+        return (
+            Found::Here(format!("{} row(s) changed", rows.len())),
+            Vec::new(),
+        );
+    };
+    let mut heartbeats = Vec::new();
+    for changed in rows {
+        let mut heartbeat = false;
+        let why = match changed {
+            Changed::Row(row) => interest.concerns(row, &mut heartbeat),
+            Changed::Gone(None) => Some("a row was deleted".into()),
+            Changed::Gone(Some(identity)) => interest.identities.contains(identity).then(|| {
+                format!(
+                    "a row the last tick read was deleted: {}",
+                    crate::text::esc(identity)
+                )
+            }),
+        };
+        if let Some(why) = why {
+            return (Found::Here(why), Vec::new());
+        }
+        if let (true, Changed::Row(row)) = (heartbeat, changed) {
+            heartbeats.push(row.clone());
+        }
+    }
+    (Found::Elsewhere, heartbeats)
+}
+
+/// The scope the last tick read, kept while the change record shows that
+/// nothing of it changed but live rows' heartbeats (patched in): a tick
+/// then plans it again without reading it (a resync, a heartbeat's
+/// expiry), probing this host's processes afresh. Read again after any
+/// change that concerns it, when the store keeps no change record or
+/// cannot be read, and at least every [`Cache::MAX_AGE_INTERVALS`]
+/// intervals (a backstop for a write no trigger stamped).
+#[derive(Default)]
+pub struct Cache {
+    kept: Option<(Scope, Instant)>,
+}
+
+impl Cache {
+    /// How many resync intervals a kept scope serves at most.
+    pub const MAX_AGE_INTERVALS: u32 = 10;
+
+    /// The kept scope, if it still stands and is younger than `max_age`.
+    pub fn fresh(&self, max_age: Duration) -> Option<(Scope, Instant)> {
+        self.kept
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < max_age)
+            .map(|(s, at)| (s.clone(), *at))
+    }
+
+    /// Keep `scope`, read at `at`.
+    pub fn keep(&mut self, scope: Scope, at: Instant) {
+        self.kept = Some((scope, at));
+    }
+
+    /// Read it again at the next tick.
+    pub fn forget(&mut self) {
+        self.kept = None;
+    }
+
+    /// Own rows whose heartbeat alone moved, as they are now.
+    pub fn patch(&mut self, rows: &[Row]) {
+        let Some((scope, _)) = &mut self.kept else {
+            return;
+        };
+        if rows.is_empty() {
+            return;
+        }
+        let at: HashMap<String, usize> = scope
+            .own
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.get(Col::WorkerIdentity).canon(), i))
+            .collect();
+        for row in rows {
+            match at.get(&row.get(Col::WorkerIdentity).canon()) {
+                Some(i) => scope.own[*i] = row.clone(),
+                None => {
+                    // Not found where it was: read the scope again.
+                    self.kept = None;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The rows a check read.
+pub fn rows_read(changes: &ChangesSince) -> usize {
+    match changes {
+        ChangesSince::Rows(rows) => rows.iter().filter(|c| matches!(c, Changed::Row(_))).count(),
+        ChangesSince::Unknown(_) => 0,
+    }
+}
