@@ -54,6 +54,17 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
             format!("cannot see: {why}; retiring nothing"),
         );
     }
+    let server = match run.rows.server() {
+        Ok(server) => server,
+        Err(e) => {
+            let why = format!("cannot see: {e}; retiring nothing");
+            return Ended::new("registry_unavailable", e.exit_code(), why);
+        }
+    };
+    if let Some(why) = run.sight.server_changed(server) {
+        let why = format!("cannot see: {why}; retiring nothing");
+        return Ended::new("blind", ExitCode::Error, why);
+    }
     let plan = match crate::plan::plan_from_files(
         &cfg.registry,
         &cfg.leases,

@@ -384,6 +384,12 @@ pub trait ControllerRows: Send {
     /// Something that changes whenever the registry's rows may have;
     /// `None` when the engine cannot tell cheaply for this registry.
     fn change_signal(&mut self) -> Result<Option<String>>;
+
+    /// Which server answers, in words that change when another one does
+    /// (a failover) or it restarts; `None` for an engine without one.
+    fn server(&mut self) -> Result<Option<String>> {
+        Ok(None)
+    }
 }
 
 /// Why a controller's apply may not spend its host's budget.
