@@ -3,9 +3,9 @@
 //! against the monotonic clock by more than a second since the last tick
 //! (a heartbeat's age is read on the wall clock), and this host's `/proc`
 //! must answer (a process table that cannot be read proves nothing dead).
-//! The registry's server must be the one the last tick read: a failover
-//! (or a restart) since makes this tick retire nothing, and the next one
-//! judges afresh on the new server. A registry or lease store that cannot
+//! The registry's server must be the one the last tick read, before the
+//! plan and after it: a failover (or a restart) since makes this tick
+//! retire nothing, and the next one judges afresh on the new server. A registry or lease store that cannot
 //! be read fails the plan itself.
 
 use std::path::Path;
@@ -65,7 +65,7 @@ impl Sight {
         let was = self.server.replace(now.clone())?;
         (was != now).then(|| {
             format!(
-                "the registry's server changed since the last tick (a failover or a restart: \
+                "the registry's server changed since it was last asked (a failover or a restart: \
                  {was:?}, now {now:?}); what the last tick saw may not be there"
             )
         })

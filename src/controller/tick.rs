@@ -54,16 +54,8 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
             format!("cannot see: {why}; retiring nothing"),
         );
     }
-    let server = match run.rows.server() {
-        Ok(server) => server,
-        Err(e) => {
-            let why = format!("cannot see: {e}; retiring nothing");
-            return Ended::new("registry_unavailable", e.exit_code(), why);
-        }
-    };
-    if let Some(why) = run.sight.server_changed(server) {
-        let why = format!("cannot see: {why}; retiring nothing");
-        return Ended::new("blind", ExitCode::Error, why);
+    if let Some(blind) = same_server(run) {
+        return blind;
     }
     let plan = match crate::plan::plan_from_files(
         &cfg.registry,
@@ -86,9 +78,28 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
         }
     };
     run.metrics.rows_read.inc_by(plan.rows.len() as u64);
+    // A failover while the plan read (it reads wherever the URL leads now).
+    if let Some(blind) = same_server(run) {
+        return blind;
+    }
     let mut ended = act(cfg, run, term, number, &plan);
     ended.next_expiry_us = next_expiry(&plan);
     ended
+}
+
+/// How the tick ends when the registry's server is not the one the last
+/// look found (a failover, a restart) or cannot be asked.
+fn same_server(run: &mut Run) -> Option<Ended> {
+    let server = match run.rows.server() {
+        Ok(server) => server,
+        Err(e) => {
+            let why = format!("cannot see: {e}; retiring nothing");
+            return Some(Ended::new("registry_unavailable", e.exit_code(), why));
+        }
+    };
+    let why = run.sight.server_changed(server)?;
+    let why = format!("cannot see: {why}; retiring nothing");
+    Some(Ended::new("blind", ExitCode::Error, why))
 }
 
 /// What a tick that sees does with its plan.

@@ -139,11 +139,14 @@ fn connect_members(
             members.iter().collect();
         order.sort_by_key(|(_, addrs)| addrs.iter().any(|a| super::stall::is_suspect(*a)));
         let mut failed = Failed::Unfinished(limit);
+        let mut refused = None;
         for (one, addrs) in order {
             match attempt(one, connector, limit) {
                 Some(Ok(client)) => return Ok(client),
                 Some(Err(e)) if may_pass(&e) => failed = Failed::Postgres(e),
-                Some(Err(e)) => return Err(Failed::Postgres(e)),
+                // As the driver does: another member may take it (a
+                // replica behind the leader lacks a database just made).
+                Some(Err(e)) => refused = Some(e),
                 None => {
                     tracing::warn!(
                         member = ?addrs,
@@ -153,6 +156,9 @@ fn connect_members(
                     addrs.iter().for_each(|a| super::stall::suspect(*a));
                 }
             }
+        }
+        if let Some(e) = refused {
+            return Err(Failed::Postgres(e));
         }
         if Instant::now() + pause >= deadline {
             return Err(failed);
