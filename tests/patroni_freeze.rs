@@ -114,24 +114,7 @@ fn a_frozen_leader_is_left_within_seconds_by_apply_workers_serve_and_the_control
         std::thread::sleep(Duration::from_millis(200));
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let me = std::process::id();
-    let row = stale_row("w-beat", i64::from(me), &start_time(me));
-    // Closed before the freeze: a driver's connection to a frozen server
-    // waits for ever to close.
-    {
-        let mut c = connect(&ctl_url);
-        c.execute(
-            "INSERT INTO worker_registrations SELECT * FROM \
-             jsonb_populate_record(NULL::worker_registrations, $1::text::jsonb)",
-            &[&row.to_string()],
-        )
-        .unwrap();
-        c.execute(
-            "UPDATE worker_registrations SET client_instance_id = $1 WHERE worker_identity = 'w-beat'",
-            &[&"inst-codex-20261205T000000Z-00000000beef"],
-        )
-        .unwrap();
-    }
+    add_beating_worker(&ctl_url);
     let beats = beat(ctl_url.clone(), "w-beat", stop.clone());
     let a = Controller::start(&ctl, "a", &[]);
     common::controller::wait_for(Duration::from_secs(30), "a controller to tick", || {
@@ -178,27 +161,8 @@ fn a_frozen_leader_is_left_within_seconds_by_apply_workers_serve_and_the_control
     // the frozen member out.
     let ctl_url = cluster.url_without(&ctl_url, old);
     ctl.registry = PathBuf::from(&ctl_url);
-    let serve_at = heartbeat_of(&ctl_url, "w-serve-frozen");
-    let (mut worker_back, mut serve_back, mut ctl_back) = (None, None, None);
-    let mut serve_seen = serve_at.clone();
-    while frozen.elapsed() < BACK_WITHIN + Duration::from_secs(15)
-        && (worker_back.is_none() || serve_back.is_none() || ctl_back.is_none())
-    {
-        if worker_back.is_none() {
-            worker_back = beats.lock().unwrap().iter().find(|t| **t > frozen).copied();
-        }
-        if serve_back.is_none() {
-            let now = heartbeat_of(&ctl_url, "w-serve-frozen");
-            if now.is_some() && serve_seen.is_some() && now != serve_seen {
-                serve_back = Some(Instant::now());
-            }
-            serve_seen = serve_seen.or(now);
-        }
-        if ctl_back.is_none() && a.outcomes().iter().skip(ticks_before.get()).any(|o| saw(o)) {
-            ctl_back = Some(Instant::now());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (worker_back, serve_back, ctl_back) =
+        back_after(frozen, &beats, &ctl_url, &a, ticks_before.get());
     let new = cluster.leader();
     let secs = |t: Option<Instant>| t.map(|t| (t - frozen).as_secs_f64());
     eprintln!(
@@ -228,10 +192,38 @@ fn a_frozen_leader_is_left_within_seconds_by_apply_workers_serve_and_the_control
         );
     }
 
-    // The controller's first tick after the freeze retired nothing, and
-    // the first on the new server said why.
+    ticks_across_the_freeze(&a, ticks_before.get());
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    retired_under_its_terms(&ctl.registry, &mut workers, &a);
+    drop(live);
+}
+
+/// A worker row of this process (its pid), in an instance slot of its own,
+/// for [`beat`]. The connection is closed before the freeze: a driver's
+/// connection to a frozen server waits for ever to close.
+fn add_beating_worker(url: &str) {
+    let me = std::process::id();
+    let row = stale_row("w-beat", i64::from(me), &start_time(me));
+    let mut c = connect(url);
+    c.execute(
+        "INSERT INTO worker_registrations SELECT * FROM \
+         jsonb_populate_record(NULL::worker_registrations, $1::text::jsonb)",
+        &[&row.to_string()],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE worker_registrations SET client_instance_id = $1 WHERE worker_identity = 'w-beat'",
+        &[&"inst-codex-20261205T000000Z-00000000beef"],
+    )
+    .unwrap();
+}
+
+/// The controller's first tick after the freeze (its `before`-th)
+/// retired nothing, and one before its first that saw said its server
+/// changed.
+fn ticks_across_the_freeze(a: &Controller, before: usize) {
     let after: Vec<String> = a.lines().iter().map(|l| l.to_string()).collect();
-    let later = a.outcomes().split_off(ticks_before.get());
+    let later = a.outcomes().split_off(before);
     assert!(later.first().is_some_and(|o| !saw(o)), "{after:#?}");
     let first_seeing = later.iter().position(|o| saw(o)).unwrap();
     assert!(
@@ -244,21 +236,22 @@ fn a_frozen_leader_is_left_within_seconds_by_apply_workers_serve_and_the_control
             .any(|l| l.contains("the registry's server changed")),
         "{after:#?}"
     );
-
     eprintln!("the controller's ticks across the freeze: {later:?}");
-    // The workers die now: retired by whoever leads, under a term it took.
-    for w in &mut workers {
+}
+
+/// The workers die: the controller retires them, each apply recorded
+/// under a term it took.
+fn retired_under_its_terms(registry: &Path, workers: &mut [KillOnDrop], a: &Controller) {
+    for w in workers.iter_mut() {
         w.0.kill().unwrap();
         w.0.wait().unwrap();
     }
     common::controller::wait_for(Duration::from_secs(40), "the workers to be retired", || {
         (1..=2).all(|n| {
-            common::controller::status(&ctl.registry, &format!("w-{n}")).as_deref()
-                == Some("retired")
+            common::controller::status(registry, &format!("w-{n}")).as_deref() == Some("retired")
         })
     });
-    eprintln!("both workers retired");
-    let mut client = connect(ctl.registry.to_str().unwrap());
+    let mut client = connect(registry.to_str().unwrap());
     let terms: Vec<i64> = client
         .query(
             "SELECT c.controller_term FROM retirement_audit a \
@@ -275,7 +268,38 @@ fn a_frozen_leader_is_left_within_seconds_by_apply_workers_serve_and_the_control
         terms.iter().all(|t| taken.contains(t)),
         "{terms:?} {taken:?}"
     );
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
     eprintln!("audited under terms {terms:?}, taken {taken:?}");
-    drop(live);
+}
+
+/// When, after `frozen`, the worker's heartbeat, `serve`'s and a tick of
+/// `a` that saw (after its `before`-th) were back, polled for 45 s.
+fn back_after(
+    frozen: Instant,
+    beats: &Mutex<Vec<Instant>>,
+    ctl_url: &str,
+    a: &Controller,
+    before: usize,
+) -> (Option<Instant>, Option<Instant>, Option<Instant>) {
+    let serve_at = heartbeat_of(ctl_url, "w-serve-frozen");
+    let (mut worker_back, mut serve_back, mut ctl_back) = (None, None, None);
+    let mut serve_seen = serve_at.clone();
+    while frozen.elapsed() < BACK_WITHIN + Duration::from_secs(15)
+        && (worker_back.is_none() || serve_back.is_none() || ctl_back.is_none())
+    {
+        if worker_back.is_none() {
+            worker_back = beats.lock().unwrap().iter().find(|t| **t > frozen).copied();
+        }
+        if serve_back.is_none() {
+            let now = heartbeat_of(ctl_url, "w-serve-frozen");
+            if now.is_some() && serve_seen.is_some() && now != serve_seen {
+                serve_back = Some(Instant::now());
+            }
+            serve_seen = serve_seen.or(now);
+        }
+        if ctl_back.is_none() && a.outcomes().iter().skip(before).any(|o| saw(o)) {
+            ctl_back = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (worker_back, serve_back, ctl_back)
 }
