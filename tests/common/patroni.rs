@@ -272,6 +272,9 @@ impl Cluster {
             .chain(runs_it)
             .chain([postmaster]);
         for pid in pids.chain(children) {
+            if let Ok(mut frozen) = self.frozen.lock() {
+                frozen.push(pid);
+            }
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGSTOP,
