@@ -3,7 +3,10 @@
 //! against the monotonic clock by more than a second since the last tick
 //! (a heartbeat's age is read on the wall clock), and this host's `/proc`
 //! must answer (a process table that cannot be read proves nothing dead).
-//! A registry or lease store that cannot be read fails the plan itself.
+//! The registry's server must be the one the last tick read, before the
+//! plan and after it: a failover (or a restart) since makes this tick
+//! retire nothing, and the next one judges afresh on the new server. A registry or lease store that cannot
+//! be read fails the plan itself.
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -15,6 +18,8 @@ const JUMP: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub struct Sight {
     last: Option<(Instant, SystemTime)>,
+    /// The registry's server as the last tick found it.
+    server: Option<String>,
 }
 
 impl Sight {
@@ -52,6 +57,21 @@ impl Sight {
     }
 }
 
+impl Sight {
+    /// Why this tick cannot see, if the registry's server (`now`, as the
+    /// store states it) is not the one the last tick read.
+    pub fn server_changed(&mut self, now: Option<String>) -> Option<String> {
+        let now = now?;
+        let was = self.server.replace(now.clone())?;
+        (was != now).then(|| {
+            format!(
+                "the registry's server changed since it was last asked (a failover or a restart: \
+                 {was:?}, now {now:?}); what the last tick saw may not be there"
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,6 +94,19 @@ mod tests {
             .contains("wall clock"));
         let back = (i0 + Duration::from_secs(61), w0 + Duration::from_secs(90));
         assert!(sight.blind_at(back, proc_root).is_some());
+    }
+
+    #[test]
+    fn a_new_server_makes_one_tick_blind() {
+        let mut sight = Sight::default();
+        assert!(sight.server_changed(Some("a".into())).is_none());
+        assert!(sight.server_changed(Some("a".into())).is_none());
+        assert!(sight.server_changed(None).is_none());
+        assert!(sight
+            .server_changed(Some("b".into()))
+            .unwrap()
+            .contains("failover"));
+        assert!(sight.server_changed(Some("b".into())).is_none());
     }
 
     #[test]

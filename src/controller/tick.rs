@@ -54,11 +54,15 @@ impl Ended {
 /// Run one tick under `term`.
 pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
     if let Some(why) = run.sight.blind(&cfg.proc_root) {
+        run.cache.forget();
         return Ended::new(
             "blind",
             ExitCode::Error,
             format!("cannot see: {why}; retiring nothing"),
         );
+    }
+    if let Some(blind) = same_server(run) {
+        return blind;
     }
     // Until this tick has read, any change makes the next one due.
     run.interest = None;
@@ -78,6 +82,10 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
     };
     run.interest = interest;
     run.metrics.rows_read.inc_by(read as u64);
+    // A failover while the plan read (it reads wherever the URL leads now).
+    if let Some(blind) = same_server(run) {
+        return blind;
+    }
     let mut ended = act(cfg, run, term, number, &plan);
     ended.next_expiry_us = next_expiry(&plan);
     ended.rows_read += read;
@@ -126,6 +134,23 @@ fn plan_tick(cfg: &Config, run: &mut Run) -> crate::error::Result<(Plan, Option<
     let plan = crate::plan::scoped::plan_scope(scope, facts, &probe, &cfg.policies)?;
     let interest = Interest::of(&plan, &host, &peers);
     Ok((plan, Some(interest), read))
+}
+
+/// How the tick ends when the registry's server is not the one the last
+/// look found (a failover, a restart) or cannot be asked.
+fn same_server(run: &mut Run) -> Option<Ended> {
+    let server = match run.rows.server() {
+        Ok(server) => server,
+        Err(e) => {
+            let why = format!("cannot see: {e}; retiring nothing");
+            return Some(Ended::new("registry_unavailable", e.exit_code(), why));
+        }
+    };
+    let why = run.sight.server_changed(server)?;
+    // The scope kept from before is of another server: read it afresh.
+    run.cache.forget();
+    let why = format!("cannot see: {why}; retiring nothing");
+    Some(Ended::new("blind", ExitCode::Error, why))
 }
 
 /// What a tick that sees does with its plan.

@@ -392,6 +392,12 @@ pub trait ControllerRows: Send {
         since: Option<&str>,
         limit: usize,
     ) -> Result<Option<(String, ChangesSince)>>;
+
+    /// Which server answers, in words that change when another one does
+    /// (a failover) or it restarts; `None` for an engine without one.
+    fn server(&mut self) -> Result<Option<String>> {
+        Ok(None)
+    }
 }
 
 /// Why a controller's apply may not spend its host's budget.

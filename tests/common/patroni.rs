@@ -17,6 +17,9 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     base: u16,
     pub url: String,
+    /// Processes [`Cluster::freeze`] stopped: killed and continued on
+    /// drop (a stopped process's children outlive its SIGKILL, stopped).
+    frozen: std::sync::Mutex<Vec<i32>>,
 }
 
 fn script() -> PathBuf {
@@ -49,6 +52,7 @@ impl Cluster {
             url: String::from_utf8_lossy(&out.stdout).trim().to_string(),
             dir,
             base,
+            frozen: Default::default(),
         };
         assert!(out.status.success(), "{}", text(&out));
         Some(cluster)
@@ -99,6 +103,12 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        let frozen = self.frozen.lock().map(|f| f.clone()).unwrap_or_default();
+        for pid in frozen {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        }
         let _ = Command::new(script())
             .arg("stop")
             .arg(self.dir.path())
@@ -187,6 +197,16 @@ impl Cluster {
         self.base + 10 + n
     }
 
+    /// `url` without member `n` (a frozen member would hold a test's own
+    /// connection, which the driver does not bound, for ever).
+    pub fn url_without(&self, url: &str, n: u16) -> String {
+        let others: Vec<String> = (1..=3)
+            .filter(|m| *m != n)
+            .map(|m| format!("127.0.0.1:{}", self.port_of(m)))
+            .collect();
+        url.replacen(&self.hosts(), &others.join(","), 1)
+    }
+
     /// The URL's host list, as it is written there.
     pub fn hosts(&self) -> String {
         (1..=3)
@@ -211,5 +231,54 @@ impl Cluster {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+impl Cluster {
+    /// SIGSTOP member `n` whole, as a paused machine would be: its patroni,
+    /// its postmaster and every process of its server. The kernel keeps
+    /// their sockets open and acknowledges what is sent to them; nothing
+    /// answers. The cluster's stop (SIGKILL) ends them, frozen or not.
+    pub fn freeze(&self, n: u16) {
+        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+        let patroni = read(self.dir.path().join(format!("patroni{n}.pid")));
+        let postmaster = read(self.dir.path().join(format!("pg{n}/postmaster.pid")));
+        let postmaster: i32 = postmaster.lines().next().unwrap_or("").parse().unwrap();
+        let children: Vec<i32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let stat = read(PathBuf::from(format!("/proc/{pid}/stat")));
+                let after = stat.rsplit_once(") ").map(|(_, a)| a).unwrap_or("");
+                after.split(' ').nth(1) == Some(&postmaster.to_string())
+            })
+            .collect();
+        // Patroni as the pid file names it, and any process running its
+        // configuration (the pid file may name a wrapper).
+        let yml = self.dir.path().join(format!("pg{n}.yml"));
+        let yml = yml.to_string_lossy().into_owned();
+        let runs_it: Vec<i32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&yml))
+            })
+            .collect();
+        let pids = patroni
+            .trim()
+            .parse::<i32>()
+            .into_iter()
+            .chain(runs_it)
+            .chain([postmaster]);
+        for pid in pids.chain(children) {
+            if let Ok(mut frozen) = self.frozen.lock() {
+                frozen.push(pid);
+            }
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGSTOP,
+            );
+        }
     }
 }

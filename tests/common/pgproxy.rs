@@ -20,7 +20,8 @@ pub enum Lose {
     /// server's reply reaches it: the transaction commits.
     Reply,
     /// Pass the COMMIT on, then pass nothing back and close nothing: the
-    /// client's connection goes silent.
+    /// client's connection goes silent, and so does every connection made
+    /// afterwards (a frozen server: a probe of it gets no answer either).
     ReplySilently,
 }
 
@@ -54,11 +55,16 @@ impl PgProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let (f, s) = (fired.clone(), stop.clone());
         std::thread::spawn(move || {
+            let mut held = Vec::new();
             for client in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(client) = client else { continue };
+                if lose == Lose::ReplySilently && f.load(Ordering::SeqCst) {
+                    held.push(client);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(&upstream) else {
                     continue;
                 };

@@ -34,8 +34,7 @@ impl Postgres {
     /// the statement fails and the apply is `transaction_failed`.
     pub fn open(url: &PgUrl, location: &Path, busy_timeout: Duration) -> Result<Postgres> {
         let label = url.to_string();
-        super::stall::allow_waits(busy_timeout);
-        let (mut client, idle) = super::connect_watched(url, Store::Registry, busy_timeout)?;
+        let (mut client, idle) = super::connect_watched(url, Store::Registry)?;
         let millis = busy_timeout.as_millis().clamp(1, i32::MAX as u128);
         client
             .batch_execute(&format!("SET lock_timeout = {millis}"))

@@ -32,6 +32,8 @@ pub struct Rows {
     /// connection (a failover, or an idle transaction ended by it).
     url: PgUrl,
     busy: Duration,
+    /// Set between calls: a follower's connection is silent by right.
+    idle: super::stall::Idle,
 }
 
 /// The columns of `table` in the session's schema (none when it is absent),
@@ -159,7 +161,7 @@ impl Rows {
     /// registry's schema can, and any other is told so.
     pub fn open(url: &PgUrl, busy: Duration) -> Result<Rows> {
         let label = url.to_string();
-        let mut client = super::connect_to(url, Store::Registry)?;
+        let (mut client, idle) = super::connect_watched(url, Store::Registry)?;
         let err = |doing| Error::postgres(Store::Registry, &label, doing);
         client
             .batch_execute(&format!("SET lock_timeout = {}", busy.as_millis().max(1)))
@@ -185,11 +187,13 @@ impl Rows {
             // as any table found at start.
             return Rows::open(url, busy);
         }
+        idle.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(Rows {
             client,
             label,
             url: url.clone(),
             busy,
+            idle,
         })
     }
 
@@ -219,6 +223,7 @@ impl ControllerRows for Rows {
         bucket: Bucket,
     ) -> Result<Acquired> {
         self.live()?;
+        let _in_use = super::stall::InUse::mark(&self.idle);
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
         let label = self.label.clone();
         let err = |doing| Error::postgres(Store::Registry, &label, doing);
@@ -291,6 +296,7 @@ impl ControllerRows for Rows {
 
     fn release(&mut self, scope: &str, holder: &str, term: i64) -> Result<bool> {
         self.live()?;
+        let _in_use = super::stall::InUse::mark(&self.idle);
         let n = self
             .client
             .execute(
@@ -306,6 +312,7 @@ impl ControllerRows for Rows {
 
     fn budget(&mut self, scope: &str, bucket: Bucket) -> Result<f64> {
         self.live()?;
+        let _in_use = super::stall::InUse::mark(&self.idle);
         let row = self
             .client
             .query_opt(
@@ -316,6 +323,13 @@ impl ControllerRows for Rows {
             )
             .map_err(self.err("cannot read the controller's budget"))?;
         Ok(row.map_or(0.0, |r| bucket.refill(r.get(0), r.get(1), r.get(2))))
+    }
+
+    /// The server's start time and the database (`versions::server`).
+    fn server(&mut self) -> Result<Option<String>> {
+        self.live()?;
+        let _in_use = super::stall::InUse::mark(&self.idle);
+        super::versions::server(&mut self.client, &self.label).map(Some)
     }
 
     /// The server and a snapshot (the mark): the rows changed since are
@@ -330,6 +344,7 @@ impl ControllerRows for Rows {
         limit: usize,
     ) -> Result<Option<(String, ChangesSince)>> {
         self.live()?;
+        let _in_use = super::stall::InUse::mark(&self.idle);
         let (found, _) = shape_of(&mut self.client, super::versions::CHANGES, &self.label)?;
         if found.is_empty() {
             return Ok(None);

@@ -23,8 +23,7 @@ impl Fence {
     /// fails now, not at the first fence.
     pub fn open(url: &PgUrl) -> Result<Fence> {
         let label = url.to_string();
-        let (mut client, idle) =
-            super::connect_watched(url, Store::Leases, std::time::Duration::ZERO)?;
+        let (mut client, idle) = super::connect_watched(url, Store::Leases)?;
         super::read_leases(&mut client, &label, true)?;
         idle.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(Fence {

@@ -188,7 +188,7 @@ impl crate::store::seam::Engine for Postgres {
         wait: std::time::Duration,
     ) -> Result<Vec<crate::store::seam::Recorded>> {
         let label = self.url.to_string();
-        let mut client = connect_bounded(&self.url, Store::Registry, wait)?;
+        let mut client = connect_to(&self.url, Store::Registry)?;
         let err = |doing| Error::postgres(Store::Registry, &label, doing);
         // READ COMMITTED whatever the database's default: the read after
         // the lock must see what a COMMIT in flight committed, not a
@@ -263,24 +263,16 @@ pub fn connect(url: &str, store: Store) -> Result<Client> {
     connect_to(&url, store)
 }
 
-/// Connect to a parsed URL, with the session's `search_path` pinned.
+/// Connect to a parsed URL, with the session's `search_path` pinned, the
+/// connection watched ([`stall`]): given up on once its server has said
+/// nothing, on it or to a probe, for the bound.
 pub fn connect_to(url: &PgUrl, store: Store) -> Result<Client> {
-    connect_bounded(url, store, std::time::Duration::ZERO)
+    connect_watched(url, store).map(|(client, _)| client)
 }
 
-/// [`connect_to`], the connection's silences bounded ([`stall`]) by the
-/// default bound plus `may_wait` (a lock wait the server itself bounds).
-pub fn connect_bounded(url: &PgUrl, store: Store, may_wait: std::time::Duration) -> Result<Client> {
-    connect_watched(url, store, may_wait).map(|(client, _)| client)
-}
-
-/// [`connect_bounded`], with the flag that marks the connection idle
-/// while its holder keeps it unused.
-pub fn connect_watched(
-    url: &PgUrl,
-    store: Store,
-    may_wait: std::time::Duration,
-) -> Result<(Client, stall::Idle)> {
+/// [`connect_to`], with the flag that marks the connection idle while its
+/// holder keeps it unused.
+pub fn connect_watched(url: &PgUrl, store: Store) -> Result<(Client, stall::Idle)> {
     let label = url.to_string();
     let mut config = url.config().clone();
     config.application_name("fleet-retire");
@@ -319,7 +311,7 @@ pub fn connect_watched(
             return Err(store_error(store, &label, message));
         }
     };
-    let idle = stall::watch_new(&before, stall::bound_for(may_wait));
+    let idle = stall::watch_new(&before);
     pin_search_path(&mut client, store, &label)?;
     Ok((client, idle))
 }

@@ -1,55 +1,52 @@
 //! A server that stops answering is given up on: no wait for a reply is
-//! left to the kernel.
+//! left to the kernel, and a busy server is told from a frozen one.
 //!
 //! TCP keepalives and `tcp_user_timeout` catch a server that vanished, but
-//! not one that froze (SIGSTOP, a hung disk, a proxy that swallows its
-//! replies): its kernel still acknowledges every byte, so the connection
-//! looks alive while the reply never comes, and the driver's blocking call
-//! waits for ever. So every connection's socket is watched: while the
-//! connection is in use, when no data has gone either way for longer than
-//! its bound, the socket is shut down, the blocked call returns an error,
-//! and the caller treats it as a lost connection (for a COMMIT:
-//! `outcome_unknown`).
+//! not one that froze (SIGSTOP, a paused virtual machine, a proxy that
+//! swallows everything): its kernel still acknowledges every byte, so the
+//! connection looks alive while the reply never comes, and the driver's
+//! blocking call waits for ever. So every connection's socket is watched,
+//! from the kernel's own record of it (`TCP_INFO`: milliseconds since data
+//! was last sent and last received), with no hook in the driver.
 //!
-//! The watch reads the kernel's own record of the socket (`TCP_INFO`:
-//! milliseconds since data was last sent and last received), so it needs
-//! no hook in the driver; a connection receiving a long result, or sending
-//! a long copy, is never cut. A connection kept between uses (a worker's
-//! between heartbeats) is marked idle meanwhile ([`Idle`]) and not
-//! watched then.
+//! Silence alone does not tell a frozen server from a busy one (a long
+//! sort, a lock wait, a read of a million rows before its first row), so
+//! once a connection in use has been silent for a third of the bound, the
+//! server at its far end is **probed on a connection of its own**: a TCP
+//! connect to the same address and one protocol question that needs no
+//! password and runs no SQL (a GSSENCRequest, which every PostgreSQL since
+//! 7.x answers with one byte, from a backend it forked for it). A server
+//! that answers is busy, and the connection waits on, however long its
+//! statement takes; the probe is repeated while the silence lasts. A
+//! connection whose server has said nothing, on it or to a probe, for the
+//! whole bound (15 s by default) is shut down: the blocked call returns an
+//! error, the caller treats it as a lost connection (for a COMMIT:
+//! `outcome_unknown`), and the address is remembered as suspect for a
+//! minute, so the next connect to a cluster tries the other members first
+//! (`failover.rs`). A connection kept between uses (a worker's between
+//! heartbeats) is marked idle meanwhile ([`Idle`]) and not watched then.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long a reply may take by default (`FLEET_RETIRE_PG_REPLY_TIMEOUT`,
-/// in seconds, overrides it); a connection that may wait for a lock is
-/// given that wait on top.
+/// How long a server may say nothing, on a connection in use or to a
+/// probe, before the connection is given up on: 15 s by default
+/// (`FLEET_RETIRE_PG_REPLY_TIMEOUT`, in seconds, overrides it).
 pub fn reply_bound() -> Duration {
     std::env::var("FLEET_RETIRE_PG_REPLY_TIMEOUT")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
         .filter(|s| *s > 0)
-        .map_or(Duration::from_secs(30), Duration::from_secs)
+        .map_or(Duration::from_secs(15), Duration::from_secs)
 }
 
-/// The longest lock wait this process's commands allow (apply's
-/// `--busy-timeout-ms`), in milliseconds: every connection opened after it
-/// is set may be silent that long on top of the reply bound, since one
-/// connection's lock wait leaves the others of the same command silent too
-/// (apply's lease store while its registry waits for the lock).
-static ALLOWED_WAIT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Allow connections opened from now on to wait `wait` for a lock.
-pub fn allow_waits(wait: Duration) {
-    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-    ALLOWED_WAIT_MS.fetch_max(ms, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// The bound of a connection opened now that may itself wait `may_wait`.
-pub fn bound_for(may_wait: Duration) -> Duration {
-    let allowed = Duration::from_millis(ALLOWED_WAIT_MS.load(std::sync::atomic::Ordering::SeqCst));
-    reply_bound() + may_wait.max(allowed)
+/// How long a probe may take, and how long a connection in use is silent
+/// before its server is probed: a third of the bound, 1 to 5 s.
+pub fn probe_bound() -> Duration {
+    (reply_bound() / 3).clamp(Duration::from_secs(1), Duration::from_secs(5))
 }
 
 /// One watched socket: its descriptor and the addresses that make it
@@ -57,6 +54,7 @@ pub fn bound_for(may_wait: Duration) -> Duration {
 struct Watched {
     fd: RawFd,
     ends: (String, String),
+    peer: Option<SocketAddr>,
     bound: Duration,
     idle: Idle,
 }
@@ -65,8 +63,120 @@ struct Watched {
 /// holder): an idle connection is silent by right.
 pub type Idle = std::sync::Arc<std::sync::atomic::AtomicBool>;
 
+/// Marks a connection in use while it lives, idle again when dropped.
+pub struct InUse(Idle);
+
+impl InUse {
+    /// Mark `idle` in use until the guard is dropped.
+    pub fn mark(idle: &Idle) -> InUse {
+        idle.store(false, std::sync::atomic::Ordering::SeqCst);
+        InUse(idle.clone())
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 static WATCHED: Mutex<Vec<Watched>> = Mutex::new(Vec::new());
 static STARTED: std::sync::Once = std::sync::Once::new();
+
+/// What this process last learnt of a server's address: when it last
+/// answered a probe, whether a probe is out, when the last one went, and
+/// since when it is suspect (a probe went unanswered, a connection to it
+/// was given up on, or a connect to it did not finish).
+#[derive(Default)]
+struct Peer {
+    answered: Option<Instant>,
+    probing: bool,
+    probed: Option<Instant>,
+    suspect: Option<Instant>,
+}
+
+static PEERS: Mutex<BTreeMap<SocketAddr, Peer>> = Mutex::new(BTreeMap::new());
+
+/// How long an address stays suspect.
+const SUSPECT_FOR: Duration = Duration::from_secs(60);
+
+fn with_peer<T>(addr: SocketAddr, f: impl FnOnce(&mut Peer) -> T) -> T {
+    let mut peers = PEERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    f(peers.entry(addr).or_default())
+}
+
+/// Remember `addr` as suspect: connects to a cluster try it last.
+pub fn suspect(addr: SocketAddr) {
+    with_peer(addr, |p| p.suspect = Some(Instant::now()));
+}
+
+/// Whether `addr` was found frozen (or did not finish a connect) within
+/// the last minute and has not answered a probe since.
+pub fn is_suspect(addr: SocketAddr) -> bool {
+    with_peer(addr, |p| {
+        p.suspect
+            .is_some_and(|at| at.elapsed() < SUSPECT_FOR && p.answered.is_none_or(|a| a < at))
+    })
+}
+
+/// Ask the server at `addr`, on a connection of its own, one question it
+/// answers before any password: a GSSENCRequest (8 bytes), to which a
+/// PostgreSQL server replies with one byte (`G`, `N`, or an error from
+/// one too old to know it). Any byte within `limit` means the server's
+/// processes run; the connection is closed before any startup, which the
+/// server does not log.
+pub fn answers(addr: SocketAddr, limit: Duration) -> bool {
+    use std::io::{Read, Write};
+    let started = Instant::now();
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, limit) else {
+        return false;
+    };
+    let left = limit
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    let _ = s.set_read_timeout(Some(left));
+    let _ = s.set_write_timeout(Some(left));
+    let request = [0u8, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30]; // length 8, code 80877104
+    let mut reply = [0u8; 1];
+    s.write_all(&request).is_ok() && matches!(s.read(&mut reply), Ok(1))
+}
+
+/// Probe `addr` on a thread of its own, the probe bounded by `limit`,
+/// unless a probe of it is out or one went less than `limit` ago.
+fn probe_soon(addr: SocketAddr, limit: Duration) {
+    let go = with_peer(addr, |p| {
+        let due = !p.probing && p.probed.is_none_or(|t| t.elapsed() >= limit);
+        if due {
+            p.probing = true;
+            p.probed = Some(Instant::now());
+        }
+        due
+    });
+    if !go {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("pg-probe".into())
+        .spawn(move || {
+            let ok = answers(addr, limit);
+            with_peer(addr, |p| {
+                p.probing = false;
+                if ok {
+                    p.answered = Some(Instant::now());
+                } else {
+                    p.suspect = Some(Instant::now());
+                }
+            });
+            if !ok {
+                tracing::warn!(peer = %addr, "the PostgreSQL server did not answer a probe");
+            }
+        });
+    if spawned.is_err() {
+        with_peer(addr, |p| p.probing = false);
+    }
+}
 
 /// The TCP sockets this process holds now: (descriptor, inode).
 pub fn sockets() -> Vec<(RawFd, String)> {
@@ -85,9 +195,14 @@ pub fn sockets() -> Vec<(RawFd, String)> {
 }
 
 /// Watch the TCP sockets opened since `before` was taken (the
-/// connection just made) with `bound`; the flag its holder sets while it
-/// keeps the connection unused.
-pub fn watch_new(before: &[(RawFd, String)], bound: Duration) -> Idle {
+/// connection just made); the flag its holder sets while it keeps the
+/// connection unused.
+pub fn watch_new(before: &[(RawFd, String)]) -> Idle {
+    watch_new_bounded(before, reply_bound())
+}
+
+/// [`watch_new`] with `bound` for the silence of server and probes alike.
+pub fn watch_new_bounded(before: &[(RawFd, String)], bound: Duration) -> Idle {
     let idle = Idle::default();
     let fresh: Vec<Watched> = sockets()
         .into_iter()
@@ -96,6 +211,7 @@ pub fn watch_new(before: &[(RawFd, String)], bound: Duration) -> Idle {
             Some(Watched {
                 fd,
                 ends: ends(fd)?,
+                peer: peer_of(fd),
                 bound,
                 idle: idle.clone(),
             })
@@ -112,11 +228,22 @@ pub fn watch_new(before: &[(RawFd, String)], bound: Duration) -> Idle {
         let _ = std::thread::Builder::new()
             .name("pg-stall-watch".into())
             .spawn(|| loop {
-                std::thread::sleep(Duration::from_millis(500));
+                std::thread::sleep(Duration::from_millis(250));
                 sweep();
             });
     });
     idle
+}
+
+/// The socket's peer as an address a probe can connect to.
+fn peer_of(fd: RawFd) -> Option<SocketAddr> {
+    use nix::sys::socket::{getpeername, SockaddrStorage};
+    let peer = getpeername::<SockaddrStorage>(fd).ok()?;
+    if let Some(v4) = peer.as_sockaddr_in() {
+        return Some(SocketAddr::from((v4.ip(), v4.port())));
+    }
+    let v6 = peer.as_sockaddr_in6()?;
+    Some(SocketAddr::from((v6.ip(), v6.port())))
 }
 
 /// The socket's two addresses, as the kernel states them.
@@ -147,8 +274,9 @@ fn tcp_info(fd: RawFd) -> Option<(u32, u32)> {
     }
 }
 
-/// Shut down every watched socket in use that has carried no data either
-/// way for longer than its bound; forget the ones that are gone.
+/// Shut down every watched socket in use whose server has said nothing,
+/// on it or to a probe, for longer than its bound; probe the servers of
+/// those silent for a probe's bound; forget the sockets that are gone.
 fn sweep() {
     let Ok(mut watched) = WATCHED.lock() else {
         return;
@@ -161,20 +289,39 @@ fn sweep() {
             return false;
         };
         let in_use = !w.idle.load(std::sync::atomic::Ordering::SeqCst);
-        if in_use && u128::from(since_sent.min(since_heard)) > w.bound.as_millis() {
-            tracing::warn!(
-                peer = %w.ends.1,
-                silent_ms = since_sent.min(since_heard),
-                "the PostgreSQL server has not answered; giving the connection up"
-            );
-            // SAFETY: the descriptor is the watched socket (its addresses
-            // were checked just above); shutdown(2) only ends its traffic.
-            unsafe {
-                nix::libc::shutdown(w.fd, nix::libc::SHUT_RDWR);
-            }
-            return false;
+        let silent = Duration::from_millis(u64::from(since_sent.min(since_heard)));
+        // Probed after a third of the bound (at most 5 s), that often.
+        let every = probe_bound().min(w.bound / 3);
+        if !in_use || silent <= every {
+            return true;
         }
-        true
+        // Unheard: since the last data on this connection, or the last
+        // answer to a probe of its server, whichever came later.
+        let unheard = match w.peer {
+            Some(peer) => {
+                probe_soon(peer, every);
+                with_peer(peer, |p| p.answered.map(|t| t.elapsed()))
+                    .map_or(silent, |answered| silent.min(answered))
+            }
+            None => silent,
+        };
+        if unheard <= w.bound {
+            return true;
+        }
+        tracing::warn!(
+            peer = %w.ends.1,
+            silent_ms = silent.as_millis(),
+            "the PostgreSQL server has not answered, nor a probe; giving the connection up"
+        );
+        if let Some(peer) = w.peer {
+            suspect(peer);
+        }
+        // SAFETY: the descriptor is the watched socket (its addresses
+        // were checked just above); shutdown(2) only ends its traffic.
+        unsafe {
+            nix::libc::shutdown(w.fd, nix::libc::SHUT_RDWR);
+        }
+        false
     });
 }
 
@@ -183,8 +330,9 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
 
-    /// A peer that takes a request and never answers: the blocked read is
-    /// ended by the watch soon after the bound, not by the kernel.
+    /// A peer that takes a request and never answers, nor a probe: the
+    /// blocked read is ended by the watch soon after the bound, not by
+    /// the kernel.
     #[test]
     fn a_silent_peer_is_given_up_on() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -197,7 +345,7 @@ mod tests {
         });
         let before = sockets();
         let mut client = std::net::TcpStream::connect(addr).unwrap();
-        let _in_use = watch_new(&before, Duration::from_secs(1));
+        let _in_use = watch_new_bounded(&before, Duration::from_secs(1));
         client.write_all(b"are you there?").unwrap();
         let started = std::time::Instant::now();
         let mut buf = [0u8; 8];
@@ -208,6 +356,48 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+        assert!(is_suspect(addr));
         drop(peer);
+    }
+
+    /// A peer silent on the connection in use for four bounds (8 s), which
+    /// answers every probe on connections of its own (a server busy with a
+    /// long statement): the connection is not cut.
+    #[test]
+    fn a_busy_peer_that_answers_probes_is_waited_for() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut first = None;
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { continue };
+                if first.is_none() {
+                    first = Some(s); // the connection in use: never answered
+                    continue;
+                }
+                let mut request = [0u8; 8];
+                if s.read_exact(&mut request).is_ok() {
+                    let _ = s.write_all(b"N");
+                }
+            }
+        });
+        let before = sockets();
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        let _in_use = watch_new_bounded(&before, Duration::from_secs(2));
+        client.write_all(b"a long sort, please").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(8)))
+            .unwrap();
+        let mut buf = [0u8; 8];
+        let got = client.read(&mut buf);
+        assert!(
+            got.as_ref().is_err_and(|e| matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )),
+            "the connection was cut: {got:?}"
+        );
+        assert!(answers(addr, Duration::from_secs(1)));
+        assert!(!is_suspect(addr));
     }
 }

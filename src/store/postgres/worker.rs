@@ -44,8 +44,7 @@ impl PgLease {
         let (client, idle) = match cached {
             Some(kept) => kept,
             None => {
-                let (mut c, idle) =
-                    super::connect_watched(url, Store::Registry, std::time::Duration::ZERO)?;
+                let (mut c, idle) = super::connect_watched(url, Store::Registry)?;
                 let complete = super::table_columns(&mut c, TABLE, Store::Registry, &label)?
                     .is_some_and(|cols| {
                         COLUMNS
