@@ -360,9 +360,10 @@ const ATTEMPTS: u32 = 10;
 /// back as unserializable with a concurrent transaction (PostgreSQL's
 /// predicate locks are page-grained, so two hosts' applies can collide on
 /// an index page neither needs of the other) runs it again after a
-/// random pause, up to [`ATTEMPTS`] times: each attempt begins afresh and
-/// reads and judges the scope under the lock exactly as the first, so a
-/// real change of the scope still refuses it. A whole-registry apply does
+/// random pause and its turn among the applies trying again
+/// ([`ApplyConnection::take_turn`]), up to [`ATTEMPTS`] times: each
+/// attempt begins afresh and reads and judges the scope under the lock
+/// exactly as the first, so a real change of the scope still refuses it. A whole-registry apply does
 /// not: its re-read under the lock would be the whole registry, and a race
 /// it loses is nearly always a write its token covers.
 fn transaction(
@@ -429,6 +430,9 @@ fn transaction(
                      concurrent one; trying again"
                 );
                 std::thread::sleep(pause(attempt));
+                if let Err(e) = conn.take_turn() {
+                    tracing::warn!("apply: trying again without waiting for its turn: {e}");
+                }
                 attempt += 1;
                 continue;
             }
