@@ -4,7 +4,9 @@
 //! once), then, when every plan is saved, all apply at the same moment,
 //! each its whole plan in one transaction. A host refused plans again and
 //! applies again, up to `tries` times in all (as `tests/multi_host.rs`
-//! lets its hosts); every refusal is printed.
+//! lets its hosts); every refusal is printed. The apply itself runs its
+//! transaction again after a serialization failure: how many times each
+//! did is printed.
 
 use crate::hosts::{apply, save_plan, Stores};
 use std::sync::Barrier;
@@ -17,6 +19,8 @@ struct Try {
     detail: String,
     lock: Duration,
     wall: Duration,
+    /// How many times the apply ran its transaction (`transaction_attempts`).
+    attempts: u64,
 }
 
 fn attempt(s: &Stores, name: &str, dir: &std::path::Path, ready: Option<&Barrier>) -> Try {
@@ -33,6 +37,7 @@ fn attempt(s: &Stores, name: &str, dir: &std::path::Path, ready: Option<&Barrier
         detail: report["detail"].as_str().unwrap_or("").into(),
         lock: Duration::from_millis(report["lock_held_ms"].as_u64().unwrap_or(0)),
         wall: started.elapsed(),
+        attempts: report["transaction_attempts"].as_u64().unwrap_or(1),
     }
 }
 
@@ -80,6 +85,13 @@ pub fn run(s: &Stores, n: usize, hosts: u64, tries: usize, dir: &std::path::Path
     locks.sort();
     walls.sort();
     let p = crate::common::percentile;
+    let attempts: Vec<u64> = done.iter().flatten().map(|t| t.attempts).collect();
+    println!(
+        "hosts   transaction attempts per apply: {} once, {} more than once, at most {}",
+        attempts.iter().filter(|&&a| a == 1).count(),
+        attempts.iter().filter(|&&a| a > 1).count(),
+        attempts.iter().max().unwrap_or(&0)
+    );
     println!(
         "hosts   {n} hosts at once: {first} applied at the first try, {last} within {tries} \
          ({} candidates at first); transaction p50 {:.0} ms, p99 {:.0} ms; apply command p50 \

@@ -171,10 +171,41 @@ pub struct Hooks<'a> {
     pub cancelled: Option<&'a dyn Fn() -> bool>,
 }
 
+impl Hooks<'_> {
+    /// The same hooks, lent to one attempt of the transaction.
+    fn again(&mut self) -> Hooks<'_> {
+        Hooks {
+            after_install: self.after_install.as_mut().map(|h| &mut **h as _),
+            after_prejudge: self.after_prejudge.as_mut().map(|h| &mut **h as _),
+            before_first_write: self.before_first_write.as_mut().map(|h| &mut **h as _),
+            between_targets: self.between_targets.as_mut().map(|h| &mut **h as _),
+            after_capability: self.after_capability.as_mut().map(|h| &mut **h as _),
+            before_commit: self.before_commit.as_mut().map(|h| &mut **h as _),
+            fail_commit: self.fail_commit,
+            cancelled: self.cancelled,
+        }
+    }
+}
+
 /// Why a transaction must be rolled back, as opposed to a refusal.
 enum Abort {
     Refuse(Outcome, String),
     Fail(String),
+    /// The server rolled the transaction back as unserializable with a
+    /// concurrent one ([`crate::store::lost_a_race`]): a host-scoped apply
+    /// tries again ([`retry`]); otherwise `registry_revision_moved`.
+    Raced(String),
+}
+
+impl Abort {
+    /// The outcome and its words, a lost race being a refusal.
+    fn settled(self) -> (Outcome, String) {
+        match self {
+            Abort::Refuse(o, d) => (o, d),
+            Abort::Fail(d) => (Outcome::TransactionFailed, d),
+            Abort::Raced(d) => (Outcome::RegistryRevisionMoved, d),
+        }
+    }
 }
 
 impl From<Error> for Abort {
@@ -183,13 +214,10 @@ impl From<Error> for Abort {
             // The engine aborted this transaction because a concurrent one
             // (another apply, a lease taken) made the two unserializable:
             // what this apply read is no longer the registry.
-            e if crate::store::lost_a_race(e) => Abort::Refuse(
-                Outcome::RegistryRevisionMoved,
-                format!(
-                    "a concurrent transaction changed what this apply read ({e}); \
-                         nothing was retired; plan again"
-                ),
-            ),
+            e if crate::store::lost_a_race(e) => Abort::Raced(format!(
+                "a concurrent transaction changed what this apply read ({e}); \
+                 nothing was retired; plan again"
+            )),
             _ => Abort::Fail(e.to_string()),
         }
     }
@@ -313,44 +341,119 @@ fn apply_inner(
         return Ok((report, None));
     }
     // 7. The transaction.
-    let mut report = Report::new(req, Outcome::Applied, "");
-    report.versions_install_lock_ms = installed;
-    let mut tx = match conn.begin() {
-        Ok(tx) => tx,
-        Err(why) => {
-            report.outcome = Outcome::TransactionFailed;
-            report.success = false;
-            report.detail = why;
-            return Ok((report, None));
-        }
-    };
-    let locked_at = std::time::Instant::now();
-    let fail_commit = hooks.fail_commit;
-    let mut committed = None;
-    let result = inside(
-        &mut Txn {
-            req,
-            ctx,
-            tx: &mut *tx,
-            leases: &mut *lease_source,
-        },
+    Ok(transaction(
+        req,
+        ctx,
+        (&mut *conn, &mut *lease_source),
         prejudged,
         hooks,
         &mut standing,
-        &mut report,
-    )
-    .and_then(|plan| {
-        if fail_commit {
-            Err(Abort::Fail("injected failure at commit".into()))
-        } else {
-            committed = Some(plan);
-            Ok(())
+        installed,
+    ))
+}
+
+/// How many times a host-scoped apply runs its transaction at most.
+const ATTEMPTS: u32 = 10;
+
+/// The transaction, COMMITted or rolled back, and after a COMMIT the plan
+/// of the registry as committed. A host-scoped apply the server rolled
+/// back as unserializable with a concurrent transaction (PostgreSQL's
+/// predicate locks are page-grained, so two hosts' applies can collide on
+/// an index page neither needs of the other) runs it again after a
+/// random pause and its turn among the applies trying again
+/// ([`ApplyConnection::take_turn`]), up to [`ATTEMPTS`] times: each
+/// attempt begins afresh and reads and judges the scope under the lock
+/// exactly as the first, so a real change of the scope still refuses it. A whole-registry apply does
+/// not: its re-read under the lock would be the whole registry, and a race
+/// it loses is nearly always a write its token covers.
+fn transaction(
+    req: &Request,
+    ctx: &Context,
+    (conn, lease_source): (&mut dyn ApplyConnection, &mut dyn FenceSource),
+    prejudged: std::result::Result<Prejudged, NotJudged>,
+    mut hooks: Hooks,
+    standing: &mut Standing,
+    installed: Option<u64>,
+) -> (Report, Option<crate::plan::Plan>) {
+    let mut prejudged = Some(prejudged);
+    let mut attempt = 1;
+    loop {
+        let mut report = Report::new(req, Outcome::Applied, "");
+        report.versions_install_lock_ms = installed;
+        let mut tx = match conn.begin() {
+            Ok(tx) => tx,
+            Err(why) => {
+                report.outcome = Outcome::TransactionFailed;
+                report.success = false;
+                report.detail = why;
+                return (report, None);
+            }
+        };
+        let locked_at = std::time::Instant::now();
+        let fail_commit = hooks.fail_commit;
+        let mut committed = None;
+        let judged = prejudged.take().unwrap_or_else(|| {
+            Err(NotJudged::Unread(
+                "the transaction is tried again after a serialization failure".into(),
+            ))
+        });
+        let result = inside(
+            &mut Txn {
+                req,
+                ctx,
+                tx: &mut *tx,
+                leases: &mut *lease_source,
+            },
+            judged,
+            hooks.again(),
+            standing,
+            &mut report,
+        )
+        .and_then(|plan| {
+            if fail_commit {
+                Err(Abort::Fail("injected failure at commit".into()))
+            } else {
+                committed = Some(plan);
+                Ok(())
+            }
+        });
+        let (mut report, raced) = conclude(req, tx, result, report, locked_at);
+        report.versions_install_lock_ms = installed;
+        if attempt > 1 {
+            report.transaction_attempts = Some(attempt);
         }
-    });
-    let mut report = conclude(req, tx, result, report, locked_at);
-    report.versions_install_lock_ms = installed;
-    let committed = committed.filter(|_| report.outcome == Outcome::Applied);
-    Ok((report, committed))
+        if raced && req.scope.is_some() {
+            if attempt < ATTEMPTS {
+                tracing::info!(
+                    attempt,
+                    "apply: the server rolled the transaction back as unserializable with a \
+                     concurrent one; trying again"
+                );
+                std::thread::sleep(pause(attempt));
+                if let Err(e) = conn.take_turn() {
+                    tracing::warn!("apply: trying again without waiting for its turn: {e}");
+                }
+                attempt += 1;
+                continue;
+            }
+            report.detail.push_str(&format!(
+                " (the transaction was rolled back so {attempt} times)"
+            ));
+        }
+        let committed = committed.filter(|_| report.outcome == Outcome::Applied);
+        return (report, committed);
+    }
+}
+
+/// A random pause before attempt `attempt + 1`: up to 25 ms doubled per
+/// attempt, at most 800 ms, so colliding applies spread apart.
+fn pause(attempt: u32) -> std::time::Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let bound = (25u64 << attempt.saturating_sub(1).min(5)).min(800);
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    std::time::Duration::from_millis(bound / 2 + random % (bound / 2 + 1))
 }
 
 /// Install the row-version bookkeeping when the registry lacks it, in a
@@ -435,33 +538,38 @@ fn open_stores(
     Ok((conn, lease_source))
 }
 
-/// COMMIT what `inside` did, or roll it back, and say which in the report.
+/// COMMIT what `inside` did, or roll it back, and say which in the report;
+/// `true` with it when the server rolled it back as unserializable.
 fn conclude(
     req: &Request,
     tx: Box<dyn ApplyTx + '_>,
     result: std::result::Result<(), Abort>,
     mut report: Report,
     locked_at: std::time::Instant,
-) -> Report {
+) -> (Report, bool) {
     let lock_ms = || locked_at.elapsed().as_millis() as u64;
     match result {
         Ok(()) => {
             if let Err(e) = tx.commit() {
                 if let Error::OutcomeUnknown { .. } = e {
-                    return outcome_unknown(req, &e, report, lock_ms());
+                    return (outcome_unknown(req, &e, report, lock_ms()), false);
                 }
-                let (outcome, detail) = match Abort::from(e) {
-                    Abort::Refuse(o, d) => (o, d),
+                // An error the server answered COMMIT with: it did not
+                // commit (a serialization failure among them).
+                let abort = Abort::from(e);
+                let raced = matches!(abort, Abort::Raced(_));
+                let (outcome, detail) = match abort {
                     Abort::Fail(d) => (
                         Outcome::TransactionFailed,
                         format!("nothing was retired: {d}"),
                     ),
+                    settled => settled.settled(),
                 };
                 let mut failed = Report::new(req, outcome, detail);
                 failed.success = outcome != Outcome::TransactionFailed;
                 failed.external_state_fingerprint = report.external_state_fingerprint.take();
                 failed.lock_held_ms = lock_ms();
-                return failed;
+                return (failed, raced);
             }
             report.lock_held_ms = lock_ms();
             report.retired_count = report.retired.len();
@@ -495,7 +603,7 @@ fn conclude(
                      (see verdicts_moved; what the targets' verdicts read of them did not move)"
                 ));
             }
-            report
+            (report, false)
         }
         Err(abort) => {
             // Dropping the transaction rolls it back; do it explicitly so a
@@ -504,10 +612,8 @@ fn conclude(
                 .rollback()
                 .map(|e| format!(" (rollback also failed: {e})"))
                 .unwrap_or_default();
-            let (outcome, detail) = match abort {
-                Abort::Refuse(o, d) => (o, d),
-                Abort::Fail(d) => (Outcome::TransactionFailed, d),
-            };
+            let raced = matches!(abort, Abort::Raced(_));
+            let (outcome, detail) = abort.settled();
             let mut fresh = Report::new(req, outcome, format!("{detail}{rolled_back}"));
             fresh.external_state_fingerprint = report.external_state_fingerprint.take();
             fresh.lock_held_ms = lock_ms();
@@ -516,7 +622,7 @@ fn conclude(
             if outcome == Outcome::TransactionFailed {
                 fresh.success = false;
             }
-            fresh
+            (fresh, raced)
         }
     }
 }

@@ -138,7 +138,7 @@ pub fn prejudge(
             let requested = requested_positions(req, &rows);
             return Err(refused(outcome, why, report, versions, requested));
         }
-        Err(Abort::Fail(why)) => return Err(NotJudged::Unread(why)),
+        Err(Abort::Fail(why) | Abort::Raced(why)) => return Err(NotJudged::Unread(why)),
     };
     let (fresh, targets) =
         match judge_read(req, ctx, rows, by_identity, &active_leases, &mut report) {
@@ -146,7 +146,7 @@ pub fn prejudge(
             Err(Abort::Refuse(outcome, why)) => {
                 return Err(refused(outcome, why, report, versions, Vec::new()))
             }
-            Err(Abort::Fail(why)) => {
+            Err(Abort::Fail(why) | Abort::Raced(why)) => {
                 return Err(NotJudged::Unread(format!(
                     "judging outside the lock failed ({why}), so the lock judges again"
                 )))

@@ -244,6 +244,12 @@ pub struct Report {
     /// since a judgement made outside it, or whole (and why).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_under_lock: Option<super::ReadUnderLock>,
+    /// How many times a host-scoped apply ran its transaction, when more
+    /// than once: the server rolled the earlier ones back as
+    /// unserializable with a concurrent transaction (SQLSTATE 40001 or
+    /// 40P01), and each retry read and judged the scope again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transaction_attempts: Option<u32>,
     /// A sentence for a person.
     pub detail: String,
     /// The fleet after the transaction: retiring stale rows does not by
@@ -310,6 +316,7 @@ impl Report {
             lock_held_ms: 0,
             versions_install_lock_ms: None,
             read_under_lock: None,
+            transaction_attempts: None,
             detail: detail.into(),
             post_apply: None,
             residual: None,

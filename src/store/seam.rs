@@ -198,6 +198,15 @@ pub trait ApplyConnection {
     fn lacks_versions(&mut self) -> Result<bool> {
         Ok(false)
     }
+
+    /// Before a transaction tried again after a serialization failure:
+    /// wait (at most the busy timeout) until no other apply trying again
+    /// runs its transaction, held until this connection closes, so applies
+    /// that collided take turns instead of colliding again (PostgreSQL; a
+    /// no-op where the transaction holds the write lock already).
+    fn take_turn(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Apply's transaction on the registry: the steps of docs/semantics.md §10

@@ -14,6 +14,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The advisory lock key applies tried again after a serialization
+/// failure take turns on ("fr-retry" in ASCII).
+const TURN: i64 = 0x6672_2d72_6574_7279;
+
 /// A PostgreSQL registry opened for apply.
 pub struct Postgres {
     client: postgres::Client,
@@ -64,6 +68,25 @@ impl ApplyConnection for Postgres {
             .and_then(|ok| Ok(ok && !super::versions::triggers(&mut self.client, &label)?.1));
         self.idle.store(true, SeqCst);
         lacks
+    }
+
+    /// A session-level advisory lock, taken outside any transaction (a
+    /// lock taken inside would wait after the snapshot was taken, and the
+    /// transaction would overlap the one it waited for); PostgreSQL
+    /// releases it when the session ends.
+    fn take_turn(&mut self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.idle.store(false, SeqCst);
+        let taken = self
+            .client
+            .batch_execute(&format!("SELECT pg_catalog.pg_advisory_lock({TURN})"))
+            .map_err(Error::postgres(
+                Store::Registry,
+                &self.label,
+                "cannot wait for the turn of applies tried again",
+            ));
+        self.idle.store(true, SeqCst);
+        taken
     }
 
     fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String> {

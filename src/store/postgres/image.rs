@@ -216,28 +216,42 @@ pub fn differences(
             out.push("audit rows of other applies changed (or appeared, or vanished)".into());
         }
     }
-    if let Some(catalog) = &pre.catalog {
-        out.extend(stamp_differences(tx, catalog, apply_id, written, label)?);
-    }
-    out.extend(audit_differences(tx, apply_id, written, label)?);
+    // This apply's audit rows: with the change record, those this
+    // transaction stamped (read by their keys, see `own_keys`); every audit
+    // row it wrote is stamped, and one it did not write carries another
+    // apply's id (ours is 128 random bits, new to this transaction).
+    let found = match &pre.catalog {
+        Some(catalog) => {
+            let (differ, found) = stamp_differences(tx, catalog, apply_id, written, label)?;
+            out.extend(differ);
+            found
+        }
+        None => audit_rows(tx, apply_id, label)?,
+    };
+    out.extend(audit_differences(found, written));
     Ok(out)
 }
 
 /// With the change record: no DDL on our tables or functions since the
 /// first image, and this transaction's stamps exactly the targets retired
-/// and this apply's own audit rows.
+/// and this apply's own audit rows; with them, the workers those audit
+/// rows name.
 fn stamp_differences(
     tx: &mut impl GenericClient,
     catalog: &str,
     apply_id: &str,
     written: &[Written<'_>],
     label: &str,
-) -> Result<Vec<String>> {
+) -> Result<(Vec<String>, Vec<Option<String>>)> {
     if super::versions::catalog_stamp(tx, label)? != catalog {
-        return Ok(vec![
-            "the registry's tables, triggers or functions changed inside this transaction (DDL)"
-                .into(),
-        ]);
+        return Ok((
+            vec![
+                "the registry's tables, triggers or functions changed inside this transaction \
+                 (DDL)"
+                    .into(),
+            ],
+            Vec::new(),
+        ));
     }
     let mut expected: std::collections::BTreeSet<String> = written
         .iter()
@@ -245,10 +259,13 @@ fn stamp_differences(
         .collect();
     let mut out = Vec::new();
     let mut audit_rows = 0;
-    for (key, owner) in super::versions::own_keys(tx, label)? {
+    let mut found = Vec::new();
+    for own in super::versions::own_keys(tx, label)? {
+        let key = own.key;
         if key.starts_with("a:") {
-            if owner.as_deref() == Some(apply_id) {
+            if own.apply_id.as_deref() == Some(apply_id) {
                 audit_rows += 1;
+                found.push(own.worker_identity);
                 continue;
             }
             out.push(format!(
@@ -274,7 +291,7 @@ fn stamp_differences(
             written.len()
         ));
     }
-    Ok(out)
+    Ok((out, found))
 }
 
 /// Each target: unchanged but for the retirement columns, which hold what
@@ -327,19 +344,19 @@ fn target_differences(
     out
 }
 
-/// This apply's audit rows: exactly one per retired worker.
-fn audit_differences(
+/// This apply's audit rows' workers, searched for by its id (without the
+/// change record: the audit table is digested whole anyway).
+fn audit_rows(
     tx: &mut impl GenericClient,
     apply_id: &str,
-    written: &[Written<'_>],
     label: &str,
-) -> Result<Vec<String>> {
+) -> Result<Vec<Option<String>>> {
     let err = Error::postgres(
         Store::Registry,
         label,
         "cannot read this apply's audit rows",
     );
-    let mut found: Vec<Option<String>> = tx
+    Ok(tx
         .query(
             &format!(
                 "SELECT t.worker_identity::text FROM {} t WHERE t.apply_id = $1::text",
@@ -350,14 +367,19 @@ fn audit_differences(
         .map_err(err)?
         .iter()
         .map(|r| r.get(0))
-        .collect();
+        .collect())
+}
+
+/// This apply's audit rows (the workers they name): exactly one per
+/// retired worker.
+fn audit_differences(mut found: Vec<Option<String>>, written: &[Written<'_>]) -> Vec<String> {
     found.sort();
     let mut expected: Vec<Option<String>> = written
         .iter()
         .map(|w| Some(w.worker_identity.to_string()))
         .collect();
     expected.sort();
-    Ok((found != expected)
+    (found != expected)
         .then(|| {
             format!(
                 "this apply's audit rows name {} worker(s) where {} were retired",
@@ -366,5 +388,5 @@ fn audit_differences(
             )
         })
         .into_iter()
-        .collect())
+        .collect()
 }

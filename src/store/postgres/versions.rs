@@ -415,25 +415,47 @@ pub fn changed_keys(
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// The keys this transaction stamped, each audit key with its row's apply
-/// id (`None` for a registry key or an audit row no longer there).
-pub fn own_keys(
-    client: &mut impl GenericClient,
-    label: &str,
-) -> Result<Vec<(String, Option<String>)>> {
+/// A key this transaction stamped; for an audit key, its row's apply id
+/// and worker identity (`None` for a registry key or an audit row no
+/// longer there).
+pub struct OwnKey {
+    /// `i:` and a worker identity, or `a:` and an audit row's id.
+    pub key: String,
+    /// The audit row's apply id.
+    pub apply_id: Option<String>,
+    /// The worker the audit row names.
+    pub worker_identity: Option<String>,
+}
+
+/// The keys this transaction stamped, each audit row looked up by its own
+/// key (the audit table's primary key): under SERIALIZABLE this reads the
+/// index pages of the rows this transaction wrote and nothing of other
+/// applies' rows, where a search of the audit table by apply id would
+/// scan it and conflict with every apply inserting meanwhile. A key on
+/// several audit rows comes back once per row (and is counted so).
+pub fn own_keys(client: &mut impl GenericClient, label: &str) -> Result<Vec<OwnKey>> {
     let rows = client
         .query(
             &format!(
-                "SELECT c.key, (SELECT a.apply_id::text FROM {table} a WHERE a.{key} = \
-                 CASE WHEN c.key ~ '^a:[0-9]{{1,18}}$' THEN pg_catalog.substr(c.key, 3)::bigint END) \
-                 FROM {CHANGES} c WHERE c.xid = pg_catalog.pg_current_xact_id()",
+                "SELECT c.key, a.apply_id::text, a.worker_identity::text \
+                 FROM {CHANGES} c LEFT JOIN LATERAL (SELECT x.apply_id, x.worker_identity \
+                 FROM {table} x WHERE x.{key} = \
+                 CASE WHEN c.key ~ '^a:[0-9]{{1,18}}$' THEN pg_catalog.substr(c.key, 3)::bigint END) a ON true \
+                 WHERE c.xid = pg_catalog.pg_current_xact_id()",
                 table = audit::TABLE,
                 key = audit::KEY
             ),
             &[],
         )
         .map_err(err(label, "cannot read this transaction's change record"))?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| OwnKey {
+            key: r.get(0),
+            apply_id: r.get(1),
+            worker_identity: r.get(2),
+        })
+        .collect())
 }
 
 /// `registry versions`: in one transaction, the registry's shape checked
