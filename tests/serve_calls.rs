@@ -129,6 +129,7 @@ impl Wire {
 fn fleet_of(rows: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     plain_fleet(dir.path(), rows);
+    scope_indexes(&dir.path().join("registry.sqlite"));
     std::fs::write(
         dir.path().join("profiles.json"),
         json!({"profiles": {"controller-prgs": {"role": "controller",
