@@ -2125,6 +2125,7 @@ fn attack_serve(attack: &str) -> Option<(Stores, String)> {
     other["repository_binding"] = json!("other/repo");
     rows.push(other);
     let stores = Stores::new(&rows);
+    scope_indexes(&stores.registry);
     let out = run_mcp_client(
         "hostile.py",
         &[EXE.as_ref(), stores.dir.path().as_os_str(), attack.as_ref()],

@@ -28,6 +28,7 @@ fn an_independent_mcp_client_drives_the_server() {
         return;
     }
     let (stores, _live) = fleet();
+    scope_indexes(&stores.registry);
     let driver = KillOnDrop(
         Command::new("python3")
             .arg("tests/mcp_client/drive.py")

@@ -283,6 +283,7 @@ fn generated_fleet(rows: usize) -> tempfile::TempDir {
             );
             plain_fleet(dir.path(), rows);
         }
+        scope_indexes(&dir.path().join("registry.sqlite"));
         std::fs::write(
             dir.path().join("profiles.json"),
             serde_json::json!({"profiles": {

@@ -97,7 +97,8 @@ impl Wire {
     }
 
     fn plan(&mut self, id: u64, meta: Option<Value>) {
-        let mut params = json!({"name": "plan_stale_worker_retirement", "arguments": {}});
+        let mut params = json!({"name": "plan_stale_worker_retirement",
+            "arguments": whole("plan_stale_worker_retirement", json!({}))});
         if let Some(meta) = meta {
             params["_meta"] = meta;
         }
@@ -125,10 +126,23 @@ impl Wire {
     }
 }
 
+/// A plan call's arguments asking for the whole registry: these tests pin
+/// the whole plan's calls (shared plans, pages, cursors, kept plans,
+/// batches), as before `serve` planned this host's scope by default
+/// (issue 54); `tests/serve_scope.rs` tests the default. A call to another
+/// tool, or one that names its scope, is left as it is.
+fn whole(tool: &str, mut arguments: Value) -> Value {
+    if tool.ends_with("plan_stale_worker_retirement") && arguments.get("scope").is_none() {
+        arguments["scope"] = json!("registry");
+    }
+    arguments
+}
+
 /// A fleet of `rows` plain rows and a controller who may read and retire.
 fn fleet_of(rows: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     plain_fleet(dir.path(), rows);
+    scope_indexes(&dir.path().join("registry.sqlite"));
     std::fs::write(
         dir.path().join("profiles.json"),
         json!({"profiles": {"controller-prgs": {"role": "controller",
@@ -320,7 +334,10 @@ fn hostile_rows_never_make_a_reply_over_one_mebibyte() {
         assert_ne!(reply["result"]["isError"], true, "{reply:.500}");
         reply["result"].clone()
     };
-    let plan = |args: Value| json!({"name": "plan_stale_worker_retirement", "arguments": args});
+    let plan = |args: Value| {
+        json!({"name": "plan_stale_worker_retirement",
+            "arguments": whole("plan_stale_worker_retirement", args)})
+    };
     let summary = ask(&mut wire, "tools/call", plan(json!({})))["structuredContent"].clone();
     // 500 rows, the 12 hostile ones, and the server's own.
     assert_eq!(summary["assessed_count"], 513, "{summary:.500}");
@@ -357,6 +374,7 @@ fn hostile_rows_never_make_a_reply_over_one_mebibyte() {
 impl Wire {
     /// Call a tool and wait for its reply (progress notifications skipped).
     fn call(&mut self, id: u64, name: &str, arguments: Value) -> Value {
+        let arguments = whole(name, arguments);
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": name, "arguments": arguments}}));
         loop {
@@ -568,7 +586,8 @@ fn a_client_that_starts_a_server_per_call_pages_by_offset() {
     let call = |wire: &mut Wire, id: u64, preserved: Value| -> Value {
         wire.send(
             json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-            "name": "plan_stale_worker_retirement", "arguments": {"preserved": preserved}}}),
+            "name": "plan_stale_worker_retirement",
+            "arguments": {"preserved": preserved, "scope": "registry"}}}),
         );
         let reply = wire.next(Duration::from_secs(60)).expect("a reply");
         reply["result"]["structuredContent"].clone()

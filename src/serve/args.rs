@@ -17,6 +17,9 @@ pub(super) struct PlanArgs {
     pub(super) canonical_repository: Option<String>,
     pub(super) preserved: Option<PreservedAsk>,
     pub(super) include: Option<Include>,
+    /// Which rows the plan reads and judges: this host's scope (the
+    /// default) or the whole registry.
+    pub(super) scope: Option<PlanScope>,
     pub(super) remote: Option<String>,
     pub(super) host: Option<String>,
     pub(super) org: Option<String>,
@@ -51,6 +54,19 @@ pub(super) enum Include {
     Candidates,
     /// The whole document, when it fits in one result.
     All,
+}
+
+/// Which rows a plan call reads (issue 54): this host's scope, or the
+/// whole registry as the seed's plan reads it.
+#[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy, Default)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum PlanScope {
+    /// This host's active rows and the peers their verdicts depend on
+    /// (`plan --scope host`); tokens `host-scope:`.
+    #[default]
+    Host,
+    /// Every row of the registry; the seed's tokens.
+    Registry,
 }
 
 /// Arguments of the explain tool.
@@ -229,5 +245,7 @@ mod tests {
         assert_eq!(missing, "registry_fingerprint");
         let inner = refused_argument::<SnapshotArgs>(ToolKind::Snapshot, json!({"page": {}}));
         assert_eq!(inner, "page.list");
+        let scope = refused_argument::<PlanArgs>(plan, json!({"scope": "everything"}));
+        assert_eq!(scope, "scope");
     }
 }

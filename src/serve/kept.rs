@@ -59,14 +59,17 @@ impl Kept {
 
     /// A plan at least as fresh as a call that `arrived` then: one computed
     /// since, or a new one computed by `compute`.
+    /// A plan of one scope never serves a call that asked for the other
+    /// (`scoped`: a host-scoped plan).
     pub(super) fn fresh(
         &self,
         arrived: Instant,
+        scoped: bool,
         compute: impl FnOnce() -> Result<KeptPlan>,
     ) -> Result<Arc<KeptPlan>> {
         let _one_at_a_time = lock(&self.gate);
         if let Some((started, plan)) = lock(&self.newest).as_ref() {
-            if *started >= arrived {
+            if *started >= arrived && plan.plan.scope.is_some() == scoped {
                 return Ok(plan.clone());
             }
         }
@@ -122,9 +125,14 @@ impl Kept {
             .cloned()
     }
 
-    /// The newest plan kept whole (the last one made), if any.
-    pub(super) fn newest_whole(&self) -> Option<Arc<KeptPlan>> {
-        lock(&self.whole).back().cloned()
+    /// The newest plan kept whole of a scope (`scoped`: host-scoped), if
+    /// any.
+    pub(super) fn newest_whole(&self, scoped: bool) -> Option<Arc<KeptPlan>> {
+        lock(&self.whole)
+            .iter()
+            .rev()
+            .find(|k| k.plan.scope.is_some() == scoped)
+            .cloned()
     }
 
     /// Every plan kept whole, newest last.

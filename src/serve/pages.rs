@@ -232,7 +232,24 @@ pub(super) fn summary(
     }
     body.insert("candidates_not_shown".into(), json!(shown.remaining));
     body.insert("resource_uri".into(), json!(kept.uri()));
-    (body, text)
+    let (scope, read) = match &plan.scope {
+        Some(s) => (
+            json!(s),
+            format!(
+                "Scope: host {}'s ({} of its active rows judged, {} peer rows read for their \
+                 verdicts; tokens host-scope:). ",
+                crate::text::esc(&s.host_id),
+                s.own_rows,
+                s.peer_rows
+            ),
+        ),
+        None => (
+            json!({"kind": "registry"}),
+            "Scope: the whole registry. ".to_string(),
+        ),
+    };
+    body.insert("scope".into(), scope);
+    (body, format!("{read}{text}"))
 }
 
 /// A plan's counts.

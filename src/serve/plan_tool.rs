@@ -2,7 +2,7 @@
 //! arrive together, answered as a summary, a page of preserved rows, or the
 //! whole document when it fits; and one row's explanation.
 
-use super::args::{audit_context, ExplainArgs, Include, PlanArgs, PreservedAsk};
+use super::args::{audit_context, ExplainArgs, Include, PlanArgs, PlanScope, PreservedAsk};
 use super::cursor::{List, Position};
 use super::pages::{self, KeptPlan, DEFAULT_LIMIT, MAX_LIMIT, RESULT_BOUND};
 use super::results::{clipped, error_result, success, tool_error};
@@ -44,7 +44,7 @@ impl FleetServer {
         if let Some(Asked::Next(cursor, limit, reason)) = ask.clone() {
             return self.next_page(&cursor, limit, reason, audit);
         }
-        let kept = self.fresh_plan(canonical, call)?;
+        let kept = self.fresh_plan(canonical, a.scope.unwrap_or_default(), call)?;
         let rendering = std::time::Instant::now();
         if a.include == Some(Include::All) {
             return whole_document(&kept, audit);
@@ -80,38 +80,31 @@ impl FleetServer {
         Ok(Box::new(result))
     }
 
-    /// A plan at least as fresh as the call: computed now, or by a call
-    /// that started computing after this one arrived.
+    /// A plan of `scope` at least as fresh as the call: computed now, or
+    /// by a call that started computing after this one arrived.
     fn fresh_plan(
         &self,
         canonical: String,
+        scope: PlanScope,
         call: &Call,
     ) -> std::result::Result<Arc<KeptPlan>, Refusal> {
         let b = &self.binding;
+        let scoped = scope == PlanScope::Host;
         let compute = || -> Result<KeptPlan> {
             if let Some(why) = self.stopping() {
                 return Err(Error::Refused(why));
             }
-            let rows = crate::evidence::registry::load(&b.registry)?;
-            let lease_rows = crate::evidence::leases::load(&b.leases)?;
-            (call.progress)("read");
-            cancelled(call)?;
-            let facts =
-                crate::observe::RunFacts::of_this_host(&b.proc_root, Some(canonical), &lease_rows);
-            let probe = crate::evidence::probe::SystemProbe::new(&b.proc_root);
+            let plan = self.judged(canonical, scope, call)?;
             let started = std::time::Instant::now();
-            let plan = crate::plan::plan(rows, facts, &probe, &b.policies)?;
-            (call.progress)("judged, tokens computed");
-            cancelled(call)?;
-            let judged = started.elapsed();
-            // Rows unchanged since the last plan keep their digests.
-            let earlier = self.kept.newest_whole();
+            // Rows unchanged since the last plan of this scope keep their
+            // digests.
+            let earlier = self.kept.newest_whole(scoped);
             let earlier = earlier.as_ref().map(|k| (&k.plan, &*k.rows));
             let rows = Arc::new(PlannedRows::of_after(&plan, earlier));
             tracing::debug!(
-                "plan of {} rows: judged in {judged:?}, digests in {:?}",
+                "plan of {} rows: digests in {:?}",
                 plan.entries.len(),
-                started.elapsed() - judged
+                started.elapsed()
             );
             Ok(KeptPlan {
                 rows,
@@ -120,14 +113,54 @@ impl FleetServer {
                 issued: KeptPlan::next_issued(),
             })
         };
-        self.kept.fresh(call.arrived, compute).map_err(|e| {
+        self.kept.fresh(call.arrived, scoped, compute).map_err(|e| {
             // A call that waited for the plan gate while the server decided
             // to stop is told why.
             Box::new(match self.stopping() {
                 Some(why) => super::results::stopping_result(why),
+                None if scoped && scope_refused(&e) => scope_unavailable(&e),
                 None => error_result(&e),
             })
         })
+    }
+
+    /// Read and judge the rows of `scope`: this host's scope (its active
+    /// rows and their peers, `plan::scoped`), or the whole registry.
+    fn judged(
+        &self,
+        canonical: String,
+        scope: PlanScope,
+        call: &Call,
+    ) -> Result<crate::plan::Plan> {
+        let b = &self.binding;
+        /// What was read.
+        enum Read {
+            Whole(Vec<crate::row::Row>),
+            Scope(crate::store::scope::Scope),
+        }
+        let read = match scope {
+            PlanScope::Registry => Read::Whole(crate::evidence::registry::load(&b.registry)?),
+            PlanScope::Host => {
+                let unknown = crate::observe::RunFacts::of_this_host(&b.proc_root, None, &[]);
+                let host = crate::plan::scoped::this_host(&unknown)?;
+                Read::Scope(crate::evidence::registry::load_scope(&b.registry, &host)?)
+            }
+        };
+        let lease_rows = crate::evidence::leases::load(&b.leases)?;
+        (call.progress)("read");
+        cancelled(call)?;
+        let facts =
+            crate::observe::RunFacts::of_this_host(&b.proc_root, Some(canonical), &lease_rows);
+        let probe = crate::evidence::probe::SystemProbe::new(&b.proc_root);
+        let started = std::time::Instant::now();
+        let plan = match read {
+            Read::Whole(rows) => crate::plan::plan(rows, facts, &probe, &b.policies)?,
+            Read::Scope(s) => crate::plan::scoped::plan_scope(s, facts, &probe, &b.policies)?,
+        };
+        (call.progress)("judged, tokens computed");
+        cancelled(call)?;
+        tracing::debug!("plan judged in {:?}", started.elapsed());
+        Ok(plan)
     }
 
     /// The page a cursor names, of the plan it was issued for.
@@ -238,7 +271,8 @@ impl FleetServer {
         let steps = || -> std::result::Result<Refusal, Refusal> {
             self.capability(Op::Plan)?;
             let canonical = self.canonical(canonical)?;
-            let kept = self.fresh_plan(canonical, call)?;
+            // A row of another host is explained too: the whole registry.
+            let kept = self.fresh_plan(canonical, PlanScope::Registry, call)?;
             let plan = &kept.plan;
             let found: Vec<&crate::plan::Entry> = plan
                 .entries
@@ -422,6 +456,32 @@ fn cancelled(call: &Call) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether a host-scoped plan was refused for its scope: this host's id
+/// unknown, a policy set the scope's read does not keep exact
+/// (`policy::scope_check`), or a registry the scope cannot be read from
+/// (no `host_id` column, no scope indexes).
+fn scope_refused(e: &Error) -> bool {
+    match e {
+        Error::Input { about, .. } => *about == About::Option("--scope host"),
+        Error::Registry { message, .. } => crate::store::scope::is_unreadable_scope(message),
+        _ => false,
+    }
+}
+
+/// The refusal of a host-scoped plan, with the way out. The server never
+/// falls back to the whole registry by itself: an agent that asked for
+/// this host's scope is told, and chooses.
+fn scope_unavailable(e: &Error) -> CallToolResult {
+    tool_error(
+        "scope_unavailable",
+        format!("this host's scope cannot be planned (the default scope, \"host\"): {e}"),
+        "call plan_stale_worker_retirement again with scope \"registry\": the whole registry \
+         is read and judged, as the seed's plan does. A registry lacking the scope's indexes \
+         is fixed by its operator with `fleet-retire registry versions --registry FILE`",
+        json!({"scope": "host"}),
+    )
 }
 
 /// A refusal with its reason code, words and what to do.

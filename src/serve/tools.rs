@@ -260,6 +260,19 @@ impl FleetServer {
         let refuse = |code: &str, why: String, advice: &str| {
             Box::new(tool_error(code, why, advice, json!({})))
         };
+        // The tokens decide the scope, as the CLI's saved plan does: a
+        // host-scoped plan of this server's is always this host's.
+        let scoped = [&tokens.registry_fingerprint, &tokens.candidate_fingerprint]
+            .iter()
+            .any(|t| t.starts_with(crate::fingerprint::HOST_SCOPE));
+        let scope = if scoped {
+            let facts = crate::observe::RunFacts::of_this_host(&self.binding.proc_root, None, &[]);
+            let host =
+                crate::plan::scoped::this_host(&facts).map_err(|e| Box::new(error_result(&e)))?;
+            Some(host)
+        } else {
+            None
+        };
         let recalled = self.recall(&tokens)?;
         let workers =
             match (workers, first, &recalled) {
@@ -292,6 +305,7 @@ impl FleetServer {
         req.canonical_repository = Some(canonical);
         req.max_retire = self.binding.max_retire;
         req.first = first;
+        req.scope = scope;
         Ok(req)
     }
 }

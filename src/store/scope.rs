@@ -251,6 +251,11 @@ pub fn unreadable_scope(why: &str) -> String {
     )
 }
 
+/// Whether a registry error's message is [`unreadable_scope`]'s.
+pub fn is_unreadable_scope(message: &str) -> bool {
+    message.starts_with("cannot be read by host scope: ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -568,6 +568,14 @@ pub fn fleet() -> (Stores, KillOnDrop) {
     (Stores::new(&rows), live)
 }
 
+/// Make the host scope's indexes on a SQLite registry, as `registry
+/// create` and `registry versions` do: `serve` plans this host's scope by
+/// default, which needs them.
+#[allow(dead_code)]
+pub fn scope_indexes(registry: &Path) {
+    fleet_retire::store::sqlite::scope::install_indexes(registry).unwrap();
+}
+
 /// The status of one worker's row.
 #[allow(dead_code)]
 pub fn status_of(registry: &Path, worker: &str) -> String {

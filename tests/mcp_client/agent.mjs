@@ -41,6 +41,11 @@ class Agent {
 
   async call(tool, args) {
     const started = performance.now();
+    // This script pins the whole registry's plan (its numbers are the
+    // command line's `plan`); serve plans this host's scope unless asked.
+    if (tool.endsWith("plan_stale_worker_retirement") && !("scope" in args)) {
+      args = { ...args, scope: "registry" };
+    }
     const result = await this.client.callTool({ name: tool, arguments: args }, undefined, TIMEOUT);
     timings[tool] = (timings[tool] ?? 0) + (performance.now() - started) / 1000;
     const body = result.structuredContent ?? {};

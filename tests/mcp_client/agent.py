@@ -80,6 +80,10 @@ class Agent:
 
     async def call(self, tool: str, args: dict) -> tuple[bool, dict, list]:
         started = time.monotonic()
+        # This script pins the whole registry's plan (its numbers are the
+        # command line's `plan`); serve plans this host's scope unless asked.
+        if tool.endswith("plan_stale_worker_retirement") and "scope" not in args:
+            args = dict(args, scope="registry")
         result = await self.session.call_tool(tool, args)
         TIMINGS[tool] = TIMINGS.get(tool, 0.0) + time.monotonic() - started
         body = result.structured_content or {}

@@ -97,16 +97,26 @@ async def tools_and_refusals() -> None:
         assert {"worker_identities", "first"} <= set(apply_schema["properties"]), apply_schema
         ok("eight tools listed, each schema closed to unknown fields")
 
-        plan = await controller.call_tool("plan_stale_worker_retirement", {"remote": "prgs"})
+        # By default the plan is this host's scope (issue 54) ...
+        scoped = structured(await controller.call_tool("plan_stale_worker_retirement", {}))
+        assert scoped["scope"]["kind"] == "host", scoped
+        assert scoped["registry_fingerprint"].startswith("host-scope:"), scoped
+        # ... and the whole registry on asking: its apply tolerates a worker
+        # registered since the plan (below); a scoped apply refuses any row
+        # of this host added since (tests/serve_scope.rs).
+        plan = await controller.call_tool(
+            "plan_stale_worker_retirement", {"remote": "prgs", "scope": "registry"}
+        )
         assert not plan.is_error, plan.content
         doc = structured(plan)
         assert doc["outcome"] == "planned", doc
+        assert doc["scope"] == {"kind": "registry"}, doc
         for w in ("w-dead-1", "w-dead-2", "w-dead-3"):
             assert w in doc["candidate_worker_identities"], doc["candidate_worker_identities"]
         assert "w-running" not in doc["candidate_worker_identities"]
         assert doc["audit_context"]["remote"] == "prgs"
         assert "rows assessed" in plan.content[0].text
-        ok("plan as a controller: the three dead workers are candidates")
+        ok("plan as a controller: host-scoped by default; the whole registry's three dead workers are candidates")
 
         snap = await controller.call_tool("gitea_snapshot_instance_fleet", {})
         assert not snap.is_error and "live_fleet_safe" in structured(snap), snap.content

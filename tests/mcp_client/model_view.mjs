@@ -30,6 +30,10 @@ const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
 /** A call as a text-only client reads it: the summary and the JSON block,
  * never the structured content (returned apart, for comparison). */
 async function textOf(client, tool, args) {
+  // A plan is of the whole registry, whose tokens the checks read.
+  if (tool.endsWith("plan_stale_worker_retirement") && !("scope" in args)) {
+    args = { ...args, scope: "registry" };
+  }
   const result = await client.callTool({ name: tool, arguments: args }, undefined, TIMEOUT);
   const texts = result.content.filter((c) => c.type === "text").map((c) => c.text);
   assert(texts.length === 2, texts);

@@ -70,7 +70,10 @@ async function pageByOffset(plan) {
     let offset = 0;
     for (;;) {
       const ask = { reason_code: code, limit: 1000, offset };
-      const [isError, page] = await call("plan_stale_worker_retirement", { preserved: ask });
+      const [isError, page] = await call("plan_stale_worker_retirement", {
+        preserved: ask,
+        scope: "registry",
+      });
       assert(!isError, page);
       pages += 1;
       const rows = page.preserved;
@@ -95,8 +98,11 @@ async function pageByOffset(plan) {
 
 async function main() {
   const [retiredBefore, auditedBefore] = counts();
-  const [isError, plan] = await call("plan_stale_worker_retirement", {});
+  // The whole registry: a host-scoped plan (the default) is moved by the
+  // next server's own registration, a row of this host added since.
+  const [isError, plan] = await call("plan_stale_worker_retirement", { scope: "registry" });
   assert(!isError, plan);
+  assert(plan.scope.kind === "registry", plan.scope);
   assert(plan.candidate_count >= 10, plan.candidate_count);
   ok(`plan: ${plan.assessed_count} rows, ${plan.candidate_count} candidates`);
   const pages = await pageByOffset(plan);

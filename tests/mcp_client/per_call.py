@@ -11,7 +11,9 @@ servers share only the registry and the folder of kept plans
 
     python3 per_call.py EXE DIR
 
- 1. plan: the summary and its tokens;
+ 1. plan the whole registry (`scope: "registry"`: a host-scoped plan,
+    the default, is moved by the next server's own registration): the
+    summary and its tokens;
  2. every preserved reason paged to the end by offset (no cursor: only the
     server that sealed one opens it), each page a fresh plan, the pages
     disjoint, the last one without next_offset;
@@ -71,7 +73,7 @@ async def page_by_offset(plan: dict) -> int:
         offset = 0
         while True:
             ask = {"reason_code": code, "limit": 1000, "offset": offset}
-            is_error, page = await call("plan_stale_worker_retirement", {"preserved": ask})
+            is_error, page = await call("plan_stale_worker_retirement", {"preserved": ask, "scope": "registry"})
             assert not is_error, page
             pages += 1
             rows = page["preserved"]
@@ -103,8 +105,9 @@ def counts() -> tuple[int, int]:
 
 async def main() -> None:
     retired_before, audited_before = counts()
-    is_error, plan = await call("plan_stale_worker_retirement", {})
+    is_error, plan = await call("plan_stale_worker_retirement", {"scope": "registry"})
     assert not is_error, plan
+    assert plan["scope"] == {"kind": "registry"}, plan["scope"]
     assert plan["candidate_count"] >= 10, plan["candidate_count"]
     ok(f"plan: {plan['assessed_count']} rows, {plan['candidate_count']} candidates")
     pages = await page_by_offset(plan)

@@ -65,6 +65,12 @@ pub const KEEP_BYTES: u64 = 256 << 20;
 /// The largest kept plan read back (about three million rows' worth).
 pub const MAX_FILE: u64 = 1 << 30;
 
+/// What the names of a host-scoped plan's files start each token with, in
+/// place of `host-scope:`. The file itself holds the tokens as issued;
+/// the scope's host is not written, a scoped token being bound to it and
+/// a server applying only its own host's scope.
+const SCOPED_NAME: &str = "host-scope-";
+
 /// The folder, held open, and the binding of the server using it.
 #[derive(Debug, Clone)]
 pub struct PlanDir {
@@ -166,7 +172,8 @@ impl PlanDir {
         )
     }
 
-    /// The start of the file names of a plan's tokens; `None` for a token
+    /// The start of the file names of a plan's tokens (a host-scoped
+    /// plan's are marked [`SCOPED_NAME`]); `None` for a token
     /// that is not a token's shape (a name never holds anything else).
     fn prefix(registry: &str, candidate: &str) -> Option<String> {
         let shaped = |t: &str, prefix: &str| {
@@ -174,8 +181,16 @@ impl PlanDir {
                 !hex.is_empty() && hex.len() <= 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
             })
         };
+        if shaped(registry, "registryfp-") && shaped(candidate, "candidatefp-") {
+            return Some(format!("{registry}.{candidate}."));
+        }
+        // A host-scoped plan's tokens (`host-scope:…`, both or neither):
+        // named without the colon, so the name stays a plain word.
+        let scope = crate::fingerprint::HOST_SCOPE;
+        let registry = registry.strip_prefix(scope)?;
+        let candidate = candidate.strip_prefix(scope)?;
         (shaped(registry, "registryfp-") && shaped(candidate, "candidatefp-"))
-            .then(|| format!("{registry}.{candidate}."))
+            .then(|| format!("{SCOPED_NAME}{registry}.{SCOPED_NAME}{candidate}."))
     }
 
     /// The file name of a plan of these tokens made under this binding.

@@ -41,12 +41,14 @@ pub(super) fn temporary_name(name: &str) -> String {
 /// Whether `name` is a temporary file of ours (from any version: older
 /// ones were `.NAME.PID.tmp`).
 fn is_temporary(name: &str) -> bool {
-    name.starts_with(".registryfp-") && name.ends_with(".tmp")
+    let ours = |n: &str| n.starts_with("registryfp-") || n.starts_with(super::SCOPED_NAME);
+    name.strip_prefix('.').is_some_and(ours) && name.ends_with(".tmp")
 }
 
 /// Whether `name` is a kept plan's file.
-fn is_kept_plan(name: &str) -> bool {
-    name.starts_with("registryfp-") && name.ends_with(".json")
+pub(super) fn is_kept_plan(name: &str) -> bool {
+    (name.starts_with("registryfp-") || name.starts_with(super::SCOPED_NAME))
+        && name.ends_with(".json")
 }
 
 impl PlanDir {

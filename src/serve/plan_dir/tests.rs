@@ -58,6 +58,34 @@ fn a_kept_plan_is_found_by_both_tokens_and_the_binding() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
+/// A host-scoped plan's rows are kept too (issue 54: `serve` plans this
+/// host's scope by default), under a name without the tokens' colon, and
+/// pruned as any kept plan; a scoped token beside a whole one names none.
+#[test]
+fn a_host_scoped_plan_is_kept_and_found_by_its_scoped_tokens() {
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("plans");
+    let scoped = |t: &str| format!("{}{t}", crate::fingerprint::HOST_SCOPE);
+    let (reg, cand) = (scoped(REG), scoped(CAND));
+    let rows = PlannedRows {
+        registry_fingerprint: reg.clone(),
+        rows: Vec::new(),
+    };
+    let dir = PlanDir::open(&path, made_by("prgs/a")).unwrap();
+    dir.save(&cand, &rows);
+    let next = PlanDir::open(&path, made_by("prgs/a")).unwrap();
+    assert_eq!(next.load(&reg, &cand), Found::Ours(Arc::new(rows)));
+    assert_eq!(next.load(REG, CAND), Found::Nothing);
+    assert_eq!(next.load(&reg, CAND), Found::Nothing);
+    let names: Vec<String> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(names[0].starts_with(&format!("host-scope-{REG}.host-scope-{CAND}.")));
+    assert!(super::prune::is_kept_plan(&names[0]));
+}
+
 /// Finding 50.7: a kept plan was matched by its tokens and repository
 /// only. A plan made under another policy set, registry, repository or
 /// profile is now found as made elsewhere, naming what differs; each
