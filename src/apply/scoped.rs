@@ -149,13 +149,19 @@ fn hold_to_tokens(req: &Request, fresh: &Plan, report: &mut Report) -> Result<()
         let tolerance = planned
             .tolerated(fresh)
             .map_err(|w| moved(format!(": {w}")))?;
-        if let Some(first) = tolerance.changed.first() {
+        let (added, changed): (Vec<String>, Vec<String>) = tolerance
+            .changed
+            .into_iter()
+            .partition(|w| !planned.rows.iter().any(|p| p.worker_identity == *w));
+        if let Some(first) = changed.first() {
             return Err(moved(format!(
-                ": {} of this host's rows were added, changed or retired (the first: {})",
-                tolerance.changed.len(),
+                ": {} of this host's rows were changed or retired (the first: {})",
+                changed.len(),
                 crate::text::esc(first)
             )));
         }
+        refuse_added_near_targets(req, fresh, &added)?;
+        report.rows_changed_since_plan = added;
         report.heartbeats_tolerated = tolerance.heartbeats.len();
         report.heartbeats_tolerated_workers = tolerance.heartbeats;
         report.retired_since_plan = tolerance.retired_since_plan;
@@ -201,4 +207,58 @@ fn candidate_token_as_planned(fresh: &Plan, retired: &[String]) -> Option<String
     let terminal = head.terminal_rows.checked_sub(retired.len() as u64)?;
     let (_, token) = crate::fingerprint::scoped_tokens(&planned, &head.host_id, terminal, |_| true);
     Some(token)
+}
+
+/// Rows of this host added since the plan (a worker registered since, such
+/// as a `serve` started for the call that applies) are let pass when they
+/// can move nothing a target's verdict reads: not candidates themselves,
+/// and sharing no key a peer is found by (`store::scope::PeerKeys`:
+/// identity, session, generation, process identity, pid, instance) with a
+/// requested worker's row. Anything else refuses, plan again; the targets'
+/// verdicts are judged afresh under the lock either way.
+fn refuse_added_near_targets(req: &Request, fresh: &Plan, added: &[String]) -> Result<(), Abort> {
+    if added.is_empty() {
+        return Ok(());
+    }
+    let refuse = |why: String| {
+        Abort::Refuse(
+            Outcome::CandidateSetMoved,
+            format!("a row of this host added since the plan {why}; plan again"),
+        )
+    };
+    let identity = |row: &crate::row::Row| row.get(Col::WorkerIdentity).canon();
+    let wanted: std::collections::HashSet<&str> = req.workers.iter().map(String::as_str).collect();
+    let targets: Vec<crate::row::Row> = fresh
+        .rows
+        .iter()
+        .filter(|r| wanted.contains(identity(r).as_str()))
+        .cloned()
+        .collect();
+    let keys = crate::store::scope::PeerKeys::of(&targets);
+    for e in &fresh.entries {
+        let row = &fresh.rows[e.index];
+        let who = identity(row);
+        if !added.contains(&who) {
+            continue;
+        }
+        if e.is_candidate() {
+            return Err(refuse(format!(
+                "is a candidate: {}",
+                crate::text::esc(&who)
+            )));
+        }
+        let mine = crate::store::scope::PeerKeys::of(std::slice::from_ref(row));
+        let shares = mine
+            .columns()
+            .iter()
+            .zip(keys.columns())
+            .any(|(a, b)| a.2.iter().any(|k| b.2.contains(k)));
+        if shares {
+            return Err(refuse(format!(
+                "shares a key with a requested worker's row: {}",
+                crate::text::esc(&who)
+            )));
+        }
+    }
+    Ok(())
 }
