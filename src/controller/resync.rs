@@ -24,23 +24,31 @@
 //!   first expiry of a heartbeat a kept row rests on schedules a full tick
 //!   by itself (`Schedule::due`);
 //! * the leases and this host's facts: read again and compared whole;
-//! * the processes: `/proc` listed once; every pid the judgement saw
-//!   alive (or could not tell) is probed again and must answer exactly as
-//!   it did (alive, same start time: a pid reused by a new process shows
-//!   a new start time); every pid it saw gone must still be absent from
-//!   the listing.
+//! * the processes: every pid the judgement saw alive (or could not
+//!   tell) is probed again and must answer exactly as it did: alive, with
+//!   the same start time (a pid reused by a new process shows a new one),
+//!   so a kept row's process that died is seen by the next resync.
 //!
-//! What is not re-checked: a pid seen gone that is now a *thread* of some
-//! process (threads are not listed) or a process that exec'd (its start
-//! time stays; the probe never reads what runs). Either can only make the
-//! full judgement answer differently later, and until then the row is
-//! kept: a delay, bounded by the full judgement every
-//! [`super::watch::Cache::MAX_AGE_INTERVALS`] intervals (the skip requires
-//! a judgement younger than that).
+//! What is not re-checked, and why it can only keep a row for longer:
+//!
+//! * a pid seen **gone** that a new process (or thread) took since: for
+//!   its own row that can only add a block (`pid-alive`, or the start
+//!   time forbid), and a row it makes "live" again (a fresh heartbeat and
+//!   a pid not known dead) only occupies a slot or holds evidence, which
+//!   keeps rows; where it would free another row, that retirement waits
+//!   for the next full judgement. Not listing `/proc` keeps a resync's
+//!   cost to the pids seen alive: on a busy host the dead pids a registry
+//!   names are reused all the time, and each reuse would cost a full
+//!   judgement that finds the same;
+//! * a process that exec'd: its start time stays and the probe never
+//!   reads what runs, so no judgement sees it either.
+//!
+//! Every such delay is bounded: the skip needs a full judgement younger
+//! than [`super::watch::Cache::MAX_AGE_INTERVALS`] intervals.
 
 use crate::evidence::leases::Lease;
 use crate::evidence::probe::{HostFacts, PidObservation, ProcessProbe};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -115,13 +123,8 @@ impl Judged {
         if HostFacts::observe(proc_root) != self.host {
             return Err("this host's facts changed".into());
         }
-        let listed = listing(proc_root)?;
         for (pid, was) in &self.seen {
-            if was.alive == Some(false) {
-                if listed.contains(pid) {
-                    return Err(format!("pid {pid}, gone at the last judgement, is listed"));
-                }
-            } else if probe.observe(*pid) != *was {
+            if was.alive != Some(false) && probe.observe(*pid) != *was {
                 return Err(format!("pid {pid} answers differently"));
             }
         }
@@ -131,17 +134,4 @@ impl Judged {
             Err(e) => Err(format!("the leases cannot be read: {e}")),
         }
     }
-}
-
-/// The pids `/proc` lists now (processes, not threads).
-fn listing(proc_root: &Path) -> Result<HashSet<i64>, String> {
-    let dir = std::fs::read_dir(proc_root).map_err(|e| format!("cannot list /proc: {e}"))?;
-    let mut pids = HashSet::new();
-    for entry in dir {
-        let entry = entry.map_err(|e| format!("cannot list /proc: {e}"))?;
-        if let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
-            pids.insert(pid);
-        }
-    }
-    Ok(pids)
 }

@@ -19,7 +19,9 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct Ended {
     /// The `outcome` label: an apply's outcome code, or `idle` (nothing to
-    /// retire), `dry_run`, `blind` (could not see), `braked`,
+    /// retire), `unchanged` (a resync that found nothing the last
+    /// judgement rested on moved: not planned), `dry_run`, `blind` (could
+    /// not see), `braked`,
     /// `budget_exhausted`, `stopped` (no longer leading or stopping).
     pub outcome: String,
     /// The exit code `--once` ends with.
