@@ -354,3 +354,54 @@ pub fn rows_read(changes: &ChangesSince) -> usize {
         ChangesSince::Unknown(_) => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    fn row(identity: &str, host: &str, session: &str, run: &str) -> Row {
+        let mut r = Row::default();
+        r.set(Col::WorkerIdentity, Value::Text(identity.into()));
+        r.set(Col::HostId, Value::Text(host.into()));
+        r.set(Col::Status, Value::Text("active".into()));
+        r.set(Col::SessionId, Value::Text(session.into()));
+        r.set(Col::FleetRunId, Value::Text(run.into()));
+        r
+    }
+
+    fn kept() -> Cache {
+        let mut c = Cache::default();
+        let scope = Scope {
+            host_id: "h".into(),
+            own: vec![row("a", "h", "s-a", "r"), row("b", "h", "s-b", "r")],
+            peers: vec![row("p", "other", "s-a", "r")],
+            terminal: 0,
+        };
+        c.keep(scope, Instant::now());
+        c
+    }
+
+    #[test]
+    fn a_change_outside_the_keys_is_patched_and_a_key_change_is_not() {
+        let mut c = kept();
+        c.absorb(&[row("b", "h", "s-b", "moved"), row("p", "other", "s-a", "x")]);
+        let (scope, _) = c.fresh(Duration::from_secs(60)).expect("kept");
+        assert_eq!(scope.own[1].get(Col::FleetRunId).canon(), "moved");
+        assert_eq!(scope.peers[0].get(Col::FleetRunId).canon(), "x");
+        assert_eq!(c.take_absorbed(), 2);
+        // An own row's new session: a key the read fetches peers by.
+        c.absorb(&[row("b", "h", "s-new", "r")]);
+        assert!(c.fresh(Duration::from_secs(60)).is_none());
+        // A peer's session moved: it may no longer be a peer.
+        let mut c = kept();
+        c.absorb(&[row("p", "other", "s-b", "r")]);
+        assert!(c.fresh(Duration::from_secs(60)).is_none());
+        // A row the scope does not hold, or an own row moved to another host.
+        for changed in [row("z", "h", "s-z", "r"), row("a", "other", "s-a", "r")] {
+            let mut c = kept();
+            c.absorb(&[changed]);
+            assert!(c.fresh(Duration::from_secs(60)).is_none());
+        }
+    }
+}
