@@ -18,8 +18,10 @@
 //! 2. **one row of another host added** (a worker registering there, no
 //!    key shared with this host's rows): the rows the next check read, and
 //!    whether a tick ran;
-//! 3. **one row of this host changed** (`generation_id` of an active row):
-//!    the rows the check read, and the rows the tick it caused read
+//! 3. **one row of this host changed**, first in a column no peer is
+//!    fetched by (`fleet_run_id`: patched into the kept scope), then in a
+//!    key (`generation_id`: the scope read again): the rows the check
+//!    read, and the rows the tick it caused read
 //!    (`fleet_retire_controller_last_tick_rows_read`).
 //!
 //! The registry is deleted at the end. Run with `cargo bench --bench
@@ -186,8 +188,10 @@ fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// Write `sql` to the registry, then wait for the next check (and the
-/// tick it may cause) to be over; the rows the check(s) read, and the rows
-/// read by the tick if one ran.
+/// tick it may cause) to be over; the rows read in all meanwhile
+/// (`rows_read_total`), and the rows the tick took if one ran (its
+/// `last_tick_rows_read`: read by it, or read by the check and patched
+/// in, counted once in the total).
 fn one_change(dir: &Path, port: u16, sql: &str) -> (f64, Option<f64>) {
     let ticks = total(port, "fleet_retire_controller_ticks_total");
     let checks = total(port, "fleet_retire_controller_checks_total");
@@ -203,7 +207,47 @@ fn one_change(dir: &Path, port: u16, sql: &str) -> (f64, Option<f64>) {
     let ticked = total(port, "fleet_retire_controller_ticks_total") > ticks;
     let by_tick = ticked.then(|| total(port, "fleet_retire_controller_last_tick_rows_read"));
     let all = total(port, "fleet_retire_controller_rows_read_total") - read;
-    (all - by_tick.unwrap_or(0.0), by_tick)
+    (all, by_tick)
+}
+
+/// One row of another host added, then one own row changed outside its
+/// keys, then in a key: what each cost.
+fn changes(dir: &Path, port: u16) {
+    // A worker registering on another host: a row no key of this host's
+    // rows names (a row of another host already there may be a peer).
+    let elsewhere = one_change(
+        dir,
+        port,
+        "INSERT INTO worker_registrations (worker_identity, host_id, status, session_id, \
+         generation_id, pid, client_instance_id, last_heartbeat_at) VALUES ('w-elsewhere', \
+         'build-02', 'active', 's-elsewhere', 'g-elsewhere', 4999999, 'inst-elsewhere', \
+         '2099-01-01T00:00:00Z')",
+    );
+    println!(
+        "one row of another host added: {} row(s) read in all; a tick ran (rows it took): {:?}",
+        elsewhere.0, elsewhere.1
+    );
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let one_own = |set: &str| {
+        format!(
+            "UPDATE worker_registrations SET {set} \
+             WHERE rowid = (SELECT rowid FROM worker_registrations \
+             WHERE host_id = '{}' AND status = 'active' LIMIT 1)",
+            host.trim()
+        )
+    };
+    let here = one_change(dir, port, &one_own("fleet_run_id = 'run-moved'"));
+    println!(
+        "one active row of this host changed (fleet_run_id): {} row(s) read in all; the tick \
+         it caused took {:?} row(s)",
+        here.0, here.1
+    );
+    let key = one_change(dir, port, &one_own("generation_id = generation_id || '-x'"));
+    println!(
+        "one active row of this host changed in a key (generation_id): {} row(s) read in all; \
+         the tick it caused took {:?} row(s)",
+        key.0, key.1
+    );
 }
 
 fn main() {
@@ -264,40 +308,14 @@ fn main() {
         total(port, "fleet_retire_controller_last_tick_rows_read")
     );
     println!(
-        "ticks so far: {count}, {:.2} s wall each on average",
-        took / count.max(1.0)
+        "ticks so far: {count}, {:.2} s wall each on average; {} skipped planning (unchanged)",
+        took / count.max(1.0),
+        total(
+            port,
+            "fleet_retire_controller_ticks_total{outcome=\"unchanged\"}"
+        )
     );
-    // A worker registering on another host: a row no key of this host's
-    // rows names (a row of another host already there may be a peer).
-    let elsewhere = one_change(
-        &dir,
-        port,
-        "INSERT INTO worker_registrations (worker_identity, host_id, status, session_id, \
-         generation_id, pid, client_instance_id, last_heartbeat_at) VALUES ('w-elsewhere', \
-         'build-02', 'active', 's-elsewhere', 'g-elsewhere', 4999999, 'inst-elsewhere', \
-         '2099-01-01T00:00:00Z')",
-    );
-    println!(
-        "one row of another host added: the check read {} row(s); a tick ran (rows it read): \
-         {:?}",
-        elsewhere.0, elsewhere.1
-    );
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    let here = one_change(
-        &dir,
-        port,
-        &format!(
-            "UPDATE worker_registrations SET generation_id = generation_id || '-x' \
-             WHERE rowid = (SELECT rowid FROM worker_registrations \
-             WHERE host_id = '{}' AND status = 'active' LIMIT 1)",
-            host.trim()
-        ),
-    );
-    println!(
-        "one active row of this host changed: the check read {} row(s); the tick it caused \
-         read {:?} row(s)",
-        here.0, here.1
-    );
+    changes(&dir, port);
     if std::env::var_os("CONTROLLER_IDLE_SCRAPE").is_some() {
         println!("{scrape_before}");
     }

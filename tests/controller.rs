@@ -165,9 +165,15 @@ fn deposed_once(trial: usize) {
     );
     a.signal(Signal::SIGCONT);
     wait_for(Duration::from_secs(20), "a's apply to end", || {
-        a.outcomes().iter().any(|o| o != "idle")
+        a.outcomes()
+            .iter()
+            .any(|o| !matches!(o.as_str(), "idle" | "unchanged"))
     });
-    let ended: Vec<String> = a.outcomes().into_iter().filter(|o| o != "idle").collect();
+    let ended: Vec<String> = a
+        .outcomes()
+        .into_iter()
+        .filter(|o| !matches!(o.as_str(), "idle" | "unchanged"))
+        .collect();
     assert_eq!(ended[0], "leadership_lost", "trial {trial}: {ended:?}");
     for n in 1..=2 {
         assert_eq!(

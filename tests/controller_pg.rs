@@ -110,9 +110,15 @@ fn deposed_once(trial: usize) -> bool {
     lock.rollback().unwrap();
     a.signal(Signal::SIGCONT);
     wait_for(Duration::from_secs(30), "a's apply to end", || {
-        a.outcomes().iter().any(|o| o != "idle")
+        a.outcomes()
+            .iter()
+            .any(|o| !matches!(o.as_str(), "idle" | "unchanged"))
     });
-    let ended: Vec<String> = a.outcomes().into_iter().filter(|o| o != "idle").collect();
+    let ended: Vec<String> = a
+        .outcomes()
+        .into_iter()
+        .filter(|o| !matches!(o.as_str(), "idle" | "unchanged"))
+        .collect();
     eprintln!("trial {trial}: the deposed leader's apply ended: {ended:?}");
     assert!(
         ["leadership_lost", "registry_revision_moved"].contains(&ended[0].as_str()),
@@ -285,13 +291,23 @@ fn on_postgres_a_leader_frozen_before_commit_is_ended_by_the_server_and_commits_
     });
     a.signal(Signal::SIGCONT);
     wait_for(Duration::from_secs(30), "a's apply to end", || {
-        a.outcomes().iter().any(|o| o != "idle")
+        a.outcomes()
+            .iter()
+            .any(|o| !matches!(o.as_str(), "idle" | "unchanged"))
     });
-    let ended: Vec<String> = a.outcomes().into_iter().filter(|o| o != "idle").collect();
+    let ended: Vec<String> = a
+        .outcomes()
+        .into_iter()
+        .filter(|o| !matches!(o.as_str(), "idle" | "unchanged"))
+        .collect();
     let said: Vec<String> = a
         .lines()
         .iter()
-        .filter(|l| l["fields"]["outcome"].as_str().is_some_and(|o| o != "idle"))
+        .filter(|l| {
+            l["fields"]["outcome"]
+                .as_str()
+                .is_some_and(|o| !matches!(o, "idle" | "unchanged"))
+        })
         .map(|l| l["fields"]["message"].to_string())
         .collect();
     eprintln!("the leader frozen before COMMIT ended: {ended:?} {said:?}");
@@ -413,9 +429,15 @@ fn on_postgres_renewals_go_on_while_the_leaders_own_apply_holds_the_budget() {
     std::thread::sleep(Duration::from_secs(4));
     lock.rollback().unwrap();
     wait_for(Duration::from_secs(20), "a's apply to end", || {
-        a.outcomes().iter().any(|o| o != "idle")
+        a.outcomes()
+            .iter()
+            .any(|o| !matches!(o.as_str(), "idle" | "unchanged"))
     });
-    let ended: Vec<String> = a.outcomes().into_iter().filter(|o| o != "idle").collect();
+    let ended: Vec<String> = a
+        .outcomes()
+        .into_iter()
+        .filter(|o| !matches!(o.as_str(), "idle" | "unchanged"))
+        .collect();
     assert_eq!(ended[0], "applied", "{ended:?}");
     assert!(!a.lines().iter().any(|l| l["fields"]["message"]
         .as_str()

@@ -144,26 +144,90 @@ fn a_policy_set_the_scope_cannot_keep_exact_is_refused_at_start() {
     assert_eq!(whole.status.code(), Some(0), "{}", text(&whole));
 }
 
-/// While the checks find nothing of the scope changed, a resync plans the
-/// scope the last tick read again without reading it (0 rows), and what it
-/// finds is the registry's: a worker that dies is retired by such a tick
-/// (its process probed afresh), through the apply that reads the scope
-/// under its lock.
+/// While nothing changes, a resync does not plan the scope again: it
+/// compares what the last full judgement rested on (the processes it
+/// probed, the leases, the host's facts), reads nothing, and counts
+/// `ticks_total{outcome="unchanged"}`. That cheap look still sees a death:
+/// a worker whose real process is killed is retired within about an
+/// interval, by a full judgement and the apply that reads the scope under
+/// its lock.
 #[test]
-fn a_resync_with_nothing_changed_reads_nothing_and_still_retires_the_dead() {
+fn a_resync_with_nothing_changed_skips_planning_and_still_retires_the_dead() {
     let stores = stores();
     let mut w = worker(&stores, 1);
     let (c, port) = start_listening_with(&stores, "r", &["--interval", "1s"]);
-    wait_for(Duration::from_secs(20), "three ticks", || ticks(&c) >= 3);
     let scrape = || get(port, "/metrics", None).1;
+    let unchanged = || {
+        sample(
+            &scrape(),
+            "fleet_retire_controller_ticks_total{outcome=\"unchanged\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    wait_for(Duration::from_secs(20), "two resyncs that skip", || {
+        unchanged() >= 2.0
+    });
     assert_eq!(
         sample(&scrape(), "fleet_retire_controller_last_tick_rows_read"),
         Some(0.0),
         "{}",
         std::fs::read_to_string(&c.log).unwrap()
     );
+    assert_eq!(status(&stores.registry, "w-1").as_deref(), Some("active"));
     kill_and_expire(std::slice::from_mut(&mut w));
-    wait_for(Duration::from_secs(15), "the retirement", || {
+    let took = wait_for(Duration::from_secs(10), "the retirement", || {
         status(&stores.registry, "w-1").as_deref() == Some("retired")
     });
+    eprintln!("retired {took:?} after the kill and the heartbeat's expiry");
+    assert!(
+        c.outcomes().iter().any(|o| o == "applied"),
+        "{:?}",
+        c.outcomes()
+    );
+}
+
+/// A change of own rows that leaves the scope's keys as they were is
+/// patched into the kept scope: the tick it causes reads the changed rows
+/// (the check's), not the scope. A change of a key (a new generation)
+/// reads the scope again.
+#[test]
+fn a_tick_after_own_rows_changed_reads_those_rows_only() {
+    let stores = stores();
+    let _w: Vec<_> = (1..=3).map(|n| worker_with_ttl(&stores, n, 3600)).collect();
+    let (c, port) = start_listening_with(&stores, "p", &["--interval", "1h"]);
+    wait_for(Duration::from_secs(20), "a first tick", || ticks(&c) >= 1);
+    let read = || {
+        sample(
+            &get(port, "/metrics", None).1,
+            "fleet_retire_controller_last_tick_rows_read",
+        )
+    };
+    assert_eq!(
+        read(),
+        Some(3.0),
+        "{}",
+        std::fs::read_to_string(&c.log).unwrap()
+    );
+    for (sql, rows) in [
+        (
+            "UPDATE worker_registrations SET fleet_run_id = 'run-a' WHERE worker_identity = 'w-2'",
+            1.0,
+        ),
+        (
+            "UPDATE worker_registrations SET fleet_run_id = 'run-b' \
+             WHERE worker_identity IN ('w-1', 'w-3')",
+            2.0,
+        ),
+        (
+            "UPDATE worker_registrations SET generation_id = 'g-new' WHERE worker_identity = 'w-2'",
+            3.0,
+        ),
+    ] {
+        let before = ticks(&c);
+        exec(&stores.registry, sql);
+        wait_for(Duration::from_secs(10), "a tick after the change", || {
+            ticks(&c) > before
+        });
+        assert_eq!(read(), Some(rows), "{sql}: {:?}", c.outcomes());
+    }
 }

@@ -12,6 +12,7 @@ mod brake;
 pub mod http;
 pub mod lease;
 pub mod metrics;
+mod resync;
 mod sight;
 mod tick;
 mod watch;
@@ -143,6 +144,9 @@ pub struct Run {
     interest: Option<watch::Interest>,
     /// The scope the last tick read, while nothing of it changed.
     cache: watch::Cache,
+    /// The last full judgement, while it found no candidate: what a
+    /// resync compares before it plans (`resync.rs`).
+    judged: Option<resync::Judged>,
 }
 
 /// Run the controller until `stop` is set (or one tick with `--once`);
@@ -186,6 +190,7 @@ pub fn run(
         brake: brake::Brake::default(),
         interest: None,
         cache: watch::Cache::default(),
+        judged: None,
     };
     let code = run_loop(cfg, &mut run);
     run.metrics.leader.set(0);
@@ -207,17 +212,32 @@ struct Schedule {
     next_mark: Option<String>,
 }
 
+/// Whether a tick is due, and of which kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// Not yet.
+    No,
+    /// The resync interval passed and nothing else: the tick may skip
+    /// planning when nothing it rests on moved (`resync.rs`).
+    Resync,
+    /// A change, an expiry, a new term, a signal that cannot be read: a
+    /// full judgement.
+    Full,
+}
+
 impl Schedule {
     /// Due by time alone: when newly leading (a new term: judged afresh),
     /// when a kept row's heartbeat expires, or when the interval has
     /// passed.
-    fn due(&self, term: i64, interval: Duration) -> bool {
+    fn due(&self, term: i64, interval: Duration) -> Due {
         if self.expiry_us.is_some_and(|at| crate::time::now() >= at) {
-            return true;
+            return Due::Full;
         }
         match &self.last {
-            None => true,
-            Some((at, t)) => *t != term || at.elapsed() >= interval,
+            None => Due::Full,
+            Some((_, t)) if *t != term => Due::Full,
+            Some((at, _)) if at.elapsed() >= interval => Due::Resync,
+            Some(_) => Due::No,
         }
     }
 }
@@ -225,7 +245,9 @@ impl Schedule {
 /// Whether a tick is due: by time, or because the registry changed in a
 /// way that concerns what the last tick read (`watch.rs`). Changes that do
 /// not are passed over (the mark moves past them) while no tick is due.
-fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) -> bool {
+/// Changes that do are patched into the kept scope when they can be
+/// exactly (`watch::Cache::absorb`), so the tick reads nothing again.
+fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) -> Due {
     let timely = schedule.due(term, interval);
     let found = match run.rows.changes(schedule.mark.as_deref(), watch::LIMIT) {
         // A signal that cannot be read makes a tick due: it will say why
@@ -234,7 +256,7 @@ fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) 
             tracing::debug!("the change signal cannot be read: {e}");
             schedule.next_mark = None;
             run.cache.forget();
-            return true;
+            return Due::Full;
         }
         Ok(None) => {
             schedule.next_mark = None;
@@ -246,20 +268,25 @@ fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) 
                 .rows_read
                 .inc_by(watch::rows_read(&changes) as u64);
             schedule.next_mark = Some(mark);
-            let (found, heartbeats) = watch::judge(&changes, run.interest.as_ref());
-            run.cache.patch(&heartbeats);
-            found
+            let judged = watch::judge(&changes, run.interest.as_ref());
+            run.cache.patch(&judged.heartbeats);
+            if matches!(judged.found, watch::Found::Here(_)) {
+                match &judged.here {
+                    Some(rows) => run.cache.absorb(rows),
+                    None => run.cache.forget(),
+                }
+            }
+            judged.found
         }
     };
     run.metrics.check(&found);
     match found {
         watch::Found::Here(why) => {
             tracing::debug!("a tick is due: {why}");
-            run.cache.forget();
-            true
+            Due::Full
         }
         watch::Found::Quiet | watch::Found::Elsewhere => {
-            if !timely {
+            if timely == Due::No {
                 schedule.mark = schedule.next_mark.clone();
             }
             timely
@@ -283,13 +310,14 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
             continue;
         };
         let due = check(run, &mut schedule, term, cfg.interval);
-        if !due || !backoff.ready() {
+        if due == Due::No || !backoff.ready() {
             sleep_unless(&run.stop, cfg.times.retry);
             continue;
         }
         number += 1;
         let span = tracing::info_span!("tick", tick = number, term);
-        let ended = span.in_scope(|| timed_tick(cfg, run, term, number));
+        let resync = due == Due::Resync;
+        let ended = span.in_scope(|| timed_tick(cfg, run, term, number, resync));
         schedule.last = Some((Instant::now(), term));
         schedule.mark = schedule.next_mark.take();
         schedule.expiry_us = ended.next_expiry_us;
@@ -357,9 +385,9 @@ fn resolve_unknown(run: &Run, backoff: &mut backoff::Backoff, wait: Duration) {
 }
 
 /// One tick, timed and counted.
-fn timed_tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> tick::Ended {
+fn timed_tick(cfg: &Config, run: &mut Run, term: i64, number: i64, resync: bool) -> tick::Ended {
     let t0 = Instant::now();
-    let ended = tick::tick(cfg, run, term, number);
+    let ended = tick::tick(cfg, run, term, number, resync);
     run.metrics
         .tick_duration
         .observe(t0.elapsed().as_secs_f64());

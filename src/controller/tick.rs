@@ -3,6 +3,7 @@
 //! plan's rows given to it, as a saved plan would be). A tick that cannot
 //! see everything (`sight.rs`) retires nothing.
 
+use super::resync::{Judged, Recording};
 use super::watch::Interest;
 use super::{Config, Run, TickScope};
 use crate::apply::{apply, Context, Hooks, Outcome, Request, Tokens};
@@ -18,7 +19,9 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct Ended {
     /// The `outcome` label: an apply's outcome code, or `idle` (nothing to
-    /// retire), `dry_run`, `blind` (could not see), `braked`,
+    /// retire), `unchanged` (a resync that found nothing the last
+    /// judgement rested on moved: not planned), `dry_run`, `blind` (could
+    /// not see), `braked`,
     /// `budget_exhausted`, `stopped` (no longer leading or stopping).
     pub outcome: String,
     /// The exit code `--once` ends with.
@@ -51,10 +54,13 @@ impl Ended {
     }
 }
 
-/// Run one tick under `term`.
-pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
+/// Run one tick under `term`; `resync`: due by the interval alone, so it
+/// may skip planning when nothing the last full judgement rested on moved
+/// (`resync.rs`).
+pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64, resync: bool) -> Ended {
     if let Some(why) = run.sight.blind(&cfg.proc_root) {
         run.cache.forget();
+        run.judged = None;
         return Ended::new(
             "blind",
             ExitCode::Error,
@@ -64,9 +70,15 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
     if let Some(blind) = same_server(run) {
         return blind;
     }
+    if resync {
+        if let Some(ended) = unchanged(cfg, run, term) {
+            return ended;
+        }
+    }
+    run.judged = None;
     // Until this tick has read, any change makes the next one due.
     run.interest = None;
-    let (plan, interest, read) = match plan_tick(cfg, run) {
+    let (plan, interest, read, judged) = match plan_tick(cfg, run, term) {
         Ok(p) => p,
         Err(e) => {
             let code = e.envelope()["error"]["reason_code"]
@@ -81,23 +93,78 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64) -> Ended {
         }
     };
     run.interest = interest;
-    run.metrics.rows_read.inc_by(read as u64);
+    run.metrics.rows_read.inc_by(read.now as u64);
     // A failover while the plan read (it reads wherever the URL leads now).
     if let Some(blind) = same_server(run) {
         return blind;
     }
     let mut ended = act(cfg, run, term, number, &plan);
     ended.next_expiry_us = next_expiry(&plan);
-    ended.rows_read += read;
+    ended.rows_read += read.now + read.by_checks;
+    if ended.outcome == "idle" {
+        run.judged = judged.map(|mut j| {
+            j.next_expiry_us = ended.next_expiry_us;
+            j
+        });
+    }
+    if matches!(
+        ended.outcome.as_str(),
+        "registry_revision_moved" | "candidate_set_moved"
+    ) {
+        // The scope moved under the plan: read it afresh next time.
+        run.cache.forget();
+    }
     ended
+}
+
+/// A resync that skips planning, when the last full judgement found no
+/// candidate and nothing it rested on moved since (`resync.rs`): the scope
+/// kept (no change of it announced, younger than its limit), the same
+/// term, the same processes, leases and host facts. It retires nothing.
+fn unchanged(cfg: &Config, run: &mut Run, term: i64) -> Option<Ended> {
+    let max_age = cfg.interval * super::watch::Cache::MAX_AGE_INTERVALS;
+    let judged = run.judged.as_ref()?;
+    if !run.cache.holds(max_age) {
+        return None;
+    }
+    let probe = SystemProbe::new(&cfg.proc_root);
+    match judged.unchanged(term, max_age, &cfg.proc_root, &cfg.leases, &probe) {
+        Ok(()) => {
+            let mut e = Ended::new(
+                "unchanged",
+                ExitCode::Ok,
+                "nothing the last judgement rested on moved: not planned again".into(),
+            );
+            e.next_expiry_us = judged.next_expiry_us;
+            Some(e)
+        }
+        Err(why) => {
+            tracing::debug!("a full judgement: {why}");
+            None
+        }
+    }
+}
+
+/// The rows a tick's plan took: read now, or read by the checks since the
+/// last tick and patched into the kept scope.
+struct Read {
+    now: usize,
+    by_checks: usize,
 }
 
 /// This host's scope (its active rows and their peers, `plan --scope
 /// host`) or the whole registry, planned; what a scoped plan read, for the
-/// checks until the next tick; the rows read. The scope the last tick read
-/// is planned again without a read while the checks found nothing of it
-/// changed (`watch::Cache`).
-fn plan_tick(cfg: &Config, run: &mut Run) -> crate::error::Result<(Plan, Option<Interest>, usize)> {
+/// checks until the next tick; the rows read; what the judgement rested on
+/// besides the rows (a scoped plan's). The scope the last tick read is
+/// planned again without a read while the checks found nothing of it
+/// changed, or only changes they could patch in (`watch::Cache`): that
+/// changes when a tick happens, never what it retires, since the apply
+/// reads and judges the scope again under its lock.
+fn plan_tick(
+    cfg: &Config,
+    run: &mut Run,
+    term: i64,
+) -> crate::error::Result<(Plan, Option<Interest>, Read, Option<Judged>)> {
     if cfg.scope == TickScope::Registry {
         let plan = crate::plan::plan_from_files(
             &cfg.registry,
@@ -106,21 +173,24 @@ fn plan_tick(cfg: &Config, run: &mut Run) -> crate::error::Result<(Plan, Option<
             cfg.canonical_repository.clone(),
             &cfg.policies,
         )?;
-        let read = plan.rows.len();
-        return Ok((plan, None, read));
+        let now = plan.rows.len();
+        return Ok((plan, None, Read { now, by_checks: 0 }, None));
     }
     // `plan --scope host`'s steps (plan::scoped), keeping the peers'
     // identities, which the plan drops.
     let host = crate::plan::scoped::this_host(&RunFacts::of_this_host(&cfg.proc_root, None, &[]))?;
     let max_age = cfg.interval * super::watch::Cache::MAX_AGE_INTERVALS;
     let (scope, read) = match run.cache.fresh(max_age) {
-        Some((scope, _)) if scope.host_id == host => (scope, 0),
+        Some((scope, _)) if scope.host_id == host => {
+            let by_checks = run.cache.take_absorbed();
+            (scope, Read { now: 0, by_checks })
+        }
         _ => {
             run.cache.forget();
             let scope = crate::evidence::registry::load_scope(&cfg.registry, &host)?;
             run.cache.keep(scope.clone(), std::time::Instant::now());
-            let read = scope.own.len() + scope.peers.len();
-            (scope, read)
+            let now = scope.own.len() + scope.peers.len();
+            (scope, Read { now, by_checks: 0 })
         }
     };
     let peers = scope.peers.clone();
@@ -130,10 +200,20 @@ fn plan_tick(cfg: &Config, run: &mut Run) -> crate::error::Result<(Plan, Option<
         Some(cfg.canonical_repository.clone()),
         &lease_rows,
     );
-    let probe = SystemProbe::new(&cfg.proc_root);
+    let host_facts = facts.host.clone();
+    let system = SystemProbe::new(&cfg.proc_root);
+    let probe = Recording::new(&system);
     let plan = crate::plan::scoped::plan_scope(scope, facts, &probe, &cfg.policies)?;
     let interest = Interest::of(&plan, &host, &peers);
-    Ok((plan, Some(interest), read))
+    let judged = Judged {
+        at: std::time::Instant::now(),
+        term,
+        seen: probe.into_seen(),
+        leases: lease_rows,
+        host: host_facts,
+        next_expiry_us: None,
+    };
+    Ok((plan, Some(interest), read, Some(judged)))
 }
 
 /// How the tick ends when the registry's server is not the one the last
@@ -149,6 +229,7 @@ fn same_server(run: &mut Run) -> Option<Ended> {
     let why = run.sight.server_changed(server)?;
     // The scope kept from before is of another server: read it afresh.
     run.cache.forget();
+    run.judged = None;
     let why = format!("cannot see: {why}; retiring nothing");
     Some(Ended::new("blind", ExitCode::Error, why))
 }

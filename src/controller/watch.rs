@@ -113,28 +113,43 @@ impl Interest {
     }
 }
 
+/// What a check made of the changes.
+pub struct Judgement {
+    /// Whether a tick is due.
+    pub found: Found,
+    /// The own live rows whose heartbeat alone moved, as they are now (to
+    /// keep the scope read last exact, [`Cache::patch`]).
+    pub heartbeats: Vec<Row>,
+    /// The changed rows that concern the scope, as they are now, when
+    /// every change that does is such a row (`None`: a row deleted, a
+    /// change the store cannot list, no interest): [`Cache::absorb`].
+    pub here: Option<Vec<Row>>,
+}
+
 /// Judge what the store says changed against `interest` (`None`: the last
-/// tick read the whole registry, or there was none: any change counts);
-/// with it, the own rows whose heartbeat alone moved (to keep the scope
-/// read last exact, [`Cache::patch`]).
-pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> (Found, Vec<Row>) {
+/// tick read the whole registry, or there was none: any change counts).
+pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> Judgement {
+    let done = |found, here| Judgement {
+        found,
+        heartbeats: Vec::new(),
+        here,
+    };
     let rows = match changes {
         ChangesSince::Unknown(why) => {
-            return (
+            return done(
                 Found::Here(format!("the store cannot list the changes: {why}")),
-                Vec::new(),
+                None,
             )
         }
-        ChangesSince::Rows(rows) if rows.is_empty() => return (Found::Quiet, Vec::new()),
+        ChangesSince::Rows(rows) if rows.is_empty() => return done(Found::Quiet, None),
         ChangesSince::Rows(rows) => rows,
     };
     let Some(interest) = interest else {
-        return (
-            Found::Here(format!("{} row(s) changed", rows.len())),
-            Vec::new(),
-        );
+        return done(Found::Here(format!("{} row(s) changed", rows.len())), None);
     };
     let mut heartbeats = Vec::new();
+    let mut first: Option<String> = None;
+    let mut here = Some(Vec::new());
     for changed in rows {
         let mut heartbeat = false;
         let why = match changed {
@@ -148,13 +163,27 @@ pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> (Found, Vec
             }),
         };
         if let Some(why) = why {
-            return (Found::Here(why), Vec::new());
-        }
-        if let (true, Changed::Row(row)) = (heartbeat, changed) {
+            first.get_or_insert(why);
+            match (changed, &mut here) {
+                (Changed::Row(row), Some(rows)) => rows.push(row.clone()),
+                _ => here = None,
+            }
+        } else if let (true, Changed::Row(row)) = (heartbeat, changed) {
             heartbeats.push(row.clone());
         }
     }
-    (Found::Elsewhere, heartbeats)
+    match first {
+        Some(why) => Judgement {
+            found: Found::Here(why),
+            heartbeats,
+            here,
+        },
+        None => Judgement {
+            found: Found::Elsewhere,
+            heartbeats,
+            here: None,
+        },
+    }
 }
 
 /// The scope the last tick read, kept while the change record shows that
@@ -167,6 +196,9 @@ pub fn judge(changes: &ChangesSince, interest: Option<&Interest>) -> (Found, Vec
 #[derive(Default)]
 pub struct Cache {
     kept: Option<(Scope, Instant)>,
+    /// The identities of the changed rows patched in since the last tick
+    /// ([`Cache::absorb`]): rows a check read in place of the tick.
+    absorbed: HashSet<String>,
 }
 
 impl Cache {
@@ -181,14 +213,111 @@ impl Cache {
             .map(|(s, at)| (s.clone(), *at))
     }
 
+    /// Whether a scope is kept, younger than `max_age`.
+    pub fn holds(&self, max_age: Duration) -> bool {
+        self.kept
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() < max_age)
+    }
+
     /// Keep `scope`, read at `at`.
     pub fn keep(&mut self, scope: Scope, at: Instant) {
         self.kept = Some((scope, at));
+        self.absorbed.clear();
     }
 
     /// Read it again at the next tick.
     pub fn forget(&mut self) {
         self.kept = None;
+        self.absorbed.clear();
+    }
+
+    /// How many changed rows were patched in since the last tick (the
+    /// rows the checks read for it); counted once.
+    pub fn take_absorbed(&mut self) -> usize {
+        let n = self.absorbed.len();
+        self.absorbed.clear();
+        n
+    }
+
+    /// Changed rows that concern the scope, as they are now, patched into
+    /// the kept scope when that leaves it exactly what a read would return
+    /// now; otherwise it is forgotten (read again at the next tick).
+    ///
+    /// Exact when every row is one the scope holds under its identity (one
+    /// row of that identity), and it stays what it was to the scoped read:
+    /// an own row keeps its `host_id` and `status` (still this host's and
+    /// active) and the own rows' keys ([`PeerKeys`]) stay the same set, so
+    /// the peers fetched by them are the same rows; a peer keeps every
+    /// column the read selects it by. Any other row the read would now
+    /// return differently changed too and is in the same check's changes:
+    /// it is not one the scope holds, so nothing is patched. A write that
+    /// renames a row onto the identity of another row of the scope is
+    /// patched in that row's place: the plan is then wrong until the scope
+    /// is read again (an apply's refusal forgets it, `tick.rs`); it never
+    /// retires by it, since the apply reads and judges the scope again
+    /// under its lock.
+    ///
+    /// [`PeerKeys`]: crate::store::scope::PeerKeys
+    pub fn absorb(&mut self, rows: &[Row]) {
+        if !self.try_absorb(rows) {
+            self.forget();
+        }
+    }
+
+    fn try_absorb(&mut self, rows: &[Row]) -> bool {
+        use crate::store::scope::PeerKeys;
+        let Some((scope, _)) = &mut self.kept else {
+            return false;
+        };
+        // Identity → (own, index), for identities one row of the scope holds.
+        let mut at: HashMap<String, Option<(bool, usize)>> = HashMap::new();
+        for (own, list) in [(true, &scope.own), (false, &scope.peers)] {
+            for (i, r) in list.iter().enumerate() {
+                at.entry(r.get(Col::WorkerIdentity).canon())
+                    .and_modify(|e| *e = None)
+                    .or_insert(Some((own, i)));
+            }
+        }
+        let selects_peer = [
+            Col::WorkerIdentity,
+            Col::HostId,
+            Col::Status,
+            Col::SessionId,
+            Col::GenerationId,
+            Col::ProcessIdentity,
+            Col::Pid,
+            Col::ClientInstanceId,
+            Col::Namespace,
+        ];
+        let mut patched = HashSet::new();
+        let mut own_moved = false;
+        let keys_were = PeerKeys::of(&scope.own);
+        for row in rows {
+            let identity = row.get(Col::WorkerIdentity).canon();
+            let Some(Some((own, i))) = at.get(&identity).copied() else {
+                return false;
+            };
+            if !patched.insert(identity) {
+                return false;
+            }
+            let old = if own { &scope.own[i] } else { &scope.peers[i] };
+            let same = |cols: &[Col]| cols.iter().all(|c| row.get(*c) == old.get(*c));
+            if own && !same(&[Col::HostId, Col::Status]) || !own && !same(&selects_peer) {
+                return false;
+            }
+            own_moved |= own;
+            if own {
+                scope.own[i] = row.clone();
+            } else {
+                scope.peers[i] = row.clone();
+            }
+        }
+        if own_moved && PeerKeys::of(&scope.own) != keys_were {
+            return false;
+        }
+        self.absorbed.extend(patched);
+        true
     }
 
     /// Own rows whose heartbeat alone moved, as they are now.
@@ -210,7 +339,7 @@ impl Cache {
                 Some(i) => scope.own[*i] = row.clone(),
                 None => {
                     // Not found where it was: read the scope again.
-                    self.kept = None;
+                    self.forget();
                     return;
                 }
             }
@@ -223,5 +352,56 @@ pub fn rows_read(changes: &ChangesSince) -> usize {
     match changes {
         ChangesSince::Rows(rows) => rows.iter().filter(|c| matches!(c, Changed::Row(_))).count(),
         ChangesSince::Unknown(_) => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    fn row(identity: &str, host: &str, session: &str, run: &str) -> Row {
+        let mut r = Row::default();
+        r.set(Col::WorkerIdentity, Value::Text(identity.into()));
+        r.set(Col::HostId, Value::Text(host.into()));
+        r.set(Col::Status, Value::Text("active".into()));
+        r.set(Col::SessionId, Value::Text(session.into()));
+        r.set(Col::FleetRunId, Value::Text(run.into()));
+        r
+    }
+
+    fn kept() -> Cache {
+        let mut c = Cache::default();
+        let scope = Scope {
+            host_id: "h".into(),
+            own: vec![row("a", "h", "s-a", "r"), row("b", "h", "s-b", "r")],
+            peers: vec![row("p", "other", "s-a", "r")],
+            terminal: 0,
+        };
+        c.keep(scope, Instant::now());
+        c
+    }
+
+    #[test]
+    fn a_change_outside_the_keys_is_patched_and_a_key_change_is_not() {
+        let mut c = kept();
+        c.absorb(&[row("b", "h", "s-b", "moved"), row("p", "other", "s-a", "x")]);
+        let (scope, _) = c.fresh(Duration::from_secs(60)).expect("kept");
+        assert_eq!(scope.own[1].get(Col::FleetRunId).canon(), "moved");
+        assert_eq!(scope.peers[0].get(Col::FleetRunId).canon(), "x");
+        assert_eq!(c.take_absorbed(), 2);
+        // An own row's new session: a key the read fetches peers by.
+        c.absorb(&[row("b", "h", "s-new", "r")]);
+        assert!(c.fresh(Duration::from_secs(60)).is_none());
+        // A peer's session moved: it may no longer be a peer.
+        let mut c = kept();
+        c.absorb(&[row("p", "other", "s-b", "r")]);
+        assert!(c.fresh(Duration::from_secs(60)).is_none());
+        // A row the scope does not hold, or an own row moved to another host.
+        for changed in [row("z", "h", "s-z", "r"), row("a", "other", "s-a", "r")] {
+            let mut c = kept();
+            c.absorb(&[changed]);
+            assert!(c.fresh(Duration::from_secs(60)).is_none());
+        }
     }
 }
