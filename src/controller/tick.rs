@@ -222,6 +222,8 @@ fn same_server(run: &mut Run) -> Option<Ended> {
     let server = match run.rows.server() {
         Ok(server) => server,
         Err(e) => {
+            run.cache.forget();
+            run.judged = None;
             let why = format!("cannot see: {e}; retiring nothing");
             return Some(Ended::new("registry_unavailable", e.exit_code(), why));
         }

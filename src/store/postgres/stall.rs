@@ -274,6 +274,17 @@ fn tcp_info(fd: RawFd) -> Option<(u32, u32)> {
     }
 }
 
+/// How long a connection in use may stay silent while its server answers
+/// probes: 40 times the bound (10 minutes at the default). A server can
+/// answer probes while this connection's backend never will (a COMMIT
+/// waiting for a synchronous standby that is gone, a hung disk, a proxy
+/// whose probe reaches another member), and no wait may last for ever;
+/// the longest honest read (a whole registry of ten million rows) ends
+/// well within it.
+fn busy_cap(bound: Duration) -> Duration {
+    bound.saturating_mul(40)
+}
+
 /// Shut down every watched socket in use whose server has said nothing,
 /// on it or to a probe, for longer than its bound; probe the servers of
 /// those silent for a probe's bound; forget the sockets that are gone.
@@ -305,13 +316,20 @@ fn sweep() {
             }
             None => silent,
         };
-        if unheard <= w.bound {
+        let busy_too_long = silent > busy_cap(w.bound);
+        if unheard <= w.bound && !busy_too_long {
             return true;
         }
         tracing::warn!(
             peer = %w.ends.1,
             silent_ms = silent.as_millis(),
-            "the PostgreSQL server has not answered, nor a probe; giving the connection up"
+            "{}",
+            if busy_too_long {
+                "the PostgreSQL server answers probes but has said nothing on this connection \
+                 for 40 times the bound; giving the connection up"
+            } else {
+                "the PostgreSQL server has not answered, nor a probe; giving the connection up"
+            }
         );
         if let Some(peer) = w.peer {
             suspect(peer);
@@ -399,5 +417,49 @@ mod tests {
         );
         assert!(answers(addr, Duration::from_secs(1)));
         assert!(!is_suspect(addr));
+    }
+
+    /// A server that answers probes but never this connection is given up
+    /// on after [`busy_cap`], not waited for for ever.
+    #[test]
+    fn a_busy_peer_is_given_up_on_after_the_cap() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut first = None;
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { continue };
+                if first.is_none() {
+                    first = Some(s);
+                    continue;
+                }
+                let mut request = [0u8; 8];
+                if s.read_exact(&mut request).is_ok() {
+                    let _ = s.write_all(b"N");
+                }
+            }
+        });
+        let before = sockets();
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        let bound = Duration::from_millis(600);
+        let _in_use = watch_new_bounded(&before, bound);
+        client.write_all(b"a COMMIT that never returns").unwrap();
+        client.set_read_timeout(Some(busy_cap(bound) * 3)).unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 8];
+        let got = client.read(&mut buf);
+        assert!(
+            !got.as_ref().is_err_and(|e| matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )),
+            "still waiting after {:?}: {got:?}",
+            started.elapsed()
+        );
+        assert!(
+            started.elapsed() >= busy_cap(bound),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
