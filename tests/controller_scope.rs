@@ -110,25 +110,7 @@ fn a_tick_reads_its_hosts_scope_and_a_change_elsewhere_costs_a_check() {
 #[test]
 fn a_policy_set_the_scope_cannot_keep_exact_is_refused_at_start() {
     let stores = stores();
-    let folder = stores.dir.path().join("policies");
-    std::fs::create_dir(&folder).unwrap();
-    for name in [
-        "schema.cedarschema",
-        "capabilities.cedar",
-        "retirement.cedar",
-    ] {
-        let mut text = fleet_retire::policy::embedded(name).to_string();
-        if name == "retirement.cedar" {
-            text.push_str(
-                "\n@id(\"hold-fails-on-old-heartbeats\")\n\
-                 @reason(\"conflicting_identity_evidence\")\n@order(\"10\")\n\
-                 @description(\"fails on a past heartbeat\")\n\
-                 forbid (principal, action == FleetRetire::Action::\"hold_session_id\", resource)\n\
-                 when { resource.heartbeat_age_us + 9223372036854775807 > 0 };\n",
-            );
-        }
-        std::fs::write(folder.join(name), text).unwrap();
-    }
+    let folder = common::policies_failing_the_scope_precondition(stores.dir.path());
     let policies = folder.to_str().unwrap();
     let refused = once(&stores, "controller-prgs", &["--policies", policies]);
     let said = text(&refused);

@@ -245,25 +245,7 @@ fn a_policy_that_can_fail_on_a_terminal_peer_is_refused_for_the_scope_on_sqlite(
          INSERT INTO worker_registrations SELECT * FROM peer;",
         HOSTS[1]
     ));
-    let folder = dir.path().join("policies");
-    std::fs::create_dir(&folder).unwrap();
-    for name in [
-        "schema.cedarschema",
-        "capabilities.cedar",
-        "retirement.cedar",
-    ] {
-        let mut text = fleet_retire::policy::embedded(name).to_string();
-        if name == "retirement.cedar" {
-            text.push_str(
-                "\n@id(\"hold-fails-on-old-heartbeats\")\n\
-                 @reason(\"conflicting_identity_evidence\")\n@order(\"10\")\n\
-                 @description(\"fails on a past heartbeat\")\n\
-                 forbid (principal, action == FleetRetire::Action::\"hold_session_id\", resource)\n\
-                 when { resource.heartbeat_age_us + 9223372036854775807 > 0 };\n",
-            );
-        }
-        std::fs::write(folder.join(name), text).unwrap();
-    }
+    let folder = common::policies_failing_the_scope_precondition(dir.path());
     let args = [
         "plan",
         "--format",

@@ -306,25 +306,7 @@ fn assert_scope_refused(refused: &Value, says: &str) {
 #[test]
 fn a_policy_set_failing_the_scope_precondition_refuses_the_default_plan() {
     let stores = stores(true);
-    let folder = stores.dir.path().join("policies");
-    std::fs::create_dir(&folder).unwrap();
-    for name in [
-        "schema.cedarschema",
-        "capabilities.cedar",
-        "retirement.cedar",
-    ] {
-        let mut text = fleet_retire::policy::embedded(name).to_string();
-        if name == "retirement.cedar" {
-            text.push_str(
-                "\n@id(\"hold-fails-on-old-heartbeats\")\n\
-                 @reason(\"conflicting_identity_evidence\")\n@order(\"10\")\n\
-                 @description(\"fails on a past heartbeat\")\n\
-                 forbid (principal, action == FleetRetire::Action::\"hold_session_id\", resource)\n\
-                 when { resource.heartbeat_age_us + 9223372036854775807 > 0 };\n",
-            );
-        }
-        std::fs::write(folder.join(name), text).unwrap();
-    }
+    let folder = common::policies_failing_the_scope_precondition(stores.dir.path());
     let mut client = Client::start(&stores, &[("FLEET_RETIRE_POLICIES", &folder)]);
     let (failed, refused) = client.call("plan_stale_worker_retirement", json!({}));
     assert!(failed, "{refused}");

@@ -1426,3 +1426,29 @@ print(json.dumps({"tests": xml.tests, "failures": xml.failures, "errors": xml.er
     );
     Some(serde_json::from_slice(&out.stdout).unwrap())
 }
+
+/// A policy folder (`DIR/policies`) of the built-in set plus one hold
+/// policy that does not open with the status test: the host scope's
+/// precondition (`policy::scope_check`) fails on it, naming it.
+pub fn policies_failing_the_scope_precondition(dir: &Path) -> PathBuf {
+    let folder = dir.join("policies");
+    std::fs::create_dir(&folder).unwrap();
+    for name in [
+        "schema.cedarschema",
+        "capabilities.cedar",
+        "retirement.cedar",
+    ] {
+        let mut text = fleet_retire::policy::embedded(name).to_string();
+        if name == "retirement.cedar" {
+            text.push_str(
+                "\n@id(\"hold-fails-on-old-heartbeats\")\n\
+                 @reason(\"conflicting_identity_evidence\")\n@order(\"10\")\n\
+                 @description(\"fails on a past heartbeat\")\n\
+                 forbid (principal, action == FleetRetire::Action::\"hold_session_id\", resource)\n\
+                 when { resource.heartbeat_age_us + 9223372036854775807 > 0 };\n",
+            );
+        }
+        std::fs::write(folder.join(name), text).unwrap();
+    }
+    folder
+}
