@@ -149,10 +149,15 @@ fn hold_to_tokens(req: &Request, fresh: &Plan, report: &mut Report) -> Result<()
         let tolerance = planned
             .tolerated(fresh)
             .map_err(|w| moved(format!(": {w}")))?;
+        let planned_ids: std::collections::HashSet<&str> = planned
+            .rows
+            .iter()
+            .map(|p| p.worker_identity.as_str())
+            .collect();
         let (added, changed): (Vec<String>, Vec<String>) = tolerance
             .changed
             .into_iter()
-            .partition(|w| !planned.rows.iter().any(|p| p.worker_identity == *w));
+            .partition(|w| !planned_ids.contains(w.as_str()));
         if let Some(first) = changed.first() {
             return Err(moved(format!(
                 ": {} of this host's rows were changed or retired (the first: {})",
