@@ -1,6 +1,8 @@
 //! What holds a controller's ticks back (docs/controller.md, "Backoff by
 //! reason"), with real processes: a refusal of its capability holds every
-//! tick until `profiles.json` changes; an apply whose outcome is unknown
+//! tick until `profiles.json` or the policy set on disk changes (a set
+//! edited on disk is judged by from the next tick, a broken one holds
+//! every tick until fixed); an apply whose outcome is unknown
 //! (its COMMIT's reply lost by a proxy of ours in front of a real
 //! PostgreSQL) holds every apply until the registry's audit rows say
 //! whether it committed.
@@ -48,6 +50,91 @@ fn a_refused_capability_holds_every_tick_until_profiles_json_changes() {
         status(&stores.registry, "w-1").as_deref() == Some("retired")
     });
     assert!(c.says("profiles.json changed: trying again"));
+}
+
+/// The policy set in `dir`: our own files, with `edit` applied to
+/// `capabilities.cedar`.
+fn write_policies(dir: &std::path::Path, edit: impl Fn(&str) -> String) {
+    let ours = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    std::fs::create_dir_all(dir).unwrap();
+    for name in [
+        "schema.cedarschema",
+        "retirement.cedar",
+        "capabilities.cedar",
+    ] {
+        let text = std::fs::read_to_string(ours.join(name)).unwrap();
+        let text = if name == "capabilities.cedar" {
+            edit(&text)
+        } else {
+            text
+        };
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+}
+
+/// It runs with a policy folder (our own set) and the folder is edited
+/// while it leads: the edit is loaded, and the tick that would retire a
+/// dead worker is refused by it (`permission_denied`: apply now needs a
+/// permission no profile has; the operator pinned the edited set); no tick
+/// runs while held. Then half an edit (a file that does not parse): still
+/// held, `/readyz` says why. Then the folder put back: loaded, the hold
+/// ends, the worker is retired.
+#[test]
+fn a_policy_set_edited_on_disk_is_judged_by_and_its_refusal_held_until_it_changes() {
+    let stores = stores();
+    let dir = stores.dir.path().join("policies");
+    let ours = |t: &str| t.to_string();
+    let denying = |t: &str| {
+        let edited = t.replace(
+            r#"principal.allowed_operations.contains("gitea.worker_registry.retire") &&"#,
+            r#"principal.allowed_operations.contains("gitea.worker_registry.retire.by_hand") &&"#,
+        );
+        assert_ne!(edited, t);
+        edited
+    };
+    write_policies(&dir, denying);
+    let pinned =
+        fleet_retire::policy::Policies::load(&fleet_retire::policy::PolicySource::Dir(dir.clone()))
+            .unwrap()
+            .fingerprint;
+    write_policies(&dir, ours);
+    let profiles = std::fs::read_to_string(&stores.profiles).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&profiles).unwrap();
+    doc["policy_pins"] = serde_json::json!([pinned]);
+    std::fs::write(&stores.profiles, doc.to_string()).unwrap();
+    let mut w = worker(&stores, 1);
+    let folder = dir.to_str().unwrap();
+    let (c, port) = start_listening_with(&stores, "p", &["--policies", folder]);
+    wait_for(Duration::from_secs(20), "a first tick", || {
+        !c.outcomes().is_empty()
+    });
+    write_policies(&dir, denying);
+    wait_for(Duration::from_secs(10), "the edit loaded", || {
+        c.lines()
+            .iter()
+            .any(|l| l["fields"]["fingerprint"] == serde_json::json!(pinned))
+    });
+    kill_and_expire(std::slice::from_mut(&mut w));
+    wait_for(Duration::from_secs(15), "the refusal", || {
+        c.outcomes().iter().any(|o| o == "permission_denied")
+    });
+    let held = c.outcomes().len();
+    write_policies(&dir, |_| "permit (principal, action, resource".into());
+    wait_for(Duration::from_secs(10), "the broken set seen", || {
+        get(port, "/readyz", None)
+            .1
+            .contains("the policy set on disk cannot be used")
+    });
+    // Interval 1 s, retry 0.5 s: four intervals without a tick.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(c.outcomes().len(), held, "{:?}", c.outcomes());
+    assert_eq!(status(&stores.registry, "w-1").as_deref(), Some("active"));
+    write_policies(&dir, ours);
+    wait_for(Duration::from_secs(15), "the retirement", || {
+        status(&stores.registry, "w-1").as_deref() == Some("retired")
+    });
+    assert!(c.says("the policy set changed: trying again"));
+    assert_eq!(get(port, "/readyz", None).0, 200);
 }
 
 /// The COMMIT of the controller's apply reaches the server (it commits)

@@ -8,6 +8,7 @@ use crate::cli::{Cli, OperatorArgs, StoreArgs};
 use crate::controller::lease::LeaseTimes;
 use crate::controller::{http, metrics::Metrics, Config, Health, TickScope};
 use crate::error::{About, Error, ExitCode, Result};
+use crate::policy::Policies;
 use crate::store::controller::Bucket;
 use clap::{Args, ValueEnum};
 use std::sync::atomic::AtomicBool;
@@ -151,7 +152,10 @@ fn config(cli: &Cli, args: &ControllerArgs) -> Result<Config> {
             "--brake-fraction must be above 0 and at most 1 (default 0.5)",
         ));
     }
-    let policies = cli.load_policies()?;
+    // The digest first: a change during the load is seen by the first poll.
+    let policy_source = cli.policy_source();
+    let policy_digest = crate::policy::source_digest(&policy_source);
+    let policies = Policies::load(&policy_source)?;
     let operation = if args.dry_run {
         Operation::Plan
     } else {
@@ -180,7 +184,9 @@ fn config(cli: &Cli, args: &ControllerArgs) -> Result<Config> {
         profile: profile.to_string(),
         proc_root: args.store.proc_root.clone(),
         canonical_repository,
-        policies,
+        policies: Arc::new(policies),
+        policy_source,
+        policy_digest,
         interval: args.interval,
         bucket: args.budget,
         times,
@@ -201,7 +207,10 @@ fn scope_precondition(policies: &crate::policy::Policies) -> Result<()> {
         Error::input(
             About::Option("--scope"),
             format!(
-                "the controller plans this host's scope by default, and the policy set ({})                  does not keep a host's scope exact: {why}. Fix the policy set, or start the                  controller with --scope registry (every tick then reads and judges the whole                  registry)",
+                "the controller plans this host's scope by default, and the policy set ({}) \
+                 does not keep a host's scope exact: {why}. Fix the policy set, or start the \
+                 controller with --scope registry (every tick then reads and judges the whole \
+                 registry)",
                 policies.origin
             ),
         )

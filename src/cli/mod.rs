@@ -333,11 +333,16 @@ impl OperatorArgs {
 impl Cli {
     /// Load the policy set this invocation uses.
     pub fn load_policies(&self) -> Result<Policies> {
-        let source = match &self.policies {
+        Policies::load(&self.policy_source())
+    }
+
+    /// Where the policies are read from: `--policies` (or
+    /// `FLEET_RETIRE_POLICIES`), else the built-in set.
+    pub fn policy_source(&self) -> PolicySource {
+        match &self.policies {
             Some(dir) => PolicySource::Dir(dir.clone()),
             None => PolicySource::Embedded,
-        };
-        Policies::load(&source)
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! evidence. A plan that moved under the apply is tried again at once with
 //! jitter, then backs off; a failure of the stores or the transaction backs
 //! off exponentially (1 s doubling to 5 min, with jitter); a refusal of the
-//! capability or the policy set waits until `profiles.json` changes; an
+//! capability or the policy set waits until `profiles.json` or the policy
+//! set on disk changes (`follow.rs` reloads the set); an
 //! apply whose outcome is unknown holds every apply until the registry's
 //! audit rows say whether it committed.
 
@@ -17,7 +18,8 @@ const MAX: Duration = Duration::from_secs(300);
 pub struct Backoff {
     failures: u32,
     not_before: Option<Instant>,
-    /// `profiles.json` as it was when the capability refused.
+    /// `profiles.json` as it was when the capability refused (the hold
+    /// also ends when the policy set changes: [`Backoff::policies_changed`]).
     profiles_were: Option<(PathBuf, Vec<u8>)>,
     /// The apply whose outcome is unknown.
     pub unresolved: Option<String>,
@@ -37,6 +39,14 @@ impl Backoff {
             self.profiles_were = None;
         }
         self.not_before.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// The policy set was loaded again from disk: a refusal of the
+    /// capability or the pin may go otherwise now.
+    pub fn policies_changed(&mut self) {
+        if self.profiles_were.take().is_some() {
+            tracing::info!("the policy set changed: trying again");
+        }
     }
 
     /// After a tick that ended with `outcome`.

@@ -9,6 +9,7 @@
 
 mod backoff;
 mod brake;
+mod follow;
 pub mod http;
 pub mod lease;
 pub mod metrics;
@@ -18,7 +19,7 @@ mod tick;
 mod watch;
 
 use crate::error::{Error, ExitCode, Result};
-use crate::policy::Policies;
+use crate::policy::{Policies, PolicySource};
 use crate::store::controller::Bucket;
 use crate::store::seam::{ControllerRows, Engine};
 use lease::{sleep_unless, Holder, Leadership, LeaseTimes};
@@ -42,8 +43,13 @@ pub struct Config {
     pub proc_root: PathBuf,
     /// The repository binding required.
     pub canonical_repository: String,
-    /// The loaded policies.
-    pub policies: Policies,
+    /// The policies loaded at start.
+    pub policies: Arc<Policies>,
+    /// Where they were read from, followed while the controller runs
+    /// (`follow.rs`).
+    pub policy_source: PolicySource,
+    /// `policy::source_digest` of that source, taken before the load.
+    pub policy_digest: Vec<u8>,
     /// The resync period.
     pub interval: Duration,
     /// The host's budget.
@@ -84,6 +90,8 @@ pub struct Health {
 struct HealthState {
     last_tick: Option<Instant>,
     registry_unreachable: Option<String>,
+    /// Why the policy set on disk cannot be used, while it cannot.
+    policy_invalid: Option<String>,
     /// Why the last tick could not read the stores, if it could not.
     stores_unreadable: Option<String>,
     lease_overdue: bool,
@@ -123,6 +131,9 @@ impl Health {
         if let Some(why) = s.registry_unreachable.or(s.stores_unreadable) {
             return Some(format!("the registry cannot be reached: {why}"));
         }
+        if let Some(why) = s.policy_invalid {
+            return Some(format!("the policy set on disk cannot be used: {why}"));
+        }
         s.lease_overdue
             .then(|| "this process leads with a lease past its renew deadline".into())
     }
@@ -147,6 +158,9 @@ pub struct Run {
     /// The last full judgement, while it found no candidate: what a
     /// resync compares before it plans (`resync.rs`).
     judged: Option<resync::Judged>,
+    /// The policy set ticks judge by (reloaded when it changes on disk).
+    policies: Arc<Policies>,
+    follow: follow::Follow,
 }
 
 /// Run the controller until `stop` is set (or one tick with `--once`);
@@ -191,6 +205,12 @@ pub fn run(
         interest: None,
         cache: watch::Cache::default(),
         judged: None,
+        policies: cfg.policies.clone(),
+        follow: follow::Follow::new(
+            cfg.policy_source.clone(),
+            cfg.policy_digest.clone(),
+            cfg.scope == TickScope::Host,
+        ),
     };
     let code = run_loop(cfg, &mut run);
     run.metrics.leader.set(0);
@@ -302,6 +322,7 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
     while !run.stop.load(Ordering::SeqCst) {
         let term = observe(run);
         resolve_unknown(run, &mut backoff, cfg.times.retry);
+        follow_policies(run, &mut schedule, &mut backoff);
         let Some(term) = term else {
             if cfg.once && started.elapsed() > cfg.times.ttl + 2 * cfg.times.retry {
                 return once_without_lease(run);
@@ -310,7 +331,7 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
             continue;
         };
         let due = check(run, &mut schedule, term, cfg.interval);
-        if due == Due::No || !backoff.ready() {
+        if due == Due::No || !backoff.ready() || run.follow.invalid().is_some() {
             sleep_unless(&run.stop, cfg.times.retry);
             continue;
         }
@@ -333,6 +354,21 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
         }
     }
     ExitCode::Ok
+}
+
+/// The policy set on disk, when it changed: judged by from the next tick
+/// on, afresh (a full tick, nothing kept from the old set's judgement),
+/// and a refusal's hold ends. While the set on disk cannot be used, no
+/// tick runs and `/readyz` says why.
+fn follow_policies(run: &mut Run, schedule: &mut Schedule, backoff: &mut backoff::Backoff) {
+    if let Some(policies) = run.follow.poll() {
+        run.policies = Arc::new(policies);
+        run.judged = None;
+        schedule.last = None;
+        backoff.policies_changed();
+    }
+    let why = run.follow.invalid().map(str::to_string);
+    run.health.set(|h| h.policy_invalid = why);
 }
 
 /// `--once` that never held the lease: refused when another controller

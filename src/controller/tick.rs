@@ -171,7 +171,7 @@ fn plan_tick(
             &cfg.leases,
             &cfg.proc_root,
             cfg.canonical_repository.clone(),
-            &cfg.policies,
+            &run.policies,
         )?;
         let now = plan.rows.len();
         return Ok((plan, None, Read { now, by_checks: 0 }, None));
@@ -203,7 +203,7 @@ fn plan_tick(
     let host_facts = facts.host.clone();
     let system = SystemProbe::new(&cfg.proc_root);
     let probe = Recording::new(&system);
-    let plan = crate::plan::scoped::plan_scope(scope, facts, &probe, &cfg.policies)?;
+    let plan = crate::plan::scoped::plan_scope(scope, facts, &probe, &run.policies)?;
     let interest = Interest::of(&plan, &host, &peers);
     let judged = Judged {
         at: std::time::Instant::now(),
@@ -345,7 +345,7 @@ fn apply_allowed(
         profiles: &cfg.profiles,
         profile: &cfg.profile,
         proc_root: &cfg.proc_root,
-        policies: &cfg.policies,
+        policies: &run.policies,
         probe: &probe,
         busy_timeout: cfg.busy_timeout,
     };

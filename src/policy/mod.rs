@@ -450,6 +450,35 @@ pub fn read_folder_file(path: &Path) -> Result<String> {
         })
 }
 
+/// A digest of what `Policies::load(source)` would read now: each file's
+/// name and its text, or why it cannot be read (so a file going missing or
+/// turning into a link changes it too). The built-in set never changes.
+/// Read as the load reads (regular files only, never blocking), so a
+/// controller can poll it cheaply and reload when it moves.
+pub fn source_digest(source: &PolicySource) -> Vec<u8> {
+    use sha2::Digest;
+    let PolicySource::Dir(dir) = source else {
+        return Vec::new();
+    };
+    let mut hash = sha2::Sha256::new();
+    for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
+        let read = read_folder_file(&dir.join(name)).map_err(|e| e.to_string());
+        let (tag, text) = match &read {
+            Ok(text) => (b"ok", text),
+            Err(why) => (b"no", why),
+        };
+        for part in [
+            name.as_bytes(),
+            tag,
+            &(text.len() as u64).to_be_bytes(),
+            text.as_bytes(),
+        ] {
+            hash.update(part);
+        }
+    }
+    hash.finalize().to_vec()
+}
+
 fn read_dir_files(dir: &Path) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
