@@ -242,8 +242,15 @@ fn peer_of(fd: RawFd) -> Option<SocketAddr> {
     if let Some(v4) = peer.as_sockaddr_in() {
         return Some(SocketAddr::from((v4.ip(), v4.port())));
     }
+    // The scope id and flow info kept: a link-local server is reached
+    // only through the interface the connection uses.
     let v6 = peer.as_sockaddr_in6()?;
-    Some(SocketAddr::from((v6.ip(), v6.port())))
+    Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+        v6.ip(),
+        v6.port(),
+        v6.flowinfo(),
+        v6.scope_id(),
+    )))
 }
 
 /// The socket's two addresses, as the kernel states them.
@@ -334,6 +341,15 @@ fn sweep() {
         if let Some(peer) = w.peer {
             suspect(peer);
         }
+        // The addresses once more, right before: the probe above took time,
+        // in which the connection may have been closed and its descriptor
+        // given to another file. What is left is the few instructions
+        // between this check and the call, and a descriptor reused in them
+        // is cut only if it is a socket between the very same two
+        // addresses, which TCP's TIME_WAIT keeps from being reused so soon.
+        if ends(w.fd).as_ref() != Some(&w.ends) {
+            return false;
+        }
         // SAFETY: the descriptor is the watched socket (its addresses
         // were checked just above); shutdown(2) only ends its traffic.
         unsafe {
@@ -376,6 +392,22 @@ mod tests {
         );
         assert!(is_suspect(addr));
         drop(peer);
+    }
+
+    /// The address a probe connects to is the connection's peer, an IPv6
+    /// one whole (its scope id and flow info kept), where this host has
+    /// IPv6 loopback.
+    #[test]
+    fn a_probe_goes_to_the_connections_peer() {
+        for bind in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(listener) = std::net::TcpListener::bind(bind) else {
+                continue;
+            };
+            let addr = listener.local_addr().unwrap();
+            let client = std::net::TcpStream::connect(addr).unwrap();
+            use std::os::fd::AsRawFd;
+            assert_eq!(peer_of(client.as_raw_fd()), Some(addr));
+        }
     }
 
     /// A peer silent on the connection in use for four bounds (8 s), which
