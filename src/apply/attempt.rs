@@ -92,6 +92,9 @@ pub(super) fn transaction(
                 " (the transaction was rolled back so {attempt} times)"
             ));
         }
+        if attempt > 1 {
+            conn.end_turn();
+        }
         let committed = committed.filter(|_| report.outcome == Outcome::Applied);
         return (report, committed);
     }

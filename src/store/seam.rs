@@ -201,12 +201,19 @@ pub trait ApplyConnection {
 
     /// Before a transaction tried again after a serialization failure:
     /// wait (at most the busy timeout) until no other apply trying again
-    /// runs its transaction, held until this connection closes, so applies
-    /// that collided take turns instead of colliding again (PostgreSQL; a
-    /// no-op where the transaction holds the write lock already).
+    /// runs its transaction, held until [`ApplyConnection::end_turn`] (or
+    /// the connection closes), so applies that collided take turns instead
+    /// of colliding again (PostgreSQL; a no-op where the transaction holds
+    /// the write lock already).
     fn take_turn(&mut self) -> Result<()> {
         Ok(())
     }
+
+    /// The turn taken by [`ApplyConnection::take_turn`] given up, once the
+    /// last attempt has ended (committed, refused or failed), so the next
+    /// apply waiting need not wait for this one's work after COMMIT.
+    /// Without a turn held, nothing.
+    fn end_turn(&mut self) {}
 }
 
 /// Apply's transaction on the registry: the steps of docs/semantics.md §10

@@ -72,8 +72,8 @@ impl ApplyConnection for Postgres {
 
     /// A session-level advisory lock, taken outside any transaction (a
     /// lock taken inside would wait after the snapshot was taken, and the
-    /// transaction would overlap the one it waited for); PostgreSQL
-    /// releases it when the session ends.
+    /// transaction would overlap the one it waited for); given up by
+    /// `end_turn` after the last attempt, or when the session ends.
     fn take_turn(&mut self) -> Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         self.idle.store(false, SeqCst);
@@ -87,6 +87,22 @@ impl ApplyConnection for Postgres {
             ));
         self.idle.store(true, SeqCst);
         taken
+    }
+
+    /// Every attempt after the first took the lock once more (session
+    /// locks stack), and this connection is apply's own, holding no other
+    /// session lock: all of them are given up. A failure leaves them to
+    /// the session's end, which a broken connection's is.
+    fn end_turn(&mut self) {
+        // In use, as since `begin`: a frozen server is left, as by any
+        // call.
+        self.idle.store(false, std::sync::atomic::Ordering::SeqCst);
+        let given_up = self
+            .client
+            .batch_execute("SELECT pg_catalog.pg_advisory_unlock_all()");
+        if let Err(e) = given_up {
+            tracing::debug!("apply: the turn is given up when the connection closes: {e}");
+        }
     }
 
     fn begin(&mut self) -> std::result::Result<Box<dyn ApplyTx + '_>, String> {
