@@ -30,26 +30,7 @@ fn a_scoped_apply_retires_its_plan_whatever_other_hosts_write(
     let host = HOSTS[0];
     let saved = dir.join("plan.json");
     let saved_arg = saved.to_str().unwrap();
-    let args = [
-        "plan",
-        "--format",
-        "json",
-        "--canonical-repository",
-        "prgs/gitea-tools",
-        "--scope",
-        "host",
-        "--out",
-        saved_arg,
-    ];
-    let out = run_as(host, &args, stores);
-    assert!(out.status.success(), "{}", common::text(&out));
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let candidates: Vec<String> = plan["candidate_worker_identities"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
+    let (plan, candidates) = save_scoped_plan(host, stores, &saved);
     assert!(!candidates.is_empty());
     write(OUTSIDER);
     write(OUTSIDER_BEATS);
@@ -149,21 +130,8 @@ fn a_peer_written_after_the_plan_stops_the_scoped_apply(
 ) {
     let saved = dir.join("plan.json");
     let saved_arg = saved.to_str().unwrap();
-    let args = [
-        "plan",
-        "--format",
-        "json",
-        "--canonical-repository",
-        "prgs/gitea-tools",
-        "--scope",
-        "host",
-        "--out",
-        saved_arg,
-    ];
-    let out = run_as(HOSTS[0], &args, stores);
-    assert!(out.status.success(), "{}", common::text(&out));
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let candidate = plan["candidate_worker_identities"][0].as_str().unwrap();
+    let (_, candidates) = save_scoped_plan(HOSTS[0], stores, &saved);
+    let candidate = &candidates[0];
     write(&format!(
         "CREATE TEMP TABLE peer AS SELECT * FROM worker_registrations \
          WHERE worker_identity = '{candidate}';

@@ -15,26 +15,7 @@ use std::path::Path;
 /// `plan --scope host --out` as host `HOSTS[0]`: the plan and its
 /// candidates, in the plan's order.
 fn save_plan(stores: (&Path, &Path, &Path), saved: &str) -> Vec<String> {
-    let args = [
-        "plan",
-        "--format",
-        "json",
-        "--canonical-repository",
-        "prgs/gitea-tools",
-        "--scope",
-        "host",
-        "--out",
-        saved,
-    ];
-    let out = run_as(HOSTS[0], &args, stores);
-    assert!(out.status.success(), "{}", common::text(&out));
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-    plan["candidate_worker_identities"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect()
+    save_scoped_plan(HOSTS[0], stores, Path::new(saved)).1
 }
 
 /// `apply PLAN --first 1` as host `HOSTS[0]`: its report.

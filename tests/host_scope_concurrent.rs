@@ -80,30 +80,8 @@ fn on_postgres(tag: &str) -> Option<(common::PgDb, tempfile::TempDir, String)> {
 /// `name`'s scoped plan saved in `dir`: its path and candidates.
 fn save_plan(name: &str, stores: (&Path, &Path, &Path), dir: &Path) -> (String, Vec<String>) {
     let saved = dir.join(format!("{name}.json"));
+    let (_, mut candidates) = save_scoped_plan(name, stores, &saved);
     let saved = saved.to_str().unwrap().to_string();
-    let out = run_as(
-        name,
-        &[
-            "plan",
-            "--format",
-            "json",
-            "--canonical-repository",
-            "prgs/gitea-tools",
-            "--scope",
-            "host",
-            "--out",
-            &saved,
-        ],
-        stores,
-    );
-    assert!(out.status.success(), "{}", common::text(&out));
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut candidates: Vec<String> = plan["candidate_worker_identities"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
     candidates.sort();
     (saved, candidates)
 }

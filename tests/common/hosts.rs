@@ -113,6 +113,37 @@ pub fn run_as(host: &str, args: &[&str], stores: (&Path, &Path, &Path)) -> std::
         .unwrap()
 }
 
+/// `plan --scope host --out saved` run as host `host`: the plan it printed
+/// and its candidates, in the plan's order.
+pub fn save_scoped_plan(
+    host: &str,
+    stores: (&Path, &Path, &Path),
+    saved: &Path,
+) -> (Value, Vec<String>) {
+    let saved = saved.to_str().unwrap();
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--scope",
+        "host",
+        "--out",
+        saved,
+    ];
+    let out = run_as(host, &args, stores);
+    assert!(out.status.success(), "{}", super::text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let candidates = plan["candidate_worker_identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    (plan, candidates)
+}
+
 /// `plan --format json` run as host `host`, scoped or not.
 pub fn plan_as(host: &str, registry: &Path, leases: &Path, profiles: &Path, scoped: bool) -> Value {
     let mut args = vec![
