@@ -52,7 +52,7 @@ impl Clock {
 
 /// A controller whose wall clock is `clock`'s, serving `/metrics` on a free
 /// loopback port (started again on another when the one picked was taken).
-fn start_faked(stores: &Stores, clock: &Clock) -> (Controller, u16) {
+fn start_faked(stores: &Stores, clock: &Clock, extra: &[&str]) -> (Controller, u16) {
     let lib = libfaketime();
     for _ in 0..5 {
         let port = common::free_port();
@@ -60,6 +60,7 @@ fn start_faked(stores: &Stores, clock: &Clock) -> (Controller, u16) {
         let child = command(stores, "controller-prgs")
             .args(["--log-format", "json", "--interval", "1s"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .env("LD_PRELOAD", &lib)
             .env("FAKETIME_TIMESTAMP_FILE", &clock.0)
             .env("FAKETIME_NO_CACHE", "1")
@@ -250,6 +251,10 @@ fn jump(c: &Controller, clock: &Clock, offset: &str, moved: &str) -> i64 {
 fn jumps(stores: &Stores) {
     let reg = &stores.registry;
     let live: Vec<KillOnDrop> = (1..=2).map(|n| heartbeating(stores, n)).collect();
+    if pg_url(reg).is_some() {
+        // Its tables were made by the first worker.
+        install_versions(stores);
+    }
     let sleeper = worker(stores, 3);
     kill_and_expire(&mut [worker(stores, 4)]);
     {
@@ -259,7 +264,7 @@ fn jumps(stores: &Stores) {
     }
     let clock = Clock(stores.dir.path().join("faketime.rc"));
     clock.set("+0");
-    let (c, port) = start_faked(stores, &clock);
+    let (c, port) = start_faked(stores, &clock, &[]);
     let log = || std::fs::read_to_string(&c.log).unwrap_or_default();
 
     // Before any jump: the dead worker past its TTL is retired; the one
@@ -354,9 +359,58 @@ fn kill(w: &mut KillOnDrop) {
     w.0.wait().unwrap();
 }
 
-/// On SQLite (the lease on the host's clock too, so the forward jump also
-/// makes this controller's own lease look expired: it takes it again
-/// under a new term, which is judged afresh as well).
+/// A jump while a tick is under way, after its look at the clocks and
+/// before its plan reads the wall clock: the test holds the lease store's
+/// exclusive lock (a SQLite file in rollback-journal mode), so the next
+/// tick, which plans the whole registry (`--scope registry`: every tick
+/// plans), waits at its read of the leases; the clock jumps an hour
+/// forward; the lock is let go. That tick planned with a clock an hour
+/// ahead, under which w-2, dead within its 600 s TTL, is a candidate: it
+/// must retire nothing (it is blind), and only the tick after it, judged
+/// afresh on the new clock, may retire w-2.
+fn jump_during_a_tick(stores: &Stores) {
+    let reg = &stores.registry;
+    let sleeper = worker(stores, 1);
+    if pg_url(reg).is_some() {
+        install_versions(stores);
+    }
+    kill(&mut worker_with_ttl(stores, 2, 600));
+    let clock = Clock(stores.dir.path().join("faketime.rc"));
+    clock.set("+0");
+    let (c, _port) = start_faked(stores, &clock, &["--scope", "registry"]);
+    let log = || std::fs::read_to_string(&c.log).unwrap_or_default();
+    wait_for(Duration::from_secs(20), "two ticks", || {
+        ticks(&c).len() >= 2
+    });
+    let lock = rusqlite::Connection::open(&stores.leases).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let before = ticks(&c).last().unwrap().number;
+    // Every tick reads the leases: by now one waits there (the interval
+    // is 1 s; the reader's busy timeout 10 s).
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(ticks(&c).last().unwrap().number, before, "{}", log());
+    clock.set("+1h");
+    lock.execute_batch("ROLLBACK").unwrap();
+    drop(lock);
+    wait_for(Duration::from_secs(20), "w-2 to be retired", || {
+        is(reg, 2, "retired")
+    });
+    let (t2, _) = retired_by(reg, "w-2").unwrap();
+    let blinds = blind(&c);
+    assert_eq!(blinds.len(), 1, "{}", log());
+    assert_eq!(blinds[0].number, before + 1, "{}", log());
+    assert!(
+        blinds[0].message.contains("since this tick began"),
+        "{blinds:?}"
+    );
+    assert!(t2 > before + 1, "retired by tick {t2}: {}", log());
+    assert!(is(reg, 1, "active"), "{}", log());
+    drop(sleeper);
+}
+
+/// [`jumps`] on SQLite (the lease on the host's clock too, so the forward
+/// jump also makes this controller's own lease look expired: it takes it
+/// again under a new term, which is judged afresh as well).
 #[test]
 #[cfg_attr(
     not(fr_faketime),
@@ -364,4 +418,44 @@ fn kill(w: &mut KillOnDrop) {
 )]
 fn a_wall_clock_jump_makes_one_tick_blind_and_no_live_worker_is_retired() {
     jumps(&stores());
+}
+
+/// [`jumps`] on PostgreSQL: the lease is on the server's clock, which
+/// does not jump, but heartbeat ages are read on the controller's.
+#[test]
+#[cfg_attr(
+    not(all(fr_faketime, fr_postgres)),
+    ignore = "needs libfaketime (apt-get install faketime) and FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn on_postgres_a_wall_clock_jump_makes_one_tick_blind_and_no_live_worker_is_retired() {
+    let Some((stores, _db)) = pg_stores("clock_jumps") else {
+        return;
+    };
+    jumps(&stores);
+}
+
+/// [`jump_during_a_tick`] on SQLite. Before the fix the tick planned on
+/// the jumped clock and tried to retire w-2; only the lease's own expiry,
+/// on the same jumped clock, refused it (`leadership_lost`).
+#[test]
+#[cfg_attr(
+    not(fr_faketime),
+    ignore = "needs libfaketime (apt-get install faketime)"
+)]
+fn a_jump_during_a_tick_makes_that_tick_retire_nothing() {
+    jump_during_a_tick(&stores());
+}
+
+/// [`jump_during_a_tick`] on PostgreSQL, whose lease is on the server's
+/// clock: nothing else refuses that tick's apply.
+#[test]
+#[cfg_attr(
+    not(all(fr_faketime, fr_postgres)),
+    ignore = "needs libfaketime (apt-get install faketime) and FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn on_postgres_a_jump_during_a_tick_makes_that_tick_retire_nothing() {
+    let Some((stores, _db)) = pg_stores("clock_mid_tick") else {
+        return;
+    };
+    jump_during_a_tick(&stores);
 }
