@@ -8,7 +8,8 @@
 //! `clock_gettime(CLOCK_REALTIME)` with the real time plus an offset read
 //! from a file on every call (`FAKETIME_TIMESTAMP_FILE`,
 //! `FAKETIME_NO_CACHE=1`), while its monotonic clock stays the kernel's
-//! (`FAKETIME_DONT_FAKE_MONOTONIC=1`). The test rewrites that file: the
+//! (`FAKETIME_DONT_FAKE_MONOTONIC=1`) and files' times are left alone
+//! (`NO_FAKE_STAT=1`). The test rewrites that file: the
 //! controller's wall clock jumps an hour forward, back, and back again,
 //! while its workers (real `fleet-retire register` processes, some
 //! heartbeating) keep the machine's true time. Nothing in the program
@@ -65,6 +66,8 @@ fn start_faked(stores: &Stores, clock: &Clock, extra: &[&str]) -> (Controller, u
             .env("FAKETIME_TIMESTAMP_FILE", &clock.0)
             .env("FAKETIME_NO_CACHE", "1")
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            // Files' times as they are: a real jump does not move them.
+            .env("NO_FAKE_STAT", "1")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
