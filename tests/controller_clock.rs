@@ -462,3 +462,56 @@ fn on_postgres_a_jump_during_a_tick_makes_that_tick_retire_nothing() {
     };
     jump_during_a_tick(&stores);
 }
+
+/// The brake across a jump (issue 53 §4, "visibility regained restarts
+/// every grace period"): twelve workers of this host die at once and the
+/// brake holds them for their heartbeat TTL (3 s, on the monotonic
+/// clock); the controller's clock jumps an hour forward meanwhile. The
+/// tick across the jump is blind; the first that sees again holds them
+/// still, and they are retired only a full TTL after it.
+#[test]
+#[cfg_attr(
+    not(fr_faketime),
+    ignore = "needs libfaketime (apt-get install faketime)"
+)]
+fn a_brake_held_across_a_jump_waits_a_full_ttl_after_it() {
+    const TTL: Duration = Duration::from_secs(3);
+    let stores = stores();
+    let reg = &stores.registry;
+    let mut workers: Vec<KillOnDrop> = (1..=12).map(|n| worker_with_ttl(&stores, n, 3)).collect();
+    workers.iter_mut().for_each(kill);
+    std::thread::sleep(TTL + Duration::from_millis(200));
+    let clock = Clock(stores.dir.path().join("faketime.rc"));
+    clock.set("+0");
+    let (c, _port) = start_faked(&stores, &clock, &[]);
+    let log = || std::fs::read_to_string(&c.log).unwrap_or_default();
+    wait_for(Duration::from_secs(20), "the brake", || {
+        ticks(&c).iter().any(|t| t.outcome == "braked")
+    });
+    let blind_tick = jump(&c, &clock, "+1h", "36");
+    let seen = Instant::now();
+    wait_for(Duration::from_secs(30), "the workers to be retired", || {
+        (1..=12).all(|n| is(reg, n, "retired"))
+    });
+    let after = seen.elapsed();
+    let ticks = ticks(&c);
+    let next = ticks.iter().find(|t| t.number == blind_tick + 1).unwrap();
+    assert_eq!(next.outcome, "braked", "{}", log());
+    assert!(
+        ticks
+            .iter()
+            .filter(|t| t.number < blind_tick)
+            .all(|t| t.retired == 0),
+        "{}",
+        log()
+    );
+    // Measured from the first tick that saw again (`jump` returns once it
+    // is logged): had the blind tick not restarted the hold, they would
+    // go about 1.5 s after it (the hold began a tick before the jump).
+    let slack = Duration::from_millis(250);
+    assert!(
+        after + slack >= TTL,
+        "retired {after:?} after it: {}",
+        log()
+    );
+}
