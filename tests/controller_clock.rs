@@ -260,11 +260,7 @@ fn jumps(stores: &Stores) {
     }
     let sleeper = worker(stores, 3);
     kill_and_expire(&mut [worker(stores, 4)]);
-    {
-        let mut fresh = worker_with_ttl(stores, 5, 600);
-        fresh.0.kill().unwrap();
-        fresh.0.wait().unwrap();
-    }
+    kill(&mut worker_with_ttl(stores, 5, 600));
     let clock = Clock(stores.dir.path().join("faketime.rc"));
     clock.set("+0");
     let (c, port) = start_faked(stores, &clock, &[]);
@@ -387,10 +383,11 @@ fn jump_during_a_tick(stores: &Stores) {
     });
     let lock = rusqlite::Connection::open(&stores.leases).unwrap();
     lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    // A tick past its read of the leases ends; the next waits there (the
+    // interval is 1 s, the reader's busy timeout 10 s).
+    std::thread::sleep(Duration::from_millis(500));
     let before = ticks(&c).last().unwrap().number;
-    // Every tick reads the leases: by now one waits there (the interval
-    // is 1 s; the reader's busy timeout 10 s).
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(2000));
     assert_eq!(ticks(&c).last().unwrap().number, before, "{}", log());
     clock.set("+1h");
     lock.execute_batch("ROLLBACK").unwrap();
