@@ -51,9 +51,37 @@ impl Clock {
     }
 }
 
+/// A controller under libfaketime, killed on drop with the shared memory
+/// and semaphore libfaketime made for it (`/dev/shm/faketime_shm_PID`,
+/// `sem.faketime_sem_PID`), which only a clean exit removes: left behind,
+/// they make the next process under libfaketime that gets the same pid
+/// fail.
+struct Faked(Controller);
+
+impl std::ops::Deref for Faked {
+    type Target = Controller;
+    fn deref(&self) -> &Controller {
+        &self.0
+    }
+}
+
+impl Drop for Faked {
+    fn drop(&mut self) {
+        let pid = self.0.pid();
+        let _ = self.0.child.0.kill();
+        let _ = self.0.child.0.wait();
+        for name in [
+            format!("faketime_shm_{pid}"),
+            format!("sem.faketime_sem_{pid}"),
+        ] {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+        }
+    }
+}
+
 /// A controller whose wall clock is `clock`'s, serving `/metrics` on a free
 /// loopback port (started again on another when the one picked was taken).
-fn start_faked(stores: &Stores, clock: &Clock, extra: &[&str]) -> (Controller, u16) {
+fn start_faked(stores: &Stores, clock: &Clock, extra: &[&str]) -> (Faked, u16) {
     let lib = libfaketime();
     for _ in 0..5 {
         let port = common::free_port();
@@ -72,16 +100,16 @@ fn start_faked(stores: &Stores, clock: &Clock, extra: &[&str]) -> (Controller, u
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let mut c = Controller {
+        let mut c = Faked(Controller {
             child: KillOnDrop(child),
             log,
-        };
+        });
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return (c, port);
             }
-            if c.child.0.try_wait().unwrap().is_some() {
+            if c.0.child.0.try_wait().unwrap().is_some() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(25));
