@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// The cfg names the tests use, and whether each holds here.
-fn checks(ci: bool) -> [(&'static str, bool); 9] {
+fn checks(ci: bool) -> [(&'static str, bool); 10] {
     [
         (
             "fr_postgres",
@@ -33,6 +33,9 @@ fn checks(ci: bool) -> [(&'static str, bool); 9] {
         ("fr_promtool", ci || on_path("promtool")),
         ("fr_prometheus", ci || on_path("prometheus")),
         ("fr_systemd_analyze", ci || on_path("systemd-analyze")),
+        // Debian's `faketime` package (with `libfaketime`, which the clock
+        // test preloads into a controller).
+        ("fr_faketime", ci || on_path("faketime")),
         (
             "fr_chromium",
             ci || (Path::new("tests/validators/node_modules/puppeteer-core").is_dir()

@@ -1,7 +1,9 @@
 //! "I cannot see" means "stop", never "they are dead": a tick first checks
 //! that it can see what it judges by. The wall clock must not have jumped
 //! against the monotonic clock by more than a second since the last tick
-//! (a heartbeat's age is read on the wall clock), and this host's `/proc`
+//! (a heartbeat's age is read on the wall clock), nor while the tick runs
+//! (asked again after its plan and by its apply before COMMIT:
+//! [`Sight::moved`]), and this host's `/proc`
 //! must answer (a process table that cannot be read proves nothing dead).
 //! The registry's server must be the one the last tick read, before the
 //! plan and after it: a failover (or a restart) since makes this tick
@@ -31,18 +33,8 @@ impl Sight {
     /// [`Sight::blind`] with the clocks read at `now`.
     fn blind_at(&mut self, now: (Instant, SystemTime), proc_root: &Path) -> Option<String> {
         let last = self.last.replace(now);
-        if let Some((mono, wall)) = last {
-            let mono = now.0.duration_since(mono).as_secs_f64();
-            let wall = match now.1.duration_since(wall) {
-                Ok(d) => d.as_secs_f64(),
-                Err(e) => -e.duration().as_secs_f64(),
-            };
-            if (wall - mono).abs() > JUMP.as_secs_f64() {
-                return Some(format!(
-                    "the wall clock moved {wall:.3} s while the monotonic clock moved {mono:.3} s \
-                     since the last tick; heartbeat ages cannot be trusted on this tick"
-                ));
-            }
+        if let Some(why) = last.and_then(|last| jumped(last, now, "the last tick")) {
+            return Some(why);
         }
         for file in ["self/stat", "sys/kernel/random/boot_id"] {
             let path = proc_root.join(file);
@@ -58,6 +50,23 @@ impl Sight {
 }
 
 impl Sight {
+    /// Why this tick cannot trust what it read since it looked
+    /// ([`Sight::blind`]): the wall clock jumped against the monotonic
+    /// clock meanwhile (its plan may have read heartbeat ages on either).
+    pub fn moved(&self) -> Option<String> {
+        jumped(
+            self.last?,
+            (Instant::now(), SystemTime::now()),
+            "this tick began",
+        )
+    }
+
+    /// Take the clocks as they are now for the last tick's: after a tick
+    /// that found a jump under way, the next judges afresh from here.
+    pub fn look_again(&mut self) {
+        self.last = Some((Instant::now(), SystemTime::now()));
+    }
+
     /// Why this tick cannot see, if the registry's server (`now`, as the
     /// store states it) is not the one the last tick read.
     pub fn server_changed(&mut self, now: Option<String>) -> Option<String> {
@@ -70,6 +79,22 @@ impl Sight {
             )
         })
     }
+}
+
+/// How the wall clock moved against the monotonic clock from `then` to
+/// `now`, when by more than [`JUMP`].
+fn jumped(then: (Instant, SystemTime), now: (Instant, SystemTime), since: &str) -> Option<String> {
+    let mono = now.0.duration_since(then.0).as_secs_f64();
+    let wall = match now.1.duration_since(then.1) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    };
+    ((wall - mono).abs() > JUMP.as_secs_f64()).then(|| {
+        format!(
+            "the wall clock moved {wall:.3} s while the monotonic clock moved {mono:.3} s \
+             since {since}; heartbeat ages cannot be trusted on this tick"
+        )
+    })
 }
 
 #[cfg(test)]

@@ -98,6 +98,10 @@ pub fn tick(cfg: &Config, run: &mut Run, term: i64, number: i64, resync: bool) -
     if let Some(blind) = same_server(run) {
         return blind;
     }
+    // A clock that jumped while the plan read: its ages mix two clocks.
+    if let Some(blind) = clock_moved(run) {
+        return blind;
+    }
     let mut ended = act(cfg, run, term, number, &plan);
     ended.next_expiry_us = next_expiry(&plan);
     ended.rows_read += read.now + read.by_checks;
@@ -236,6 +240,18 @@ fn same_server(run: &mut Run) -> Option<Ended> {
     Some(Ended::new("blind", ExitCode::Error, why))
 }
 
+/// How the tick ends when the wall clock jumped against the monotonic
+/// clock since it looked (`Sight::moved`): blind, and the next tick judges
+/// afresh from the clocks as they are now.
+fn clock_moved(run: &mut Run) -> Option<Ended> {
+    let why = run.sight.moved()?;
+    run.sight.look_again();
+    run.cache.forget();
+    run.judged = None;
+    let why = format!("cannot see: {why}; retiring nothing");
+    Some(Ended::new("blind", ExitCode::Error, why))
+}
+
 /// What a tick that sees does with its plan.
 fn act(cfg: &Config, run: &mut Run, term: i64, number: i64, plan: &Plan) -> Ended {
     let candidates: Vec<String> = plan.candidates().map(|e| plan.identity(e)).collect();
@@ -352,8 +368,14 @@ fn apply_allowed(
     tracing::info!(targets = n, "applying");
     let lease = &run.lease;
     let stop = &run.stop;
-    let cancelled =
-        || stop.load(std::sync::atomic::Ordering::SeqCst) || lease.leading() != Some(term);
+    let sight = &run.sight;
+    // A clock jump under way cancels the apply too: it judges on the wall
+    // clock, and asks this before COMMIT, after its last judgement.
+    let cancelled = || {
+        stop.load(std::sync::atomic::Ordering::SeqCst)
+            || lease.leading() != Some(term)
+            || sight.moved().is_some()
+    };
     let hooks = Hooks {
         cancelled: Some(&cancelled),
         ..Hooks::default()
@@ -371,9 +393,14 @@ fn apply_allowed(
             e.retired = report.retired_count;
             if report.outcome == Outcome::OutcomeUnknown {
                 e.apply_id = report.apply_id.clone();
+                return e;
+            }
+            if e.retired == 0 {
+                return clock_moved(run).unwrap_or(e);
             }
             e
         }
-        Err(err) => Ended::new("transaction_failed", err.exit_code(), err.to_string()),
+        Err(err) => clock_moved(run)
+            .unwrap_or_else(|| Ended::new("transaction_failed", err.exit_code(), err.to_string())),
     }
 }
