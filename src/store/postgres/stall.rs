@@ -363,6 +363,54 @@ fn sweep() {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::sync::mpsc;
+
+    /// Connect to `addr` and watch that connection alone. The watch takes
+    /// the sockets new since a list, and these tests' peers live in this
+    /// process: the list is taken once the peer has accepted (`accepted`),
+    /// with every socket but the client's, so the peer's end (which a
+    /// probe of its client's port cannot reach, and would be cut) is not
+    /// watched, however the threads are scheduled.
+    fn connect_watched(
+        addr: SocketAddr,
+        accepted: &mpsc::Receiver<()>,
+        bound: Duration,
+    ) -> (std::net::TcpStream, Idle) {
+        use std::os::fd::AsRawFd;
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        accepted.recv_timeout(Duration::from_secs(10)).unwrap();
+        let before: Vec<(RawFd, String)> = sockets()
+            .into_iter()
+            .filter(|(fd, _)| *fd != client.as_raw_fd())
+            .collect();
+        let idle = watch_new_bounded(&before, bound);
+        (client, idle)
+    }
+
+    /// A peer that accepts connections, says so on the channel, and keeps
+    /// the first unanswered; every later one (a probe) is answered `N`
+    /// after eight bytes, as PostgreSQL answers an SSL request.
+    fn busy_peer() -> (SocketAddr, mpsc::Receiver<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut first = None;
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { continue };
+                if first.is_none() {
+                    first = Some(s); // the connection in use: never answered
+                    let _ = tx.send(());
+                    continue;
+                }
+                let mut request = [0u8; 8];
+                if s.read_exact(&mut request).is_ok() {
+                    let _ = s.write_all(b"N");
+                }
+            }
+        });
+        (addr, rx)
+    }
 
     /// A peer that takes a request and never answers, nor a probe: the
     /// blocked read is ended by the watch soon after the bound, not by
@@ -371,15 +419,15 @@ mod tests {
     fn a_silent_peer_is_given_up_on() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
+        let (tx, accepted) = mpsc::channel();
         let peer = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
+            let _ = tx.send(());
             let mut buf = [0u8; 64];
             let _ = s.read(&mut buf);
             std::thread::sleep(Duration::from_secs(10));
         });
-        let before = sockets();
-        let mut client = std::net::TcpStream::connect(addr).unwrap();
-        let _in_use = watch_new_bounded(&before, Duration::from_secs(1));
+        let (mut client, _in_use) = connect_watched(addr, &accepted, Duration::from_secs(1));
         client.write_all(b"are you there?").unwrap();
         let started = std::time::Instant::now();
         let mut buf = [0u8; 8];
@@ -415,25 +463,8 @@ mod tests {
     /// long statement): the connection is not cut.
     #[test]
     fn a_busy_peer_that_answers_probes_is_waited_for() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let mut first = None;
-            for s in listener.incoming() {
-                let Ok(mut s) = s else { continue };
-                if first.is_none() {
-                    first = Some(s); // the connection in use: never answered
-                    continue;
-                }
-                let mut request = [0u8; 8];
-                if s.read_exact(&mut request).is_ok() {
-                    let _ = s.write_all(b"N");
-                }
-            }
-        });
-        let before = sockets();
-        let mut client = std::net::TcpStream::connect(addr).unwrap();
-        let _in_use = watch_new_bounded(&before, Duration::from_secs(2));
+        let (addr, accepted) = busy_peer();
+        let (mut client, _in_use) = connect_watched(addr, &accepted, Duration::from_secs(2));
         client.write_all(b"a long sort, please").unwrap();
         client
             .set_read_timeout(Some(Duration::from_secs(8)))
@@ -455,26 +486,9 @@ mod tests {
     /// on after [`busy_cap`], not waited for for ever.
     #[test]
     fn a_busy_peer_is_given_up_on_after_the_cap() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let mut first = None;
-            for s in listener.incoming() {
-                let Ok(mut s) = s else { continue };
-                if first.is_none() {
-                    first = Some(s);
-                    continue;
-                }
-                let mut request = [0u8; 8];
-                if s.read_exact(&mut request).is_ok() {
-                    let _ = s.write_all(b"N");
-                }
-            }
-        });
-        let before = sockets();
-        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        let (addr, accepted) = busy_peer();
         let bound = Duration::from_millis(600);
-        let _in_use = watch_new_bounded(&before, bound);
+        let (mut client, _in_use) = connect_watched(addr, &accepted, bound);
         client.write_all(b"a COMMIT that never returns").unwrap();
         client.set_read_timeout(Some(busy_cap(bound) * 3)).unwrap();
         let started = std::time::Instant::now();
