@@ -78,6 +78,8 @@ pub enum TickScope {
 #[derive(Default)]
 pub struct Health {
     inner: Mutex<HealthState>,
+    /// The lease, read at every `/readyz`.
+    lease: std::sync::OnceLock<lease::View>,
 }
 
 #[derive(Default, Clone)]
@@ -123,7 +125,7 @@ impl Health {
         if let Some(why) = s.registry_unreachable.or(s.stores_unreadable) {
             return Some(format!("the registry cannot be reached: {why}"));
         }
-        s.lease_overdue
+        (s.lease_overdue || self.lease.get().is_some_and(lease::View::overdue))
             .then(|| "this process leads with a lease past its renew deadline".into())
     }
 }
@@ -178,6 +180,8 @@ pub fn run(
     let rows = engine.controller_rows(cfg.times.retry)?;
     tracing::info!(holder = %holder.id, dry_run = cfg.dry_run, "controller started");
     let lease = Leadership::start(lease_rows, &holder, cfg.times, cfg.bucket);
+    metrics.watch_lease(lease.view());
+    let _ = health.lease.set(lease.view());
     let mut run = Run {
         holder,
         lease,
