@@ -149,6 +149,8 @@ pub struct Run {
     /// The last full judgement, while it found no candidate: what a
     /// resync compares before it plans (`resync.rs`).
     judged: Option<resync::Judged>,
+    /// When `rows` was last used (or opened).
+    rows_used: Instant,
 }
 
 /// Run the controller until `stop` is set (or one tick with `--once`);
@@ -195,6 +197,7 @@ pub fn run(
         interest: None,
         cache: watch::Cache::default(),
         judged: None,
+        rows_used: Instant::now(),
     };
     let code = run_loop(cfg, &mut run);
     run.metrics.leader.set(0);
@@ -298,6 +301,26 @@ fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) 
     }
 }
 
+/// `rows` opened afresh when it sat unused for longer than the lease's
+/// ttl (while this process followed): its server may have frozen or lost
+/// a failover meanwhile, and the first use of a connection to a frozen
+/// server waits out the reply bound (15 s) before it is given up. A leader
+/// uses it every retry period.
+fn fresh_rows(cfg: &Config, run: &mut Run) {
+    if run.rows_used.elapsed() > cfg.times.ttl {
+        match run.engine.controller_rows(cfg.times.retry) {
+            // Closing a connection waits for its server: a frozen one is
+            // given up on by the store within the reply bound, off the loop.
+            Ok(rows) => {
+                let old = std::mem::replace(&mut run.rows, rows);
+                std::thread::spawn(move || drop(old));
+            }
+            Err(e) => tracing::debug!("cannot open the registry afresh: {e}"),
+        }
+    }
+    run.rows_used = Instant::now();
+}
+
 fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
     let started = Instant::now();
     let mut schedule = Schedule::default();
@@ -313,6 +336,7 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
             sleep_unless(&run.stop, cfg.times.retry.min(Duration::from_millis(200)));
             continue;
         };
+        fresh_rows(cfg, run);
         let due = check(run, &mut schedule, term, cfg.interval);
         if due == Due::No || !backoff.ready() {
             sleep_unless(&run.stop, cfg.times.retry);
