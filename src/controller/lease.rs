@@ -117,11 +117,14 @@ impl Leadership {
 
     /// The term this process may act under now, if any.
     pub fn leading(&self) -> Option<i64> {
-        let state = self.shared.lock();
-        state
-            .held
-            .filter(|(_, at)| at.elapsed() < self.shared.deadline)
-            .map(|(term, _)| term)
+        self.shared.leading()
+    }
+
+    /// A view of the lease for `/metrics` and `/readyz`, read when they
+    /// are asked: the loop may be blocked (a frozen server) long past the
+    /// renew deadline, and what it last set would still say it leads.
+    pub fn view(&self) -> View {
+        View(self.shared.clone())
     }
 
     /// The last term held (for the metric), and why the lease could not
@@ -147,7 +150,35 @@ impl Drop for Leadership {
     }
 }
 
+/// The lease as [`Leadership`] holds it, read at any moment.
+#[derive(Clone)]
+pub struct View(Arc<Shared>);
+
+impl View {
+    /// Whether this process may act now (as [`Leadership::leading`]).
+    pub fn leading(&self) -> bool {
+        self.0.leading().is_some()
+    }
+
+    /// The term it holds, or held last while it could not renew.
+    pub fn term(&self) -> Option<i64> {
+        self.0.lock().held.map(|(t, _)| t)
+    }
+
+    /// Whether it holds a lease past its renew deadline.
+    pub fn overdue(&self) -> bool {
+        self.0.lock().held.is_some() && !self.leading()
+    }
+}
+
 impl Shared {
+    fn leading(&self) -> Option<i64> {
+        self.lock()
+            .held
+            .filter(|(_, at)| at.elapsed() < self.deadline)
+            .map(|(term, _)| term)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state
             .lock()

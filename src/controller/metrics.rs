@@ -3,12 +3,14 @@
 //! only encodes it (`http.rs`). Names carry their unit and follow
 //! Prometheus' conventions; the client appends `_total` to counters.
 
+use super::lease::View;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
 
 /// A label set of one `outcome` label.
 type Outcome = Vec<(String, String)>;
@@ -43,6 +45,8 @@ pub struct Metrics {
     pub checks: Family<Outcome, Counter>,
     /// When the last tick that saw everything ended (Unix seconds).
     pub last_success: Gauge<f64, AtomicU64>,
+    /// The lease, read at every scrape for [`Metrics::leader`].
+    lease: OnceLock<View>,
 }
 
 impl Metrics {
@@ -63,6 +67,7 @@ impl Metrics {
             last_tick_rows_read: Gauge::default(),
             checks: Family::default(),
             last_success: Gauge::default(),
+            lease: OnceLock::new(),
             registry: Registry::default(),
         };
         let p = "fleet_retire_controller";
@@ -151,9 +156,22 @@ impl Metrics {
             .inc();
     }
 
+    /// Read `lease` at every scrape: whether this process leads, and its
+    /// term, are what it holds then, not what the loop last set (a loop blocked on a
+    /// frozen server sets nothing past the renew deadline).
+    pub fn watch_lease(&self, lease: View) {
+        let _ = self.lease.set(lease);
+    }
+
     /// The registry in the OpenMetrics text format (what Prometheus asks
     /// for first).
     pub fn encode(&self) -> String {
+        if let Some(lease) = self.lease.get() {
+            self.leader.set(i64::from(lease.leading()));
+            if let Some(term) = lease.term() {
+                self.term.set(term);
+            }
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -205,6 +223,90 @@ impl Default for Metrics {
 
 #[cfg(test)]
 mod tests {
+    use super::super::lease::{Holder, Leadership, LeaseTimes};
+    use crate::store::controller::{Acquired, Bucket, ChangesSince};
+    use std::time::{Duration, Instant};
+
+    /// A lease store that grants term 7 once, then answers no try for
+    /// seconds (a frozen server).
+    struct Frozen(usize);
+
+    impl crate::store::seam::ControllerRows for Frozen {
+        fn acquire(
+            &mut self,
+            _: &str,
+            _: &str,
+            _: Duration,
+            _: Bucket,
+        ) -> crate::error::Result<Acquired> {
+            self.0 += 1;
+            if self.0 > 1 {
+                std::thread::sleep(Duration::from_secs(3));
+                return Err(crate::error::Error::Refused("frozen".into()));
+            }
+            Ok(Acquired::Leading {
+                term: 7,
+                expires_at_ms: 0,
+            })
+        }
+        fn release(&mut self, _: &str, _: &str, _: i64) -> crate::error::Result<bool> {
+            Ok(false)
+        }
+        fn budget(&mut self, _: &str, _: Bucket) -> crate::error::Result<f64> {
+            Ok(0.0)
+        }
+        fn changes(
+            &mut self,
+            _: Option<&str>,
+            _: usize,
+        ) -> crate::error::Result<Option<(String, ChangesSince)>> {
+            Ok(None)
+        }
+    }
+
+    /// While the lease cannot be renewed, `/metrics` stops saying this
+    /// process leads at the renew deadline, and `/readyz` fails, though
+    /// no loop set either (the loop is blocked too).
+    #[test]
+    fn past_the_renew_deadline_the_metrics_say_it_does_not_lead() {
+        let times = LeaseTimes {
+            ttl: Duration::from_millis(400),
+            renew_deadline: Duration::from_millis(300),
+            retry: Duration::from_millis(100),
+        };
+        let holder = Holder {
+            scope: "host".into(),
+            id: "host:1:x".into(),
+        };
+        let bucket = Bucket {
+            capacity: 1.0,
+            per_ms: 1,
+        };
+        let lease = Leadership::start(Box::new(Frozen(0)), &holder, times, bucket);
+        let metrics = super::Metrics::new();
+        metrics.watch_lease(lease.view());
+        let health = super::super::Health::default();
+        let _ = health.lease.set(lease.view());
+        let leads = |v: i64| {
+            let line = format!("fleet_retire_controller_leader {v}");
+            metrics.encode().lines().any(|l| l == line)
+        };
+        let started = Instant::now();
+        while lease.leading().is_none() {
+            assert!(started.elapsed() < Duration::from_secs(2), "never led");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(leads(1));
+        assert!(metrics
+            .encode()
+            .lines()
+            .any(|l| l == "fleet_retire_controller_term 7"));
+        assert_eq!(health.not_ready(), None);
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(leads(0));
+        assert!(health.not_ready().is_some());
+    }
+
     #[test]
     fn the_classic_format_names_a_counters_family_as_its_samples() {
         let om = "# HELP a_ticks Ticks.\n# TYPE a_ticks counter\na_ticks_total{outcome=\"x\"} 1\n\

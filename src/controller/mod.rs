@@ -84,6 +84,8 @@ pub enum TickScope {
 #[derive(Default)]
 pub struct Health {
     inner: Mutex<HealthState>,
+    /// The lease, read at every `/readyz`.
+    lease: std::sync::OnceLock<lease::View>,
 }
 
 #[derive(Default, Clone)]
@@ -134,7 +136,7 @@ impl Health {
         if let Some(why) = s.policy_invalid {
             return Some(format!("the policy set on disk cannot be used: {why}"));
         }
-        s.lease_overdue
+        (s.lease_overdue || self.lease.get().is_some_and(lease::View::overdue))
             .then(|| "this process leads with a lease past its renew deadline".into())
     }
 }
@@ -161,6 +163,8 @@ pub struct Run {
     /// The policy set ticks judge by (reloaded when it changes on disk).
     policies: Arc<Policies>,
     follow: follow::Follow,
+    /// When `rows` was last used (or opened).
+    rows_used: Instant,
 }
 
 /// Run the controller until `stop` is set (or one tick with `--once`);
@@ -192,6 +196,8 @@ pub fn run(
     let rows = engine.controller_rows(cfg.times.retry)?;
     tracing::info!(holder = %holder.id, dry_run = cfg.dry_run, "controller started");
     let lease = Leadership::start(lease_rows, &holder, cfg.times, cfg.bucket);
+    metrics.watch_lease(lease.view());
+    let _ = health.lease.set(lease.view());
     let mut run = Run {
         holder,
         lease,
@@ -211,6 +217,7 @@ pub fn run(
             cfg.policy_digest.clone(),
             cfg.scope == TickScope::Host,
         ),
+        rows_used: Instant::now(),
     };
     let code = run_loop(cfg, &mut run);
     run.metrics.leader.set(0);
@@ -314,6 +321,26 @@ fn check(run: &mut Run, schedule: &mut Schedule, term: i64, interval: Duration) 
     }
 }
 
+/// `rows` opened afresh when it sat unused for longer than the lease's
+/// ttl (while this process followed): its server may have frozen or lost
+/// a failover meanwhile, and the first use of a connection to a frozen
+/// server waits out the reply bound (15 s) before it is given up. A leader
+/// uses it every retry period.
+fn fresh_rows(cfg: &Config, run: &mut Run) {
+    if run.rows_used.elapsed() > cfg.times.ttl {
+        match run.engine.controller_rows(cfg.times.retry) {
+            // Closing a connection waits for its server: a frozen one is
+            // given up on by the store within the reply bound, off the loop.
+            Ok(rows) => {
+                let old = std::mem::replace(&mut run.rows, rows);
+                std::thread::spawn(move || drop(old));
+            }
+            Err(e) => tracing::debug!("cannot open the registry afresh: {e}"),
+        }
+    }
+    run.rows_used = Instant::now();
+}
+
 fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
     let started = Instant::now();
     let mut schedule = Schedule::default();
@@ -330,6 +357,7 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
             sleep_unless(&run.stop, cfg.times.retry.min(Duration::from_millis(200)));
             continue;
         };
+        fresh_rows(cfg, run);
         let due = check(run, &mut schedule, term, cfg.interval);
         if due == Due::No || !backoff.ready() || run.follow.invalid().is_some() {
             sleep_unless(&run.stop, cfg.times.retry);

@@ -41,7 +41,12 @@ impl Cluster {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
-        let base = 20_000 + (std::process::id() % 400) as u16 * 30;
+        // Ports from the process id (20000..31993), or from
+        // FLEET_RETIRE_TEST_PATRONI_PORT for a run beside others.
+        let base = std::env::var("FLEET_RETIRE_TEST_PATRONI_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(20_000 + (std::process::id() % 400) as u16 * 30);
         let out = Command::new(script())
             .arg("start")
             .arg(dir.path())

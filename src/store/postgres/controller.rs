@@ -212,6 +212,14 @@ impl Rows {
     }
 }
 
+impl Drop for Rows {
+    /// Closing waits for the server's side: watched as a connection in
+    /// use, so a frozen server is given up on within the reply bound.
+    fn drop(&mut self) {
+        self.idle.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl ControllerRows for Rows {
     /// The lease's upsert and, when a term begins, the budget passed to
     /// it, in one transaction.
