@@ -23,8 +23,9 @@
 //! made again.
 //!
 //! `FLEET_RETIRE_PG_SCOPED_DIFF_RUNS=N` runs N interleavings (default
-//! 40, about a minute on a loaded machine); `FLEET_RETIRE_PG_SCOPED_DIFF_SEED=S` replays one. Needs a
-//! PostgreSQL cluster (FLEET_RETIRE_TEST_POSTGRES), as tests/postgres.rs.
+//! 30, about a minute in debug on a loaded machine);
+//! `FLEET_RETIRE_PG_SCOPED_DIFF_SEED=S` replays one. Needs a PostgreSQL
+//! cluster (FLEET_RETIRE_TEST_POSTGRES), as tests/postgres.rs.
 
 mod common;
 
@@ -143,12 +144,13 @@ fn a_scoped_apply_on_postgres_ends_alike_through_its_indexes_and_from_the_whole_
         interleaving(seed, &world, &sides);
         return;
     }
-    let runs = env("FLEET_RETIRE_PG_SCOPED_DIFF_RUNS").unwrap_or(40);
+    let runs = env("FLEET_RETIRE_PG_SCOPED_DIFF_RUNS").unwrap_or(30);
     let first = env("FLEET_RETIRE_PG_SCOPED_DIFF_FIRST").unwrap_or(20_261_205);
     let tally = (first..first + runs)
         .filter_map(|seed| {
             // Its processes made again when a dead worker's pid is taken.
             if world.a_dead_pid_is_reused() {
+                eprintln!("seed {seed}: a dead worker's pid runs again; new processes");
                 world = World::new();
             }
             interleaving(seed, &world, &sides)

@@ -29,8 +29,8 @@
 //!
 //! This host is the machine's own (the kernel's node name): no namespace is
 //! needed, the other host's rows are those written with another name.
-//! `FLEET_RETIRE_SCOPED_DIFF_RUNS=N` runs N interleavings (default 400,
-//! about 40 s in debug on a loaded machine);
+//! `FLEET_RETIRE_SCOPED_DIFF_RUNS=N` runs N interleavings (default 250,
+//! about 70 s in debug on a loaded machine);
 //! `FLEET_RETIRE_SCOPED_DIFF_SEED=S` replays one. A failure prints its
 //! seed, both reads and the writes.
 
@@ -209,7 +209,7 @@ fn a_scoped_apply_ends_alike_through_its_indexes_and_from_the_whole_read() {
         interleaving(seed, &World::new());
         return;
     }
-    let runs = env("FLEET_RETIRE_SCOPED_DIFF_RUNS").unwrap_or(400);
+    let runs = env("FLEET_RETIRE_SCOPED_DIFF_RUNS").unwrap_or(250);
     let first = env("FLEET_RETIRE_SCOPED_DIFF_FIRST").unwrap_or(20_261_205);
     // Two threads, each its own seeds and its own processes (made again
     // when a dead worker's pid is taken by another process).
@@ -219,6 +219,7 @@ fn a_scoped_apply_ends_alike_through_its_indexes_and_from_the_whole_read() {
             .into_iter()
             .filter_map(|seed| {
                 if world.a_dead_pid_is_reused() {
+                    eprintln!("seed {seed}: a dead worker's pid runs again; new processes");
                     world = World::new();
                 }
                 interleaving(seed, &world)

@@ -9,9 +9,9 @@
 //! (one dropped or replaced since the plan), the scope is taken from a
 //! read of every row instead: the same rows, by the definition in
 //! `store::scope`, so the same judgement (`tests/scoped_differential.rs`
-//! holds the two reads to equal outcomes). Everything after the targets (the re-probe, the fence, the
-//! capability re-read, the guarded UPDATE, the effect check, COMMIT) is
-//! the one path every apply takes.
+//! holds the two reads to equal outcomes). Everything after the targets
+//! (the re-probe, the fence, the capability re-read, the guarded UPDATE,
+//! the effect check, COMMIT) is the one path every apply takes.
 //!
 //! The tolerance for what changed since the plan is narrower than the
 //! whole registry's (docs/semantics.md §17): heartbeats of this host's
