@@ -117,6 +117,10 @@ fn read_scope(
             (scope, ("host_scope", rows, None))
         }
         Err(why) => {
+            tracing::warn!(
+                "host scope read from every row under the lock: {}",
+                crate::text::esc(&why)
+            );
             let rows = t.tx.read_rows()?;
             let read = rows.len();
             let why = format!(
