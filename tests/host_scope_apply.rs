@@ -1,5 +1,6 @@
 //! Applying a host-scoped plan (issue 54): the scope is read and judged
-//! again under the lock, a write to another host's rows outside it moves
+//! again under the lock (from every row when its indexes cannot be
+//! trusted there), a write to another host's rows outside it moves
 //! nothing, a replay is `already_retired`, and only the plan's host may
 //! apply it. Hosts are simulated as `tests/multi_host.rs` does
 //! (`common::hosts`).
@@ -194,6 +195,109 @@ fn a_peer_written_after_the_plan_stops_the_scoped_apply_on_postgres() {
     let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
     let write = |sql: &str| db.client().batch_execute(sql).unwrap();
     a_peer_written_after_the_plan_stops_the_scoped_apply((url, url, &profiles), dir.path(), &write);
+}
+
+/// One of the scope's indexes replaced after the plan by one of another
+/// shape: a scoped plan now stops, naming it; the saved plan's apply does
+/// not trust the index either, but reads every row under its lock and
+/// takes the scope from them, and retires the plan's candidates, saying so.
+fn an_index_replaced_after_the_plan_sends_the_scoped_apply_to_the_whole_read(
+    stores: (&Path, &Path, &Path),
+    dir: &Path,
+    write: &dyn Fn(&str),
+) {
+    let saved = dir.join("plan.json");
+    let saved_arg = saved.to_str().unwrap();
+    let args = [
+        "plan",
+        "--format",
+        "json",
+        "--canonical-repository",
+        "prgs/gitea-tools",
+        "--scope",
+        "host",
+    ];
+    let out = run_as(
+        HOSTS[0],
+        &[&args[..], &["--out", saved_arg]].concat(),
+        stores,
+    );
+    assert!(out.status.success(), "{}", common::text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut candidates: Vec<&str> = plan["candidate_worker_identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    candidates.sort();
+    assert!(!candidates.is_empty());
+    write(
+        "DROP INDEX fleet_retire_scope_session; \
+         CREATE INDEX fleet_retire_scope_session ON worker_registrations (session_id)",
+    );
+    let out = run_as(HOSTS[0], &args, stores);
+    assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
+    assert!(common::text(&out).contains("fleet_retire_scope_session is not ours"));
+    let apply = [
+        "apply",
+        saved_arg,
+        "--format",
+        "json",
+        "--max-retire",
+        "1000",
+    ];
+    let out = run_as(HOSTS[0], &apply, stores);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "applied", "{}", common::text(&out));
+    let read = &report["read_under_lock"];
+    assert_eq!(read["scope"], "whole_registry", "{read}");
+    let why = read["why"].as_str().unwrap();
+    assert!(
+        why.contains("fleet_retire_scope_session is not ours"),
+        "{why}"
+    );
+    let mut retired: Vec<&str> = report["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["worker_identity"].as_str().unwrap())
+        .collect();
+    retired.sort();
+    assert_eq!(retired, candidates);
+}
+
+#[test]
+fn an_index_replaced_after_the_plan_sends_the_scoped_apply_to_the_whole_read_on_sqlite() {
+    if !can_make_hosts() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, leases, profiles) = stores(dir.path(), seed());
+    let write = sqlite_exec(&registry);
+    an_index_replaced_after_the_plan_sends_the_scoped_apply_to_the_whole_read(
+        (&registry, &leases, &profiles),
+        dir.path(),
+        &write,
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(fr_postgres),
+    ignore = "needs FLEET_RETIRE_TEST_POSTGRES (a PostgreSQL cluster: export FLEET_RETIRE_TEST_POSTGRES=$(.ci/pg-cluster start /tmp/pg))"
+)]
+fn an_index_replaced_after_the_plan_sends_the_scoped_apply_to_the_whole_read_on_postgres() {
+    let Some((db, dir, url)) = on_postgres("host_scope_index_apply") else {
+        return;
+    };
+    let (url, profiles) = (Path::new(&url), dir.path().join("profiles.json"));
+    let write = |sql: &str| db.client().batch_execute(sql).unwrap();
+    an_index_replaced_after_the_plan_sends_the_scoped_apply_to_the_whole_read(
+        (url, url, &profiles),
+        dir.path(),
+        &write,
+    );
 }
 
 /// Tokens cannot cross between the scoped and the whole apply: a scoped

@@ -20,115 +20,13 @@
 mod common;
 
 use common::interleave::*;
+use common::pgside::{in_postgres, Side};
 use common::*;
-use fleet_retire::apply::{Outcome, Request};
-use rusqlite::types::Value as Sql;
 use serde_json::json;
-use std::path::{Path, PathBuf};
 
-/// A SQLite write in PostgreSQL's dialect, its parameters written in as
-/// literals (a value the column's type refuses is a write refused, on both
-/// routes alike).
-fn in_postgres(w: &Write) -> String {
-    let literal = |v: &Sql| match v {
-        Sql::Null => "NULL".to_string(),
-        Sql::Integer(i) => i.to_string(),
-        Sql::Real(r) => format!("'{r:?}'::float8"),
-        Sql::Text(t) => format!("'{}'", t.replace('\'', "''")),
-        Sql::Blob(_) => unreachable!("no write here uses a blob"),
-    };
-    let mut sql = w
-        .sql
-        .replace(
-            "INSERT OR REPLACE INTO worker_registrations SELECT * FROM worker_registrations \
-             WHERE worker_identity = ?1",
-            "WITH gone AS (DELETE FROM worker_registrations WHERE worker_identity = ?1 \
-             RETURNING *) INSERT INTO worker_registrations SELECT * FROM gone",
-        )
-        .replace(
-            "INSERT OR REPLACE INTO workflow_leases (lease_id, status, owner_worker_identity) \
-             VALUES ('l-' || ?1, 'active', ?1)",
-            "INSERT INTO workflow_leases (lease_id, status, owner_worker_identity) \
-             VALUES ('l-' || ?1, 'active', ?1) ON CONFLICT (lease_id) DO UPDATE \
-             SET status = excluded.status, owner_worker_identity = excluded.owner_worker_identity",
-        );
-    for (i, v) in w.params.iter().enumerate().rev() {
-        sql = sql.replace(&format!("?{}", i + 1), &literal(v));
-    }
-    assert!(!sql.contains("OR REPLACE"), "untranslated: {sql}");
-    sql
-}
-
-/// One database of the test, emptied for each interleaving.
-struct Side {
-    db: PgDb,
-    profiles: PathBuf,
-}
-
-impl Side {
-    /// Copy the fleet at `base` in, add a column the program does not
-    /// know, and install the change record.
-    fn load(&self, base: &Path) {
-        self.db
-            .client()
-            .batch_execute(
-                "DROP TABLE IF EXISTS worker_registrations, retirement_audit, workflow_leases, \
-                 fleet_retire_changes CASCADE; \
-                 DROP FUNCTION IF EXISTS fleet_retire_stamp(), fleet_retire_changes_guard()",
-            )
-            .unwrap();
-        fleet_retire::copy::copy(
-            &base.join("registry.sqlite"),
-            Some(&base.join("leases.sqlite")),
-            &self.db.url,
-        )
-        .unwrap();
-        let mut c = self.db.client();
-        c.batch_execute("ALTER TABLE worker_registrations ADD COLUMN note TEXT")
-            .unwrap();
-        let mut tx = c.transaction().unwrap();
-        fleet_retire::store::postgres::versions::install(&mut tx, "test").unwrap();
-        tx.commit().unwrap();
-    }
-
-    fn statuses(&self) -> Vec<(String, Option<String>)> {
-        self.db
-            .client()
-            .query(
-                "SELECT worker_identity, status FROM worker_registrations ORDER BY 1, 2",
-                &[],
-            )
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect()
-    }
-
-    /// Apply with `writes` in the window; `whole` also runs DDL there.
-    fn route(
-        &self,
-        world: &World,
-        req: &Request,
-        writes: &[String],
-        whole: bool,
-    ) -> (Outcome, String) {
-        let mut hook = || {
-            let mut c = self.db.client();
-            for w in writes {
-                // A write PostgreSQL refuses did not happen, on both sides.
-                let _ = c.batch_execute(w);
-            }
-            if whole {
-                c.batch_execute(
-                    "ALTER TABLE worker_registrations ALTER COLUMN note SET STATISTICS 50",
-                )
-                .unwrap();
-            }
-        };
-        let url = PathBuf::from(&self.db.url);
-        apply_with_window((&url, &url, &self.profiles), world, req, &mut hook)
-    }
-}
+/// Harmless DDL on the registry, in the window of the second side: it
+/// sends apply to read and judge the whole registry.
+const WHOLE: &str = "ALTER TABLE worker_registrations ALTER COLUMN note SET STATISTICS 50";
 
 /// One interleaving; whether the fast path decided it, or `None` when the
 /// plan had no candidate.
@@ -156,7 +54,8 @@ fn interleaving(seed: u64, world: &World, sides: &[Side; 2]) -> Option<bool> {
     let mut ends = Vec::new();
     for (side, whole) in sides.iter().zip([false, true]) {
         side.load(base.path());
-        let (outcome, how) = side.route(world, &req, &writes, whole);
+        let ddl = whole.then_some(WHOLE);
+        let (outcome, how) = side.route(world, &req, (&writes, ddl), &mut || {});
         ends.push(((outcome, side.statuses()), how));
     }
     let (fast, whole) = (&ends[0], &ends[1]);

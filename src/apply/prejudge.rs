@@ -88,8 +88,10 @@ pub type Confirmed = (Plan, Vec<usize>, Report, usize);
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ReadUnderLock {
     /// `changed_rows` (judged outside the lock, the changed rows confirmed
-    /// under it), `whole_registry` (read and judged under the lock) or
-    /// `nothing` (refused on the judgement made outside it).
+    /// under it), `whole_registry` (read and judged under the lock; for a
+    /// host-scoped plan, its scope taken from that read), `host_scope` (a
+    /// host-scoped plan's scope read through its indexes) or `nothing`
+    /// (refused on the judgement made outside it).
     pub scope: &'static str,
     /// Rows read under the lock.
     pub rows: usize,

@@ -5,9 +5,13 @@
 //! workers' rows whatever their status) instead of the whole registry, and
 //! the re-plan is `plan::scoped::plan_scope`, held to the plan's scoped
 //! tokens. A write to a row outside the scope is never read, so it never
-//! moves them. Everything after the targets (the re-probe, the fence, the
-//! capability re-read, the guarded UPDATE, the effect check, COMMIT) is
-//! the one path every apply takes.
+//! moves them. When the scope's indexes cannot be trusted under the lock
+//! (one dropped or replaced since the plan), the scope is taken from a
+//! read of every row instead: the same rows, by the definition in
+//! `store::scope`, so the same judgement (`tests/scoped_differential.rs`
+//! holds the two reads to equal outcomes). Everything after the targets
+//! (the re-probe, the fence, the capability re-read, the guarded UPDATE,
+//! the effect check, COMMIT) is the one path every apply takes.
 //!
 //! The tolerance for what changed since the plan is narrower than the
 //! whole registry's (docs/semantics.md §17): heartbeats of this host's
@@ -69,19 +73,7 @@ pub(super) fn judge_scope(
     active_leases: &[Lease],
     report: &mut Report,
 ) -> std::result::Result<(Plan, Vec<usize>), Abort> {
-    let started = std::time::Instant::now();
-    let scope = t.tx.read_scope(host, &t.req.workers)?;
-    tracing::debug!(
-        elapsed = ?started.elapsed(),
-        own = scope.own.len(),
-        peers = scope.peers.len(),
-        "apply under the lock: host scope read"
-    );
-    report.read_under_lock = Some(super::ReadUnderLock {
-        scope: "host_scope",
-        rows: scope.own.len() + scope.peers.len(),
-        why: None,
-    });
+    let scope = read_scope(t, host, report)?;
     // Every requested worker already retired (a replay): their rows are
     // among the peers, read by identity.
     let read: Vec<crate::row::Row> = scope.own.iter().chain(&scope.peers).cloned().collect();
@@ -106,6 +98,52 @@ pub(super) fn judge_scope(
         .map(|e| e.index)
         .collect();
     Ok((fresh, targets))
+}
+
+/// The scope under the lock: through its indexes, or, when they cannot be
+/// trusted here (dropped or replaced since the plan, which checked them),
+/// taken from a read of every row (`store::scope::from_whole_read`): the
+/// same rows by the scope's definition, read more slowly, never refused
+/// for the indexes alone. The report says which (`read_under_lock`).
+fn read_scope(
+    t: &mut Txn,
+    host: &str,
+    report: &mut Report,
+) -> std::result::Result<crate::store::scope::Scope, Abort> {
+    let started = std::time::Instant::now();
+    let (scope, read) = match t.tx.read_scope(host, &t.req.workers)? {
+        Ok(scope) => {
+            let rows = scope.own.len() + scope.peers.len();
+            (scope, ("host_scope", rows, None))
+        }
+        Err(why) => {
+            tracing::warn!(
+                "host scope read from every row under the lock: {}",
+                crate::text::esc(&why)
+            );
+            let rows = t.tx.read_rows()?;
+            let read = rows.len();
+            let why = format!(
+                "the host scope's indexes cannot be trusted under the lock ({why}); this \
+                 host's scope was taken from every row of the registry instead"
+            );
+            let scope = crate::store::scope::from_whole_read(rows, host, &t.req.workers);
+            (scope, ("whole_registry", read, Some(why)))
+        }
+    };
+    tracing::debug!(
+        elapsed = ?started.elapsed(),
+        how = read.0,
+        own = scope.own.len(),
+        peers = scope.peers.len(),
+        "apply under the lock: host scope read"
+    );
+    report.read_under_lock = Some(super::ReadUnderLock {
+        scope: read.0,
+        rows: read.1,
+        why: read.2,
+    });
+    Ok(scope)
 }
 
 /// This host's rows among the peers that are requested workers and

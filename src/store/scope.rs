@@ -36,11 +36,14 @@
 //! compares stored values: each key is offered in every storage class whose
 //! canonical text it could be (text, the integer or real it parses as, the
 //! bytes whose `repr` it is),
-//! so the query fetches a superset of the rows that match. A superset is
-//! harmless: every peer fact joins on equal keys, so a row that shares none
-//! changes no verdict of this host's rows; it only costs a read.
+//! so the query fetches a superset of the rows that match. What it fetches
+//! beyond them is left out (`PeerKeys::finds`, the definition in Rust), so
+//! an engine's indexed read and the scope taken from a read of every row
+//! (`from_whole_read`, a scoped apply's read when the indexes cannot be
+//! trusted under its lock) are the same rows, and so judged alike.
 
 use crate::row::{Col, Row};
+use crate::value::Val;
 use std::collections::BTreeSet;
 
 /// What one host's scoped read returned, in one snapshot.
@@ -122,6 +125,22 @@ impl PeerKeys {
         ]
     }
 
+    /// Whether `row`, not one of the own rows, is a peer by these keys: a
+    /// key column (`columns`) whose canonical text is one of its keys, on a
+    /// row whose `status` is exactly `active` unless the column matches
+    /// rows of any status. This is the definition; an engine's query
+    /// fetches a superset of these rows (module docs), and what it fetched
+    /// is kept only when this holds, so the indexed read and the scope
+    /// taken from a whole read ([`from_whole_read`]) are the same rows.
+    pub fn finds(&self, row: &Row) -> bool {
+        let active = is_active(row);
+        self.columns().iter().any(|(column, any_status_ok, keys)| {
+            (*any_status_ok || active)
+                && !keys.is_empty()
+                && keys.contains(row.get(*column).canon_cow().as_ref())
+        })
+    }
+
     /// Whether there is nothing to match.
     pub fn is_empty(&self) -> bool {
         self.identities.is_empty()
@@ -130,6 +149,40 @@ impl PeerKeys {
             && self.process_identities.is_empty()
             && self.pids.is_empty()
             && self.instances.is_empty()
+    }
+}
+
+/// Whether `row`'s `status` is exactly the text `active`.
+fn is_active(row: &Row) -> bool {
+    matches!(row.get(Col::Status), Val::Text("active"))
+}
+
+/// Whether `row` is one of host `host_id`'s rows: `host_id` exactly that
+/// text (never a name with spaces around it, in another case, or of
+/// another type).
+fn is_hosts(row: &Row, host_id: &str) -> bool {
+    matches!(row.get(Col::HostId), Val::Text(h) if h == host_id)
+}
+
+/// Host `host_id`'s scope taken from every row of the registry (`rows`, in
+/// registry order), with the rows of the identities `also` among the
+/// peers: what an engine's indexed read returns, by the definitions above,
+/// computed here without an index. A scoped apply uses it under its lock
+/// when the indexes cannot be trusted there (one dropped or replaced since
+/// the plan): slower, never different.
+pub fn from_whole_read(rows: Vec<Row>, host_id: &str, also: &[String]) -> Scope {
+    let (own, others): (Vec<Row>, Vec<Row>) = rows
+        .into_iter()
+        .partition(|row| is_hosts(row, host_id) && is_active(row));
+    let terminal = others.iter().filter(|row| is_hosts(row, host_id)).count() as u64;
+    let mut keys = PeerKeys::of(&own);
+    keys.identities.extend(also.iter().cloned());
+    let peers = others.into_iter().filter(|row| keys.finds(row)).collect();
+    Scope {
+        host_id: host_id.to_string(),
+        own,
+        peers,
+        terminal,
     }
 }
 
@@ -203,7 +256,8 @@ pub fn integer_form(key: &str) -> Option<i64> {
 /// rows a peer of those kinds can be). `worker_identity` is the table's
 /// key. Made by `registry create`, `registry copy`, `registry versions`
 /// and the first apply's bookkeeping install; checked before every scoped
-/// read (a missing one, or one of another shape, is named, never trusted).
+/// read (a missing one, or one of another shape, is named, never trusted:
+/// the scoped plan stops, a scoped apply reads every row instead).
 pub const INDEXES: [(&str, &str, bool); 6] = [
     ("fleet_retire_scope_host", "host_id, status", false),
     ("fleet_retire_scope_session", "session_id", true),
@@ -259,7 +313,56 @@ pub fn is_unreadable_scope(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::value::Val;
+
+    /// The scope taken from every row: this host's active rows (its name
+    /// exactly), its other rows counted, and as peers exactly the rows that
+    /// share a key, active unless by identity, or are requested.
+    #[test]
+    fn the_scope_from_a_whole_read_is_the_definition() {
+        let row = |json: serde_json::Value| Row::from_json(json.as_object().unwrap()).unwrap();
+        let rows = vec![
+            row(serde_json::json!({"worker_identity": "own", "host_id": "h",
+                "status": "active", "session_id": "s", "pid": 10})),
+            row(
+                serde_json::json!({"worker_identity": "gone", "host_id": "h",
+                "status": "retired", "session_id": "s"}),
+            ),
+            row(
+                serde_json::json!({"worker_identity": "peer-session", "host_id": "o",
+                "status": "active", "session_id": "s"}),
+            ),
+            row(
+                serde_json::json!({"worker_identity": "peer-pid", "host_id": " h",
+                "status": "active", "process_identity": "pid-10"}),
+            ),
+            row(
+                serde_json::json!({"worker_identity": "retired-session", "host_id": "o",
+                "status": "retired", "session_id": "s"}),
+            ),
+            row(serde_json::json!({"worker_identity": "own", "host_id": "o",
+                "status": "released"})),
+            row(
+                serde_json::json!({"worker_identity": "asked", "host_id": "o",
+                "status": "retired"}),
+            ),
+            row(
+                serde_json::json!({"worker_identity": "stranger", "host_id": "o",
+                "status": "active", "session_id": "t", "pid": 11}),
+            ),
+        ];
+        let scope = from_whole_read(rows, "h", &["asked".to_string()]);
+        let ids = |rows: &[Row]| -> Vec<String> {
+            rows.iter()
+                .map(|r| r.get(Col::WorkerIdentity).canon())
+                .collect()
+        };
+        assert_eq!(ids(&scope.own), ["own"]);
+        assert_eq!(scope.terminal, 1);
+        assert_eq!(
+            ids(&scope.peers),
+            ["peer-session", "peer-pid", "own", "asked"]
+        );
+    }
 
     /// Every key is offered in each storage class whose canonical text it
     /// is: a value of any class is found by its own canonical text.

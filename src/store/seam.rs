@@ -240,10 +240,19 @@ pub trait ApplyTx {
     fn read_rows(&mut self) -> Result<Vec<Row>>;
 
     /// The authoritative read of a host-scoped apply: host `host_id`'s
-    /// scope (`store::scope`), with every row of an identity in `also`
-    /// (any status) among its peers, so a requested worker retired since
-    /// is seen.
-    fn read_scope(&mut self, host_id: &str, also: &[String]) -> Result<super::scope::Scope>;
+    /// scope (`store::scope`) through its indexes, with every row of an
+    /// identity in `also` (any status) among its peers, so a requested
+    /// worker retired since is seen. `Err` with the reason, before any row
+    /// is read and with the transaction intact, when the indexes cannot be
+    /// trusted here (one missing, of another shape, or over an expression;
+    /// a collation's version moved): apply then reads every row
+    /// ([`ApplyTx::read_rows`]) and takes the scope from them
+    /// (`store::scope::from_whole_read`).
+    fn read_scope(
+        &mut self,
+        host_id: &str,
+        also: &[String],
+    ) -> Result<std::result::Result<super::scope::Scope, String>>;
 
     /// The rows changed since `since` was read, as they stand now: each
     /// with its position in the rows read then (`None` for a row deleted

@@ -51,6 +51,16 @@ impl World {
             probe: fleet_retire::evidence::probe::SystemProbe::new("/proc"),
         }
     }
+    /// Whether a pid of the world's dead workers names a running process
+    /// now: taken again by an unrelated process (the pid space wraps within
+    /// minutes on a busy machine), which moves verdicts through the process
+    /// table, not through the writes a differential compares.
+    pub fn a_dead_pid_is_reused(&self) -> bool {
+        self.dead
+            .iter()
+            .any(|(pid, _)| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    }
+
     pub fn live(&self, i: usize) -> (i64, String) {
         let pid = self.live[i].id();
         (pid as i64, start_time(pid))

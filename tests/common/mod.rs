@@ -6,8 +6,10 @@ pub mod hosts;
 pub mod interleave;
 pub mod patroni;
 pub mod pgproxy;
+pub mod pgside;
 pub mod reports;
 pub mod roles;
+pub mod scoped;
 
 use rusqlite::{params_from_iter, Connection};
 use serde_json::{json, Value};

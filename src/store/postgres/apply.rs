@@ -284,8 +284,12 @@ impl ApplyTx for Tx<'_> {
         super::controller::record(&mut self.tx, &self.label, stamp, apply_id, targets)
     }
 
-    fn read_scope(&mut self, host_id: &str, also: &[String]) -> Result<crate::store::scope::Scope> {
-        super::scope::load(&mut self.tx, &self.label, host_id, also)
+    fn read_scope(
+        &mut self,
+        host_id: &str,
+        also: &[String],
+    ) -> Result<std::result::Result<crate::store::scope::Scope, String>> {
+        super::scope::load_through_indexes(&mut self.tx, &self.label, host_id, also)
     }
 
     fn changed_since(&mut self, since: &RowVersions) -> Result<Changes> {

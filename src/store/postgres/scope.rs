@@ -38,7 +38,27 @@ pub fn load(
     host_id: &str,
     also: &[String],
 ) -> Result<Scope> {
-    let types = checked(client, label)?;
+    load_through_indexes(client, label, host_id, also)?.map_err(|why| Error::Registry {
+        shown: label.to_string(),
+        message: unreadable_scope(&why),
+    })
+}
+
+/// [`load`], with `Err` saying why the scope cannot be read through its
+/// indexes (a column missing or not text, an index missing or not ours, a
+/// collation's version moved), found before any row is read and by no
+/// failing statement (the caller's transaction goes on): a scoped apply
+/// then takes the scope from the whole read.
+pub fn load_through_indexes(
+    client: &mut impl GenericClient,
+    label: &str,
+    host_id: &str,
+    also: &[String],
+) -> Result<std::result::Result<Scope, String>> {
+    let types = match trusted(client, label)? {
+        Ok(types) => types,
+        Err(why) => return Ok(Err(why)),
+    };
     let own = read_filtered(client, label, OWN, &[&host_id])?;
     let terminal: i64 = client
         .query_one(&count_sql(), &[&host_id])
@@ -57,12 +77,15 @@ pub fn load(
             read_filtered(client, label, &filter, &refs)?
         }
     };
-    Ok(Scope {
+    // What the statement fetches beyond the scope's definition (a value
+    // whose canonical text is not a key) is left out.
+    let peers = peers.into_iter().filter(|row| keys.finds(row)).collect();
+    Ok(Ok(Scope {
         host_id: host_id.to_string(),
         own,
         peers,
         terminal: terminal.max(0) as u64,
-    })
+    }))
 }
 
 /// The server's plan of each of the scoped read's three statements, run
@@ -103,26 +126,33 @@ pub fn explain(client: &mut impl GenericClient, label: &str, host_id: &str) -> R
 /// The registry's columns and types, once its scope can be read: `host_id`
 /// and `status` text, and the indexes ours.
 fn checked(client: &mut impl GenericClient, label: &str) -> Result<Vec<(String, String)>> {
-    let types = table_columns(client, TABLE, Store::Registry, label)?.unwrap_or_default();
-    let refused = |why: String| Error::Registry {
+    trusted(client, label)?.map_err(|why| Error::Registry {
         shown: label.to_string(),
         message: unreadable_scope(&why),
-    };
+    })
+}
+
+/// [`checked`], with `Err` saying why the scope cannot be read.
+fn trusted(
+    client: &mut impl GenericClient,
+    label: &str,
+) -> Result<std::result::Result<Vec<(String, String)>, String>> {
+    let types = table_columns(client, TABLE, Store::Registry, label)?.unwrap_or_default();
     for needed in [Col::HostId, Col::Status] {
         if !types
             .iter()
             .any(|(n, t)| n == needed.name() && matches!(t.as_str(), "text" | "character varying"))
         {
-            return Err(refused(format!(
+            return Ok(Err(format!(
                 "its `{}` column is missing or not text",
                 needed.name()
             )));
         }
     }
     if let Some(why) = index_problem(client, label)? {
-        return Err(refused(why));
+        return Ok(Err(why));
     }
-    Ok(types)
+    Ok(Ok(types))
 }
 
 /// The peers' `WHERE` clause and its parameters (`$1`: the host), one arm

@@ -197,8 +197,12 @@ impl ApplyTx for Tx<'_> {
         super::read::read_rows(&self.tx, self.path)
     }
 
-    fn read_scope(&mut self, host_id: &str, also: &[String]) -> Result<crate::store::scope::Scope> {
-        super::scope::read_on(&self.tx, self.path, host_id, also)
+    fn read_scope(
+        &mut self,
+        host_id: &str,
+        also: &[String],
+    ) -> Result<std::result::Result<crate::store::scope::Scope, String>> {
+        super::scope::read_through_indexes(&self.tx, self.path, host_id, also)
     }
 
     /// A SQLite registry file never holds the lease store's table.

@@ -119,21 +119,33 @@ pub fn load(path: &Path, host_id: &str) -> Result<Scope> {
 }
 
 /// This host's scope on `conn`, inside the transaction the caller holds,
-/// with the rows of the identities `also` among the peers.
+/// with the rows of the identities `also` among the peers; refused
+/// (`store::scope::unreadable_scope`) when its indexes cannot be trusted.
 pub fn read_on(conn: &Connection, path: &Path, host_id: &str, also: &[String]) -> Result<Scope> {
-    let err = Error::sqlite(Store::Registry, path, "cannot read this host's scope");
-    let (present, list) = present_columns(conn, path)?;
-    let refused = |why: String| Error::Registry {
+    read_through_indexes(conn, path, host_id, also)?.map_err(|why| Error::Registry {
         shown: crate::store::location::label(path),
         message: unreadable_scope(&why),
-    };
+    })
+}
+
+/// [`read_on`], with `Err` saying why the scope cannot be read through its
+/// indexes (a column missing, an index missing or not ours), before any
+/// row is read: a scoped apply then takes the scope from the whole read.
+pub fn read_through_indexes(
+    conn: &Connection,
+    path: &Path,
+    host_id: &str,
+    also: &[String],
+) -> Result<std::result::Result<Scope, String>> {
+    let err = Error::sqlite(Store::Registry, path, "cannot read this host's scope");
+    let (present, list) = present_columns(conn, path)?;
     for needed in [Col::HostId, Col::Status] {
         if !present.contains(&needed) {
-            return Err(refused(format!("it has no `{}` column", needed.name())));
+            return Ok(Err(format!("it has no `{}` column", needed.name())));
         }
     }
     if let Some(why) = index_problem(conn).map_err(err)? {
-        return Err(refused(why));
+        return Ok(Err(why));
     }
     let own = read(
         conn,
@@ -152,17 +164,19 @@ pub fn read_on(conn: &Connection, path: &Path, host_id: &str, also: &[String]) -
     let mut peers: BTreeMap<i64, Row> = BTreeMap::new();
     for (sql, params) in peer_statements(&list, &keys, &present) {
         for (rowid, row) in read(conn, path, &present, &sql, &params)? {
-            if !own_rowids.contains(&rowid) {
+            // What the statements fetch beyond the scope's definition (a
+            // stored form whose canonical text is not a key) is left out.
+            if !own_rowids.contains(&rowid) && keys.finds(&row) {
                 peers.entry(rowid).or_insert(row);
             }
         }
     }
-    Ok(Scope {
+    Ok(Ok(Scope {
         host_id: host_id.to_string(),
         own,
         peers: peers.into_values().collect(),
         terminal: terminal.max(0) as u64,
-    })
+    }))
 }
 
 /// The registry rows of `rowids` (a few hundred a statement), with their
