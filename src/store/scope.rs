@@ -132,13 +132,30 @@ impl PeerKeys {
     /// fetches a superset of these rows (module docs), and what it fetched
     /// is kept only when this holds, so the indexed read and the scope
     /// taken from a whole read ([`from_whole_read`]) are the same rows.
+    ///
+    /// A row without a process identity of its own holds the one it
+    /// derives from its pid (`pid-` and the pid as Python writes it, which
+    /// for a whole real is not its canonical text: `pid-10.0` against
+    /// `10`), so that one is compared too.
     pub fn finds(&self, row: &Row) -> bool {
         let active = is_active(row);
-        self.columns().iter().any(|(column, any_status_ok, keys)| {
+        let by_column = self.columns().iter().any(|(column, any_status_ok, keys)| {
             (*any_status_ok || active)
                 && !keys.is_empty()
                 && keys.contains(row.get(*column).canon_cow().as_ref())
-        })
+        });
+        by_column || (active && self.derives_a_process_identity(row))
+    }
+
+    /// Whether `row` has no process identity of its own and the one its pid
+    /// derives is one of the keys.
+    fn derives_a_process_identity(&self, row: &Row) -> bool {
+        let pid = row.get(Col::Pid);
+        !row.get(Col::ProcessIdentity).truthy()
+            && !pid.is_null()
+            && self
+                .process_identities
+                .contains(&format!("pid-{}", pid.py_str()))
     }
 
     /// Whether there is nothing to match.
@@ -362,6 +379,38 @@ mod tests {
             ids(&scope.peers),
             ["peer-session", "peer-pid", "own", "asked"]
         );
+    }
+
+    /// A peer without a process identity shares the one its pid derives,
+    /// written as Python writes the pid: a whole real (`pid-10.0`, whose
+    /// canonical pid text is `10`) and a large one (`1e+16`) are peers.
+    #[test]
+    fn a_peer_whose_pid_derives_an_own_rows_process_identity_is_found() {
+        let row = |json: serde_json::Value| Row::from_json(json.as_object().unwrap()).unwrap();
+        for (given, pid) in [
+            ("pid-10.0", serde_json::json!(10.0)),
+            ("pid-1e+16", serde_json::json!(1e16)),
+        ] {
+            let rows = vec![
+                row(serde_json::json!({"worker_identity": "own", "host_id": "h",
+                    "status": "active", "process_identity": given, "pid": 7})),
+                row(
+                    serde_json::json!({"worker_identity": "peer", "host_id": "o",
+                    "status": "active", "pid": pid}),
+                ),
+                row(
+                    serde_json::json!({"worker_identity": "retired-peer", "host_id": "o",
+                    "status": "retired", "pid": pid}),
+                ),
+            ];
+            let scope = from_whole_read(rows, "h", &[]);
+            let peers: Vec<String> = scope
+                .peers
+                .iter()
+                .map(|r| r.get(Col::WorkerIdentity).canon())
+                .collect();
+            assert_eq!(peers, ["peer"], "{given}");
+        }
     }
 
     /// Every key is offered in each storage class whose canonical text it
