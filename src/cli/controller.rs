@@ -152,10 +152,11 @@ fn config(cli: &Cli, args: &ControllerArgs) -> Result<Config> {
             "--brake-fraction must be above 0 and at most 1 (default 0.5)",
         ));
     }
-    // The digest first: a change during the load is seen by the first poll.
+    // The digest of the texts loaded: a change during the load is seen by
+    // the first poll.
     let policy_source = cli.policy_source();
-    let policy_digest = crate::policy::source_digest(&policy_source);
     let policies = Policies::load(&policy_source)?;
+    let policy_digest = crate::policy::loaded_digest(&policy_source, &policies);
     let operation = if args.dry_run {
         Operation::Plan
     } else {

@@ -29,8 +29,8 @@ pub struct Follow {
 }
 
 impl Follow {
-    /// Following `source`, whose files had `digest` when the running set
-    /// was loaded (taken before that load, so a change during it is seen).
+    /// Following `source`, whose files held the texts of `digest`
+    /// (`policy::loaded_digest`) when the running set was loaded from it.
     pub fn new(source: PolicySource, digest: Vec<u8>, host_scope: bool) -> Follow {
         Follow {
             source,
@@ -47,7 +47,6 @@ impl Follow {
         if now == self.digest {
             return None;
         }
-        self.digest = now;
         match self.load() {
             Ok(policies) => {
                 tracing::info!(
@@ -55,14 +54,23 @@ impl Follow {
                     "the policy set changed on disk ({}): loaded; the next tick judges by it",
                     policies.origin
                 );
+                // The texts the load read: a write under way during it
+                // leaves the files unlike them, and the next poll loads
+                // again.
+                self.digest = crate::policy::loaded_digest(&self.source, &policies);
                 self.invalid = None;
                 Some(policies)
             }
             Err(why) => {
-                tracing::error!(
-                    "the policy set changed on disk and cannot be used: {why}; no tick runs \
-                     until its files change again"
-                );
+                // Tried again at every poll (the files may have been caught
+                // in the middle of a write that then ended), said once.
+                if self.invalid.as_deref() != Some(why.as_str()) {
+                    tracing::error!(
+                        "the policy set changed on disk and cannot be used: {why}; no tick \
+                         runs until it can"
+                    );
+                }
+                self.digest = Vec::new();
                 self.invalid = Some(why);
                 None
             }

@@ -456,13 +456,36 @@ pub fn read_folder_file(path: &Path) -> Result<String> {
 /// Read as the load reads (regular files only, never blocking), so a
 /// controller can poll it cheaply and reload when it moves.
 pub fn source_digest(source: &PolicySource) -> Vec<u8> {
-    use sha2::Digest;
     let PolicySource::Dir(dir) = source else {
         return Vec::new();
     };
+    digest_reads(|name| read_folder_file(&dir.join(name)).map_err(|e| e.to_string()))
+}
+
+/// [`source_digest`] of the very texts `policies` was loaded from (not of
+/// a second read, which a write under way could make differ): what a poll
+/// compares with to know whether the files still hold the set judged by.
+pub fn loaded_digest(source: &PolicySource, policies: &Policies) -> Vec<u8> {
+    if matches!(source, PolicySource::Embedded) {
+        return Vec::new();
+    }
+    digest_reads(|name| {
+        let text = if name == SCHEMA_FILE {
+            Some(&policies.schema_text)
+        } else {
+            policies.texts.get(name)
+        };
+        text.cloned()
+            .ok_or_else(|| format!("{name} was not loaded"))
+    })
+}
+
+/// Each file's name, whether it was read, and its text (or why not).
+fn digest_reads(read: impl Fn(&str) -> std::result::Result<String, String>) -> Vec<u8> {
+    use sha2::Digest;
     let mut hash = sha2::Sha256::new();
     for name in std::iter::once(SCHEMA_FILE).chain(POLICY_FILES.iter().copied()) {
-        let read = read_folder_file(&dir.join(name)).map_err(|e| e.to_string());
+        let read = read(name);
         let (tag, text) = match &read {
             Ok(text) => (b"ok", text),
             Err(why) => (b"no", why),
