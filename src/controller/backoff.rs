@@ -102,10 +102,13 @@ fn jitter() -> f64 {
     (mixed >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The file's bytes' digest, or empty when it cannot be read.
+/// The file's bytes' digest, or empty when it cannot be read. Read as
+/// `profiles.json` is everywhere (a regular file of bounded size, never
+/// blocking): a FIFO or a link to a device put in its place is unreadable,
+/// never a wait or an endless read.
 fn digest(path: &Path) -> Vec<u8> {
-    use sha2::Digest;
-    std::fs::read(path).map_or_else(|_| Vec::new(), |b| sha2::Sha256::digest(b).to_vec())
+    crate::jsonfile::read_regular(path, crate::jsonfile::MAX_INPUT_BYTES)
+        .map_or_else(|_| Vec::new(), |b| b.sha256.into_bytes())
 }
 
 #[cfg(test)]
@@ -121,6 +124,24 @@ mod tests {
             let j = jitter();
             assert!((0.0..1.0).contains(&j));
         }
+    }
+
+    /// `profiles.json` replaced by a FIFO while a refusal holds: the poll
+    /// finds it unreadable at once, and never waits for a writer.
+    #[test]
+    fn a_fifo_in_place_of_profiles_json_never_blocks_the_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("profiles.json");
+        std::fs::write(&path, "{}").unwrap();
+        let mut b = Backoff::default();
+        b.after("permission_denied", None, &path);
+        assert!(!b.ready());
+        std::fs::remove_file(&path).unwrap();
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(digest(&path), Vec::<u8>::new());
+        assert!(b.ready(), "a file that changed into a FIFO is a change");
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[test]

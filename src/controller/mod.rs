@@ -350,6 +350,12 @@ fn run_loop(cfg: &Config, run: &mut Run) -> ExitCode {
         let term = observe(run);
         resolve_unknown(run, &mut backoff, cfg.times.retry);
         follow_policies(run, &mut schedule, &mut backoff);
+        if let (true, Some(why)) = (cfg.once, run.follow.invalid()) {
+            tracing::error!(
+                "--once: the policy set on disk cannot be used ({why}); nothing was done"
+            );
+            return ExitCode::Error;
+        }
         let Some(term) = term else {
             if cfg.once && started.elapsed() > cfg.times.ttl + 2 * cfg.times.retry {
                 return once_without_lease(run);

@@ -41,6 +41,15 @@ pub struct Ended {
 }
 
 impl Ended {
+    /// This (blind) ending, saying how the apply it replaces ended.
+    fn besides(mut self, apply: &Ended) -> Ended {
+        self.detail = format!(
+            "{} (the apply ended {}: {})",
+            self.detail, apply.outcome, apply.detail
+        );
+        self
+    }
+
     fn new(outcome: &str, exit: ExitCode, detail: String) -> Ended {
         Ended {
             outcome: outcome.into(),
@@ -395,12 +404,20 @@ fn apply_allowed(
                 e.apply_id = report.apply_id.clone();
                 return e;
             }
-            if e.retired == 0 {
-                return clock_moved(run).unwrap_or(e);
+            // A refusal that waits for the operator keeps its outcome (and
+            // so its hold) whatever the clock did.
+            let operators = matches!(
+                e.outcome.as_str(),
+                "permission_denied" | "policy_set_not_pinned" | "policy_set_moved"
+            );
+            if e.retired == 0 && !operators {
+                return clock_moved(run).map_or(e.clone(), |blind| blind.besides(&e));
             }
             e
         }
-        Err(err) => clock_moved(run)
-            .unwrap_or_else(|| Ended::new("transaction_failed", err.exit_code(), err.to_string())),
+        Err(err) => {
+            let failed = Ended::new("transaction_failed", err.exit_code(), err.to_string());
+            clock_moved(run).map_or(failed.clone(), |blind| blind.besides(&failed))
+        }
     }
 }
