@@ -344,9 +344,11 @@ fn sweep() {
         // The addresses once more, right before: the probe above took time,
         // in which the connection may have been closed and its descriptor
         // given to another file. What is left is the few instructions
-        // between this check and the call, and a descriptor reused in them
-        // is cut only if it is a socket between the very same two
-        // addresses, which TCP's TIME_WAIT keeps from being reused so soon.
+        // between this check and the call: a descriptor closed and reused
+        // in them, by a socket between the very same two addresses (which
+        // the kernel may allow at once when the server closed first), would
+        // be cut. Narrowed, not closed: a watch that does not own the
+        // descriptor cannot close it.
         if ends(w.fd).as_ref() != Some(&w.ends) {
             return false;
         }
