@@ -122,37 +122,12 @@ fn start_faked(stores: &Stores, clock: &Clock, extra: &[&str]) -> (Faked, u16) {
 /// whose shell, the registered process, then heartbeats every 200 ms
 /// with `fleet-retire heartbeat` until it is killed.
 fn heartbeating(stores: &Stores, n: usize) -> KillOnDrop {
-    let bin = env!("CARGO_BIN_EXE_fleet-retire");
-    let script = format!(
-        "{bin} register --namespace author --registry \"$1\" --ttl 1 \
-         --repository-binding prgs/gitea-tools >/dev/null || exit 1; \
-         while :; do {bin} heartbeat --registry \"$1\" >/dev/null 2>&1; sleep 0.2; done"
-    );
-    let child = std::process::Command::new("sh")
-        .args(["-c", &script, "sh"])
-        .arg(&stores.registry)
-        .env("GITEA_MCP_WORKER_IDENTITY", format!("w-{n}"))
-        .env("GITEA_MCP_PROFILE", "author-prgs")
-        .env("GITEA_MCP_NAMESPACE", "author")
-        .env("GITEA_CLIENT_MANAGED", "1")
-        .env("GITEA_MCP_CLIENT", "codex")
-        .env(
-            "GITEA_MCP_CLIENT_INSTANCE",
-            format!("inst-codex-20261205T132348Z-3f1eceb9{n:04}"),
-        )
-        .env("GITEA_MCP_INSTANCE_PROVENANCE", "trusted_launcher")
-        .env(
-            "GITEA_MCP_CLIENT_SESSION",
-            format!("launch-58d4d79184600f3b7526{n:04}"),
-        )
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let child = KillOnDrop(child);
-    wait_for(Duration::from_secs(20), "the worker to register", || {
-        status(&stores.registry, &format!("w-{n}")).as_deref() == Some("active")
-    });
-    child
+    worker_then(
+        stores,
+        n,
+        1,
+        "while :; do \"$BIN\" heartbeat --registry \"$1\" >/dev/null 2>&1; sleep 0.2; done",
+    )
 }
 
 /// A tick as its log line tells it.

@@ -45,14 +45,22 @@ pub fn worker(stores: &Stores, n: usize) -> KillOnDrop {
 
 /// [`worker`] with a heartbeat TTL of `ttl` seconds.
 pub fn worker_with_ttl(stores: &Stores, n: usize, ttl: u32) -> KillOnDrop {
+    worker_then(stores, n, ttl, "exec sleep 300")
+}
+
+/// A worker `w-n` registered by `fleet-retire register` (heartbeat TTL
+/// `ttl` s) from a shell that then runs `then` (`$1` is the registry, `$BIN`
+/// fleet-retire), as a launcher's server would be (its own client
+/// instance and session), killed on drop; back once its row is active.
+pub fn worker_then(stores: &Stores, n: usize, ttl: u32, then: &str) -> KillOnDrop {
     let script = format!(
-        "{} register --namespace author --registry \"$1\" --ttl {ttl} \
-         --repository-binding prgs/gitea-tools >/dev/null && exec sleep 300",
-        env!("CARGO_BIN_EXE_fleet-retire")
+        "\"$BIN\" register --namespace author --registry \"$1\" --ttl {ttl} \
+         --repository-binding prgs/gitea-tools >/dev/null || exit 1; {then}"
     );
     let child = std::process::Command::new("sh")
         .args(["-c", &script, "sh"])
         .arg(&stores.registry)
+        .env("BIN", env!("CARGO_BIN_EXE_fleet-retire"))
         .env("GITEA_MCP_WORKER_IDENTITY", format!("w-{n}"))
         .env("GITEA_MCP_PROFILE", "author-prgs")
         .env("GITEA_MCP_NAMESPACE", "author")
